@@ -1,0 +1,105 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/volume"
+)
+
+// maxBody bounds request bodies; every request of this API is tiny.
+const maxBody = 1 << 20
+
+// decode parses a JSON request body strictly: one object, no unknown fields,
+// nothing after it. It is the single parser behind every request type and a
+// fuzz target (decode_test.go).
+func decode(body []byte, v any) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return errs.Invalid(errs.CodeMalformedJSON, "request body is empty; expected a JSON object")
+	}
+	d := json.NewDecoder(bytes.NewReader(body))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		if e, ok := errs.As(err); ok {
+			return e
+		}
+		var syn *json.SyntaxError
+		var typ *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &syn):
+			return errs.Invalid(errs.CodeMalformedJSON, "malformed JSON at byte %d: %v", syn.Offset, syn)
+		case errors.As(err, &typ):
+			return errs.Invalid(errs.CodeMalformedJSON, "field %q must be %s, not %s", typ.Field, typ.Type, typ.Value)
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			return errs.Invalid(errs.CodeMalformedJSON, "malformed JSON: unexpected end of input")
+		}
+		return errs.Invalid(errs.CodeMalformedJSON, "malformed JSON: %v", err)
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return errs.Invalid(errs.CodeMalformedJSON, "malformed JSON: unexpected data after the object")
+	}
+	return nil
+}
+
+// ParseCreateVolume decodes and validates POST /v1/volumes.
+func ParseCreateVolume(body []byte) (volume.CreateVolume, error) {
+	var r CreateVolumeRequest
+	if err := decode(body, &r); err != nil {
+		return volume.CreateVolume{}, err
+	}
+	if r.Size == 0 && r.FromSnapshot == "" {
+		return volume.CreateVolume{}, errs.Invalid(errs.CodeInvalidSize, "size is required (e.g. \"10GiB\") unless from_snapshot is given")
+	}
+	return volume.CreateVolume{Name: r.Name, SizeBytes: int64(r.Size), Type: r.Type,
+		FromSnapshot: r.FromSnapshot, Multiattach: r.Multiattach, ClientToken: r.ClientToken}, nil
+}
+
+// ParseExtendVolume decodes POST /v1/volumes/{id}/extend.
+func ParseExtendVolume(body []byte) (int64, error) {
+	var r ExtendVolumeRequest
+	if err := decode(body, &r); err != nil {
+		return 0, err
+	}
+	if r.Size == 0 {
+		return 0, errs.Invalid(errs.CodeInvalidSize, "size is required")
+	}
+	return int64(r.Size), nil
+}
+
+// ParseCreateSnapshot decodes POST /v1/snapshots.
+func ParseCreateSnapshot(body []byte) (CreateSnapshotRequest, error) {
+	var r CreateSnapshotRequest
+	if err := decode(body, &r); err != nil {
+		return r, err
+	}
+	if r.Volume == "" {
+		return r, errs.Invalid(errs.CodeInvalidRequest, "volume is required")
+	}
+	return r, nil
+}
+
+// ParseCreateUser decodes POST /v1/users.
+func ParseCreateUser(body []byte) (CreateUserRequest, error) {
+	var r CreateUserRequest
+	if err := decode(body, &r); err != nil {
+		return r, err
+	}
+	if r.Name == "" {
+		return r, errs.Invalid(errs.CodeInvalidName, "name is required")
+	}
+	return r, nil
+}
+
+func readBody(r io.Reader) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, maxBody+1))
+	if err != nil {
+		return nil, errs.Invalid(errs.CodeInvalidRequest, "reading request body: %v", err)
+	}
+	if len(b) > maxBody {
+		return nil, errs.Invalid(errs.CodeInvalidRequest, "request body exceeds %d bytes", maxBody)
+	}
+	return b, nil
+}

@@ -1,0 +1,206 @@
+package api
+
+import (
+	"net/http"
+
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
+	"github.com/basalt-storage/basalt/internal/user"
+	"github.com/basalt-storage/basalt/internal/volume"
+)
+
+func (s *Server) createUser(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	body, err := readBody(r.Body)
+	if err != nil {
+		return err
+	}
+	req, err := ParseCreateUser(body)
+	if err != nil {
+		return err
+	}
+	u, id, err := s.d.Users.Create(r.Context(), user.Spec{Name: req.Name, UID: req.UID, GID: req.GID, Admin: req.Admin})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, CreateUserResponse{User: userOut(u), Identity: Identity{
+		CAPEM: string(id.CAPEM), CertPEM: string(id.CertPEM), KeyPEM: string(id.KeyPEM),
+		AccessKeyID: id.AccessKeyID, SecretAccessKey: id.SecretAccessKey,
+	}})
+	return nil
+}
+
+func (s *Server) listUsers(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	us, err := s.d.Users.List(r.Context())
+	if err != nil {
+		return err
+	}
+	out := make([]User, 0, len(us))
+	for _, u := range us {
+		out = append(out, userOut(u))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// showUser: admin sees anyone, a user sees only themself.
+func (s *Server) showUser(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	name := r.PathValue("name")
+	if !c.Admin && name != c.Name {
+		return errs.NotFound("user", name)
+	}
+	u, err := s.d.Users.Get(r.Context(), name)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, userOut(u))
+	return nil
+}
+
+func (s *Server) deleteUser(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	if err := s.d.Users.Delete(r.Context(), r.PathValue("name")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) createVolume(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	body, err := readBody(r.Body)
+	if err != nil {
+		return err
+	}
+	req, err := ParseCreateVolume(body)
+	if err != nil {
+		return err
+	}
+	v, err := s.d.Volumes.CreateVolume(r.Context(), c, req)
+	if err != nil {
+		return err
+	}
+	status := http.StatusCreated
+	if v.Status == meta.StatusCreating {
+		status = http.StatusAccepted
+	}
+	writeJSON(w, status, volumeOut(v))
+	return nil
+}
+
+func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	vs, err := s.d.Volumes.Volumes(r.Context(), c)
+	if err != nil {
+		return err
+	}
+	out := make([]Volume, 0, len(vs))
+	for _, v := range vs {
+		out = append(out, volumeOut(v))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) showVolume(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	v, err := s.d.Volumes.Volume(r.Context(), c, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, volumeOut(v))
+	return nil
+}
+
+func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	if err := s.d.Volumes.DeleteVolume(r.Context(), c, r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) extendVolume(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	body, err := readBody(r.Body)
+	if err != nil {
+		return err
+	}
+	n, err := ParseExtendVolume(body)
+	if err != nil {
+		return err
+	}
+	v, err := s.d.Volumes.ExtendVolume(r.Context(), c, r.PathValue("id"), n)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, volumeOut(v))
+	return nil
+}
+
+func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	body, err := readBody(r.Body)
+	if err != nil {
+		return err
+	}
+	req, err := ParseCreateSnapshot(body)
+	if err != nil {
+		return err
+	}
+	sn, err := s.d.Volumes.CreateSnapshot(r.Context(), c, req.Volume, req.Name, req.ClientToken)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, snapshotOut(sn))
+	return nil
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	ss, err := s.d.Volumes.Snapshots(r.Context(), c, r.URL.Query().Get("volume"))
+	if err != nil {
+		return err
+	}
+	out := make([]Snapshot, 0, len(ss))
+	for _, sn := range ss {
+		out = append(out, snapshotOut(sn))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) showSnapshot(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	sn, err := s.d.Volumes.Snapshot(r.Context(), c, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, snapshotOut(sn))
+	return nil
+}
+
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	if err := s.d.Volumes.DeleteSnapshot(r.Context(), c, r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func userOut(u *meta.User) User {
+	return User{Name: u.Name, Admin: u.Admin, UID: u.UID, GID: u.GID, AccessKeyID: u.AccessKeyID, CreatedAt: u.CreatedAt}
+}
+
+func progressOut(j *meta.Job) *Progress {
+	if j == nil {
+		return nil
+	}
+	p := &Progress{DoneBytes: j.DoneBytes, TotalBytes: j.Total}
+	if j.Total > 0 {
+		p.Percent = float64(int(float64(j.DoneBytes)/float64(j.Total)*1000)) / 10
+	}
+	return p
+}
+
+func volumeOut(v *meta.Volume) Volume {
+	return Volume{ID: v.ID, Name: v.Name, SizeBytes: v.SizeBytes, Status: v.Status, StatusMessage: v.StatusMessage,
+		Type: v.Type, Owner: v.Owner, Multiattach: v.Multiattach, SourceSnapshot: v.SourceSnapshot,
+		CreatedAt: v.CreatedAt, Attachments: []Attachment{}, Progress: progressOut(v.Job)}
+}
+
+func snapshotOut(sn *meta.Snapshot) Snapshot {
+	return Snapshot{ID: sn.ID, Name: sn.Name, VolumeID: sn.VolumeID, SizeBytes: sn.SizeBytes, Status: sn.Status,
+		StatusMessage: sn.StatusMessage, Owner: sn.Owner, CreatedAt: sn.CreatedAt, Progress: progressOut(sn.Job)}
+}

@@ -1,0 +1,208 @@
+// Package api is basalt's control API: HTTPS with mutual TLS on --api.
+//
+// types.go holds the wire types shared with the client package; the rest is
+// the server: routing, authentication, request decoding and the handlers,
+// which only translate between HTTP and the volume and user services.
+//
+// Every error response is {"error":{"code","message"}} with the HTTP status
+// of the error's kind (package errs). GET /healthz and GET /v1/openapi.json
+// need no client certificate; everything else does.
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/size"
+)
+
+// Size is a byte count that JSON may carry as a number (bytes) or as a
+// string in size syntax ("10GiB").
+type Size int64
+
+// UnmarshalJSON accepts 1073741824, "1073741824" and "1GiB".
+func (s *Size) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if len(b) > 0 && b[0] == '"' {
+		var str string
+		if err := json.Unmarshal(b, &str); err != nil {
+			return err
+		}
+		n, err := size.Parse(str)
+		if err != nil {
+			return errs.Invalid(errs.CodeInvalidSize, "%v", err)
+		}
+		*s = Size(n)
+		return nil
+	}
+	n, err := strconv.ParseInt(string(b), 10, 64)
+	if err != nil {
+		return errs.Invalid(errs.CodeInvalidSize, "size %s is not a whole number of bytes", b)
+	}
+	if n <= 0 {
+		return errs.Invalid(errs.CodeInvalidSize, "size must be greater than zero")
+	}
+	if n > size.Max {
+		return errs.Invalid(errs.CodeInvalidSize, "size %d exceeds the maximum of 1 EiB", n)
+	}
+	*s = Size(n)
+	return nil
+}
+
+// CreateUserRequest is POST /v1/users.
+type CreateUserRequest struct {
+	Name  string `json:"name"`
+	UID   *int   `json:"uid,omitempty"`
+	GID   *int   `json:"gid,omitempty"`
+	Admin bool   `json:"admin,omitempty"`
+}
+
+// User is the public shape of a user (never its secret).
+type User struct {
+	Name        string    `json:"name"`
+	Admin       bool      `json:"admin"`
+	UID         *int      `json:"uid,omitempty"`
+	GID         *int      `json:"gid,omitempty"`
+	AccessKeyID string    `json:"access_key_id"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+// Identity is returned once, by user creation: everything the user's
+// identity directory holds.
+type Identity struct {
+	CAPEM           string `json:"ca_pem"`
+	CertPEM         string `json:"cert_pem"`
+	KeyPEM          string `json:"key_pem"`
+	AccessKeyID     string `json:"access_key_id"`
+	SecretAccessKey string `json:"secret_access_key"`
+}
+
+// CreateUserResponse is the answer to POST /v1/users.
+type CreateUserResponse struct {
+	User     User     `json:"user"`
+	Identity Identity `json:"identity"`
+}
+
+// CreateVolumeRequest is POST /v1/volumes.
+type CreateVolumeRequest struct {
+	Name         string `json:"name,omitempty"`
+	Size         Size   `json:"size,omitempty"`
+	Type         string `json:"type,omitempty"`
+	FromSnapshot string `json:"from_snapshot,omitempty"`
+	Multiattach  bool   `json:"multiattach,omitempty"`
+	ClientToken  string `json:"client_token,omitempty"`
+}
+
+// ExtendVolumeRequest is POST /v1/volumes/{id}/extend.
+type ExtendVolumeRequest struct {
+	Size Size `json:"size"`
+}
+
+// CreateSnapshotRequest is POST /v1/snapshots.
+type CreateSnapshotRequest struct {
+	Volume      string `json:"volume"`
+	Name        string `json:"name,omitempty"`
+	ClientToken string `json:"client_token,omitempty"`
+}
+
+// Progress of a running job.
+type Progress struct {
+	DoneBytes  int64   `json:"done_bytes"`
+	TotalBytes int64   `json:"total_bytes"`
+	Percent    float64 `json:"percent"`
+}
+
+// Attachment is a volume's attachment to a host (served from the NBD issue on).
+type Attachment struct {
+	ID        string    `json:"id"`
+	VolumeID  string    `json:"volume_id"`
+	Host      string    `json:"host"`
+	Mode      string    `json:"mode"`
+	Status    string    `json:"status"`
+	NBDURI    string    `json:"nbd_uri"`
+	Export    string    `json:"export"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Volume is the public shape of a volume (brief §3).
+type Volume struct {
+	ID             string       `json:"id"`
+	Name           string       `json:"name"`
+	SizeBytes      int64        `json:"size_bytes"`
+	Status         string       `json:"status"`
+	StatusMessage  string       `json:"status_message,omitempty"`
+	Type           string       `json:"type"`
+	Owner          string       `json:"owner"`
+	Multiattach    bool         `json:"multiattach"`
+	SourceSnapshot string       `json:"source_snapshot"`
+	CreatedAt      time.Time    `json:"created_at"`
+	Attachments    []Attachment `json:"attachments"`
+	Progress       *Progress    `json:"progress,omitempty"`
+}
+
+// Snapshot is the public shape of a snapshot (brief §3).
+type Snapshot struct {
+	ID            string    `json:"id"`
+	Name          string    `json:"name"`
+	VolumeID      string    `json:"volume_id"`
+	SizeBytes     int64     `json:"size_bytes"`
+	Status        string    `json:"status"`
+	StatusMessage string    `json:"status_message,omitempty"`
+	Owner         string    `json:"owner"`
+	CreatedAt     time.Time `json:"created_at"`
+	Progress      *Progress `json:"progress,omitempty"`
+}
+
+// Status is GET /v1/status: this node's view of itself and the cluster.
+type Status struct {
+	Node     NodeStatus     `json:"node"`
+	Metadata MetadataStatus `json:"metadata"`
+	Store    StoreStatus    `json:"store"`
+}
+
+// NodeStatus describes the answering node.
+type NodeStatus struct {
+	Name      string    `json:"name"`
+	Version   string    `json:"version"`
+	ClusterID string    `json:"cluster_id"`
+	StartedAt time.Time `json:"started_at"`
+	API       string    `json:"api"`
+}
+
+// MetadataStatus describes the metadata store.
+type MetadataStatus struct {
+	Healthy   bool     `json:"healthy"`
+	Error     string   `json:"error,omitempty"`
+	Embedded  bool     `json:"embedded"`
+	Endpoints []string `json:"endpoints"`
+	Version   string   `json:"version,omitempty"`
+	Members   int      `json:"members"`
+	DBSize    int64    `json:"db_size_bytes"`
+	Alarms    []string `json:"alarms,omitempty"`
+}
+
+// StoreStatus describes the data root.
+type StoreStatus struct {
+	Healthy          bool    `json:"healthy"`
+	Error            string  `json:"error,omitempty"`
+	Path             string  `json:"path"`
+	TotalBytes       int64   `json:"total_bytes"`
+	FreeBytes        int64   `json:"free_bytes"`
+	ProvisionedBytes int64   `json:"provisioned_bytes"`
+	LimitBytes       int64   `json:"limit_bytes"`
+	Overcommit       float64 `json:"overcommit"`
+}
+
+// ErrorBody is every error response: {"error":{"code":...,"message":...}}.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail is the inside of ErrorBody.
+type ErrorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}

@@ -1,0 +1,164 @@
+// Package cli is the basalt command line: `basalt server` runs a node, every
+// other command is a client of the control API. The command tree and its
+// flags are the stable contract of brief §3.
+//
+// Configuration has one source of truth per setting, resolved in this order:
+// command-line flag, environment variable BASALT_<FLAG> (dashes become
+// underscores), the config file given by --config (server only), default.
+//
+// Errors print "error: MESSAGE (CODE)" on stderr and exit 1; with -o json the
+// error is also printed on stdout as {"error":{"code","message"}}.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/basalt-storage/basalt/internal/api"
+	"github.com/basalt-storage/basalt/internal/client"
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/pki"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// globals are the flags every client command shares.
+type globals struct {
+	endpoint string
+	identity string
+	output   string
+	stdout   io.Writer
+	stderr   io.Writer
+}
+
+// Main runs the CLI with args and returns the process exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	g := &globals{stdout: stdout, stderr: stderr}
+	root := &cobra.Command{
+		Use:           "basalt",
+		Short:         "basalt: block volumes, S3 objects and HA metadata over a parallel file system",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if err := bindEnv(cmd); err != nil {
+				return err
+			}
+			if g.output != "table" && g.output != "json" {
+				return usageErr("-o must be table or json, not %q", g.output)
+			}
+			return nil
+		},
+	}
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.endpoint, "endpoint", "https://127.0.0.1:8443", "control API URL (env BASALT_ENDPOINT)")
+	pf.StringVar(&g.identity, "identity", "", "identity directory: ca.pem, cert.pem, key.pem (env BASALT_IDENTITY; default ./basalt-data/identities/admin when present)")
+	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	root.AddCommand(serverCmd(g), statusCmd(g), userCmd(g), volumeCmd(g), snapshotCmd(g), metaCmd(g), versionCmd(g))
+	err := root.Execute()
+	if err == nil {
+		return 0
+	}
+	g.printError(err)
+	return 1
+}
+
+// Client-side error codes (the server's are in package errs).
+const (
+	CodeUsage    = "UsageError"
+	CodeIdentity = "IdentityError"
+)
+
+func usageErr(format string, a ...any) error {
+	return errs.Invalid(CodeUsage, format, a...)
+}
+
+// printError renders err for humans (stderr) and, with -o json, for scripts.
+func (g *globals) printError(err error) {
+	e, ok := errs.As(err)
+	if !ok {
+		// Anything untyped comes from the command line itself (cobra).
+		e = &errs.Error{Code: CodeUsage, Message: err.Error()}
+	}
+	fmt.Fprintf(g.stderr, "error: %s (%s)\n", e.Message, e.Code)
+	if g.output == "json" {
+		json.NewEncoder(g.stdout).Encode(api.ErrorBody{Error: api.ErrorDetail{Code: e.Code, Message: e.Message}})
+	}
+}
+
+// bindEnv fills every flag of cmd (and its parents) that was not given on the
+// command line from BASALT_<FLAG>.
+func bindEnv(cmd *cobra.Command) error {
+	var err error
+	set := func(f *pflag.Flag) {
+		if f.Changed || err != nil {
+			return
+		}
+		key := "BASALT_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(key); ok {
+			if e := f.Value.Set(v); e != nil {
+				err = usageErr("%s=%q: %v", key, v, e)
+			}
+			f.Changed = true
+		}
+	}
+	cmd.Flags().VisitAll(set)
+	cmd.InheritedFlags().VisitAll(set)
+	return err
+}
+
+// client builds an API client from the global flags.
+func (g *globals) client() (*client.Client, error) {
+	dir := g.identity
+	if dir == "" {
+		def := filepath.Join("basalt-data", "identities", "admin")
+		if _, err := os.Stat(filepath.Join(def, "cert.pem")); err == nil {
+			dir = def
+		} else {
+			return nil, errs.Invalid(CodeIdentity, "no identity: pass --identity DIR or set BASALT_IDENTITY (an identity dir holds ca.pem, cert.pem, key.pem)")
+		}
+	}
+	id, err := pki.LoadIdentity(dir)
+	if err != nil {
+		return nil, errs.Invalid(CodeIdentity, "%v", err)
+	}
+	tc, err := id.ClientTLS()
+	if err != nil {
+		return nil, errs.Invalid(CodeIdentity, "identity %s: %v", dir, err)
+	}
+	return client.New(g.endpoint, tc), nil
+}
+
+// emit prints v as JSON or, for tables, through table.
+func (g *globals) emit(v any, table func(w *tabwriter.Writer)) error {
+	if g.output == "json" {
+		enc := json.NewEncoder(g.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+	table(w)
+	return w.Flush()
+}
+
+func ctx() context.Context { return context.Background() }
+
+func versionCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "print the version",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprintln(g.stdout, "basalt", version())
+			return nil
+		},
+	}
+}

@@ -1,0 +1,142 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/basalt-storage/basalt/internal/server"
+	"github.com/basalt-storage/basalt/internal/size"
+	"github.com/basalt-storage/basalt/internal/volume"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"sigs.k8s.io/yaml"
+)
+
+func serverCmd(g *globals) *cobra.Command {
+	var cfg server.Config
+	var configFile, logLevel, jobBandwidth, metaQuota string
+	var endpoints []string
+	cmd := &cobra.Command{
+		Use:   "server",
+		Short: "run a basalt node",
+		Long: `Run a basalt node: control API, metadata (embedded etcd unless
+--meta-endpoints is given) and the volume service.
+
+Every flag can also be set with the environment variable BASALT_<FLAG>
+(e.g. BASALT_DATA) or in the YAML file given by --config; a flag on the
+command line wins over the environment, which wins over the file.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := applyConfigFile(cmd.Flags(), configFile); err != nil {
+				return err
+			}
+			var err error
+			if jobBandwidth != "" && jobBandwidth != "0" {
+				if cfg.JobBandwidth, err = size.Parse(jobBandwidth); err != nil {
+					return usageErr("--job-bandwidth: %v", err)
+				}
+			}
+			if metaQuota != "" {
+				if cfg.MetaQuota, err = size.Parse(metaQuota); err != nil {
+					return usageErr("--meta-quota: %v", err)
+				}
+			}
+			if cfg.Overcommit <= 0 {
+				return usageErr("--overcommit must be greater than 0")
+			}
+			for _, e := range endpoints {
+				for _, p := range strings.Split(e, ",") {
+					if p = strings.TrimSpace(p); p != "" {
+						cfg.MetaEndpoints = append(cfg.MetaEndpoints, p)
+					}
+				}
+			}
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return usageErr("--log-level: %v", err)
+			}
+			log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
+			return runServer(cfg, log, g)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&configFile, "config", "", "YAML file of flag values (keys are flag names)")
+	f.StringVar(&cfg.Data, "data", "./basalt-data", "data directory: meta/, pki/, identities/, store/")
+	f.StringVar(&cfg.Store, "store", "", "data root on the shared file system (default DATA/store)")
+	f.StringVar(&cfg.API, "api", ":8443", "control API listen address (HTTPS, mTLS)")
+	f.StringVar(&cfg.S3, "s3", ":9000", "S3 listen address (reserved: the S3 gateway is not served yet)")
+	f.StringVar(&cfg.NBD, "nbd", "127.0.0.1:10809", "NBD listen address (reserved: the NBD server is not served yet)")
+	f.StringVar(&cfg.EtcdClient, "etcd-client", "127.0.0.1:2379", "embedded etcd client listen address")
+	f.StringVar(&cfg.EtcdPeer, "etcd-peer", "127.0.0.1:2380", "embedded etcd peer listen address")
+	f.StringVar(&cfg.Name, "name", "", "node name (default: host name)")
+	f.StringVar(&cfg.Advertise, "advertise", "", "host name other nodes and clients use for this node")
+	f.StringSliceVar(&endpoints, "meta-endpoints", nil, "use this external etcd cluster (comma-separated URLs) instead of the embedded member")
+	f.Float64Var(&cfg.Overcommit, "overcommit", volume.DefaultOvercommit, "thin provisioning limit: provisioned bytes <= store capacity × this")
+	f.StringVar(&jobBandwidth, "job-bandwidth", "0", "cap copy jobs (snapshot, clone) at this many bytes per second, e.g. 200MiB (0 = unlimited)")
+	f.StringVar(&metaQuota, "meta-quota", "", "embedded etcd space quota (default 4GiB)")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}
+
+// applyConfigFile sets flags still at their defaults (not given as a flag
+// or through the environment) from a YAML map of flag name to value.
+func applyConfigFile(fs *pflag.FlagSet, path string) error {
+	if path == "" {
+		return nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return usageErr("--config: %v", err)
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal(data, &m); err != nil {
+		return usageErr("--config %s: %v", path, err)
+	}
+	for k, v := range m {
+		f := fs.Lookup(k)
+		if f == nil || k == "config" {
+			return usageErr("--config %s: unknown setting %q", path, k)
+		}
+		if f.Changed {
+			continue
+		}
+		val := fmt.Sprint(v)
+		if list, ok := v.([]any); ok {
+			parts := make([]string, len(list))
+			for i, x := range list {
+				parts[i] = fmt.Sprint(x)
+			}
+			val = strings.Join(parts, ",")
+		}
+		if err := f.Value.Set(val); err != nil {
+			return usageErr("--config %s: %s: %v", path, k, err)
+		}
+	}
+	return nil
+}
+
+func runServer(cfg server.Config, log *slog.Logger, g *globals) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	n, err := server.Start(ctx, cfg, log)
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	fmt.Fprintf(g.stderr, `
+basalt node %q is ready: https://%s
+Admin identity: %s
+Try:  BASALT_IDENTITY=%s basalt status
+`, n.Name(), n.APIAddr(), n.AdminDir, n.AdminDir)
+	<-ctx.Done()
+	log.Info("shutting down")
+	n.Close()
+	log.Info("stopped")
+	return nil
+}
+
+func version() string { return server.Version }

@@ -1,0 +1,124 @@
+package cli
+
+import (
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/api"
+	"github.com/basalt-storage/basalt/internal/client"
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/size"
+	"github.com/spf13/cobra"
+)
+
+func snapshotCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "snapshot", Short: "manage snapshots"}
+	var req api.CreateSnapshotRequest
+	var wait bool
+	create := &cobra.Command{
+		Use: "create VOLUME [--name N] [--wait]", Short: "snapshot a volume", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req.Volume = args[0]
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			sn, err := c.CreateSnapshot(ctx(), req)
+			if err != nil {
+				return err
+			}
+			if wait {
+				if sn, err = waitSnapshot(g, c, sn.ID); err != nil {
+					return err
+				}
+			}
+			return g.emit(sn, func(w *tabwriter.Writer) { snapshotTable(w, sn) })
+		},
+	}
+	create.Flags().StringVar(&req.Name, "name", "", "name, unique among your snapshots")
+	create.Flags().BoolVar(&wait, "wait", false, "wait until the snapshot is available, showing progress")
+	create.Flags().StringVar(&req.ClientToken, "client-token", "", "idempotency token")
+	var volume string
+	list := &cobra.Command{
+		Use: "list [--volume V]", Short: "list snapshots", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ss, err := c.Snapshots(ctx(), volume)
+			if err != nil {
+				return err
+			}
+			return g.emit(ss, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "ID\tNAME\tVOLUME\tSIZE\tSTATUS\tOWNER\tCREATED")
+				for _, s := range ss {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, dash(s.Name), s.VolumeID, size.Format(s.SizeBytes), s.Status, s.Owner, s.CreatedAt.Format("2006-01-02 15:04:05"))
+				}
+			})
+		},
+	}
+	list.Flags().StringVar(&volume, "volume", "", "only snapshots of this volume")
+	show := &cobra.Command{
+		Use: "show ID", Short: "show a snapshot", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			sn, err := c.Snapshot(ctx(), args[0])
+			if err != nil {
+				return err
+			}
+			return g.emit(sn, func(w *tabwriter.Writer) { snapshotTable(w, sn) })
+		},
+	}
+	del := &cobra.Command{
+		Use: "delete ID", Short: "delete a snapshot", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if err := c.DeleteSnapshot(ctx(), args[0]); err != nil {
+				return err
+			}
+			return g.emit(map[string]string{"deleted": args[0]}, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "deleted snapshot %s\n", args[0])
+			})
+		},
+	}
+	cmd.AddCommand(create, list, show, del)
+	return cmd
+}
+
+func snapshotTable(w *tabwriter.Writer, s *api.Snapshot) {
+	fmt.Fprintf(w, "id:\t%s\nname:\t%s\nvolume:\t%s\nsize:\t%s (%d bytes)\nstatus:\t%s\n", s.ID, dash(s.Name), s.VolumeID, size.Format(s.SizeBytes), s.SizeBytes, s.Status)
+	if s.StatusMessage != "" {
+		fmt.Fprintf(w, "message:\t%s\n", s.StatusMessage)
+	}
+	if s.Progress != nil {
+		fmt.Fprintf(w, "progress:\t%.1f%% (%s of %s)\n", s.Progress.Percent, size.Format(s.Progress.DoneBytes), size.Format(s.Progress.TotalBytes))
+	}
+	fmt.Fprintf(w, "owner:\t%s\ncreated:\t%s\n", s.Owner, s.CreatedAt.Format(time.RFC3339))
+}
+
+func waitSnapshot(g *globals, c *client.Client, id string) (*api.Snapshot, error) {
+	bar := newProgressBar(g.stderr)
+	for {
+		s, err := c.Snapshot(ctx(), id)
+		if err != nil {
+			return nil, err
+		}
+		if s.Status != "creating" {
+			bar.done()
+			if s.Status == "error" {
+				return s, errs.New(errs.KindInternal, "WorkflowFailed", "snapshot %s failed: %s", s.ID, s.StatusMessage)
+			}
+			return s, nil
+		}
+		bar.draw(s.Progress)
+		time.Sleep(200 * time.Millisecond)
+	}
+}

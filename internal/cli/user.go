@@ -1,0 +1,116 @@
+package cli
+
+import (
+	"fmt"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/basalt-storage/basalt/internal/api"
+	"github.com/basalt-storage/basalt/internal/pki"
+	"github.com/spf13/cobra"
+)
+
+func userCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "user", Short: "manage users (admin)"}
+	var uid, gid int
+	var out string
+	var admin bool
+	create := &cobra.Command{
+		Use:   "create NAME --out DIR",
+		Short: "create a user and write its identity directory",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if out == "" {
+				return usageErr("--out DIR is required: the user's identity directory")
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			req := api.CreateUserRequest{Name: args[0], Admin: admin}
+			if cmd.Flags().Changed("uid") {
+				req.UID = &uid
+			}
+			if cmd.Flags().Changed("gid") {
+				req.GID = &gid
+			}
+			r, err := c.CreateUser(ctx(), req)
+			if err != nil {
+				return err
+			}
+			id := &pki.Identity{CAPEM: []byte(r.Identity.CAPEM), CertPEM: []byte(r.Identity.CertPEM),
+				KeyPEM: []byte(r.Identity.KeyPEM), AccessKeyID: r.Identity.AccessKeyID, SecretAccessKey: r.Identity.SecretAccessKey}
+			if err := id.Write(out); err != nil {
+				return fmt.Errorf("user %s was created but its identity could not be written: %w", args[0], err)
+			}
+			return g.emit(r.User, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "created user %s; identity written to %s\n", r.User.Name, out)
+			})
+		},
+	}
+	create.Flags().IntVar(&uid, "uid", 0, "cluster uid the user maps to (S3 file ownership)")
+	create.Flags().IntVar(&gid, "gid", 0, "cluster gid the user maps to")
+	create.Flags().StringVar(&out, "out", "", "directory to write the identity to (ca.pem cert.pem key.pem s3.env)")
+	create.Flags().BoolVar(&admin, "admin", false, "make the user an administrator")
+
+	list := &cobra.Command{
+		Use: "list", Short: "list users", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			us, err := c.Users(ctx())
+			if err != nil {
+				return err
+			}
+			return g.emit(us, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "NAME\tADMIN\tUID\tGID\tACCESS KEY\tCREATED")
+				for _, u := range us {
+					fmt.Fprintf(w, "%s\t%v\t%s\t%s\t%s\t%s\n", u.Name, u.Admin, optInt(u.UID), optInt(u.GID), u.AccessKeyID, u.CreatedAt.Format("2006-01-02 15:04:05"))
+				}
+			})
+		},
+	}
+	show := &cobra.Command{
+		Use: "show NAME", Short: "show a user", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			u, err := c.User(ctx(), args[0])
+			if err != nil {
+				return err
+			}
+			return g.emit(u, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "name:\t%s\nadmin:\t%v\nuid:\t%s\ngid:\t%s\naccess key:\t%s\ncreated:\t%s\n",
+					u.Name, u.Admin, optInt(u.UID), optInt(u.GID), u.AccessKeyID, u.CreatedAt.Format("2006-01-02 15:04:05"))
+			})
+		},
+	}
+	del := &cobra.Command{
+		Use: "delete NAME", Short: "delete a user, revoking its certificates and keys", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if err := c.DeleteUser(ctx(), args[0]); err != nil {
+				return err
+			}
+			return g.emit(map[string]string{"deleted": args[0]}, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "deleted user %s\n", args[0])
+			})
+		},
+	}
+	cmd.AddCommand(create, list, show, del)
+	return cmd
+}
+
+func optInt(p *int) string {
+	if p == nil {
+		return "-"
+	}
+	return strconv.Itoa(*p)
+}

@@ -1,0 +1,180 @@
+package cli
+
+import (
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/api"
+	"github.com/basalt-storage/basalt/internal/client"
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/size"
+	"github.com/spf13/cobra"
+)
+
+func parseSize(s string) (int64, error) {
+	n, err := size.Parse(s)
+	if err != nil {
+		return 0, errs.Invalid(errs.CodeInvalidSize, "--size: %v", err)
+	}
+	return n, nil
+}
+
+func volumeCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "volume", Short: "manage block volumes"}
+	var req api.CreateVolumeRequest
+	var sz string
+	var wait bool
+	create := &cobra.Command{
+		Use:   "create --size SIZE [--name N] [--type T] [--from-snapshot ID] [--multiattach] [--wait]",
+		Short: "create a volume (empty, or from a snapshot)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if sz == "" && req.FromSnapshot == "" {
+				return errs.Invalid(errs.CodeInvalidSize, "--size is required (e.g. 10GiB) unless --from-snapshot is given")
+			}
+			if sz != "" {
+				n, err := parseSize(sz)
+				if err != nil {
+					return err
+				}
+				req.Size = api.Size(n)
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			v, err := c.CreateVolume(ctx(), req)
+			if err != nil {
+				return err
+			}
+			if wait {
+				if v, err = waitVolume(g, c, v.ID); err != nil {
+					return err
+				}
+			}
+			return g.emit(v, func(w *tabwriter.Writer) { volumeTable(w, v) })
+		},
+	}
+	f := create.Flags()
+	f.StringVar(&sz, "size", "", "size: 512MiB, 10GiB, 1TiB, 10G or bytes")
+	f.StringVar(&req.Name, "name", "", "name, unique among your volumes")
+	f.StringVar(&req.Type, "type", "", "volume type (default standard)")
+	f.StringVar(&req.FromSnapshot, "from-snapshot", "", "create from this snapshot (id or name)")
+	f.BoolVar(&req.Multiattach, "multiattach", false, "allow several read-write attachments")
+	f.BoolVar(&wait, "wait", false, "wait until the volume is available, showing progress")
+	f.StringVar(&req.ClientToken, "client-token", "", "idempotency token: repeating a create with it returns the first result")
+
+	list := &cobra.Command{
+		Use: "list", Short: "list volumes", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			vs, err := c.Volumes(ctx())
+			if err != nil {
+				return err
+			}
+			return g.emit(vs, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "ID\tNAME\tSIZE\tSTATUS\tTYPE\tOWNER\tCREATED")
+				for _, v := range vs {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.ID, dash(v.Name), size.Format(v.SizeBytes), v.Status, v.Type, v.Owner, v.CreatedAt.Format("2006-01-02 15:04:05"))
+				}
+			})
+		},
+	}
+	show := &cobra.Command{
+		Use: "show ID_OR_NAME", Short: "show a volume", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			v, err := c.Volume(ctx(), args[0])
+			if err != nil {
+				return err
+			}
+			return g.emit(v, func(w *tabwriter.Writer) { volumeTable(w, v) })
+		},
+	}
+	del := &cobra.Command{
+		Use: "delete ID", Short: "delete a volume and its data", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if err := c.DeleteVolume(ctx(), args[0]); err != nil {
+				return err
+			}
+			return g.emit(map[string]string{"deleted": args[0]}, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "deleted volume %s\n", args[0])
+			})
+		},
+	}
+	var extSize string
+	extend := &cobra.Command{
+		Use: "extend ID --size SIZE", Short: "grow a volume", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if extSize == "" {
+				return errs.Invalid(errs.CodeInvalidSize, "--size is required")
+			}
+			n, err := parseSize(extSize)
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			v, err := c.ExtendVolume(ctx(), args[0], n)
+			if err != nil {
+				return err
+			}
+			return g.emit(v, func(w *tabwriter.Writer) { volumeTable(w, v) })
+		},
+	}
+	extend.Flags().StringVar(&extSize, "size", "", "new size (larger than the current one)")
+	cmd.AddCommand(create, list, show, del, extend)
+	return cmd
+}
+
+func volumeTable(w *tabwriter.Writer, v *api.Volume) {
+	fmt.Fprintf(w, "id:\t%s\nname:\t%s\nsize:\t%s (%d bytes)\nstatus:\t%s\n", v.ID, dash(v.Name), size.Format(v.SizeBytes), v.SizeBytes, v.Status)
+	if v.StatusMessage != "" {
+		fmt.Fprintf(w, "message:\t%s\n", v.StatusMessage)
+	}
+	if v.Progress != nil {
+		fmt.Fprintf(w, "progress:\t%.1f%% (%s of %s)\n", v.Progress.Percent, size.Format(v.Progress.DoneBytes), size.Format(v.Progress.TotalBytes))
+	}
+	fmt.Fprintf(w, "type:\t%s\nowner:\t%s\nmultiattach:\t%v\nsource snapshot:\t%s\ncreated:\t%s\nattachments:\t%d\n",
+		v.Type, v.Owner, v.Multiattach, dash(v.SourceSnapshot), v.CreatedAt.Format(time.RFC3339), len(v.Attachments))
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// waitVolume polls until the volume leaves `creating`, drawing progress.
+func waitVolume(g *globals, c *client.Client, id string) (*api.Volume, error) {
+	bar := newProgressBar(g.stderr)
+	for {
+		v, err := c.Volume(ctx(), id)
+		if err != nil {
+			return nil, err
+		}
+		if v.Status != "creating" {
+			bar.done()
+			if v.Status == "error" {
+				return v, errs.New(errs.KindInternal, "WorkflowFailed", "volume %s failed: %s", v.ID, v.StatusMessage)
+			}
+			return v, nil
+		}
+		bar.draw(v.Progress)
+		time.Sleep(200 * time.Millisecond)
+	}
+}

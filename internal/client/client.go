@@ -1,0 +1,175 @@
+// Package client is the Go client of basalt's control API, used by the CLI
+// and the end-to-end tests. It speaks HTTPS with the caller's identity and
+// turns error responses back into *errs.Error with the server's code.
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/api"
+	"github.com/basalt-storage/basalt/internal/errs"
+)
+
+// CodeUnreachable is the error code when no answer came back.
+const CodeUnreachable = "Unreachable"
+
+// Client talks to one API endpoint.
+type Client struct {
+	base string
+	http *http.Client
+}
+
+// New makes a client for endpoint (https://host:port) with TLS config tc.
+func New(endpoint string, tc *tls.Config) *Client {
+	return &Client{
+		base: strings.TrimRight(endpoint, "/"),
+		http: &http.Client{
+			Timeout:   60 * time.Second,
+			Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true},
+		},
+	}
+}
+
+// do sends a request and decodes a 2xx JSON answer into out (if non-nil).
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return errs.New(errs.KindUnavailable, CodeUnreachable, "cannot reach %s: %v", c.base, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	if resp.StatusCode >= 300 {
+		var eb api.ErrorBody
+		if json.Unmarshal(data, &eb) == nil && eb.Error.Code != "" {
+			return &errs.Error{Kind: errs.KindForStatus(resp.StatusCode), Code: eb.Error.Code, Message: eb.Error.Message}
+		}
+		return &errs.Error{Kind: errs.KindForStatus(resp.StatusCode), Code: errs.CodeInternal,
+			Message: fmt.Sprintf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, strings.TrimSpace(string(data)))}
+	}
+	if out != nil && len(data) > 0 {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
+		}
+	}
+	return nil
+}
+
+// Health calls GET /healthz.
+func (c *Client) Health(ctx context.Context) error { return c.do(ctx, "GET", "/healthz", nil, nil) }
+
+// Status calls GET /v1/status.
+func (c *Client) Status(ctx context.Context) (*api.Status, error) {
+	var st api.Status
+	return &st, c.do(ctx, "GET", "/v1/status", nil, &st)
+}
+
+// Defrag calls POST /v1/meta/defrag.
+func (c *Client) Defrag(ctx context.Context) error {
+	return c.do(ctx, "POST", "/v1/meta/defrag", struct{}{}, nil)
+}
+
+// CreateUser creates a user and returns its identity.
+func (c *Client) CreateUser(ctx context.Context, r api.CreateUserRequest) (*api.CreateUserResponse, error) {
+	var out api.CreateUserResponse
+	return &out, c.do(ctx, "POST", "/v1/users", r, &out)
+}
+
+// Users lists users.
+func (c *Client) Users(ctx context.Context) ([]api.User, error) {
+	var out []api.User
+	return out, c.do(ctx, "GET", "/v1/users", nil, &out)
+}
+
+// User shows a user.
+func (c *Client) User(ctx context.Context, name string) (*api.User, error) {
+	var out api.User
+	return &out, c.do(ctx, "GET", "/v1/users/"+url.PathEscape(name), nil, &out)
+}
+
+// DeleteUser deletes a user.
+func (c *Client) DeleteUser(ctx context.Context, name string) error {
+	return c.do(ctx, "DELETE", "/v1/users/"+url.PathEscape(name), nil, nil)
+}
+
+// CreateVolume creates a volume.
+func (c *Client) CreateVolume(ctx context.Context, r api.CreateVolumeRequest) (*api.Volume, error) {
+	var out api.Volume
+	return &out, c.do(ctx, "POST", "/v1/volumes", r, &out)
+}
+
+// Volumes lists volumes.
+func (c *Client) Volumes(ctx context.Context) ([]api.Volume, error) {
+	var out []api.Volume
+	return out, c.do(ctx, "GET", "/v1/volumes", nil, &out)
+}
+
+// Volume shows a volume by id or name.
+func (c *Client) Volume(ctx context.Context, ref string) (*api.Volume, error) {
+	var out api.Volume
+	return &out, c.do(ctx, "GET", "/v1/volumes/"+url.PathEscape(ref), nil, &out)
+}
+
+// DeleteVolume deletes a volume.
+func (c *Client) DeleteVolume(ctx context.Context, ref string) error {
+	return c.do(ctx, "DELETE", "/v1/volumes/"+url.PathEscape(ref), nil, nil)
+}
+
+// ExtendVolume grows a volume to sizeBytes.
+func (c *Client) ExtendVolume(ctx context.Context, ref string, sizeBytes int64) (*api.Volume, error) {
+	var out api.Volume
+	return &out, c.do(ctx, "POST", "/v1/volumes/"+url.PathEscape(ref)+"/extend", api.ExtendVolumeRequest{Size: api.Size(sizeBytes)}, &out)
+}
+
+// CreateSnapshot snapshots a volume.
+func (c *Client) CreateSnapshot(ctx context.Context, r api.CreateSnapshotRequest) (*api.Snapshot, error) {
+	var out api.Snapshot
+	return &out, c.do(ctx, "POST", "/v1/snapshots", r, &out)
+}
+
+// Snapshots lists snapshots, optionally of one volume.
+func (c *Client) Snapshots(ctx context.Context, volume string) ([]api.Snapshot, error) {
+	var out []api.Snapshot
+	p := "/v1/snapshots"
+	if volume != "" {
+		p += "?volume=" + url.QueryEscape(volume)
+	}
+	return out, c.do(ctx, "GET", p, nil, &out)
+}
+
+// Snapshot shows a snapshot by id or name.
+func (c *Client) Snapshot(ctx context.Context, ref string) (*api.Snapshot, error) {
+	var out api.Snapshot
+	return &out, c.do(ctx, "GET", "/v1/snapshots/"+url.PathEscape(ref), nil, &out)
+}
+
+// DeleteSnapshot deletes a snapshot.
+func (c *Client) DeleteSnapshot(ctx context.Context, ref string) error {
+	return c.do(ctx, "DELETE", "/v1/snapshots/"+url.PathEscape(ref), nil, nil)
+}

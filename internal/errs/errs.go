@@ -1,0 +1,130 @@
+// Package errs defines basalt's typed errors: a machine-readable code, a human
+// message and the class of failure that decides the HTTP status.
+//
+// Every service package (meta, volume, api) returns *Error for anything a
+// caller could act on; anything else is an internal error. The api package
+// maps Kind to an HTTP status, the client maps it back, and the CLI prints
+// Code and Message. Codes are a stable contract: scripts match on them.
+package errs
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+)
+
+// Kind is the class of an error; it fixes the HTTP status.
+type Kind int
+
+const (
+	KindInternal Kind = iota
+	KindInvalid
+	KindUnauthenticated
+	KindForbidden
+	KindNotFound
+	KindConflict
+	KindInsufficientStorage
+	KindUnavailable
+)
+
+// Status returns the HTTP status for a kind.
+func (k Kind) Status() int {
+	switch k {
+	case KindInvalid:
+		return http.StatusBadRequest
+	case KindUnauthenticated:
+		return http.StatusUnauthorized
+	case KindForbidden:
+		return http.StatusForbidden
+	case KindNotFound:
+		return http.StatusNotFound
+	case KindConflict:
+		return http.StatusConflict
+	case KindInsufficientStorage:
+		return http.StatusInsufficientStorage
+	case KindUnavailable:
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+// KindForStatus is the inverse of Kind.Status, used by clients.
+func KindForStatus(status int) Kind {
+	for k := KindInternal; k <= KindUnavailable; k++ {
+		if k.Status() == status {
+			return k
+		}
+	}
+	return KindInternal
+}
+
+// Stable error codes. Add, never rename.
+const (
+	CodeInternal             = "InternalError"
+	CodeInvalidRequest       = "InvalidRequest"
+	CodeMalformedJSON        = "MalformedJSON"
+	CodeInvalidSize          = "InvalidSize"
+	CodeInvalidName          = "InvalidName"
+	CodeShrinkNotAllowed     = "ShrinkNotAllowed"
+	CodeUnknownVolumeType    = "UnknownVolumeType"
+	CodeInsufficientCapacity = "InsufficientCapacity"
+	CodeNotFound             = "NotFound"
+	CodeNameConflict         = "NameConflict"
+	CodeUserExists           = "UserExists"
+	CodeVolumeInUse          = "VolumeInUse"
+	CodeVolumeBusy           = "VolumeBusy"
+	CodeSnapshotNotReady     = "SnapshotNotReady"
+	CodeSnapshotInUse        = "SnapshotInUse"
+	CodeCertificateRequired  = "CertificateRequired"
+	CodeCertificateExpired   = "CertificateExpired"
+	CodeCertificateUntrusted = "CertificateUntrusted"
+	CodeCertificateRevoked   = "CertificateRevoked"
+	CodeAdminRequired        = "AdminRequired"
+	CodeMetadataUnavailable  = "MetadataUnavailable"
+	CodeMethodNotAllowed     = "MethodNotAllowed"
+)
+
+// Error is a typed, user-facing error.
+type Error struct {
+	Kind    Kind
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// New builds an *Error with a formatted message.
+func New(kind Kind, code, format string, args ...any) *Error {
+	return &Error{Kind: kind, Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// NotFound is the error for a resource that does not exist or that the
+// caller may not see; the two are deliberately indistinguishable.
+func NotFound(what, id string) *Error {
+	return New(KindNotFound, CodeNotFound, "%s %q not found", what, id)
+}
+
+// Invalid is a KindInvalid error.
+func Invalid(code, format string, args ...any) *Error {
+	return New(KindInvalid, code, format, args...)
+}
+
+// Conflict is a KindConflict error.
+func Conflict(code, format string, args ...any) *Error {
+	return New(KindConflict, code, format, args...)
+}
+
+// As extracts an *Error from err's chain.
+func As(err error) (*Error, bool) {
+	var e *Error
+	if errors.As(err, &e) {
+		return e, true
+	}
+	return nil, false
+}
+
+// IsCode reports whether err carries the given code.
+func IsCode(err error, code string) bool {
+	e, ok := As(err)
+	return ok && e.Code == code
+}

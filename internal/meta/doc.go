@@ -1,0 +1,27 @@
+// Package meta is basalt's metadata store: the only package that talks to
+// etcd. It owns every key, every record type and every transaction; other
+// packages ask it for typed records and typed updates.
+//
+// A node either runs an embedded etcd member (the default; see embed.go) or
+// connects to an existing etcd cluster (--meta-endpoints). The same Store code
+// serves both.
+//
+// Key layout (all under Prefix, "/basalt/"):
+//
+//	cluster                      Cluster record (id, created_at)
+//	pki/ca                       the cluster CA, certificate and key (PEM)
+//	users/<name>                 User
+//	s3keys/<access key id>       user name (index; S3 authentication)
+//	volumes/<id>                 Volume
+//	snapshots/<id>               Snapshot
+//	names/<kind>/<owner id>/<name>  id; makes names unique per owner and kind
+//	tokens/<owner id>/<token>       id; idempotency tokens of create calls
+//	capacity/provisioned         bytes promised to volumes and snapshots
+//
+// Invariants, each kept by doing the related writes in one transaction (Tx):
+//   - a names/ key exists exactly when a live record carries that name;
+//   - capacity/provisioned equals the sum of size_bytes of every volume and
+//     snapshot record that has not finished deleting;
+//   - every record carries Schema; readers refuse a Schema newer than they
+//     know (a newer binary wrote it) and migrate older ones on read.
+package meta

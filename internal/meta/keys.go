@@ -1,0 +1,40 @@
+package meta
+
+import "strings"
+
+// Prefix is the root of every basalt key in etcd.
+const Prefix = "/basalt/"
+
+const (
+	keyCluster     = Prefix + "cluster"
+	keyCA          = Prefix + "pki/ca"
+	keyProvisioned = Prefix + "capacity/provisioned"
+	prefixUsers    = Prefix + "users/"
+	prefixS3Keys   = Prefix + "s3keys/"
+	prefixVolumes  = Prefix + "volumes/"
+	prefixSnaps    = Prefix + "snapshots/"
+	prefixNames    = Prefix + "names/"
+	prefixTokens   = Prefix + "tokens/"
+)
+
+func userKey(name string) string      { return prefixUsers + name }
+func s3Key(access string) string      { return prefixS3Keys + access }
+func volumeKey(id string) string      { return prefixVolumes + id }
+func snapshotKey(id string) string    { return prefixSnaps + id }
+func tokenKey(owner, t string) string { return prefixTokens + owner + "/" + t }
+
+// Name kinds for ClaimName.
+const (
+	NameVolume   = "volume"
+	NameSnapshot = "snapshot"
+)
+
+func nameKey(kind, owner, name string) string {
+	return prefixNames + kind + "/" + owner + "/" + name
+}
+
+// validKeyPart reports whether s can be embedded in a key without changing
+// the key's structure.
+func validKeyPart(s string) bool {
+	return s != "" && !strings.ContainsAny(s, "/\x00")
+}

@@ -1,0 +1,133 @@
+package meta
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/errs"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// User returns a user, or a NotFound error.
+func (s *Store) User(ctx context.Context, name string) (*User, error) {
+	u := &User{}
+	if err := s.get(ctx, userKey(name), u); err != nil {
+		if errors.Is(err, errAbsent) {
+			return nil, errs.NotFound("user", name)
+		}
+		return nil, err
+	}
+	return u, nil
+}
+
+// Users lists every user by name.
+func (s *Store) Users(ctx context.Context) ([]*User, error) {
+	return list(ctx, s, prefixUsers, func() *User { return &User{} })
+}
+
+// UserByAccessKey resolves an S3 access key id to its user.
+func (s *Store) UserByAccessKey(ctx context.Context, access string) (*User, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, err := s.cli.Get(ctx, s3Key(access))
+	if err != nil {
+		return nil, wrap("get", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, errs.NotFound("access key", access)
+	}
+	return s.User(ctx, string(resp.Kvs[0].Value))
+}
+
+// Volume returns a volume, or a NotFound error.
+func (s *Store) Volume(ctx context.Context, id string) (*Volume, error) {
+	v := &Volume{}
+	if err := s.get(ctx, volumeKey(id), v); err != nil {
+		if errors.Is(err, errAbsent) {
+			return nil, errs.NotFound("volume", id)
+		}
+		return nil, err
+	}
+	return v, nil
+}
+
+// Volumes lists every volume.
+func (s *Store) Volumes(ctx context.Context) ([]*Volume, error) {
+	return list(ctx, s, prefixVolumes, func() *Volume { return &Volume{} })
+}
+
+// Snapshot returns a snapshot, or a NotFound error.
+func (s *Store) Snapshot(ctx context.Context, id string) (*Snapshot, error) {
+	sn := &Snapshot{}
+	if err := s.get(ctx, snapshotKey(id), sn); err != nil {
+		if errors.Is(err, errAbsent) {
+			return nil, errs.NotFound("snapshot", id)
+		}
+		return nil, err
+	}
+	return sn, nil
+}
+
+// Snapshots lists every snapshot.
+func (s *Store) Snapshots(ctx context.Context) ([]*Snapshot, error) {
+	return list(ctx, s, prefixSnaps, func() *Snapshot { return &Snapshot{} })
+}
+
+// LookupName resolves an owner's name to an id ("" when unbound).
+func (s *Store) LookupName(ctx context.Context, kind, owner, name string) (string, error) {
+	if !validKeyPart(owner) || !validKeyPart(name) {
+		return "", nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, err := s.cli.Get(ctx, nameKey(kind, owner, name))
+	if err != nil {
+		return "", wrap("get", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", nil
+	}
+	return string(resp.Kvs[0].Value), nil
+}
+
+// Provisioned reads the provisioned-bytes counter.
+func (s *Store) Provisioned(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.Update(ctx, func(tx *Tx) error { n = tx.Provisioned(); return nil })
+	return n, err
+}
+
+// Bootstrap records the cluster identity once and returns it, together with
+// the cluster CA: the stored one, or ca (PEM cert and key) when none is
+// stored yet. Racing first starts agree on one CA.
+func (s *Store) Bootstrap(ctx context.Context, clusterID string, caCert, caKey []byte) (*Cluster, []byte, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	c := &Cluster{Schema: SchemaVersion, ID: clusterID, CreatedAt: time.Now().UTC()}
+	ca := encode(&caRecord{Schema: SchemaVersion, CertPEM: string(caCert), KeyPEM: string(caKey)})
+	_, err := s.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(keyCluster), "=", 0)).
+		Then(clientv3.OpPut(keyCluster, encode(c)), clientv3.OpPut(keyCA, ca)).
+		Commit()
+	if err != nil {
+		return nil, nil, nil, wrap("bootstrap", err)
+	}
+	got := &Cluster{}
+	if err := s.get(ctx, keyCluster, got); err != nil {
+		return nil, nil, nil, err
+	}
+	rec := &caRecord{}
+	if err := s.get(ctx, keyCA, rec); err != nil {
+		return nil, nil, nil, err
+	}
+	return got, []byte(rec.CertPEM), []byte(rec.KeyPEM), nil
+}
+
+type caRecord struct {
+	Schema  int    `json:"schema"`
+	CertPEM string `json:"cert_pem"`
+	KeyPEM  string `json:"key_pem"`
+}
+
+func (c *caRecord) schema() int { return c.Schema }

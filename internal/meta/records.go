@@ -1,0 +1,136 @@
+package meta
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// SchemaVersion is the record schema this binary writes. Readers accept any
+// version up to it; a later issue that changes a record bumps it and adds a
+// migration in decode.
+const SchemaVersion = 1
+
+// Status values shared by volumes and snapshots.
+const (
+	StatusCreating  = "creating"
+	StatusAvailable = "available"
+	StatusInUse     = "in-use"
+	StatusExtending = "extending"
+	StatusDeleting  = "deleting"
+	StatusError     = "error"
+)
+
+// User is a basalt user: the subject of client certificates and S3 keys.
+type User struct {
+	Schema int    `json:"schema"`
+	Name   string `json:"name"`
+	// ID is random per record: certificates carry it, so a user deleted and
+	// created again does not inherit the old certificates.
+	ID          string    `json:"id"`
+	Admin       bool      `json:"admin"`
+	UID         *int      `json:"uid,omitempty"`
+	GID         *int      `json:"gid,omitempty"`
+	AccessKeyID string    `json:"access_key_id"`
+	SecretKey   string    `json:"secret_access_key"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+// Job is a long-running piece of a workflow (a copy), persisted so that a
+// restarted node resumes it and a reader can show progress.
+type Job struct {
+	Kind      string    `json:"kind"` // JobSnapshot, JobClone
+	Node      string    `json:"node"` // the node running it
+	Source    string    `json:"source"`
+	DoneBytes int64     `json:"done_bytes"`
+	Total     int64     `json:"total_bytes"`
+	Attempts  int       `json:"attempts"`
+	StartedAt time.Time `json:"started_at"`
+}
+
+// Job kinds.
+const (
+	JobSnapshot = "snapshot" // copy volume -> snapshot
+	JobClone    = "clone"    // copy snapshot -> new volume
+)
+
+// Volume is a block volume record.
+type Volume struct {
+	Schema         int       `json:"schema"`
+	ID             string    `json:"id"`
+	Name           string    `json:"name,omitempty"`
+	Owner          string    `json:"owner"`
+	OwnerID        string    `json:"owner_id"`
+	SizeBytes      int64     `json:"size_bytes"`
+	Status         string    `json:"status"`
+	StatusMessage  string    `json:"status_message,omitempty"`
+	Type           string    `json:"type"`
+	Multiattach    bool      `json:"multiattach"`
+	SourceSnapshot string    `json:"source_snapshot,omitempty"`
+	ClientToken    string    `json:"client_token,omitempty"`
+	CreatedAt      time.Time `json:"created_at"`
+	UpdatedAt      time.Time `json:"updated_at"`
+	// TargetSize is the size an extend is moving to (status extending).
+	TargetSize int64 `json:"target_size,omitempty"`
+	// Node is the node driving the current transition (extending, deleting).
+	Node string `json:"node,omitempty"`
+	Job  *Job   `json:"job,omitempty"`
+	// Snapshotting lists snapshots being copied from this volume; while
+	// non-empty the volume may not be extended or deleted.
+	Snapshotting []string `json:"snapshotting,omitempty"`
+}
+
+// Snapshot is a point-in-time copy of a volume.
+type Snapshot struct {
+	Schema        int       `json:"schema"`
+	ID            string    `json:"id"`
+	Name          string    `json:"name,omitempty"`
+	Owner         string    `json:"owner"`
+	OwnerID       string    `json:"owner_id"`
+	VolumeID      string    `json:"volume_id"`
+	SizeBytes     int64     `json:"size_bytes"`
+	Status        string    `json:"status"`
+	StatusMessage string    `json:"status_message,omitempty"`
+	ClientToken   string    `json:"client_token,omitempty"`
+	CreatedAt     time.Time `json:"created_at"`
+	UpdatedAt     time.Time `json:"updated_at"`
+	Node          string    `json:"node,omitempty"`
+	Job           *Job      `json:"job,omitempty"`
+	// Cloning lists volumes being created from this snapshot; while
+	// non-empty the snapshot may not be deleted.
+	Cloning []string `json:"cloning,omitempty"`
+}
+
+// Cluster identifies the metadata cluster.
+type Cluster struct {
+	Schema    int       `json:"schema"`
+	ID        string    `json:"id"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+type versioned interface{ schema() int }
+
+func (u *User) schema() int     { return u.Schema }
+func (v *Volume) schema() int   { return v.Schema }
+func (s *Snapshot) schema() int { return s.Schema }
+func (c *Cluster) schema() int  { return c.Schema }
+
+func encode(r any) string {
+	b, err := json.Marshal(r)
+	if err != nil {
+		panic(fmt.Sprintf("meta: encode %T: %v", r, err)) // records are plain structs
+	}
+	return string(b)
+}
+
+// decode parses a record and checks its schema version.
+func decode[T versioned](key string, data []byte, r T) error {
+	if err := json.Unmarshal(data, r); err != nil {
+		return fmt.Errorf("meta: corrupt record %s: %w", key, err)
+	}
+	if v := r.schema(); v > SchemaVersion {
+		return fmt.Errorf("meta: record %s has schema %d, newer than this binary's %d; upgrade basalt", key, v, SchemaVersion)
+	}
+	// Version 0 does not exist on disk; 1 is current. Migrations go here.
+	return nil
+}

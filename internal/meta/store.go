@@ -1,0 +1,195 @@
+package meta
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/errs"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// Config chooses between the embedded member and an external cluster.
+type Config struct {
+	// Endpoints of an external etcd cluster; empty means run Embed.
+	Endpoints []string
+	// TLS for external endpoints (nil: plain http or system roots).
+	ExternalTLS *tls.Config
+	Embed       EmbedConfig
+	// ClientTLS is how this node authenticates to its embedded member.
+	ClientTLS *tls.Config
+}
+
+// Store is a connection to basalt's metadata.
+type Store struct {
+	cli      *clientv3.Client
+	embedded *embed.Etcd
+	log      *slog.Logger
+}
+
+// requestTimeout bounds every metadata call so that losing quorum fails
+// requests with a clear error instead of hanging them.
+const requestTimeout = 10 * time.Second
+
+// Open starts the embedded member (unless Endpoints are given) and connects.
+func Open(ctx context.Context, c Config, log *slog.Logger) (*Store, error) {
+	s := &Store{log: log}
+	endpoints := c.Endpoints
+	tlsCfg := c.ExternalTLS
+	if len(endpoints) == 0 {
+		e, url, err := startEmbedded(c.Embed, log)
+		if err != nil {
+			return nil, err
+		}
+		s.embedded = e
+		endpoints = []string{url}
+		tlsCfg = c.ClientTLS
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            endpoints,
+		DialTimeout:          5 * time.Second,
+		DialKeepAliveTime:    5 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		TLS:                  tlsCfg,
+		Context:              ctx,
+		Logger:               zapNop(),
+	})
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("connect to etcd %v: %w", endpoints, err)
+	}
+	s.cli = cli
+	// Prove the connection works before declaring the store open.
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		_, err := cli.Get(cctx, keyCluster)
+		if err == nil {
+			break
+		}
+		if cctx.Err() != nil {
+			s.Close()
+			return nil, fmt.Errorf("etcd %v not reachable: %w", endpoints, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return s, nil
+}
+
+// Close disconnects and stops the embedded member, if any.
+func (s *Store) Close() {
+	if s.cli != nil {
+		s.cli.Close()
+	}
+	if s.embedded != nil {
+		s.embedded.Close()
+	}
+}
+
+// Embedded reports whether this node runs its own etcd member.
+func (s *Store) Embedded() bool { return s.embedded != nil }
+
+// Health is a linearizable read: it succeeds only when a quorum answers.
+func (s *Store) Health(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	_, err := s.cli.Get(ctx, keyCluster)
+	return wrap("health", err)
+}
+
+// Status describes the metadata cluster as this node sees it.
+type Status struct {
+	Embedded  bool     `json:"embedded"`
+	Endpoints []string `json:"endpoints"`
+	Version   string   `json:"version"`
+	Leader    uint64   `json:"leader"`
+	Members   int      `json:"members"`
+	DBSize    int64    `json:"db_size_bytes"`
+	DBInUse   int64    `json:"db_size_in_use_bytes"`
+	Alarms    []string `json:"alarms,omitempty"`
+	RaftIndex uint64   `json:"raft_index"`
+}
+
+// Status queries the first reachable endpoint.
+func (s *Store) Status(ctx context.Context) (*Status, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	st := &Status{Embedded: s.Embedded(), Endpoints: s.cli.Endpoints()}
+	var lastErr error
+	for _, ep := range s.cli.Endpoints() {
+		r, err := s.cli.Status(ctx, ep)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		st.Version, st.Leader, st.DBSize, st.DBInUse, st.RaftIndex = r.Version, r.Leader, r.DbSize, r.DbSizeInUse, r.RaftIndex
+		lastErr = nil
+		break
+	}
+	if lastErr != nil {
+		return st, wrap("status", lastErr)
+	}
+	if m, err := s.cli.MemberList(ctx); err == nil {
+		st.Members = len(m.Members)
+	}
+	if a, err := s.cli.AlarmList(ctx); err == nil {
+		for _, al := range a.Alarms {
+			st.Alarms = append(st.Alarms, al.Alarm.String())
+		}
+	}
+	return st, nil
+}
+
+// Defrag compacts history up to the current revision, defragments every
+// endpoint and clears a NOSPACE alarm: the online defrag path for an
+// operator whose metadata hit its space quota (`basalt meta defrag`).
+func (s *Store) Defrag(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	r, err := s.cli.Get(ctx, keyCluster)
+	if err != nil {
+		return wrap("defrag", err)
+	}
+	if _, err := s.cli.Compact(ctx, r.Header.Revision, clientv3.WithCompactPhysical()); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+		return wrap("compact", err)
+	}
+	for _, ep := range s.cli.Endpoints() {
+		if _, err := s.cli.Defragment(ctx, ep); err != nil {
+			return wrap("defragment "+ep, err)
+		}
+	}
+	if _, err := s.cli.AlarmDisarm(ctx, &clientv3.AlarmMember{}); err != nil {
+		return wrap("disarm alarms", err)
+	}
+	return nil
+}
+
+// wrap turns etcd failures into typed errors: an unreachable or quorum-less
+// cluster is MetadataUnavailable (503), which clients may retry.
+func wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := errs.As(err); ok {
+		return err
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, rpctypes.ErrNoLeader) ||
+		errors.Is(err, rpctypes.ErrTimeout) || errors.Is(err, rpctypes.ErrGRPCNoSpace) ||
+		strings.Contains(err.Error(), "connection") || errors.Is(err, context.Canceled) {
+		return errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable, "metadata %s failed: %v", op, err)
+	}
+	return fmt.Errorf("metadata %s: %w", op, err)
+}
+
+func zapNop() *zap.Logger { return zap.NewNop() }
+
+func splitHostPort(hp string) (string, string, error) { return net.SplitHostPort(hp) }
+func joinHostPort(h, p string) string                 { return net.JoinHostPort(h, p) }

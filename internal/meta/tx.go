@@ -1,0 +1,210 @@
+package meta
+
+import (
+	"context"
+	"errors"
+	"strconv"
+
+	"github.com/basalt-storage/basalt/internal/errs"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// Tx is a serializable metadata transaction. Reads see one snapshot; writes
+// apply atomically at commit, and the whole function is retried when a key it
+// read changed meanwhile. Functions passed to Update must therefore have no
+// side effects outside the Tx.
+type Tx struct {
+	stm concurrency.STM
+}
+
+// Update runs fn in a serializable transaction, retrying on conflict. An
+// error returned by fn aborts the transaction and is returned as is.
+func (s *Store) Update(ctx context.Context, fn func(*Tx) error) error {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	_, err := concurrency.NewSTM(s.cli, func(stm concurrency.STM) error {
+		return fn(&Tx{stm: stm})
+	}, concurrency.WithAbortContext(ctx))
+	return wrap("update", err)
+}
+
+func txGet[T versioned](tx *Tx, key string, r T) (bool, error) {
+	v := tx.stm.Get(key)
+	if v == "" {
+		return false, nil
+	}
+	return true, decode(key, []byte(v), r)
+}
+
+// User reads a user; nil when absent.
+func (tx *Tx) User(name string) (*User, error) {
+	u := &User{}
+	ok, err := txGet(tx, userKey(name), u)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return u, nil
+}
+
+// Volume reads a volume; nil when absent.
+func (tx *Tx) Volume(id string) (*Volume, error) {
+	v := &Volume{}
+	ok, err := txGet(tx, volumeKey(id), v)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// Snapshot reads a snapshot; nil when absent.
+func (tx *Tx) Snapshot(id string) (*Snapshot, error) {
+	sn := &Snapshot{}
+	ok, err := txGet(tx, snapshotKey(id), sn)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return sn, nil
+}
+
+// PutUser writes a user and its S3 key index.
+func (tx *Tx) PutUser(u *User) {
+	u.Schema = SchemaVersion
+	tx.stm.Put(userKey(u.Name), encode(u))
+	if u.AccessKeyID != "" {
+		tx.stm.Put(s3Key(u.AccessKeyID), u.Name)
+	}
+}
+
+// DeleteUser removes a user and its S3 key index.
+func (tx *Tx) DeleteUser(u *User) {
+	tx.stm.Del(userKey(u.Name))
+	if u.AccessKeyID != "" {
+		tx.stm.Del(s3Key(u.AccessKeyID))
+	}
+}
+
+// PutVolume writes a volume record.
+func (tx *Tx) PutVolume(v *Volume) {
+	v.Schema = SchemaVersion
+	tx.stm.Put(volumeKey(v.ID), encode(v))
+}
+
+// DeleteVolume removes a volume record.
+func (tx *Tx) DeleteVolume(id string) { tx.stm.Del(volumeKey(id)) }
+
+// PutSnapshot writes a snapshot record.
+func (tx *Tx) PutSnapshot(s *Snapshot) {
+	s.Schema = SchemaVersion
+	tx.stm.Put(snapshotKey(s.ID), encode(s))
+}
+
+// DeleteSnapshot removes a snapshot record.
+func (tx *Tx) DeleteSnapshot(id string) { tx.stm.Del(snapshotKey(id)) }
+
+// NameOwner returns the id holding a name, or "".
+func (tx *Tx) NameOwner(kind, owner, name string) string {
+	return tx.stm.Get(nameKey(kind, owner, name))
+}
+
+// ClaimName binds name to id for owner, failing with NameConflict when
+// another id holds it. An empty name claims nothing.
+func (tx *Tx) ClaimName(kind, owner, name, id string) error {
+	if name == "" {
+		return nil
+	}
+	if !validKeyPart(owner) || !validKeyPart(name) {
+		return errs.Invalid(errs.CodeInvalidName, "name %q is not valid", name)
+	}
+	if cur := tx.NameOwner(kind, owner, name); cur != "" && cur != id {
+		return errs.Conflict(errs.CodeNameConflict, "a %s named %q already exists (%s)", kind, name, cur)
+	}
+	tx.stm.Put(nameKey(kind, owner, name), id)
+	return nil
+}
+
+// ReleaseName frees a name if id holds it.
+func (tx *Tx) ReleaseName(kind, owner, name, id string) {
+	if name != "" && tx.NameOwner(kind, owner, name) == id {
+		tx.stm.Del(nameKey(kind, owner, name))
+	}
+}
+
+// TokenOwner returns the id created under an idempotency token, or "".
+func (tx *Tx) TokenOwner(owner, token string) string {
+	if token == "" {
+		return ""
+	}
+	return tx.stm.Get(tokenKey(owner, token))
+}
+
+// PutToken records that token created id.
+func (tx *Tx) PutToken(owner, token, id string) {
+	if token != "" {
+		tx.stm.Put(tokenKey(owner, token), id)
+	}
+}
+
+// DeleteToken forgets a token (when its resource is deleted).
+func (tx *Tx) DeleteToken(owner, token string) {
+	if token != "" {
+		tx.stm.Del(tokenKey(owner, token))
+	}
+}
+
+// Provisioned returns the bytes promised to volumes and snapshots.
+func (tx *Tx) Provisioned() int64 {
+	n, _ := strconv.ParseInt(tx.stm.Get(keyProvisioned), 10, 64)
+	return n
+}
+
+// Provision adds delta bytes to the provisioned total. A positive delta
+// fails with InsufficientCapacity when the total would exceed limit.
+func (tx *Tx) Provision(delta, limit int64) error {
+	cur := tx.Provisioned()
+	if delta > 0 && cur+delta > limit {
+		return errs.New(errs.KindInsufficientStorage, errs.CodeInsufficientCapacity,
+			"not enough capacity: %d bytes requested, %d of %d bytes provisionable are already provisioned",
+			delta, cur, limit)
+	}
+	next := cur + delta
+	if next < 0 {
+		next = 0
+	}
+	tx.stm.Put(keyProvisioned, strconv.FormatInt(next, 10))
+	return nil
+}
+
+// errAbsent marks a Get of a missing record.
+var errAbsent = errors.New("absent")
+
+func (s *Store) get(ctx context.Context, key string, r versioned) error {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, err := s.cli.Get(ctx, key)
+	if err != nil {
+		return wrap("get", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return errAbsent
+	}
+	return decode(key, resp.Kvs[0].Value, r)
+}
+
+func list[T versioned](ctx context.Context, s *Store, prefix string, mk func() T) ([]T, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	if err != nil {
+		return nil, wrap("list", err)
+	}
+	out := make([]T, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		r := mk()
+		if err := decode(string(kv.Key), kv.Value, r); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}

@@ -1,0 +1,88 @@
+package pki
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Identity is what a user holds to talk to basalt: the cluster CA to trust,
+// a client certificate and key for the control API (and NBD TLS), and an S3
+// key pair. On disk it is a directory of ca.pem, cert.pem, key.pem, s3.env.
+type Identity struct {
+	CAPEM, CertPEM, KeyPEM []byte
+	AccessKeyID            string
+	SecretAccessKey        string
+}
+
+// Write stores the identity in dir (created 0700; key and s3.env 0600).
+func (id *Identity) Write(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create identity dir: %w", err)
+	}
+	env := fmt.Sprintf("AWS_ACCESS_KEY_ID=%s\nAWS_SECRET_ACCESS_KEY=%s\n", id.AccessKeyID, id.SecretAccessKey)
+	for _, f := range []struct {
+		name string
+		data []byte
+		mode os.FileMode
+	}{
+		{"ca.pem", id.CAPEM, 0o644},
+		{"cert.pem", id.CertPEM, 0o644},
+		{"key.pem", id.KeyPEM, 0o600},
+		{"s3.env", []byte(env), 0o600},
+	} {
+		if err := WriteFileAtomic(filepath.Join(dir, f.name), f.data, f.mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// LoadIdentity reads an identity directory. s3.env is optional.
+func LoadIdentity(dir string) (*Identity, error) {
+	id := &Identity{}
+	var err error
+	if id.CAPEM, err = os.ReadFile(filepath.Join(dir, "ca.pem")); err != nil {
+		return nil, fmt.Errorf("identity %s: %w", dir, err)
+	}
+	if id.CertPEM, err = os.ReadFile(filepath.Join(dir, "cert.pem")); err != nil {
+		return nil, fmt.Errorf("identity %s: %w", dir, err)
+	}
+	if id.KeyPEM, err = os.ReadFile(filepath.Join(dir, "key.pem")); err != nil {
+		return nil, fmt.Errorf("identity %s: %w", dir, err)
+	}
+	if env, err := os.ReadFile(filepath.Join(dir, "s3.env")); err == nil {
+		sc := bufio.NewScanner(bytes.NewReader(env))
+		for sc.Scan() {
+			k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), "=")
+			if !ok {
+				continue
+			}
+			switch strings.TrimPrefix(k, "export ") {
+			case "AWS_ACCESS_KEY_ID":
+				id.AccessKeyID = v
+			case "AWS_SECRET_ACCESS_KEY":
+				id.SecretAccessKey = v
+			}
+		}
+	}
+	return id, nil
+}
+
+// ClientTLS is a TLS config presenting this identity and trusting its CA.
+func (id *Identity) ClientTLS() (*tls.Config, error) {
+	cert, err := tls.X509KeyPair(id.CertPEM, id.KeyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("identity certificate: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(id.CAPEM) {
+		return nil, fmt.Errorf("identity ca.pem holds no certificate")
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+}

@@ -1,0 +1,300 @@
+// Package server assembles one basalt node: it lays out the data directory,
+// brings up the PKI and the metadata store (embedded etcd or external),
+// bootstraps the admin identity, starts the services and the API listener,
+// and shuts all of it down in reverse order.
+//
+// Start order (each step needs the previous ones):
+//
+//	data dir → CA + node certificate → metadata (etcd, TLS with those certs)
+//	→ cluster bootstrap (one CA for the cluster) → store → admin identity
+//	→ volume service (resumes interrupted workflows) → API listener → ready
+//
+// Callers: cmd/basalt's `server` command and nothing else.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/api"
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
+	"github.com/basalt-storage/basalt/internal/pki"
+	"github.com/basalt-storage/basalt/internal/store"
+	"github.com/basalt-storage/basalt/internal/user"
+	"github.com/basalt-storage/basalt/internal/volume"
+)
+
+// Version is the build's version, set by the Makefile.
+var Version = "dev"
+
+// Config is everything `basalt server` is told.
+type Config struct {
+	Data          string
+	Store         string
+	API           string
+	S3            string // reserved for the S3 gateway
+	NBD           string // reserved for the NBD server
+	EtcdClient    string
+	EtcdPeer      string
+	Name          string
+	Advertise     string
+	MetaEndpoints []string
+	Overcommit    float64
+	JobBandwidth  int64
+	MetaQuota     int64
+}
+
+// Node is a running basalt node.
+type Node struct {
+	cfg       Config
+	log       *slog.Logger
+	meta      *meta.Store
+	volumes   *volume.Service
+	users     *user.Service
+	api       *api.Server
+	http      *http.Server
+	apiAddr   string
+	clusterID string
+	started   time.Time
+	store     *store.Store
+	AdminDir  string
+}
+
+// Start brings a node up and returns once it serves. Stop it with Close.
+func Start(ctx context.Context, cfg Config, log *slog.Logger) (n *Node, err error) {
+	n = &Node{cfg: cfg, log: log, started: time.Now().UTC()}
+	defer func() {
+		if err != nil {
+			n.Close()
+		}
+	}()
+	if n.cfg.Name == "" {
+		n.cfg.Name, _ = os.Hostname()
+	}
+	if n.cfg.Store == "" {
+		n.cfg.Store = filepath.Join(cfg.Data, "store")
+	}
+	if err := os.MkdirAll(cfg.Data, 0o700); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	pkiDir := filepath.Join(cfg.Data, "pki")
+	ca, cert, err := n.openMeta(ctx, pkiDir)
+	if err != nil {
+		return nil, err
+	}
+	if n.store, err = store.Open(n.cfg.Store); err != nil {
+		return nil, err
+	}
+	n.users = user.New(n.meta, ca)
+	if n.AdminDir, err = filepath.Abs(filepath.Join(cfg.Data, "identities", user.Admin)); err != nil {
+		return nil, err
+	}
+	if err := n.bootstrapAdmin(ctx, ca); err != nil {
+		return nil, fmt.Errorf("admin identity: %w", err)
+	}
+	n.volumes = volume.New(n.meta, n.store, volume.Config{
+		Node: n.cfg.Name, Overcommit: cfg.Overcommit, JobBandwidth: cfg.JobBandwidth,
+		AdoptAll: n.meta.Embedded(),
+	}, log)
+	if err := n.volumes.Start(ctx); err != nil {
+		return nil, err
+	}
+	n.api = api.New(api.Deps{
+		Volumes: n.volumes, Users: n.users, Status: n.status, Healthy: n.meta.Health,
+		Defrag: n.meta.Defrag, Log: log,
+	})
+	ln, err := net.Listen("tcp", cfg.API)
+	if err != nil {
+		return nil, fmt.Errorf("api listen %s: %w", cfg.API, err)
+	}
+	n.apiAddr = ln.Addr().String()
+	n.http = &http.Server{
+		Handler:           n.api,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	go func() {
+		if err := n.http.Serve(tls.NewListener(ln, api.TLSConfig(cert))); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("api server stopped", "err", err)
+		}
+	}()
+	n.api.SetReady(true)
+	log.Info("node ready", "name", n.cfg.Name, "api", "https://"+n.apiAddr, "store", n.store.Root,
+		"admin_identity", n.AdminDir, "cluster", n.clusterID)
+	return n, nil
+}
+
+// openMeta starts or connects to the metadata store and settles the cluster
+// CA. With the embedded member the local CA comes first (etcd's own TLS
+// needs it); with an external cluster the CA stored there wins, so every
+// node sharing it trusts the same users.
+func (n *Node) openMeta(ctx context.Context, pkiDir string) (*pki.CA, tls.Certificate, error) {
+	var ca *pki.CA
+	var err error
+	if len(n.cfg.MetaEndpoints) == 0 {
+		if ca, err = pki.LoadOrCreateCA(pkiDir); err != nil {
+			return nil, tls.Certificate{}, err
+		}
+	} else if ca, err = pki.LoadCA(filepath.Join(pkiDir, "ca.pem"), filepath.Join(pkiDir, "ca-key.pem")); err != nil {
+		if ca, err = pki.NewCA(); err != nil {
+			return nil, tls.Certificate{}, err
+		}
+	}
+	cert, err := ca.ServerCertificate(pkiDir, n.certNames())
+	if err != nil {
+		return nil, tls.Certificate{}, err
+	}
+	clientTLS := &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
+	n.meta, err = meta.Open(ctx, meta.Config{
+		Endpoints: n.cfg.MetaEndpoints,
+		ClientTLS: clientTLS,
+		Embed: meta.EmbedConfig{
+			Name: n.cfg.Name, Dir: filepath.Join(n.cfg.Data, "meta"),
+			ClientAddr: n.cfg.EtcdClient, PeerAddr: n.cfg.EtcdPeer, AdvertiseHost: n.cfg.Advertise,
+			CertFile: filepath.Join(pkiDir, "server.pem"), KeyFile: filepath.Join(pkiDir, "server-key.pem"),
+			CAFile: filepath.Join(pkiDir, "ca.pem"), QuotaBytes: n.cfg.MetaQuota,
+		},
+	}, n.log)
+	if err != nil {
+		return nil, tls.Certificate{}, err
+	}
+	cl, certPEM, keyPEM, err := n.meta.Bootstrap(ctx, randomID(), ca.CertPEM, ca.KeyPEM)
+	if err != nil {
+		return nil, tls.Certificate{}, err
+	}
+	n.clusterID = cl.ID
+	if string(certPEM) == string(ca.CertPEM) {
+		return ca, cert, nil
+	}
+	if n.meta.Embedded() {
+		return nil, tls.Certificate{}, fmt.Errorf("%s holds a different CA than the metadata in %s; restore the pki directory that belongs to this data", pkiDir, filepath.Join(n.cfg.Data, "meta"))
+	}
+	// Adopt the cluster's CA.
+	if ca, err = pki.ParseCA(certPEM, keyPEM); err != nil {
+		return nil, tls.Certificate{}, fmt.Errorf("cluster CA: %w", err)
+	}
+	if err := ca.Save(pkiDir); err != nil {
+		return nil, tls.Certificate{}, err
+	}
+	if cert, err = ca.ServerCertificate(pkiDir, n.certNames()); err != nil {
+		return nil, tls.Certificate{}, err
+	}
+	return ca, cert, nil
+}
+
+// certNames are the names the node certificate must carry.
+func (n *Node) certNames() []string {
+	host, _ := os.Hostname()
+	names := []string{"localhost", "127.0.0.1", "::1", host}
+	if n.cfg.Advertise != "" {
+		names = append(names, n.cfg.Advertise)
+	}
+	if h, _, err := net.SplitHostPort(n.cfg.API); err == nil && h != "" && h != "0.0.0.0" && h != "::" {
+		names = append(names, h)
+	}
+	return names
+}
+
+// bootstrapAdmin makes sure the admin user exists and that this node holds
+// a valid admin identity in DATA/identities/admin.
+func (n *Node) bootstrapAdmin(ctx context.Context, ca *pki.CA) error {
+	_, id, err := n.users.Create(ctx, user.Spec{Name: user.Admin, Admin: true})
+	if errs.IsCode(err, errs.CodeUserExists) {
+		if n.localAdminValid(ctx, ca) {
+			return nil
+		}
+		id, err = n.users.IssueIdentity(ctx, user.Admin)
+	}
+	if err != nil {
+		return err
+	}
+	return id.Write(n.AdminDir)
+}
+
+func (n *Node) localAdminValid(ctx context.Context, ca *pki.CA) bool {
+	id, err := pki.LoadIdentity(n.AdminDir)
+	if err != nil {
+		return false
+	}
+	c, err := pki.ParseCertPEM(id.CertPEM)
+	if err != nil {
+		return false
+	}
+	_, err = n.users.Authenticate(ctx, []*x509.Certificate{c})
+	return err == nil && time.Until(c.NotAfter) > 30*24*time.Hour
+}
+
+// Name is the node's name.
+func (n *Node) Name() string { return n.cfg.Name }
+
+// APIAddr is the address the API listens on.
+func (n *Node) APIAddr() string { return n.apiAddr }
+
+// Close shuts the node down: stop accepting, finish in-flight requests, stop
+// jobs (their records resume at next start), close the metadata store.
+func (n *Node) Close() {
+	if n.api != nil {
+		n.api.SetReady(false)
+	}
+	if n.http != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		n.http.Shutdown(ctx)
+		cancel()
+	}
+	if n.volumes != nil {
+		n.volumes.Stop()
+	}
+	if n.meta != nil {
+		n.meta.Close()
+	}
+}
+
+func (n *Node) status(ctx context.Context) api.Status {
+	st := api.Status{Node: api.NodeStatus{Name: n.cfg.Name, Version: Version, ClusterID: n.clusterID,
+		StartedAt: n.started, API: "https://" + n.apiAddr}}
+	ms, err := n.meta.Status(ctx)
+	if err == nil {
+		err = n.meta.Health(ctx)
+	}
+	st.Metadata = api.MetadataStatus{Healthy: err == nil, Embedded: n.meta.Embedded()}
+	if err != nil {
+		st.Metadata.Error = err.Error()
+	}
+	if ms != nil {
+		st.Metadata.Endpoints, st.Metadata.Version, st.Metadata.Members = ms.Endpoints, ms.Version, ms.Members
+		st.Metadata.DBSize, st.Metadata.Alarms = ms.DBSize, ms.Alarms
+	}
+	st.Store.Path = n.store.Root
+	err = n.store.Check()
+	if err == nil {
+		var c *volume.Capacity
+		if c, err = n.volumes.Capacity(ctx); err == nil {
+			st.Store.TotalBytes, st.Store.FreeBytes = c.TotalBytes, c.FreeBytes
+			st.Store.ProvisionedBytes, st.Store.LimitBytes, st.Store.Overcommit = c.ProvisionedBytes, c.LimitBytes, c.Overcommit
+		}
+	}
+	st.Store.Healthy = err == nil
+	if err != nil {
+		st.Store.Error = err.Error()
+	}
+	return st
+}
+
+func randomID() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,357 @@
+package volume
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
+)
+
+// CreateVolume is a validated create request.
+type CreateVolume struct {
+	Name         string
+	SizeBytes    int64 // 0 with FromSnapshot: the snapshot's size
+	Type         string
+	FromSnapshot string // id or name
+	Multiattach  bool
+	ClientToken  string
+}
+
+// CreateVolume creates an empty sparse volume (synchronously: O(1)) or, with
+// FromSnapshot, starts a clone job and returns the record in `creating`.
+func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) (*meta.Volume, error) {
+	if err := checkName(req.Name); err != nil {
+		return nil, err
+	}
+	if err := checkToken(req.ClientToken); err != nil {
+		return nil, err
+	}
+	if req.Type == "" {
+		req.Type = Types[0]
+	}
+	if !slices.Contains(Types, req.Type) {
+		return nil, errs.Invalid(errs.CodeUnknownVolumeType, "unknown volume type %q (known: %v)", req.Type, Types)
+	}
+	if req.SizeBytes < 0 || (req.SizeBytes == 0 && req.FromSnapshot == "") {
+		return nil, errs.Invalid(errs.CodeInvalidSize, "size must be greater than zero")
+	}
+	if req.SizeBytes%512 != 0 {
+		return nil, errs.Invalid(errs.CodeInvalidSize, "size %d is not a multiple of 512 bytes", req.SizeBytes)
+	}
+	var src *meta.Snapshot
+	if req.FromSnapshot != "" {
+		var err error
+		if src, err = s.resolveSnapshot(ctx, c, req.FromSnapshot); err != nil {
+			return nil, err
+		}
+		if req.SizeBytes == 0 {
+			req.SizeBytes = src.SizeBytes
+		}
+		if req.SizeBytes < src.SizeBytes {
+			return nil, errs.Invalid(errs.CodeInvalidSize, "size %d is smaller than snapshot %s (%d bytes)", req.SizeBytes, src.ID, src.SizeBytes)
+		}
+	}
+	limit, err := s.Limit()
+	if err != nil {
+		return nil, err
+	}
+	t := now()
+	v := &meta.Volume{
+		ID: newID("vol-"), Name: req.Name, Owner: c.Name, OwnerID: c.ID, SizeBytes: req.SizeBytes,
+		Status: meta.StatusCreating, Type: req.Type, Multiattach: req.Multiattach,
+		ClientToken: req.ClientToken, CreatedAt: t, UpdatedAt: t, Node: s.cfg.Node,
+	}
+	if src != nil {
+		v.SourceSnapshot = src.ID
+		v.Job = &meta.Job{Kind: meta.JobClone, Node: s.cfg.Node, Source: src.ID, Total: src.SizeBytes, StartedAt: t}
+	}
+	var replay *meta.Volume
+	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
+		replay = nil
+		if id := tx.TokenOwner(c.ID, req.ClientToken); id != "" {
+			r, err := tx.Volume(id)
+			if err != nil {
+				return err
+			}
+			if r != nil {
+				replay = r
+				return nil
+			}
+		}
+		if err := tx.ClaimName(meta.NameVolume, v.OwnerID, v.Name, v.ID); err != nil {
+			return err
+		}
+		if src != nil {
+			sn, err := tx.Snapshot(src.ID)
+			if err != nil {
+				return err
+			}
+			if sn == nil || sn.Status != meta.StatusAvailable {
+				return errs.Conflict(errs.CodeSnapshotNotReady, "snapshot %s is not available", src.ID)
+			}
+			sn.Cloning = append(sn.Cloning, v.ID)
+			tx.PutSnapshot(sn)
+		}
+		if err := tx.Provision(v.SizeBytes, limit); err != nil {
+			return err
+		}
+		tx.PutToken(c.ID, req.ClientToken, v.ID)
+		tx.PutVolume(v)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if replay != nil {
+		return replay, nil
+	}
+	s.logFor("volume", v.ID).Info("volume create", "owner", v.Owner, "size", v.SizeBytes, "from", v.SourceSnapshot)
+	if v.Job != nil {
+		s.startJob(v.ID, meta.JobClone)
+		return v, nil
+	}
+	return s.finishCreate(ctx, v.ID)
+}
+
+// finishCreate makes the sparse file (if absent) and marks the volume available.
+func (s *Service) finishCreate(ctx context.Context, id string) (*meta.Volume, error) {
+	v, err := s.meta.Volume(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	path := s.store.VolumePath(id)
+	if !s.store.Exists(path) {
+		if err := s.store.CreateSparse(path, v.SizeBytes); err != nil {
+			return nil, s.failVolume(ctx, id, err)
+		}
+	}
+	return s.transitionVolume(ctx, id, meta.StatusCreating, func(v *meta.Volume) { v.Status = resting(v) })
+}
+
+// transitionVolume applies fn to a volume that is still in status from.
+func (s *Service) transitionVolume(ctx context.Context, id, from string, fn func(*meta.Volume)) (*meta.Volume, error) {
+	var out *meta.Volume
+	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
+		v, err := tx.Volume(id)
+		if err != nil {
+			return err
+		}
+		if v == nil {
+			return errs.NotFound("volume", id)
+		}
+		if v.Status != from {
+			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is %s, expected %s", id, v.Status, from)
+		}
+		fn(v)
+		v.Node = ""
+		v.UpdatedAt = now()
+		tx.PutVolume(v)
+		out = v
+		return nil
+	})
+	return out, err
+}
+
+// failVolume records a workflow failure on the record and returns cause.
+func (s *Service) failVolume(ctx context.Context, id string, cause error) error {
+	s.logFor("volume", id).Error("volume workflow failed", "err", cause)
+	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
+		v, err := tx.Volume(id)
+		if err != nil || v == nil {
+			return err
+		}
+		if v.Job != nil && v.Job.Kind == meta.JobClone {
+			if err := dropFromSnapshot(tx, v.Job.Source, id); err != nil {
+				return err
+			}
+		}
+		v.Status, v.StatusMessage, v.Job, v.Node, v.UpdatedAt = meta.StatusError, cause.Error(), nil, "", now()
+		tx.PutVolume(v)
+		return nil
+	})
+	if err != nil {
+		s.logFor("volume", id).Error("cannot record failure", "err", err)
+	}
+	return cause
+}
+
+func dropFromSnapshot(tx *meta.Tx, snapID, volID string) error {
+	sn, err := tx.Snapshot(snapID)
+	if err != nil || sn == nil {
+		return err
+	}
+	sn.Cloning = slices.DeleteFunc(sn.Cloning, func(x string) bool { return x == volID })
+	tx.PutSnapshot(sn)
+	return nil
+}
+
+// Volume returns a volume the caller may see, by id or name.
+func (s *Service) Volume(ctx context.Context, c Caller, ref string) (*meta.Volume, error) {
+	return s.resolveVolume(ctx, c, ref)
+}
+
+func (s *Service) resolveVolume(ctx context.Context, c Caller, ref string) (*meta.Volume, error) {
+	id := ref
+	if !volumeIDRE.MatchString(ref) {
+		var err error
+		if id, err = s.meta.LookupName(ctx, meta.NameVolume, c.ID, ref); err != nil {
+			return nil, err
+		}
+		if id == "" {
+			return nil, errs.NotFound("volume", ref)
+		}
+	}
+	v, err := s.meta.Volume(ctx, id)
+	if err != nil {
+		if errs.IsCode(err, errs.CodeNotFound) {
+			return nil, errs.NotFound("volume", ref)
+		}
+		return nil, err
+	}
+	if !c.sees(v.OwnerID) {
+		return nil, errs.NotFound("volume", ref)
+	}
+	return v, nil
+}
+
+// Volumes lists the volumes the caller may see, oldest first.
+func (s *Service) Volumes(ctx context.Context, c Caller) ([]*meta.Volume, error) {
+	all, err := s.meta.Volumes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := all[:0]
+	for _, v := range all {
+		if c.sees(v.OwnerID) {
+			out = append(out, v)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
+	return out, nil
+}
+
+// ExtendVolume grows a volume to newSize bytes.
+func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSize int64) (*meta.Volume, error) {
+	v, err := s.resolveVolume(ctx, c, ref)
+	if err != nil {
+		return nil, err
+	}
+	if newSize <= 0 || newSize%512 != 0 {
+		return nil, errs.Invalid(errs.CodeInvalidSize, "size %d must be a positive multiple of 512 bytes", newSize)
+	}
+	limit, err := s.Limit()
+	if err != nil {
+		return nil, err
+	}
+	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
+		cur, err := tx.Volume(v.ID)
+		if err != nil {
+			return err
+		}
+		if cur == nil {
+			return errs.NotFound("volume", ref)
+		}
+		if newSize <= cur.SizeBytes {
+			return errs.Invalid(errs.CodeShrinkNotAllowed, "volume %s is %d bytes; the new size %d must be larger (volumes never shrink)", cur.ID, cur.SizeBytes, newSize)
+		}
+		if cur.Status != meta.StatusAvailable && cur.Status != meta.StatusInUse {
+			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is %s; only an available or in-use volume can be extended", cur.ID, cur.Status)
+		}
+		if len(cur.Snapshotting) > 0 {
+			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is being snapshotted (%s); extend it when the snapshot is available", cur.ID, cur.Snapshotting[0])
+		}
+		if err := tx.Provision(newSize-cur.SizeBytes, limit); err != nil {
+			return err
+		}
+		cur.Status, cur.TargetSize, cur.Node, cur.UpdatedAt = meta.StatusExtending, newSize, s.cfg.Node, now()
+		tx.PutVolume(cur)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.finishExtend(ctx, v.ID)
+}
+
+func (s *Service) finishExtend(ctx context.Context, id string) (*meta.Volume, error) {
+	v, err := s.meta.Volume(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.store.Resize(s.store.VolumePath(id), v.TargetSize); err != nil {
+		// The data is intact at the old size: return to rest, say why, and
+		// give the provisioned bytes back.
+		s.logFor("volume", id).Error("extend failed", "err", err)
+		s.transitionVolume(ctx, id, meta.StatusExtending, func(v *meta.Volume) {
+			v.Status, v.StatusMessage, v.TargetSize = resting(v), fmt.Sprintf("extend to %d bytes failed: %v", v.TargetSize, err), 0
+		})
+		s.meta.Update(ctx, func(tx *meta.Tx) error { return tx.Provision(v.SizeBytes-v.TargetSize, 0) })
+		return nil, err
+	}
+	s.logFor("volume", id).Info("volume extended", "size", v.TargetSize)
+	return s.transitionVolume(ctx, id, meta.StatusExtending, func(v *meta.Volume) {
+		v.SizeBytes, v.TargetSize, v.Status = v.TargetSize, 0, resting(v)
+	})
+}
+
+// DeleteVolume deletes a volume and its data. Snapshots of it stay.
+func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error {
+	v, err := s.resolveVolume(ctx, c, ref)
+	if err != nil {
+		return err
+	}
+	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
+		cur, err := tx.Volume(v.ID)
+		if err != nil {
+			return err
+		}
+		if cur == nil {
+			return errs.NotFound("volume", ref)
+		}
+		switch cur.Status {
+		case meta.StatusAvailable, meta.StatusError:
+		case meta.StatusDeleting:
+			return nil // already on its way; finish below
+		case meta.StatusInUse:
+			return errs.Conflict(errs.CodeVolumeInUse, "volume %s is attached; detach it first", cur.ID)
+		default:
+			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is %s; delete it when that finishes", cur.ID, cur.Status)
+		}
+		if len(cur.Snapshotting) > 0 {
+			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is being snapshotted (%s); delete it when the snapshot is available", cur.ID, cur.Snapshotting[0])
+		}
+		tx.ReleaseName(meta.NameVolume, cur.OwnerID, cur.Name, cur.ID)
+		tx.DeleteToken(cur.OwnerID, cur.ClientToken)
+		cur.Status, cur.Node, cur.UpdatedAt = meta.StatusDeleting, s.cfg.Node, now()
+		tx.PutVolume(cur)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return s.finishDeleteVolume(ctx, v.ID)
+}
+
+func (s *Service) finishDeleteVolume(ctx context.Context, id string) error {
+	if err := s.store.Remove(s.store.VolumePath(id)); err != nil {
+		return s.failVolume(ctx, id, err)
+	}
+	if err := s.store.Remove(s.store.TempPath(s.store.VolumePath(id))); err != nil {
+		return err
+	}
+	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
+		v, err := tx.Volume(id)
+		if err != nil || v == nil {
+			return err
+		}
+		tx.DeleteVolume(id)
+		return tx.Provision(-v.SizeBytes, 0)
+	})
+	if err == nil {
+		s.logFor("volume", id).Info("volume deleted")
+	}
+	return err
+}
