@@ -283,12 +283,24 @@ func (s *Service) finishExtend(ctx context.Context, id string) (*meta.Volume, er
 	}
 	if err := s.store.Resize(s.store.VolumePath(id), v.TargetSize); err != nil {
 		// The data is intact at the old size: return to rest, say why, and
-		// give the provisioned bytes back.
+		// give the provisioned bytes back, in one transaction.
 		s.logFor("volume", id).Error("extend failed", "err", err)
-		s.transitionVolume(ctx, id, meta.StatusExtending, func(v *meta.Volume) {
-			v.Status, v.StatusMessage, v.TargetSize = resting(v), fmt.Sprintf("extend to %d bytes failed: %v", v.TargetSize, err), 0
+		uerr := s.meta.Update(ctx, func(tx *meta.Tx) error {
+			cur, terr := tx.Volume(id)
+			if terr != nil || cur == nil || cur.Status != meta.StatusExtending {
+				return terr
+			}
+			if terr := tx.Provision(cur.SizeBytes-cur.TargetSize, 0); terr != nil {
+				return terr
+			}
+			cur.Status, cur.StatusMessage = resting(cur), fmt.Sprintf("extend to %d bytes failed: %v", cur.TargetSize, err)
+			cur.TargetSize, cur.Node, cur.UpdatedAt = 0, "", now()
+			tx.PutVolume(cur)
+			return nil
 		})
-		s.meta.Update(ctx, func(tx *meta.Tx) error { return tx.Provision(v.SizeBytes-v.TargetSize, 0) })
+		if uerr != nil {
+			s.logFor("volume", id).Error("cannot record failed extend", "err", uerr)
+		}
 		return nil, err
 	}
 	s.logFor("volume", id).Info("volume extended", "size", v.TargetSize)

@@ -1,0 +1,43 @@
+# basalt — see README.md. `make run` starts one node; `make test` runs everything.
+GO      ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/basalt-storage/basalt/internal/server.Version=$(VERSION)
+BIN     := bin/basalt
+
+.PHONY: build run test unit e2e deps fuzz vet clean
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/basalt
+
+run: build
+	./$(BIN) server
+
+deps:
+	./scripts/deps.sh
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l cmd internal tests)" || (gofmt -l cmd internal tests; echo "gofmt needed"; exit 1)
+
+# Unit tests, then end-to-end tests against real processes (tests/e2e).
+test: deps vet build
+	$(GO) test -count=1 -timeout 25m ./internal/...
+	BASALT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 25m ./tests/e2e/...
+
+unit: vet
+	$(GO) test -count=1 ./internal/...
+
+e2e: build
+	BASALT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -timeout 25m ./tests/e2e/...
+
+# Run each fuzz target for FUZZTIME (default 30s).
+FUZZTIME ?= 30s
+fuzz:
+	@for pkg in $$($(GO) list ./internal/...); do \
+	  for t in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "== $$pkg $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	  done; \
+	done
+
+clean:
+	rm -rf bin

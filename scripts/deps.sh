@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what basalt's tests need on Debian/Ubuntu: the real programs the
+# end-to-end tests drive. Safe to run repeatedly; installs only what is missing.
+set -euo pipefail
+
+# command -> Debian package
+declare -A need=(
+  [etcd]=etcd-server     # external metadata engine for the --meta-endpoints e2e test
+  [curl]=curl
+  [openssl]=openssl
+)
+
+missing=()
+for cmd in "${!need[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${need[$cmd]}")
+done
+if ((${#missing[@]})); then
+  echo "deps: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # The Debian package starts a system etcd on the default ports; the tests
+  # run their own on free ports, so stop it.
+  if [[ " ${missing[*]} " == *" etcd-server "* ]]; then
+    $SUDO systemctl disable --now etcd >/dev/null 2>&1 || $SUDO service etcd stop >/dev/null 2>&1 || true
+    $SUDO pkill -x etcd >/dev/null 2>&1 || true
+  fi
+fi
+command -v go >/dev/null || { echo "deps: Go is required (https://go.dev/dl/)" >&2; exit 1; }
