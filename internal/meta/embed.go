@@ -41,10 +41,7 @@ func startEmbedded(c EmbedConfig, log *slog.Logger) (*embed.Etcd, string, error)
 	cfg.Name = c.Name
 	cfg.Dir = c.Dir
 	cfg.Logger = "zap"
-	cfg.LogLevel = "error"
-	if os.Getenv("BASALT_ETCD_LOG") != "" {
-		cfg.LogLevel = os.Getenv("BASALT_ETCD_LOG")
-	}
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newZapLogger(log))
 	clientURL := url.URL{Scheme: "https", Host: c.ClientAddr}
 	peerURL := url.URL{Scheme: "https", Host: c.PeerAddr}
 	cfg.ListenClientUrls = []url.URL{clientURL}

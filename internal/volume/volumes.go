@@ -145,6 +145,7 @@ func (s *Service) transitionVolume(ctx context.Context, id, from string, fn func
 		if v.Status != from {
 			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is %s, expected %s", id, v.Status, from)
 		}
+		v.StatusMessage = "" // a message describes the last failure; this transition succeeded
 		fn(v)
 		v.Node = ""
 		v.UpdatedAt = now()
