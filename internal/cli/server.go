@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/server"
 	"github.com/basalt-storage/basalt/internal/size"
 	"github.com/basalt-storage/basalt/internal/volume"
@@ -125,7 +126,10 @@ func runServer(cfg server.Config, log *slog.Logger, g *globals) error {
 	defer stop()
 	n, err := server.Start(ctx, cfg, log)
 	if err != nil {
-		return fmt.Errorf("server: %w", err)
+		if _, ok := errs.As(err); ok {
+			return err
+		}
+		return errs.New(errs.KindInternal, "ServerError", "server: %v", err)
 	}
 	fmt.Fprintf(g.stderr, `
 basalt node %q is ready: https://%s

@@ -205,6 +205,9 @@ func (ca *CA) issue(tmpl *x509.Certificate, notBefore, notAfter time.Time) (*Iss
 // ServerCertificate loads DIR/server.pem, reissuing it when it is missing,
 // near expiry, signed by another CA or missing one of names (DNS names or IPs).
 func (ca *CA) ServerCertificate(dir string, names []string) (tls.Certificate, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return tls.Certificate{}, fmt.Errorf("create pki dir: %w", err)
+	}
 	certPath, keyPath := filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem")
 	if c, err := tls.LoadX509KeyPair(certPath, keyPath); err == nil && ca.serverCertFits(c, names) {
 		return c, nil

@@ -73,43 +73,50 @@ type Node struct {
 }
 
 // Start brings a node up and returns once it serves. Stop it with Close.
-func Start(ctx context.Context, cfg Config, log *slog.Logger) (n *Node, err error) {
-	n = &Node{cfg: cfg, log: log, started: time.Now().UTC()}
-	defer func() {
-		if err != nil {
-			n.Close()
-		}
-	}()
-	if n.cfg.Name == "" {
-		n.cfg.Name, _ = os.Hostname()
+func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Node, error) {
+	n := &Node{cfg: cfg, log: log, started: time.Now().UTC()}
+	if err := n.start(ctx); err != nil {
+		n.Close()
+		return nil, err
 	}
-	if n.cfg.Store == "" {
-		n.cfg.Store = filepath.Join(cfg.Data, "store")
+	return n, nil
+}
+
+func (n *Node) start(ctx context.Context) error {
+	cfg := n.cfg
+	log := n.log
+	var err error
+	if cfg.Name == "" {
+		cfg.Name, _ = os.Hostname()
 	}
+	if cfg.Store == "" {
+		cfg.Store = filepath.Join(cfg.Data, "store")
+	}
+	n.cfg = cfg
 	if err := os.MkdirAll(cfg.Data, 0o700); err != nil {
-		return nil, fmt.Errorf("data dir: %w", err)
+		return fmt.Errorf("data dir: %w", err)
 	}
 	pkiDir := filepath.Join(cfg.Data, "pki")
 	ca, cert, err := n.openMeta(ctx, pkiDir)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if n.store, err = store.Open(n.cfg.Store); err != nil {
-		return nil, err
+		return err
 	}
 	n.users = user.New(n.meta, ca)
 	if n.AdminDir, err = filepath.Abs(filepath.Join(cfg.Data, "identities", user.Admin)); err != nil {
-		return nil, err
+		return err
 	}
 	if err := n.bootstrapAdmin(ctx, ca); err != nil {
-		return nil, fmt.Errorf("admin identity: %w", err)
+		return fmt.Errorf("admin identity: %w", err)
 	}
 	n.volumes = volume.New(n.meta, n.store, volume.Config{
 		Node: n.cfg.Name, Overcommit: cfg.Overcommit, JobBandwidth: cfg.JobBandwidth,
 		AdoptAll: n.meta.Embedded(),
 	}, log)
 	if err := n.volumes.Start(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	n.api = api.New(api.Deps{
 		Volumes: n.volumes, Users: n.users, Status: n.status, Healthy: n.meta.Health,
@@ -117,7 +124,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (n *Node, err erro
 	})
 	ln, err := net.Listen("tcp", cfg.API)
 	if err != nil {
-		return nil, fmt.Errorf("api listen %s: %w", cfg.API, err)
+		return fmt.Errorf("api listen %s: %w", cfg.API, err)
 	}
 	n.apiAddr = ln.Addr().String()
 	n.http = &http.Server{
@@ -134,7 +141,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (n *Node, err erro
 	n.api.SetReady(true)
 	log.Info("node ready", "name", n.cfg.Name, "api", "https://"+n.apiAddr, "store", n.store.Root,
 		"admin_identity", n.AdminDir, "cluster", n.clusterID)
-	return n, nil
+	return nil
 }
 
 // openMeta starts or connects to the metadata store and settles the cluster
