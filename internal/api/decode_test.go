@@ -221,7 +221,7 @@ func TestParseCreateVolume(t *testing.T) {
 		{``, errs.CodeMalformedJSON},
 		{`   `, errs.CodeMalformedJSON},
 		{"\n\t", errs.CodeMalformedJSON},
-		{`{"size":"10GiB","bogus":1}`, errs.CodeMalformedJSON},     // unknown field
+		{`{"size":"10GiB","bogus":1}`, errs.CodeMalformedJSON},       // unknown field
 		{`{"size":"10GiB"} {"size":"1GiB"}`, errs.CodeMalformedJSON}, // a second object
 		{`{"size":"10GiB"}x`, errs.CodeMalformedJSON},                // trailing garbage
 		{`{"size":"10GiB"}]`, errs.CodeMalformedJSON},
@@ -281,10 +281,10 @@ func TestParseCreateVolumeMessages(t *testing.T) {
 
 func TestParseExtendVolume(t *testing.T) {
 	for body, want := range map[string]int64{
-		`{"size":"20GiB"}`:              20 << 30,
-		`{"size":2147483648}`:           2 << 30,
-		`{"size":"2147483648"}`:         2 << 30,
-		`{"size":1152921504606846976}`:  size.Max,
+		`{"size":"20GiB"}`:             20 << 30,
+		`{"size":2147483648}`:          2 << 30,
+		`{"size":"2147483648"}`:        2 << 30,
+		`{"size":1152921504606846976}`: size.Max,
 		"  {\"size\":\"1T\"}\r\n\t   ": 1 << 40,
 	} {
 		n, err := ParseExtendVolume([]byte(body))
@@ -348,7 +348,7 @@ func TestParseCreateUser(t *testing.T) {
 		t.Fatalf("optional fields: %+v, %v", r, err)
 	}
 	for body, code := range map[string]string{
-		``:                           errs.CodeMalformedJSON,
+		``:                            errs.CodeMalformedJSON,
 		`{"name":"bob","password":1}`: errs.CodeMalformedJSON,
 		`{"name":"bob"} trailing`:     errs.CodeMalformedJSON,
 		`{"name":"bob","uid":"1000"}`: errs.CodeMalformedJSON,
@@ -434,7 +434,7 @@ func TestSizeRoundTrip(t *testing.T) {
 			if err := json.Unmarshal(b, &s); err != nil || int64(s) != n {
 				t.Fatalf("round trip %d: %d, %v", n, s, err)
 			}
-			if d == 0 {
+			if d == 0 && n < size.Max { // Max: see TestSizeMaxFormatParses
 				// size.Format renders an exact power of two exactly
 				// ("1 GiB"); the string form must read back the same.
 				var q Size
@@ -443,6 +443,20 @@ func TestSizeRoundTrip(t *testing.T) {
 					t.Fatalf("formatted round trip %s: %d, %v; want %d", f, q, err, n)
 				}
 			}
+		}
+	}
+}
+
+// TestSizeMaxFormatParses: the largest accepted size must be writable in the
+// syntax basalt itself prints. size.Format(size.Max) is "1 EiB", and the
+// InvalidSize message for a too-large size says "maximum of 1 EiB", but
+// size.Parse knows no EiB unit, so {"size":"1EiB"} is refused with "unknown
+// unit". (Product bug in internal/size: add e/eb/eib to its unit table.)
+func TestSizeMaxFormatParses(t *testing.T) {
+	for _, in := range []string{strconv.Quote(size.Format(size.Max)), `"1EiB"`} {
+		var s Size
+		if err := json.Unmarshal([]byte(in), &s); err != nil || int64(s) != size.Max {
+			t.Errorf("Size from %s = %d, %v; want %d (size.Max, printed by size.Format as %q)", in, s, err, size.Max, size.Format(size.Max))
 		}
 	}
 }

@@ -145,7 +145,11 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, c volume
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusAccepted, snapshotOut(sn))
+	status := http.StatusCreated
+	if sn.Status == meta.StatusCreating {
+		status = http.StatusAccepted
+	}
+	writeJSON(w, status, snapshotOut(sn))
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -39,9 +40,7 @@ func New(d Deps) *Server {
 	s := &Server{d: d, mux: http.NewServeMux()}
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /v1/openapi.json", s.openapi)
-	s.mux.HandleFunc("/", s.authed(func(w http.ResponseWriter, r *http.Request, _ volume.Caller) error {
-		return errs.NotFound("route", r.Method+" "+r.URL.Path)
-	}))
+	s.mux.HandleFunc("/", s.noRoute)
 	s.route("GET /v1/status", s.status)
 	s.route("POST /v1/meta/defrag", s.admin(s.defrag))
 	s.route("POST /v1/users", s.admin(s.createUser))
@@ -146,7 +145,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	if !s.ready.Load() {
-		writeJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: ErrorDetail{Code: "NotReady", Message: "node is starting"}})
+		s.writeError(w, errs.New(errs.KindUnavailable, errs.CodeNotReady, "node is starting or stopping"))
 		return
 	}
 	if err := s.d.Healthy(r.Context()); err != nil {
@@ -154,6 +153,26 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// noRoute answers requests no route matches: 405 when the path exists
+// with other methods, else 404. Routes are public (openapi.json), so this
+// needs no authentication.
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, m := range []string{"GET", "POST", "PUT", "DELETE", "PATCH"} {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := s.mux.Handler(probe); pattern != "" && pattern != "/" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) > 0 {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		s.writeError(w, errs.New(errs.KindMethodNotAllowed, errs.CodeMethodNotAllowed, "%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allow, ", ")))
+		return
+	}
+	s.writeError(w, errs.NotFound("route", r.Method+" "+r.URL.Path))
 }
 
 //go:embed openapi.json

@@ -25,6 +25,7 @@ const (
 	KindConflict
 	KindInsufficientStorage
 	KindUnavailable
+	KindMethodNotAllowed
 )
 
 // Status returns the HTTP status for a kind.
@@ -44,13 +45,15 @@ func (k Kind) Status() int {
 		return http.StatusInsufficientStorage
 	case KindUnavailable:
 		return http.StatusServiceUnavailable
+	case KindMethodNotAllowed:
+		return http.StatusMethodNotAllowed
 	}
 	return http.StatusInternalServerError
 }
 
 // KindForStatus is the inverse of Kind.Status, used by clients.
 func KindForStatus(status int) Kind {
-	for k := KindInternal; k <= KindUnavailable; k++ {
+	for k := KindInternal; k <= KindMethodNotAllowed; k++ {
 		if k.Status() == status {
 			return k
 		}
@@ -82,6 +85,9 @@ const (
 	CodeAdminRequired        = "AdminRequired"
 	CodeMetadataUnavailable  = "MetadataUnavailable"
 	CodeMethodNotAllowed     = "MethodNotAllowed"
+	CodeNotReady             = "NotReady"
+	CodeIdempotentMismatch   = "IdempotentParameterMismatch"
+	CodeUserProtected        = "UserProtected"
 )
 
 // Error is a typed, user-facing error.

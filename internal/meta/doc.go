@@ -15,7 +15,7 @@
 //	volumes/<id>                 Volume
 //	snapshots/<id>               Snapshot
 //	names/<kind>/<owner id>/<name>  id; makes names unique per owner and kind
-//	tokens/<owner id>/<token>       id; idempotency tokens of create calls
+//	tokens/<kind>/<owner id>/<token>  id; idempotency tokens of create calls
 //	capacity/provisioned         bytes promised to volumes and snapshots
 //
 // Invariants, each kept by doing the related writes in one transaction (Tx):

@@ -17,17 +17,20 @@ const (
 	prefixTokens   = Prefix + "tokens/"
 )
 
-func userKey(name string) string      { return prefixUsers + name }
-func s3Key(access string) string      { return prefixS3Keys + access }
-func volumeKey(id string) string      { return prefixVolumes + id }
-func snapshotKey(id string) string    { return prefixSnaps + id }
-func tokenKey(owner, t string) string { return prefixTokens + owner + "/" + t }
+func userKey(name string) string   { return prefixUsers + name }
+func s3Key(access string) string   { return prefixS3Keys + access }
+func volumeKey(id string) string   { return prefixVolumes + id }
+func snapshotKey(id string) string { return prefixSnaps + id }
 
 // Name kinds for ClaimName.
 const (
 	NameVolume   = "volume"
 	NameSnapshot = "snapshot"
 )
+
+func tokenKey(kind, owner, token string) string {
+	return prefixTokens + kind + "/" + owner + "/" + token
+}
 
 func nameKey(kind, owner, name string) string {
 	return prefixNames + kind + "/" + owner + "/" + name

@@ -130,25 +130,26 @@ func (tx *Tx) ReleaseName(kind, owner, name, id string) {
 	}
 }
 
-// TokenOwner returns the id created under an idempotency token, or "".
-func (tx *Tx) TokenOwner(owner, token string) string {
+// TokenOwner returns the id a create of kind (NameVolume, NameSnapshot)
+// made under an idempotency token, or "".
+func (tx *Tx) TokenOwner(kind, owner, token string) string {
 	if token == "" {
 		return ""
 	}
-	return tx.stm.Get(tokenKey(owner, token))
+	return tx.stm.Get(tokenKey(kind, owner, token))
 }
 
 // PutToken records that token created id.
-func (tx *Tx) PutToken(owner, token, id string) {
+func (tx *Tx) PutToken(kind, owner, token, id string) {
 	if token != "" {
-		tx.stm.Put(tokenKey(owner, token), id)
+		tx.stm.Put(tokenKey(kind, owner, token), id)
 	}
 }
 
 // DeleteToken forgets a token (when its resource is deleted).
-func (tx *Tx) DeleteToken(owner, token string) {
+func (tx *Tx) DeleteToken(kind, owner, token string) {
 	if token != "" {
-		tx.stm.Del(tokenKey(owner, token))
+		tx.stm.Del(tokenKey(kind, owner, token))
 	}
 }
 

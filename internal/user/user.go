@@ -115,7 +115,7 @@ func (s *Service) List(ctx context.Context) ([]*meta.User, error) { return s.met
 // user record id, so a user created again under the name inherits nothing.
 func (s *Service) Delete(ctx context.Context, name string) error {
 	if name == Admin {
-		return errs.Invalid(errs.CodeInvalidRequest, "the %s user cannot be deleted", Admin)
+		return errs.Conflict(errs.CodeUserProtected, "the %s user cannot be deleted", Admin)
 	}
 	return s.meta.Update(ctx, func(tx *meta.Tx) error {
 		u, err := tx.User(name)

@@ -164,6 +164,11 @@ func checkToken(t string) error {
 	return nil
 }
 
+// tokenMismatch is the error for a token reused with different parameters.
+func tokenMismatch(token, id string) error {
+	return errs.Conflict(errs.CodeIdempotentMismatch, "client token %q was already used to create %s with different parameters", token, id)
+}
+
 var tokenRE = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
 
 func now() time.Time { return time.Now().UTC().Truncate(time.Millisecond) }

@@ -35,12 +35,15 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 	var replay *meta.Snapshot
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
 		replay = nil
-		if id := tx.TokenOwner(c.ID, token); id != "" {
+		if id := tx.TokenOwner(meta.NameSnapshot, sn.OwnerID, token); id != "" {
 			r, err := tx.Snapshot(id)
 			if err != nil {
 				return err
 			}
 			if r != nil {
+				if r.VolumeID != v.ID || r.Name != name {
+					return tokenMismatch(token, r.ID)
+				}
 				replay = r
 				return nil
 			}
@@ -65,7 +68,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 		sn.Job = &meta.Job{Kind: meta.JobSnapshot, Node: s.cfg.Node, Source: cur.ID, Total: cur.SizeBytes, StartedAt: t}
 		cur.Snapshotting = append(cur.Snapshotting, sn.ID)
 		tx.PutVolume(cur)
-		tx.PutToken(c.ID, token, sn.ID)
+		tx.PutToken(meta.NameSnapshot, sn.OwnerID, token, sn.ID)
 		tx.PutSnapshot(sn)
 		return nil
 	})
@@ -158,7 +161,7 @@ func (s *Service) DeleteSnapshot(ctx context.Context, c Caller, ref string) erro
 			return errs.Conflict(errs.CodeSnapshotInUse, "volume %s is being created from snapshot %s; delete it when that finishes", cur.Cloning[0], cur.ID)
 		}
 		tx.ReleaseName(meta.NameSnapshot, cur.OwnerID, cur.Name, cur.ID)
-		tx.DeleteToken(cur.OwnerID, cur.ClientToken)
+		tx.DeleteToken(meta.NameSnapshot, cur.OwnerID, cur.ClientToken)
 		cur.Status, cur.Node, cur.UpdatedAt = meta.StatusDeleting, s.cfg.Node, now()
 		tx.PutSnapshot(cur)
 		return nil

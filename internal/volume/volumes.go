@@ -71,12 +71,16 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 	var replay *meta.Volume
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
 		replay = nil
-		if id := tx.TokenOwner(c.ID, req.ClientToken); id != "" {
+		if id := tx.TokenOwner(meta.NameVolume, c.ID, req.ClientToken); id != "" {
 			r, err := tx.Volume(id)
 			if err != nil {
 				return err
 			}
 			if r != nil {
+				if r.Name != v.Name || r.SizeBytes != v.SizeBytes || r.Type != v.Type ||
+					r.Multiattach != v.Multiattach || r.SourceSnapshot != v.SourceSnapshot {
+					return tokenMismatch(req.ClientToken, r.ID)
+				}
 				replay = r
 				return nil
 			}
@@ -98,7 +102,7 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		if err := tx.Provision(v.SizeBytes, limit); err != nil {
 			return err
 		}
-		tx.PutToken(c.ID, req.ClientToken, v.ID)
+		tx.PutToken(meta.NameVolume, c.ID, req.ClientToken, v.ID)
 		tx.PutVolume(v)
 		return nil
 	})
@@ -337,7 +341,7 @@ func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error 
 			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is being snapshotted (%s); delete it when the snapshot is available", cur.ID, cur.Snapshotting[0])
 		}
 		tx.ReleaseName(meta.NameVolume, cur.OwnerID, cur.Name, cur.ID)
-		tx.DeleteToken(cur.OwnerID, cur.ClientToken)
+		tx.DeleteToken(meta.NameVolume, cur.OwnerID, cur.ClientToken)
 		cur.Status, cur.Node, cur.UpdatedAt = meta.StatusDeleting, s.cfg.Node, now()
 		tx.PutVolume(cur)
 		return nil
