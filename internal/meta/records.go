@@ -56,20 +56,23 @@ const (
 
 // Volume is a block volume record.
 type Volume struct {
-	Schema         int       `json:"schema"`
-	ID             string    `json:"id"`
-	Name           string    `json:"name,omitempty"`
-	Owner          string    `json:"owner"`
-	OwnerID        string    `json:"owner_id"`
-	SizeBytes      int64     `json:"size_bytes"`
-	Status         string    `json:"status"`
-	StatusMessage  string    `json:"status_message,omitempty"`
-	Type           string    `json:"type"`
-	Multiattach    bool      `json:"multiattach"`
-	SourceSnapshot string    `json:"source_snapshot,omitempty"`
-	ClientToken    string    `json:"client_token,omitempty"`
-	CreatedAt      time.Time `json:"created_at"`
-	UpdatedAt      time.Time `json:"updated_at"`
+	Schema         int    `json:"schema"`
+	ID             string `json:"id"`
+	Name           string `json:"name,omitempty"`
+	Owner          string `json:"owner"`
+	OwnerID        string `json:"owner_id"`
+	SizeBytes      int64  `json:"size_bytes"`
+	Status         string `json:"status"`
+	StatusMessage  string `json:"status_message,omitempty"`
+	Type           string `json:"type"`
+	Multiattach    bool   `json:"multiattach"`
+	SourceSnapshot string `json:"source_snapshot,omitempty"`
+	ClientToken    string `json:"client_token,omitempty"`
+	// TokenParams fingerprints the create request made with ClientToken, so
+	// that a replay with other parameters is refused.
+	TokenParams string    `json:"token_params,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
+	UpdatedAt   time.Time `json:"updated_at"`
 	// TargetSize is the size an extend is moving to (status extending).
 	TargetSize int64 `json:"target_size,omitempty"`
 	// Node is the node driving the current transition (extending, deleting).
@@ -92,6 +95,7 @@ type Snapshot struct {
 	Status        string    `json:"status"`
 	StatusMessage string    `json:"status_message,omitempty"`
 	ClientToken   string    `json:"client_token,omitempty"`
+	TokenParams   string    `json:"token_params,omitempty"`
 	CreatedAt     time.Time `json:"created_at"`
 	UpdatedAt     time.Time `json:"updated_at"`
 	Node          string    `json:"node,omitempty"`

@@ -7,7 +7,7 @@
 //
 //	digits [ "." digits ] [ unit ]
 //
-// where unit is one of B, K, KiB, M, MiB, G, GiB, T, TiB, P, PiB (case-insensitive;
+// where unit is one of B, K, KiB, M, MiB, G, GiB, T, TiB, P, PiB, E, EiB (case-insensitive;
 // "KB", "MB", ... are read as binary units too, matching qemu-img). A
 // fractional number must come out as a whole number of bytes.
 package size
@@ -31,6 +31,7 @@ var units = map[string]int64{
 	"g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
 	"t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40,
 	"p": 1 << 50, "pb": 1 << 50, "pib": 1 << 50,
+	"e": 1 << 60, "eb": 1 << 60, "eib": 1 << 60,
 }
 
 // Parse reads a positive size in bytes.
@@ -50,7 +51,7 @@ func Parse(s string) (int64, error) {
 	num, unit := s[:i], strings.ToLower(strings.TrimSpace(s[i:]))
 	mult, ok := units[unit]
 	if !ok {
-		return 0, fmt.Errorf("size %q has unknown unit %q (use B, KiB, MiB, GiB, TiB, PiB)", orig, s[i:])
+		return 0, fmt.Errorf("size %q has unknown unit %q (use B, KiB, MiB, GiB, TiB, PiB, EiB)", orig, s[i:])
 	}
 	if num == "" || strings.Count(num, ".") > 1 || num[0] == '.' || num[len(num)-1] == '.' {
 		return 0, fmt.Errorf("size %q is not a number", orig)

@@ -3,6 +3,7 @@ package volume
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
@@ -162,6 +163,13 @@ func checkToken(t string) error {
 		return errs.Invalid(errs.CodeInvalidRequest, "client_token must be 1-128 letters, digits, '.', '_' or '-'")
 	}
 	return nil
+}
+
+// fingerprint condenses a create request's parameters (as the caller gave
+// them, before defaults) for idempotency checks.
+func fingerprint(params ...any) string {
+	h := sha256.Sum256([]byte(fmt.Sprintf("%q", params)))
+	return hex.EncodeToString(h[:8])
 }
 
 // tokenMismatch is the error for a token reused with different parameters.

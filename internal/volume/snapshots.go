@@ -32,6 +32,9 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 		ID: newID("snap-"), Name: name, Owner: v.Owner, OwnerID: v.OwnerID, VolumeID: v.ID, Status: meta.StatusCreating,
 		ClientToken: token, CreatedAt: t, UpdatedAt: t, Node: s.cfg.Node,
 	}
+	if token != "" {
+		sn.TokenParams = fingerprint(v.ID, name)
+	}
 	var replay *meta.Snapshot
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
 		replay = nil
@@ -41,7 +44,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 				return err
 			}
 			if r != nil {
-				if r.VolumeID != v.ID || r.Name != name {
+				if r.TokenParams != sn.TokenParams {
 					return tokenMismatch(token, r.ID)
 				}
 				replay = r

@@ -64,6 +64,9 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		Status: meta.StatusCreating, Type: req.Type, Multiattach: req.Multiattach,
 		ClientToken: req.ClientToken, CreatedAt: t, UpdatedAt: t, Node: s.cfg.Node,
 	}
+	if req.ClientToken != "" {
+		v.TokenParams = fingerprint(req.Name, req.SizeBytes, req.Type, req.FromSnapshot, req.Multiattach)
+	}
 	if src != nil {
 		v.SourceSnapshot = src.ID
 		v.Job = &meta.Job{Kind: meta.JobClone, Node: s.cfg.Node, Source: src.ID, Total: src.SizeBytes, StartedAt: t}
@@ -77,8 +80,7 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 				return err
 			}
 			if r != nil {
-				if r.Name != v.Name || r.SizeBytes != v.SizeBytes || r.Type != v.Type ||
-					r.Multiattach != v.Multiattach || r.SourceSnapshot != v.SourceSnapshot {
+				if r.TokenParams != v.TokenParams {
 					return tokenMismatch(req.ClientToken, r.ID)
 				}
 				replay = r
