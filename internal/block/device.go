@@ -1,0 +1,74 @@
+// Package block defines the block device interface every basalt data path
+// speaks: the NBD server serves a Device, and layers (later) are Devices
+// built on Devices.
+//
+// Contract, for every implementation:
+//   - Offsets and lengths are bytes; callers never pass a range beyond
+//     Size() (the NBD server checks first), so implementations may assume
+//     0 <= off, off+len <= Size().
+//   - An operation a device does not declare in Capabilities returns
+//     ErrNotSupported; a device never silently ignores one.
+//   - WriteAt with fua=true, and any operation followed by a successful
+//     Flush, is on stable storage before it returns.
+//   - Devices are safe for concurrent use; ordering between overlapping
+//     concurrent operations is the caller's business (as with a disk).
+package block
+
+import (
+	"errors"
+)
+
+// Capabilities declares what a device supports. The NBD server advertises
+// exactly these.
+type Capabilities struct {
+	ReadOnly    bool
+	Flush       bool // Flush makes earlier completed writes durable
+	FUA         bool // WriteAt(fua) is durable on return
+	Trim        bool
+	WriteZeroes bool
+	// FastZero: WriteZeroes with ZeroFast either completes faster than a
+	// write of zeroes would, or fails with ErrNotSupported at once.
+	FastZero bool
+	Extents  bool // Extents reports holes and zero ranges
+	// MultiConn: Flush through one handle covers writes completed
+	// through every handle of the same device (NBD CAN_MULTI_CONN).
+	MultiConn bool
+}
+
+// ZeroFlags modify WriteZeroes.
+type ZeroFlags struct {
+	NoHole bool // keep the range allocated
+	Fast   bool // fail with ErrNotSupported rather than be slow
+	FUA    bool
+}
+
+// Extent describes a range's allocation.
+type Extent struct {
+	Length int64
+	Hole   bool // not allocated
+	Zero   bool // reads as zeroes
+}
+
+// Device is a block device.
+type Device interface {
+	Size() int64
+	Capabilities() Capabilities
+	ReadAt(p []byte, off int64) error
+	WriteAt(p []byte, off int64, fua bool) error
+	WriteZeroes(off, length int64, f ZeroFlags) error
+	Trim(off, length int64, fua bool) error
+	Flush() error
+	// Extents describes [off, off+length) as consecutive extents starting
+	// at off; the last may end before off+length (callers ask again) but
+	// there is at least one.
+	Extents(off, length int64) ([]Extent, error)
+	Close() error
+}
+
+// Errors with a meaning the NBD server maps to its error values.
+var (
+	ErrNotSupported = errors.New("operation not supported by this device")
+	ErrReadOnly     = errors.New("device is read-only")
+	ErrOutOfRange   = errors.New("range beyond the end of the device")
+	ErrClosed       = errors.New("device is closed")
+)

@@ -1,0 +1,426 @@
+package nbd
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"syscall"
+
+	"github.com/basalt-storage/basalt/internal/block"
+)
+
+const (
+	readBufSize  = 64 << 10
+	writeBufSize = 256 << 10
+)
+
+// conn is one client connection.
+type conn struct {
+	srv *Server
+	nc  net.Conn
+	r   *bufio.Reader
+	w   *bufio.Writer
+	log *slog.Logger
+
+	tls          bool
+	noZeroes     bool
+	structured   bool
+	metaSelected bool
+	metaExport   string
+
+	exp   *Export
+	dev   block.Device
+	size  uint64
+	flags uint16
+
+	budget   *budget
+	inflight sync.WaitGroup
+	replies  chan *reply
+	werr     error // writer's first error (writer goroutine only)
+
+	closeOnce sync.Once
+	done      chan struct{}
+}
+
+func newConn(s *Server, nc net.Conn) *conn {
+	return &conn{
+		srv:  s,
+		nc:   nc,
+		r:    bufio.NewReaderSize(nc, readBufSize),
+		w:    bufio.NewWriterSize(nc, writeBufSize),
+		log:  s.Log.With("remote", nc.RemoteAddr().String()),
+		done: make(chan struct{}),
+	}
+}
+
+// shutdown closes the connection; the reader then ends the session.
+func (c *conn) shutdown() {
+	c.closeOnce.Do(func() {
+		close(c.done)
+		c.nc.Close()
+	})
+}
+
+func (c *conn) run() {
+	defer c.shutdown()
+	exp, err := c.handshake()
+	if err != nil {
+		if !errors.Is(err, errAbort) && !errors.Is(err, io.EOF) {
+			c.log.Info("nbd handshake ended", "err", err)
+		}
+		return
+	}
+	defer release(exp)
+	c.exp, c.dev, c.size = exp, exp.Device, uint64(exp.Device.Size())
+	c.flags = c.transmissionFlags(exp)
+	if exp.Revoked != nil {
+		go func() {
+			select {
+			case <-exp.Revoked:
+				c.log.Info("nbd export revoked; closing connection", "export", exp.Name)
+				c.shutdown()
+			case <-c.done:
+			}
+		}()
+	}
+	c.log.Debug("nbd transmission", "export", exp.Name, "size", c.size, "flags", c.flags, "structured", c.structured)
+	err = c.transmit()
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		c.log.Info("nbd connection ended", "export", exp.Name, "err", err)
+	}
+}
+
+// transmit reads requests until DISC or an error, running each in its own
+// goroutine within the connection's budget.
+func (c *conn) transmit() error {
+	c.budget = newBudget(c.srv.MaxInFlight, c.srv.MaxInFlightBytes)
+	c.replies = make(chan *reply, c.srv.MaxInFlight+1)
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		c.writer()
+	}()
+	defer func() {
+		c.inflight.Wait()
+		close(c.replies)
+		<-writerDone
+	}()
+	var hdr [requestSize]byte
+	for {
+		if _, err := io.ReadFull(c.r, hdr[:]); err != nil {
+			return err
+		}
+		req, ok := parseRequest(hdr[:])
+		if !ok {
+			return fmt.Errorf("bad request magic %#x", be.Uint32(hdr[:4]))
+		}
+		if req.typ == cmdDisc {
+			return nil // the deferred wait finishes in-flight requests first
+		}
+		var cost int64
+		var payload []byte
+		switch {
+		case req.typ == cmdWrite && req.length > MaxPayload:
+			// Stay in sync without holding the payload, then refuse.
+			if _, err := io.CopyN(io.Discard, c.r, int64(req.length)); err != nil {
+				return err
+			}
+			c.budget.acquire(0)
+			c.inflight.Add(1)
+			c.sendError(req, errInval, "write of %d bytes exceeds the maximum payload of %d", req.length, MaxPayload)
+			continue
+		case req.typ == cmdWrite:
+			cost = int64(req.length)
+			c.budget.acquire(cost)
+			payload = getBuf(int(req.length))
+			if _, err := io.ReadFull(c.r, payload); err != nil {
+				putBuf(payload)
+				c.budget.release(cost)
+				return err
+			}
+		case req.typ == cmdRead && req.length <= MaxPayload:
+			cost = int64(req.length)
+			c.budget.acquire(cost)
+		default:
+			c.budget.acquire(0)
+		}
+		c.inflight.Add(1)
+		go c.handle(req, payload, cost)
+	}
+}
+
+// handle runs one request and queues its reply. The budget slot taken by
+// the reader is released once the reply has been written.
+func (c *conn) handle(req request, payload []byte, cost int64) {
+	if payload != nil {
+		defer putBuf(payload)
+	}
+	code, msg := c.check(req)
+	if code != 0 {
+		c.sendErrorCost(req, code, cost, "%s", msg)
+		return
+	}
+	fua := req.flags&cflagFUA != 0
+	off, n := int64(req.offset), int64(req.length)
+	var err error
+	switch req.typ {
+	case cmdRead:
+		buf := getBuf(int(n))
+		if err = c.dev.ReadAt(buf, off); err != nil {
+			putBuf(buf)
+			break
+		}
+		c.sendRead(req, buf, cost)
+		return
+	case cmdWrite:
+		err = c.dev.WriteAt(payload, off, fua)
+	case cmdFlush:
+		err = c.dev.Flush()
+	case cmdTrim:
+		if n > 0 {
+			err = c.dev.Trim(off, n, fua)
+		}
+	case cmdWriteZeroes:
+		if n > 0 {
+			err = c.dev.WriteZeroes(off, n, block.ZeroFlags{
+				NoHole: req.flags&cflagNoHole != 0, Fast: req.flags&cflagFastZero != 0, FUA: fua})
+		}
+	case cmdCache:
+		// Advisory; the page cache already does what a file can do.
+	case cmdBlockStatus:
+		c.sendBlockStatus(req, cost)
+		return
+	}
+	if err != nil {
+		code := errnoOf(err)
+		if code == errIO {
+			c.log.Warn("nbd I/O error", "export", c.exp.Name, "cmd", commandName(req.typ), "offset", off, "length", n, "err", err)
+		}
+		c.sendErrorCost(req, code, cost, "%s failed: %v", commandName(req.typ), err)
+		return
+	}
+	c.send(&reply{simple: true, cookie: req.cookie, cost: cost})
+}
+
+// allowedFlags lists the command flags valid per command.
+var allowedFlags = map[uint16]uint16{
+	cmdRead:        cflagFUA | cflagDF,
+	cmdWrite:       cflagFUA,
+	cmdFlush:       cflagFUA,
+	cmdTrim:        cflagFUA,
+	cmdCache:       cflagFUA,
+	cmdWriteZeroes: cflagFUA | cflagNoHole | cflagFastZero,
+	cmdBlockStatus: cflagFUA | cflagReqOne,
+}
+
+// check validates a request against the negotiated session; it returns a
+// non-zero NBD error and a message for an invalid one.
+func (c *conn) check(req request) (uint32, string) {
+	allowed, known := allowedFlags[req.typ]
+	if !known {
+		return errInval, fmt.Sprintf("unknown command %d", req.typ)
+	}
+	if req.flags&^allowed != 0 {
+		return errInval, fmt.Sprintf("flags %#x not valid for %s", req.flags&^allowed, commandName(req.typ))
+	}
+	if req.flags&cflagDF != 0 && !c.structured {
+		return errInval, "DF requires structured replies"
+	}
+	if req.flags&cflagFastZero != 0 && c.flags&tflagSendFastZero == 0 {
+		return errInval, "FAST_ZERO was not negotiated"
+	}
+	ro := c.flags&tflagReadOnly != 0
+	beyond := req.offset > c.size || uint64(req.length) > c.size-req.offset
+	switch req.typ {
+	case cmdRead:
+		if req.length > MaxPayload {
+			if c.structured {
+				return errOverflow, fmt.Sprintf("read of %d bytes exceeds the maximum payload of %d", req.length, MaxPayload)
+			}
+			return errInval, fmt.Sprintf("read of %d bytes exceeds the maximum payload of %d", req.length, MaxPayload)
+		}
+		if beyond {
+			return errInval, "read beyond the end of the export"
+		}
+	case cmdWrite, cmdWriteZeroes:
+		if ro {
+			return errPerm, "export is read-only"
+		}
+		if req.typ == cmdWriteZeroes && c.flags&tflagSendZeroes == 0 {
+			return errInval, "WRITE_ZEROES not supported"
+		}
+		if beyond {
+			return errNoSpc, "write beyond the end of the export"
+		}
+	case cmdTrim:
+		if ro {
+			return errPerm, "export is read-only"
+		}
+		if c.flags&tflagSendTrim == 0 {
+			return errInval, "TRIM not supported"
+		}
+		if beyond {
+			return errInval, "trim beyond the end of the export"
+		}
+	case cmdFlush:
+		if c.flags&tflagSendFlush == 0 {
+			return errInval, "FLUSH not supported"
+		}
+	case cmdCache:
+		if beyond {
+			return errInval, "cache beyond the end of the export"
+		}
+	case cmdBlockStatus:
+		if !c.structured || !c.metaSelected {
+			return errInval, "BLOCK_STATUS needs a metadata context (SET_META_CONTEXT base:allocation)"
+		}
+		if beyond {
+			return errInval, "block status beyond the end of the export"
+		}
+		if req.length == 0 {
+			return errInval, "block status of zero length"
+		}
+	}
+	return 0, ""
+}
+
+// errnoOf maps a device error to an NBD error value.
+func errnoOf(err error) uint32 {
+	switch {
+	case errors.Is(err, block.ErrReadOnly):
+		return errPerm
+	case errors.Is(err, block.ErrNotSupported):
+		return errNotSup
+	case errors.Is(err, block.ErrOutOfRange):
+		return errInval
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.EFBIG):
+		return errNoSpc
+	case errors.Is(err, block.ErrClosed):
+		return errShutdown
+	}
+	return errIO
+}
+
+func (c *conn) sendBlockStatus(req request, cost int64) {
+	exts, err := c.dev.Extents(int64(req.offset), int64(req.length))
+	if err != nil || len(exts) == 0 {
+		// The spec allows "status unknown" (0) for the whole range.
+		exts = []block.Extent{{Length: int64(req.length)}}
+	}
+	reqOne := req.flags&cflagReqOne != 0
+	payload := make([]byte, 4, 4+8*min(len(exts), maxExtentsPerReply))
+	be.PutUint32(payload, metaContextID)
+	remaining := int64(req.length)
+	for _, e := range exts {
+		if remaining <= 0 || len(payload) >= 4+8*maxExtentsPerReply {
+			break
+		}
+		l := min(e.Length, remaining, 1<<31) // fits the 32-bit field; the request is < 4 GiB anyway
+		if l <= 0 {
+			break
+		}
+		var st uint32
+		if e.Hole {
+			st |= stateHole
+		}
+		if e.Zero {
+			st |= stateZero
+		}
+		payload = be.AppendUint32(payload, uint32(l))
+		payload = be.AppendUint32(payload, st)
+		remaining -= l
+		if reqOne {
+			break
+		}
+	}
+	c.send(&reply{cookie: req.cookie, typ: replyTypeBlockStatus, extra: payload, cost: cost})
+}
+
+func (c *conn) sendRead(req request, data []byte, cost int64) {
+	if !c.structured {
+		c.send(&reply{simple: true, cookie: req.cookie, data: data, pooled: true, cost: cost})
+		return
+	}
+	var off [8]byte
+	be.PutUint64(off[:], req.offset)
+	c.send(&reply{cookie: req.cookie, typ: replyTypeOffsetData, extra: off[:], data: data, pooled: true, cost: cost})
+}
+
+func (c *conn) sendError(req request, code uint32, format string, a ...any) {
+	c.sendErrorCost(req, code, 0, format, a...)
+}
+
+// sendErrorCost sends an error reply: structured (with a message) when
+// negotiated, else simple.
+func (c *conn) sendErrorCost(req request, code uint32, cost int64, format string, a ...any) {
+	if !c.structured {
+		c.send(&reply{simple: true, cookie: req.cookie, errno: code, cost: cost})
+		return
+	}
+	msg := fmt.Sprintf(format, a...)
+	if len(msg) > maxString {
+		msg = msg[:maxString]
+	}
+	p := make([]byte, 6, 6+len(msg))
+	be.PutUint32(p, code)
+	be.PutUint16(p[4:], uint16(len(msg)))
+	c.send(&reply{cookie: req.cookie, typ: replyTypeError, extra: append(p, msg...), cost: cost})
+}
+
+// reply is one queued reply.
+type reply struct {
+	simple bool
+	cookie uint64
+	errno  uint32 // simple replies
+	typ    uint16 // structured replies (always the final chunk)
+	extra  []byte // structured payload before data
+	data   []byte
+	pooled bool // data came from getBuf
+	cost   int64
+}
+
+func (c *conn) send(r *reply) { c.replies <- r }
+
+// writer writes queued replies, flushing only when the queue is empty so
+// that replies finishing together share system calls.
+func (c *conn) writer() {
+	var hdr [20]byte
+	for r := range c.replies {
+		if c.werr == nil {
+			if r.simple {
+				be.PutUint32(hdr[0:], magicSimple)
+				be.PutUint32(hdr[4:], r.errno)
+				be.PutUint64(hdr[8:], r.cookie)
+				_, c.werr = c.w.Write(hdr[:16])
+			} else {
+				be.PutUint32(hdr[0:], magicStructured)
+				be.PutUint16(hdr[4:], replyFlagDone)
+				be.PutUint16(hdr[6:], r.typ)
+				be.PutUint64(hdr[8:], r.cookie)
+				be.PutUint32(hdr[16:], uint32(len(r.extra)+len(r.data)))
+				_, c.werr = c.w.Write(hdr[:20])
+				if c.werr == nil {
+					_, c.werr = c.w.Write(r.extra)
+				}
+			}
+			if c.werr == nil && len(r.data) > 0 {
+				_, c.werr = c.w.Write(r.data)
+			}
+		}
+		if r.pooled {
+			putBuf(r.data)
+		}
+		c.budget.release(r.cost)
+		c.inflight.Done()
+		if c.werr == nil && len(c.replies) == 0 {
+			c.werr = c.w.Flush()
+		}
+		if c.werr != nil {
+			c.shutdown() // unblock the reader; the session is over
+		}
+	}
+}

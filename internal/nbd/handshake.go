@@ -1,0 +1,365 @@
+package nbd
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// errAbort ends a session the client aborted (not an error to log).
+var errAbort = errors.New("client aborted negotiation")
+
+// option is one parsed option request.
+type option struct {
+	code uint32
+	data []byte
+}
+
+// handshake runs the fixed-newstyle negotiation and returns the export the
+// client chose, or an error after which the connection must close.
+func (c *conn) handshake() (*Export, error) {
+	c.nc.SetDeadline(time.Now().Add(c.srv.HandshakeTimeout))
+	defer c.nc.SetDeadline(time.Time{})
+	var hello [18]byte
+	be.PutUint64(hello[0:], magicNBD)
+	be.PutUint64(hello[8:], magicOpt)
+	be.PutUint16(hello[16:], flagFixedNewstyle|flagNoZeroes)
+	if _, err := c.w.Write(hello[:]); err != nil {
+		return nil, err
+	}
+	if err := c.w.Flush(); err != nil {
+		return nil, err
+	}
+	var cf [4]byte
+	if _, err := io.ReadFull(c.r, cf[:]); err != nil {
+		return nil, err
+	}
+	flags := be.Uint32(cf[:])
+	if flags&^uint32(clientFixed|clientNoZeroes) != 0 {
+		return nil, fmt.Errorf("client flags %#x not understood", flags)
+	}
+	c.noZeroes = flags&clientNoZeroes != 0
+	for {
+		opt, err := readOption(c.r)
+		if err != nil {
+			return nil, err
+		}
+		exp, err := c.option(opt)
+		if err != nil || exp != nil {
+			return exp, err
+		}
+	}
+}
+
+// readOption reads one option request. Over-long options end the session:
+// no legal option is that large, and reading it would cost unbounded memory.
+func readOption(r io.Reader) (option, error) {
+	var h [16]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return option{}, err
+	}
+	if be.Uint64(h[0:]) != magicOpt {
+		return option{}, fmt.Errorf("bad option magic %#x", be.Uint64(h[0:]))
+	}
+	o := option{code: be.Uint32(h[8:])}
+	n := be.Uint32(h[12:])
+	if n > maxOptionLen {
+		return option{}, fmt.Errorf("option %d: length %d exceeds %d", o.code, n, maxOptionLen)
+	}
+	o.data = make([]byte, n)
+	if _, err := io.ReadFull(r, o.data); err != nil {
+		return option{}, err
+	}
+	return o, nil
+}
+
+// reply sends one option reply (and flushes: the client waits for it).
+func (c *conn) reply(opt, typ uint32, data []byte) error {
+	var h [20]byte
+	be.PutUint64(h[0:], magicOptReply)
+	be.PutUint32(h[8:], opt)
+	be.PutUint32(h[12:], typ)
+	be.PutUint32(h[16:], uint32(len(data)))
+	if _, err := c.w.Write(h[:]); err != nil {
+		return err
+	}
+	if _, err := c.w.Write(data); err != nil {
+		return err
+	}
+	return c.w.Flush()
+}
+
+func (c *conn) replyErr(opt, typ uint32, format string, a ...any) error {
+	msg := fmt.Sprintf(format, a...)
+	if len(msg) > maxString {
+		msg = msg[:maxString]
+	}
+	return c.reply(opt, typ, []byte(msg))
+}
+
+// option handles one option; it returns an export when transmission starts.
+func (c *conn) option(o option) (*Export, error) {
+	if c.srv.RequireTLS && !c.tls {
+		switch o.code {
+		case optStartTLS, optAbort:
+		case optExportName:
+			return nil, errors.New("EXPORT_NAME before STARTTLS on a TLS-only server")
+		default:
+			return nil, c.replyErr(o.code, repErrTLSReqd, "this server requires TLS: use STARTTLS")
+		}
+	}
+	switch o.code {
+	case optExportName:
+		return c.exportName(string(o.data))
+	case optAbort:
+		c.reply(o.code, repAck, nil)
+		return nil, errAbort
+	case optList:
+		if len(o.data) != 0 {
+			return nil, c.replyErr(o.code, repErrInvalid, "LIST takes no data")
+		}
+		// Export names are per-attachment secrets: none is listed.
+		return nil, c.reply(o.code, repAck, nil)
+	case optStartTLS:
+		return nil, c.startTLS(o)
+	case optInfo, optGo:
+		return c.infoGo(o)
+	case optStructuredReply:
+		if len(o.data) != 0 {
+			return nil, c.replyErr(o.code, repErrInvalid, "STRUCTURED_REPLY takes no data")
+		}
+		c.structured = true
+		return nil, c.reply(o.code, repAck, nil)
+	case optListMetaContext, optSetMetaContext:
+		return nil, c.metaContext(o)
+	}
+	return nil, c.replyErr(o.code, repErrUnsup, "option %d is not supported", o.code)
+}
+
+func (c *conn) exportName(name string) (*Export, error) {
+	exp, err := c.srv.Exports.Open(context.Background(), name, c.tls)
+	if err != nil {
+		return nil, fmt.Errorf("EXPORT_NAME: %w", err) // the spec's only answer: close
+	}
+	c.metaSelected = false // EXPORT_NAME cannot carry metadata contexts safely
+	b := make([]byte, 10, 134)
+	be.PutUint64(b[0:], uint64(exp.Device.Size()))
+	be.PutUint16(b[8:], c.transmissionFlags(exp))
+	if !c.noZeroes {
+		b = b[:134]
+	}
+	if _, err := c.w.Write(b); err != nil {
+		release(exp)
+		return nil, err
+	}
+	if err := c.w.Flush(); err != nil {
+		release(exp)
+		return nil, err
+	}
+	return exp, nil
+}
+
+func (c *conn) startTLS(o option) error {
+	switch {
+	case c.srv.TLS == nil:
+		return c.replyErr(o.code, repErrPolicy, "TLS is not configured on this server")
+	case c.tls:
+		return c.replyErr(o.code, repErrInvalid, "TLS is already active")
+	case len(o.data) != 0:
+		return c.replyErr(o.code, repErrInvalid, "STARTTLS takes no data")
+	}
+	if err := c.reply(o.code, repAck, nil); err != nil {
+		return err
+	}
+	tc := tls.Server(c.nc, c.srv.TLS)
+	if err := tc.Handshake(); err != nil {
+		return fmt.Errorf("TLS handshake: %w", err)
+	}
+	c.nc, c.tls = tc, true
+	c.r = bufio.NewReaderSize(tc, readBufSize)
+	c.w = bufio.NewWriterSize(tc, writeBufSize)
+	// The spec: no negotiation state survives STARTTLS.
+	c.structured, c.metaSelected, c.metaExport = false, false, ""
+	return nil
+}
+
+// parseInfoGo decodes INFO/GO data: name and information requests.
+func parseInfoGo(d []byte) (name string, infos []uint16, ok bool) {
+	if len(d) < 6 {
+		return "", nil, false
+	}
+	n := be.Uint32(d)
+	if uint64(n) > uint64(len(d)-6) || n > maxString {
+		return "", nil, false
+	}
+	name = string(d[4 : 4+n])
+	rest := d[4+n:]
+	count := int(be.Uint16(rest))
+	rest = rest[2:]
+	if len(rest) != 2*count {
+		return "", nil, false
+	}
+	for i := 0; i < count; i++ {
+		infos = append(infos, be.Uint16(rest[2*i:]))
+	}
+	return name, infos, true
+}
+
+func (c *conn) infoGo(o option) (*Export, error) {
+	name, infos, ok := parseInfoGo(o.data)
+	if !ok {
+		return nil, c.replyErr(o.code, repErrInvalid, "malformed INFO/GO request")
+	}
+	exp, err := c.srv.Exports.Open(context.Background(), name, c.tls)
+	switch {
+	case errors.Is(err, ErrTLSRequired):
+		return nil, c.replyErr(o.code, repErrTLSReqd, "export requires TLS")
+	case err != nil:
+		return nil, c.replyErr(o.code, repErrUnknown, "export not available")
+	}
+	var info [14]byte
+	be.PutUint16(info[0:], infoExport)
+	be.PutUint64(info[2:], uint64(exp.Device.Size()))
+	be.PutUint16(info[10:], c.transmissionFlags(exp))
+	err = c.reply(o.code, repInfo, info[:12])
+	for _, want := range infos {
+		if err != nil {
+			break
+		}
+		switch want {
+		case infoName:
+			err = c.reply(o.code, repInfo, append([]byte{0, infoName}, exp.Name...))
+		case infoDescription:
+			if exp.Description != "" {
+				err = c.reply(o.code, repInfo, append([]byte{0, infoDescription}, exp.Description...))
+			}
+		}
+	}
+	if err == nil {
+		// Always state the size constraints: minimum 1 (any alignment
+		// works), preferred 4 KiB, maximum payload 32 MiB.
+		be.PutUint16(info[0:], infoBlockSize)
+		be.PutUint32(info[2:], 1)
+		be.PutUint32(info[6:], preferredBlock)
+		be.PutUint32(info[10:], MaxPayload)
+		err = c.reply(o.code, repInfo, info[:14])
+	}
+	if err == nil {
+		err = c.reply(o.code, repAck, nil)
+	}
+	if err != nil || o.code == optInfo {
+		release(exp)
+		return nil, err
+	}
+	if c.metaSelected && c.metaExport != name {
+		c.metaSelected = false
+	}
+	return exp, nil
+}
+
+// parseMetaContext decodes LIST/SET_META_CONTEXT data.
+func parseMetaContext(d []byte) (export string, queries []string, ok bool) {
+	if len(d) < 8 {
+		return "", nil, false
+	}
+	n := be.Uint32(d)
+	if uint64(n) > uint64(len(d)-8) || n > maxString {
+		return "", nil, false
+	}
+	export = string(d[4 : 4+n])
+	rest := d[4+n:]
+	count := be.Uint32(rest)
+	rest = rest[4:]
+	for i := uint32(0); i < count; i++ {
+		if len(rest) < 4 {
+			return "", nil, false
+		}
+		q := be.Uint32(rest)
+		if uint64(q) > uint64(len(rest)-4) || q > maxString {
+			return "", nil, false
+		}
+		queries = append(queries, string(rest[4:4+q]))
+		rest = rest[4+q:]
+	}
+	if len(rest) != 0 {
+		return "", nil, false
+	}
+	return export, queries, true
+}
+
+func (c *conn) metaContext(o option) error {
+	if !c.structured {
+		return c.replyErr(o.code, repErrInvalid, "negotiate STRUCTURED_REPLY first")
+	}
+	export, queries, ok := parseMetaContext(o.data)
+	if !ok {
+		if o.code == optSetMetaContext {
+			c.metaSelected = false
+		}
+		return c.replyErr(o.code, repErrInvalid, "malformed meta context request")
+	}
+	match := false
+	for _, q := range queries {
+		if q == MetaContextAllocation || (o.code == optListMetaContext && q == "base:") {
+			match = true
+		}
+	}
+	if o.code == optListMetaContext {
+		if len(queries) == 0 || match {
+			if err := c.reply(o.code, repMetaContext, append([]byte{0, 0, 0, 0}, MetaContextAllocation...)); err != nil {
+				return err
+			}
+		}
+		return c.reply(o.code, repAck, nil)
+	}
+	c.metaSelected, c.metaExport = match, export
+	if match {
+		var id [4]byte
+		be.PutUint32(id[:], metaContextID)
+		if err := c.reply(o.code, repMetaContext, append(id[:], MetaContextAllocation...)); err != nil {
+			return err
+		}
+	}
+	return c.reply(o.code, repAck, nil)
+}
+
+// transmissionFlags advertises exactly what the export's device supports.
+func (c *conn) transmissionFlags(exp *Export) uint16 {
+	caps := exp.Device.Capabilities()
+	f := uint16(tflagHasFlags | tflagSendCache)
+	if caps.Flush {
+		f |= tflagSendFlush
+	}
+	if caps.FUA {
+		f |= tflagSendFUA
+	}
+	if c.structured {
+		f |= tflagSendDF // every read is answered with one chunk
+	}
+	if caps.MultiConn {
+		f |= tflagMultiConn
+	}
+	if exp.ReadOnly || caps.ReadOnly {
+		return f | tflagReadOnly
+	}
+	if caps.Trim {
+		f |= tflagSendTrim
+	}
+	if caps.WriteZeroes {
+		f |= tflagSendZeroes
+		if caps.FastZero {
+			f |= tflagSendFastZero
+		}
+	}
+	return f
+}
+
+func release(exp *Export) {
+	if exp != nil && exp.Release != nil {
+		exp.Release()
+	}
+}
