@@ -67,8 +67,44 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
+	if g.output != "json" && wantsJSON(args) {
+		g.output = "json" // parsing failed before -o was read
+	}
 	g.printError(err)
 	return 1
+}
+
+// wantsJSON reports whether args ask for JSON output, for errors raised
+// before flag parsing completed.
+func wantsJSON(args []string) bool {
+	for i, a := range args {
+		switch {
+		case a == "--":
+			return false
+		case a == "-ojson", a == "-o=json", a == "--output=json":
+			return true
+		case (a == "-o" || a == "--output") && i+1 < len(args) && args[i+1] == "json":
+			return true
+		}
+	}
+	return false
+}
+
+// group makes a command that only holds subcommands. Unlike cobra's
+// default it fails on an unknown subcommand instead of printing help and
+// succeeding, so that a typo in a script is an error.
+func group(use, short string) *cobra.Command {
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageErr("unknown command %q for %q", args[0], cmd.CommandPath())
+			}
+			return cmd.Help()
+		},
+	}
 }
 
 // Client-side error codes (the server's are in package errs).

@@ -13,7 +13,7 @@ import (
 )
 
 func snapshotCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "snapshot", Short: "manage snapshots"}
+	cmd := group("snapshot", "manage snapshots")
 	var req api.CreateSnapshotRequest
 	var wait bool
 	create := &cobra.Command{

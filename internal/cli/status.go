@@ -52,7 +52,7 @@ func statusCmd(g *globals) *cobra.Command {
 }
 
 func metaCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "meta", Short: "metadata store maintenance (admin)"}
+	cmd := group("meta", "metadata store maintenance (admin)")
 	cmd.AddCommand(&cobra.Command{
 		Use:   "defrag",
 		Short: "compact and defragment the metadata store and clear a NOSPACE alarm",

@@ -11,7 +11,7 @@ import (
 )
 
 func userCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "user", Short: "manage users (admin)"}
+	cmd := group("user", "manage users (admin)")
 	var uid, gid int
 	var out string
 	var admin bool

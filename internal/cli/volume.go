@@ -21,7 +21,7 @@ func parseSize(s string) (int64, error) {
 }
 
 func volumeCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "volume", Short: "manage block volumes"}
+	cmd := group("volume", "manage block volumes")
 	var req api.CreateVolumeRequest
 	var sz string
 	var wait bool

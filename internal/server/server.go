@@ -184,6 +184,12 @@ func (n *Node) openMeta(ctx context.Context, pkiDir string) (*pki.CA, tls.Certif
 	}
 	n.clusterID = cl.ID
 	if string(certPEM) == string(ca.CertPEM) {
+		if !n.meta.Embedded() {
+			// Our proposal became the cluster CA: keep it for restarts.
+			if err := ca.Save(pkiDir); err != nil {
+				return nil, tls.Certificate{}, err
+			}
+		}
 		return ca, cert, nil
 	}
 	if n.meta.Embedded() {

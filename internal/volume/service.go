@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"regexp"
@@ -168,7 +169,8 @@ func checkToken(t string) error {
 // fingerprint condenses a create request's parameters (as the caller gave
 // them, before defaults) for idempotency checks.
 func fingerprint(params ...any) string {
-	h := sha256.Sum256([]byte(fmt.Sprintf("%q", params)))
+	b, _ := json.Marshal(params) // plain values: cannot fail
+	h := sha256.Sum256(b)
 	return hex.EncodeToString(h[:8])
 }
 
