@@ -103,3 +103,15 @@ func readBody(r io.Reader) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// ParseAttach decodes POST /v1/attachments.
+func ParseAttach(body []byte) (AttachRequest, error) {
+	var r AttachRequest
+	if err := decode(body, &r); err != nil {
+		return r, err
+	}
+	if r.Volume == "" || r.Host == "" {
+		return r, errs.Invalid(errs.CodeInvalidRequest, "volume and host are required")
+	}
+	return r, nil
+}

@@ -81,8 +81,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request, c volume.C
 	if v.Status == meta.StatusCreating {
 		status = http.StatusAccepted
 	}
-	writeJSON(w, status, volumeOut(v))
-	return nil
+	return s.writeVolume(w, r, c, status, v)
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
@@ -90,9 +89,17 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request, c volume.Ca
 	if err != nil {
 		return err
 	}
+	as, err := s.d.Volumes.Attachments(r.Context(), c, "")
+	if err != nil {
+		return err
+	}
+	byVolume := map[string][]*meta.Attachment{}
+	for _, a := range as {
+		byVolume[a.VolumeID] = append(byVolume[a.VolumeID], a)
+	}
 	out := make([]Volume, 0, len(vs))
 	for _, v := range vs {
-		out = append(out, volumeOut(v))
+		out = append(out, s.volumeOut(v, byVolume[v.ID]))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -103,7 +110,19 @@ func (s *Server) showVolume(w http.ResponseWriter, r *http.Request, c volume.Cal
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, volumeOut(v))
+	return s.writeVolume(w, r, c, http.StatusOK, v)
+}
+
+// writeVolume renders a volume with its attachments.
+func (s *Server) writeVolume(w http.ResponseWriter, r *http.Request, c volume.Caller, status int, v *meta.Volume) error {
+	var as []*meta.Attachment
+	if len(v.Attachments) > 0 {
+		var err error
+		if as, err = s.d.Volumes.Attachments(r.Context(), c, v.ID); err != nil {
+			return err
+		}
+	}
+	writeJSON(w, status, s.volumeOut(v, as))
 	return nil
 }
 
@@ -128,8 +147,7 @@ func (s *Server) extendVolume(w http.ResponseWriter, r *http.Request, c volume.C
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, volumeOut(v))
-	return nil
+	return s.writeVolume(w, r, c, http.StatusOK, v)
 }
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
@@ -198,10 +216,66 @@ func progressOut(j *meta.Job) *Progress {
 	return p
 }
 
-func volumeOut(v *meta.Volume) Volume {
-	return Volume{ID: v.ID, Name: v.Name, SizeBytes: v.SizeBytes, Status: v.Status, StatusMessage: v.StatusMessage,
+func (s *Server) volumeOut(v *meta.Volume, as []*meta.Attachment) Volume {
+	out := Volume{ID: v.ID, Name: v.Name, SizeBytes: v.SizeBytes, Status: v.Status, StatusMessage: v.StatusMessage,
 		Type: v.Type, Owner: v.Owner, Multiattach: v.Multiattach, SourceSnapshot: v.SourceSnapshot,
 		CreatedAt: v.CreatedAt, Attachments: []Attachment{}, Progress: progressOut(v.Job)}
+	for _, a := range as {
+		out.Attachments = append(out.Attachments, s.attachmentOut(a))
+	}
+	return out
+}
+
+func (s *Server) attachmentOut(a *meta.Attachment) Attachment {
+	return Attachment{ID: a.ID, VolumeID: a.VolumeID, Host: a.Host, Mode: a.Mode, Status: "attached",
+		NBDURI: s.d.NBDURI(a.Export), Export: a.Export, CreatedAt: a.CreatedAt}
+}
+
+func (s *Server) attach(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	body, err := readBody(r.Body)
+	if err != nil {
+		return err
+	}
+	req, err := ParseAttach(body)
+	if err != nil {
+		return err
+	}
+	a, err := s.d.Volumes.Attach(r.Context(), c, req.Volume, req.Host, req.Mode)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, s.attachmentOut(a))
+	return nil
+}
+
+func (s *Server) listAttachments(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	as, err := s.d.Volumes.Attachments(r.Context(), c, r.URL.Query().Get("volume"))
+	if err != nil {
+		return err
+	}
+	out := make([]Attachment, 0, len(as))
+	for _, a := range as {
+		out = append(out, s.attachmentOut(a))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) showAttachment(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	a, err := s.d.Volumes.Attachment(r.Context(), c, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.attachmentOut(a))
+	return nil
+}
+
+func (s *Server) detach(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	if err := s.d.Volumes.Detach(r.Context(), c, r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 func snapshotOut(sn *meta.Snapshot) Snapshot {

@@ -25,6 +25,8 @@ type Deps struct {
 	Healthy func(ctx context.Context) error
 	// Defrag runs the metadata defrag path.
 	Defrag func(ctx context.Context) error
+	// NBDURI renders the URI a client uses for an export name.
+	NBDURI func(export string) string
 	Log    *slog.Logger
 }
 
@@ -56,6 +58,10 @@ func New(d Deps) *Server {
 	s.route("GET /v1/snapshots", s.listSnapshots)
 	s.route("GET /v1/snapshots/{id}", s.showSnapshot)
 	s.route("DELETE /v1/snapshots/{id}", s.deleteSnapshot)
+	s.route("POST /v1/attachments", s.attach)
+	s.route("GET /v1/attachments", s.listAttachments)
+	s.route("GET /v1/attachments/{id}", s.showAttachment)
+	s.route("DELETE /v1/attachments/{id}", s.detach)
 	return s
 }
 

@@ -108,6 +108,13 @@ type CreateSnapshotRequest struct {
 	ClientToken string `json:"client_token,omitempty"`
 }
 
+// AttachRequest is POST /v1/attachments.
+type AttachRequest struct {
+	Volume string `json:"volume"`
+	Host   string `json:"host"`
+	Mode   string `json:"mode,omitempty"`
+}
+
 // Progress of a running job.
 type Progress struct {
 	DoneBytes  int64   `json:"done_bytes"`
@@ -115,7 +122,7 @@ type Progress struct {
 	Percent    float64 `json:"percent"`
 }
 
-// Attachment is a volume's attachment to a host (served from the NBD issue on).
+// Attachment is a volume's attachment to a host, served over NBD.
 type Attachment struct {
 	ID        string    `json:"id"`
 	VolumeID  string    `json:"volume_id"`
@@ -170,6 +177,9 @@ type NodeStatus struct {
 	ClusterID string    `json:"cluster_id"`
 	StartedAt time.Time `json:"started_at"`
 	API       string    `json:"api"`
+	// NBD is the base URI of this node's NBD server (attachment URIs add
+	// the export name).
+	NBD string `json:"nbd"`
 }
 
 // MetadataStatus describes the metadata store.

@@ -173,3 +173,30 @@ func (c *Client) Snapshot(ctx context.Context, ref string) (*api.Snapshot, error
 func (c *Client) DeleteSnapshot(ctx context.Context, ref string) error {
 	return c.do(ctx, "DELETE", "/v1/snapshots/"+url.PathEscape(ref), nil, nil)
 }
+
+// Attach attaches a volume to a host.
+func (c *Client) Attach(ctx context.Context, r api.AttachRequest) (*api.Attachment, error) {
+	var out api.Attachment
+	return &out, c.do(ctx, "POST", "/v1/attachments", r, &out)
+}
+
+// Attachments lists attachments, optionally of one volume.
+func (c *Client) Attachments(ctx context.Context, volume string) ([]api.Attachment, error) {
+	var out []api.Attachment
+	p := "/v1/attachments"
+	if volume != "" {
+		p += "?volume=" + url.QueryEscape(volume)
+	}
+	return out, c.do(ctx, "GET", p, nil, &out)
+}
+
+// Attachment shows an attachment.
+func (c *Client) Attachment(ctx context.Context, id string) (*api.Attachment, error) {
+	var out api.Attachment
+	return &out, c.do(ctx, "GET", "/v1/attachments/"+url.PathEscape(id), nil, &out)
+}
+
+// Detach removes an attachment.
+func (c *Client) Detach(ctx context.Context, id string) error {
+	return c.do(ctx, "DELETE", "/v1/attachments/"+url.PathEscape(id), nil, nil)
+}

@@ -88,6 +88,7 @@ const (
 	CodeNotReady             = "NotReady"
 	CodeIdempotentMismatch   = "IdempotentParameterMismatch"
 	CodeUserProtected        = "UserProtected"
+	CodeAttachConflict       = "AttachConflict"
 )
 
 // Error is a typed, user-facing error.

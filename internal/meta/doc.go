@@ -16,12 +16,17 @@
 //	snapshots/<id>               Snapshot
 //	names/<kind>/<owner id>/<name>  id; makes names unique per owner and kind
 //	tokens/<kind>/<owner id>/<token>  id; idempotency tokens of create calls
+//	attachments/<id>             Attachment
+//	exports/<export name>        attachment id (index; NBD export lookup)
 //	capacity/provisioned         bytes promised to volumes and snapshots
 //
 // Invariants, each kept by doing the related writes in one transaction (Tx):
 //   - a names/ key exists exactly when a live record carries that name;
 //   - capacity/provisioned equals the sum of size_bytes of every volume and
 //     snapshot record that has not finished deleting;
+//   - a volume's attachments list holds exactly the ids of the attachment
+//     records naming it, and an exports/ key exists exactly for each
+//     attachment's export;
 //   - every record carries Schema; readers refuse a Schema newer than they
 //     know (a newer binary wrote it) and migrate older ones on read.
 package meta

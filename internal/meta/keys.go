@@ -15,12 +15,16 @@ const (
 	prefixSnaps    = Prefix + "snapshots/"
 	prefixNames    = Prefix + "names/"
 	prefixTokens   = Prefix + "tokens/"
+	prefixAttach   = Prefix + "attachments/"
+	prefixExports  = Prefix + "exports/"
 )
 
-func userKey(name string) string   { return prefixUsers + name }
-func s3Key(access string) string   { return prefixS3Keys + access }
-func volumeKey(id string) string   { return prefixVolumes + id }
-func snapshotKey(id string) string { return prefixSnaps + id }
+func userKey(name string) string     { return prefixUsers + name }
+func s3Key(access string) string     { return prefixS3Keys + access }
+func volumeKey(id string) string     { return prefixVolumes + id }
+func snapshotKey(id string) string   { return prefixSnaps + id }
+func attachmentKey(id string) string { return prefixAttach + id }
+func exportKey(name string) string   { return prefixExports + name }
 
 // Name kinds for ClaimName.
 const (

@@ -3,6 +3,7 @@ package meta
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
@@ -72,6 +73,58 @@ func (s *Store) Snapshot(ctx context.Context, id string) (*Snapshot, error) {
 // Snapshots lists every snapshot.
 func (s *Store) Snapshots(ctx context.Context) ([]*Snapshot, error) {
 	return list(ctx, s, prefixSnaps, func() *Snapshot { return &Snapshot{} })
+}
+
+// Attachment returns an attachment, or a NotFound error.
+func (s *Store) Attachment(ctx context.Context, id string) (*Attachment, error) {
+	a := &Attachment{}
+	if err := s.get(ctx, attachmentKey(id), a); err != nil {
+		if errors.Is(err, errAbsent) {
+			return nil, errs.NotFound("attachment", id)
+		}
+		return nil, err
+	}
+	return a, nil
+}
+
+// Attachments lists every attachment.
+func (s *Store) Attachments(ctx context.Context) ([]*Attachment, error) {
+	return list(ctx, s, prefixAttach, func() *Attachment { return &Attachment{} })
+}
+
+// AttachmentByExport resolves an NBD export name to its attachment.
+func (s *Store) AttachmentByExport(ctx context.Context, export string) (*Attachment, error) {
+	if !validKeyPart(export) {
+		return nil, errs.NotFound("export", "")
+	}
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, err := s.cli.Get(ctx, exportKey(export))
+	if err != nil {
+		return nil, wrap("get", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, errs.NotFound("export", "")
+	}
+	return s.Attachment(ctx, string(resp.Kvs[0].Value))
+}
+
+// WatchAttachmentDeletes calls fn with the id of every attachment deleted
+// from now until ctx ends, on whichever node deleted it. A broken watch is
+// re-established; fn may therefore rarely see an id twice.
+func (s *Store) WatchAttachmentDeletes(ctx context.Context, fn func(id string)) {
+	for ctx.Err() == nil {
+		wch := s.cli.Watch(clientv3.WithRequireLeader(ctx), prefixAttach, clientv3.WithPrefix(), clientv3.WithFilterPut())
+		for resp := range wch {
+			for _, ev := range resp.Events {
+				fn(strings.TrimPrefix(string(ev.Kv.Key), prefixAttach))
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // LookupName resolves an owner's name to an id ("" when unbound).

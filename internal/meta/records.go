@@ -81,6 +81,30 @@ type Volume struct {
 	// Snapshotting lists snapshots being copied from this volume; while
 	// non-empty the volume may not be extended or deleted.
 	Snapshotting []string `json:"snapshotting,omitempty"`
+	// Attachments lists the ids of the volume's attachments; the volume is
+	// in-use exactly while it is non-empty.
+	Attachments []string `json:"attachments,omitempty"`
+}
+
+// Attachment modes.
+const (
+	ModeRW = "rw"
+	ModeRO = "ro"
+)
+
+// Attachment grants one host access to a volume over NBD.
+type Attachment struct {
+	Schema   int    `json:"schema"`
+	ID       string `json:"id"`
+	VolumeID string `json:"volume_id"`
+	Owner    string `json:"owner"`
+	OwnerID  string `json:"owner_id"`
+	Host     string `json:"host"`
+	Mode     string `json:"mode"`
+	// Export is the NBD export name: an unguessable secret; whoever knows
+	// it can use the attachment.
+	Export    string    `json:"export"`
+	CreatedAt time.Time `json:"created_at"`
 }
 
 // Snapshot is a point-in-time copy of a volume.
@@ -114,10 +138,11 @@ type Cluster struct {
 
 type versioned interface{ schema() int }
 
-func (u *User) schema() int     { return u.Schema }
-func (v *Volume) schema() int   { return v.Schema }
-func (s *Snapshot) schema() int { return s.Schema }
-func (c *Cluster) schema() int  { return c.Schema }
+func (u *User) schema() int       { return u.Schema }
+func (v *Volume) schema() int     { return v.Schema }
+func (s *Snapshot) schema() int   { return s.Schema }
+func (c *Cluster) schema() int    { return c.Schema }
+func (a *Attachment) schema() int { return a.Schema }
 
 func encode(r any) string {
 	b, err := json.Marshal(r)

@@ -93,6 +93,29 @@ func (tx *Tx) PutVolume(v *Volume) {
 // DeleteVolume removes a volume record.
 func (tx *Tx) DeleteVolume(id string) { tx.stm.Del(volumeKey(id)) }
 
+// Attachment reads an attachment; nil when absent.
+func (tx *Tx) Attachment(id string) (*Attachment, error) {
+	a := &Attachment{}
+	ok, err := txGet(tx, attachmentKey(id), a)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// PutAttachment writes an attachment and its export index.
+func (tx *Tx) PutAttachment(a *Attachment) {
+	a.Schema = SchemaVersion
+	tx.stm.Put(attachmentKey(a.ID), encode(a))
+	tx.stm.Put(exportKey(a.Export), a.ID)
+}
+
+// DeleteAttachment removes an attachment and its export index.
+func (tx *Tx) DeleteAttachment(a *Attachment) {
+	tx.stm.Del(attachmentKey(a.ID))
+	tx.stm.Del(exportKey(a.Export))
+}
+
 // PutSnapshot writes a snapshot record.
 func (tx *Tx) PutSnapshot(s *Snapshot) {
 	s.Schema = SchemaVersion
@@ -163,7 +186,7 @@ func (tx *Tx) Provisioned() int64 {
 // fails with InsufficientCapacity when the total would exceed limit.
 func (tx *Tx) Provision(delta, limit int64) error {
 	cur := tx.Provisioned()
-	if delta > 0 && cur+delta > limit {
+	if delta > 0 && delta > limit-cur { // not cur+delta > limit: that can overflow
 		return errs.New(errs.KindInsufficientStorage, errs.CodeInsufficientCapacity,
 			"not enough capacity: %d bytes requested, %d of %d bytes provisionable are already provisioned",
 			delta, cur, limit)

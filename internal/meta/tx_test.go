@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func TestClaimName(t *testing.T) {
@@ -101,7 +102,7 @@ func TestClaimNameEmptyAndInvalid(t *testing.T) {
 			t.Fatalf("empty name: %v", err)
 		}
 	}
-	resp, err := s.cli.Get(ctx, prefixNames+NameVolume+"/"+owner+"/", clientOpts()...)
+	resp, err := s.cli.Get(ctx, prefixNames+NameVolume+"/"+owner+"/", clientv3.WithPrefix())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +286,7 @@ func TestProvisionOverflow(t *testing.T) {
 	before, _ := s.Provisioned(ctx)
 	t.Cleanup(func() {
 		now, _ := s.Provisioned(context.Background())
-		s.Update(context.Background(), func(tx *Tx) error { return tx.Provision(before-4096-now, 0) })
+		s.Update(context.Background(), func(tx *Tx) error { return tx.Provision(before-4096-now, math.MaxInt64) })
 	})
 	err := s.Update(ctx, func(tx *Tx) error { return tx.Provision(math.MaxInt64-511, 1<<40) })
 	after, _ := s.Provisioned(ctx)
@@ -301,40 +302,59 @@ func TestTokens(t *testing.T) {
 	s := openTestStore(t)
 	ctx := ctxT(t)
 	owner, other := uniq("owner"), uniq("owner")
-	get := func(owner, tok string) string {
+	get := func(kind, owner, tok string) string {
+		t.Helper()
 		var id string
-		if err := s.Update(ctx, func(tx *Tx) error { id = tx.TokenOwner(owner, tok); return nil }); err != nil {
+		if err := s.Update(ctx, func(tx *Tx) error { id = tx.TokenOwner(kind, owner, tok); return nil }); err != nil {
 			t.Fatal(err)
 		}
 		return id
 	}
-	if got := get(owner, "t1"); got != "" {
+	if got := get(NameVolume, owner, "t1"); got != "" {
 		t.Fatalf("unknown token resolves to %q", got)
 	}
 	if err := s.Update(ctx, func(tx *Tx) error {
-		tx.PutToken(owner, "t1", "vol-1")
-		tx.PutToken(owner, "", "vol-9") // no token: nothing recorded
-		if got := tx.TokenOwner(owner, "t1"); got != "vol-1" {
+		tx.PutToken(NameVolume, owner, "t1", "vol-1")
+		tx.PutToken(NameVolume, owner, "", "vol-9") // no token: nothing recorded
+		if got := tx.TokenOwner(NameVolume, owner, "t1"); got != "vol-1" {
 			t.Errorf("token not visible inside its transaction: %q", got)
 		}
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if got := get(owner, "t1"); got != "vol-1" {
+	if got := get(NameVolume, owner, "t1"); got != "vol-1" {
 		t.Fatalf("TokenOwner = %q, want vol-1", got)
 	}
-	if got := get(owner, ""); got != "" {
+	if got := get(NameVolume, owner, ""); got != "" {
 		t.Fatalf("empty token resolves to %q", got)
 	}
-	if got := get(other, "t1"); got != "" {
+	if got := get(NameVolume, other, "t1"); got != "" {
 		t.Fatalf("tokens leak across owners: %q", got)
 	}
-	if err := s.Update(ctx, func(tx *Tx) error { tx.DeleteToken(owner, "t1"); tx.DeleteToken(owner, ""); return nil }); err != nil {
+	// Tokens are per kind: the same token may name a snapshot too, and
+	// neither binding disturbs the other.
+	if got := get(NameSnapshot, owner, "t1"); got != "" {
+		t.Fatalf("tokens leak across kinds: %q", got)
+	}
+	if err := s.Update(ctx, func(tx *Tx) error { tx.PutToken(NameSnapshot, owner, "t1", "snap-1"); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	if got := get(owner, "t1"); got != "" {
+	if get(NameVolume, owner, "t1") != "vol-1" || get(NameSnapshot, owner, "t1") != "snap-1" {
+		t.Fatal("a snapshot token overwrote the volume token")
+	}
+	if err := s.Update(ctx, func(tx *Tx) error {
+		tx.DeleteToken(NameVolume, owner, "t1")
+		tx.DeleteToken(NameVolume, owner, "")
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(NameVolume, owner, "t1"); got != "" {
 		t.Fatalf("deleted token resolves to %q", got)
+	}
+	if got := get(NameSnapshot, owner, "t1"); got != "snap-1" {
+		t.Fatalf("deleting the volume token removed the snapshot token: %q", got)
 	}
 }
 

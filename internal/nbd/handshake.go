@@ -141,7 +141,7 @@ func (c *conn) option(o option) (*Export, error) {
 }
 
 func (c *conn) exportName(name string) (*Export, error) {
-	exp, err := c.srv.Exports.Open(context.Background(), name, c.tls)
+	exp, err := c.srv.Exports.Open(context.Background(), name, c.tlsState())
 	if err != nil {
 		return nil, fmt.Errorf("EXPORT_NAME: %w", err) // the spec's only answer: close
 	}
@@ -214,7 +214,7 @@ func (c *conn) infoGo(o option) (*Export, error) {
 	if !ok {
 		return nil, c.replyErr(o.code, repErrInvalid, "malformed INFO/GO request")
 	}
-	exp, err := c.srv.Exports.Open(context.Background(), name, c.tls)
+	exp, err := c.srv.Exports.Open(context.Background(), name, c.tlsState())
 	switch {
 	case errors.Is(err, ErrTLSRequired):
 		return nil, c.replyErr(o.code, repErrTLSReqd, "export requires TLS")
@@ -356,6 +356,14 @@ func (c *conn) transmissionFlags(exp *Export) uint16 {
 		}
 	}
 	return f
+}
+
+func (c *conn) tlsState() *tls.ConnectionState {
+	if tc, ok := c.nc.(*tls.Conn); ok {
+		st := tc.ConnectionState()
+		return &st
+	}
+	return nil
 }
 
 func release(exp *Export) {

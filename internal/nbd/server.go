@@ -29,10 +29,11 @@ type Export struct {
 
 // Exports resolves export names. Implementations decide authorisation.
 type Exports interface {
-	// Open returns the export for name; tls says whether the connection
-	// has completed STARTTLS. It returns ErrUnknownExport or
-	// ErrTLSRequired, or another error (reported as unknown).
-	Open(ctx context.Context, name string, tls bool) (*Export, error)
+	// Open returns the export for name. tls is the connection's TLS state
+	// after STARTTLS (nil without TLS), so an implementation can check the
+	// client certificate. It returns ErrUnknownExport or ErrTLSRequired,
+	// or another error (reported as unknown).
+	Open(ctx context.Context, name string, tls *tls.ConnectionState) (*Export, error)
 }
 
 // Errors an Exports implementation returns.

@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"os"
 	"os/exec"
@@ -15,7 +16,7 @@ import (
 // mapExports serves fixed exports by name.
 type mapExports map[string]*Export
 
-func (m mapExports) Open(_ context.Context, name string, _ bool) (*Export, error) {
+func (m mapExports) Open(_ context.Context, name string, _ *tls.ConnectionState) (*Export, error) {
 	e, ok := m[name]
 	if !ok {
 		return nil, ErrUnknownExport

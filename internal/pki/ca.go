@@ -212,6 +212,9 @@ func (ca *CA) ServerCertificate(dir string, names []string) (tls.Certificate, er
 	if c, err := tls.LoadX509KeyPair(certPath, keyPath); err == nil && ca.serverCertFits(c, names) {
 		return c, nil
 	}
+	if len(names) == 0 || names[0] == "" {
+		return tls.Certificate{}, errors.New("server certificate needs at least one name")
+	}
 	var dns []string
 	var ips []net.IP
 	for _, n := range names {

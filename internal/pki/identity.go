@@ -13,7 +13,8 @@ import (
 
 // Identity is what a user holds to talk to basalt: the cluster CA to trust,
 // a client certificate and key for the control API (and NBD TLS), and an S3
-// key pair. On disk it is a directory of ca.pem, cert.pem, key.pem, s3.env.
+// key pair. On disk it is a directory of ca.pem, cert.pem, key.pem, s3.env
+// (plus ca-cert.pem, client-cert.pem, client-key.pem for NBD TLS clients).
 type Identity struct {
 	CAPEM, CertPEM, KeyPEM []byte
 	AccessKeyID            string
@@ -35,6 +36,12 @@ func (id *Identity) Write(dir string) error {
 		{"cert.pem", id.CertPEM, 0o644},
 		{"key.pem", id.KeyPEM, 0o600},
 		{"s3.env", []byte(env), 0o600},
+		// The same certificates under the names GnuTLS clients look for,
+		// so the directory is also a libnbd tls-certificates directory and
+		// a qemu tls-creds-x509 dir (endpoint=client).
+		{"ca-cert.pem", id.CAPEM, 0o644},
+		{"client-cert.pem", id.CertPEM, 0o644},
+		{"client-key.pem", id.KeyPEM, 0o600},
 	} {
 		if err := WriteFileAtomic(filepath.Join(dir, f.name), f.data, f.mode); err != nil {
 			return err

@@ -30,6 +30,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/api"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
+	"github.com/basalt-storage/basalt/internal/nbd"
 	"github.com/basalt-storage/basalt/internal/pki"
 	"github.com/basalt-storage/basalt/internal/store"
 	"github.com/basalt-storage/basalt/internal/user"
@@ -41,11 +42,13 @@ var Version = "dev"
 
 // Config is everything `basalt server` is told.
 type Config struct {
-	Data          string
-	Store         string
-	API           string
-	S3            string // reserved for the S3 gateway
-	NBD           string // reserved for the NBD server
+	Data  string
+	Store string
+	API   string
+	S3    string // reserved for the S3 gateway
+	NBD   string
+	// NBDInsecure allows NBD without TLS on a non-loopback address.
+	NBDInsecure   bool
 	EtcdClient    string
 	EtcdPeer      string
 	Name          string
@@ -69,6 +72,9 @@ type Node struct {
 	clusterID string
 	started   time.Time
 	store     *store.Store
+	nbd       *nbd.Server
+	nbdURI    string // scheme://host:port/ without the export name
+	cancel    context.CancelFunc
 	AdminDir  string
 }
 
@@ -118,9 +124,12 @@ func (n *Node) start(ctx context.Context) error {
 	if err := n.volumes.Start(ctx); err != nil {
 		return err
 	}
+	if err := n.startNBD(ca, cert); err != nil {
+		return err
+	}
 	n.api = api.New(api.Deps{
 		Volumes: n.volumes, Users: n.users, Status: n.status, Healthy: n.meta.Health,
-		Defrag: n.meta.Defrag, Log: log,
+		Defrag: n.meta.Defrag, Log: log, NBDURI: func(export string) string { return n.nbdURI + export },
 	})
 	ln, err := net.Listen("tcp", cfg.API)
 	if err != nil {
@@ -141,6 +150,52 @@ func (n *Node) start(ctx context.Context) error {
 	n.api.SetReady(true)
 	log.Info("node ready", "name", n.cfg.Name, "api", "https://"+n.apiAddr, "store", n.store.Root,
 		"admin_identity", n.AdminDir, "cluster", n.clusterID)
+	return nil
+}
+
+// startNBD serves attachments over NBD. On loopback TLS is offered; beyond
+// loopback it is required (the spec's FORCEDTLS) unless NBDInsecure.
+// Clients authenticate with certificates from the cluster CA.
+func (n *Node) startNBD(ca *pki.CA, cert tls.Certificate) error {
+	ln, err := net.Listen("tcp", n.cfg.NBD)
+	if err != nil {
+		return fmt.Errorf("nbd listen %s: %w", n.cfg.NBD, err)
+	}
+	addr := ln.Addr().(*net.TCPAddr)
+	requireTLS := !addr.IP.IsLoopback() && !n.cfg.NBDInsecure
+	host := n.cfg.Advertise
+	if host == "" {
+		host = addr.IP.String()
+		if addr.IP.IsUnspecified() {
+			host, _ = os.Hostname()
+		}
+	}
+	scheme := "nbd"
+	if requireTLS {
+		scheme = "nbds"
+	}
+	n.nbdURI = fmt.Sprintf("%s://%s/", scheme, net.JoinHostPort(host, fmt.Sprint(addr.Port)))
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	exports := n.volumes.NewExports(n.users.Authenticate)
+	go exports.Run(ctx)
+	n.nbd = &nbd.Server{
+		Exports: exports,
+		TLS: &tls.Config{
+			Certificates: []tls.Certificate{cert},
+			ClientAuth:   tls.RequireAndVerifyClientCert,
+			ClientCAs:    ca.Pool(),
+			MinVersion:   tls.VersionTLS12,
+		},
+		RequireTLS: requireTLS,
+		Log:        n.log.With("component", "nbd"),
+	}
+	go func() {
+		if err := n.nbd.Serve(ln); err != nil {
+			n.log.Error("nbd server stopped", "err", err)
+		}
+	}()
+	n.log.Info("nbd serving", "addr", addr.String(), "uri", n.nbdURI, "tls_required", requireTLS)
 	return nil
 }
 
@@ -267,6 +322,12 @@ func (n *Node) Close() {
 		n.http.Shutdown(ctx)
 		cancel()
 	}
+	if n.nbd != nil {
+		n.nbd.Close()
+	}
+	if n.cancel != nil {
+		n.cancel()
+	}
 	if n.volumes != nil {
 		n.volumes.Stop()
 	}
@@ -277,7 +338,7 @@ func (n *Node) Close() {
 
 func (n *Node) status(ctx context.Context) api.Status {
 	st := api.Status{Node: api.NodeStatus{Name: n.cfg.Name, Version: Version, ClusterID: n.clusterID,
-		StartedAt: n.started, API: "https://" + n.apiAddr}}
+		StartedAt: n.started, API: "https://" + n.apiAddr, NBD: n.nbdURI}}
 	ms, err := n.meta.Status(ctx)
 	if err == nil {
 		err = n.meta.Health(ctx)

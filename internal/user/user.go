@@ -146,7 +146,7 @@ func (s *Service) Authenticate(ctx context.Context, chain []*x509.Certificate) (
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
 	if err != nil {
 		var inv x509.CertificateInvalidError
-		if errors.As(err, &inv) && inv.Reason == x509.Expired {
+		if errors.As(err, &inv) && inv.Reason == x509.Expired && leaf.CheckSignatureFrom(s.ca.Cert) == nil {
 			return volume.Caller{}, errs.New(errs.KindUnauthenticated, errs.CodeCertificateExpired,
 				"client certificate for %q expired on %s", leaf.Subject.CommonName, leaf.NotAfter.UTC().Format(time.RFC3339))
 		}

@@ -3,6 +3,7 @@ package volume
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/meta"
@@ -13,13 +14,16 @@ import (
 const progressEvery = time.Second
 
 // startJob runs a record's job in the background. The job stops when the
-// service stops; its record keeps the job so that Start resumes it.
-func (s *Service) startJob(id, kind string) {
+// service stops; its record keeps the job so that Start resumes it. A
+// snapshot job receives its volume's write gate, locked, and unlocks it when
+// the copy ends.
+func (s *Service) startJob(id, kind string, gate *sync.RWMutex) {
 	s.jobs.Add(1)
 	go func() {
 		defer s.jobs.Done()
 		switch kind {
 		case meta.JobSnapshot:
+			defer gate.Unlock()
 			s.runSnapshotJob(s.ctx, id)
 		case meta.JobClone:
 			s.runCloneJob(s.ctx, id)
@@ -52,11 +56,6 @@ func (s *Service) runSnapshotJob(ctx context.Context, id string) {
 		s.failSnapshot(context.Background(), id, fmt.Errorf("snapshot record has no copy job"))
 		return
 	}
-	// Hold the volume's write gate for the whole copy: the snapshot must see
-	// the volume as it was when the snapshot was created.
-	gate := s.Gate(sn.Job.Source)
-	gate.Lock()
-	defer gate.Unlock()
 	start := time.Now()
 	err = s.store.Copy(ctx, s.store.VolumePath(sn.Job.Source), s.store.SnapshotPath(id), store.CopyOptions{
 		BytesPerSecond: s.cfg.JobBandwidth,

@@ -82,7 +82,7 @@ func (s *Service) resumeVolumeJob(ctx context.Context, id string) error {
 	if giveUp {
 		return s.failVolume(ctx, id, fmt.Errorf("clone interrupted %d times; giving up", maxJobAttempts+1))
 	}
-	s.startJob(id, meta.JobClone)
+	s.startJob(id, meta.JobClone, nil)
 	return nil
 }
 
@@ -106,6 +106,12 @@ func (s *Service) resumeSnapshotJob(ctx context.Context, id string) error {
 	if giveUp {
 		return s.failSnapshot(ctx, id, fmt.Errorf("snapshot copy interrupted %d times; giving up", maxJobAttempts+1))
 	}
-	s.startJob(id, meta.JobSnapshot)
+	var volID string
+	if sn, err := s.meta.Snapshot(ctx, id); err == nil && sn.Job != nil {
+		volID = sn.Job.Source
+	}
+	gate := s.Gate(volID)
+	gate.Lock() // Start runs before anything serves, so this does not wait
+	s.startJob(id, meta.JobSnapshot, gate)
 	return nil
 }

@@ -179,12 +179,21 @@ func tokenMismatch(token, id string) error {
 	return errs.Conflict(errs.CodeIdempotentMismatch, "client token %q was already used to create %s with different parameters", token, id)
 }
 
+// hostRE accepts host names and IP addresses (an attachment's host is a
+// label the operator chooses; it is shown, not resolved).
+var hostRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9.:_-]{0,252}$`)
+
 var tokenRE = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
 
 func now() time.Time { return time.Now().UTC().Truncate(time.Millisecond) }
 
 // resting is the status a volume returns to when a transition ends.
-func resting(v *meta.Volume) string { return meta.StatusAvailable }
+func resting(v *meta.Volume) string {
+	if len(v.Attachments) > 0 {
+		return meta.StatusInUse
+	}
+	return meta.StatusAvailable
+}
 
 func (s *Service) logFor(kind, id string) *slog.Logger {
 	return s.log.With(kind, id, "node", s.cfg.Node)

@@ -35,6 +35,42 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 	if token != "" {
 		sn.TokenParams = fingerprint(v.ID, name)
 	}
+	if token != "" {
+		// A replay returns at once, even while its copy is running.
+		var r *meta.Snapshot
+		err := s.meta.Update(ctx, func(tx *meta.Tx) error {
+			var err error
+			if id := tx.TokenOwner(meta.NameSnapshot, sn.OwnerID, token); id != "" {
+				r, err = tx.Snapshot(id)
+			}
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		if r != nil {
+			if r.TokenParams != sn.TokenParams {
+				return nil, tokenMismatch(token, r.ID)
+			}
+			return r, nil
+		}
+	}
+	if len(v.Snapshotting) > 0 {
+		// Refuse rather than queue behind the gate: the running copy may
+		// take minutes and this request would hang meanwhile.
+		return nil, errs.Conflict(errs.CodeVolumeBusy, "volume %s is being snapshotted (%s); try again when that snapshot is available", v.ID, v.Snapshotting[0])
+	}
+	// Stop the volume's writers before the snapshot exists: writes
+	// acknowledged after this call returns must not reach the snapshot. The
+	// job releases the gate when its copy is complete.
+	gate := s.Gate(v.ID)
+	gate.Lock()
+	handedOver := false
+	defer func() {
+		if !handedOver {
+			gate.Unlock()
+		}
+	}()
 	var replay *meta.Snapshot
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
 		replay = nil
@@ -61,6 +97,9 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 		if cur.Status != meta.StatusAvailable && cur.Status != meta.StatusInUse {
 			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is %s; only an available or in-use volume can be snapshotted", cur.ID, cur.Status)
 		}
+		if len(cur.Snapshotting) > 0 {
+			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is being snapshotted (%s); try again when that snapshot is available", cur.ID, cur.Snapshotting[0])
+		}
 		if err := tx.ClaimName(meta.NameSnapshot, sn.OwnerID, sn.Name, sn.ID); err != nil {
 			return err
 		}
@@ -82,7 +121,8 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 		return replay, nil
 	}
 	s.logFor("snapshot", sn.ID).Info("snapshot create", "volume", v.ID, "size", sn.SizeBytes)
-	s.startJob(sn.ID, meta.JobSnapshot)
+	handedOver = true
+	s.startJob(sn.ID, meta.JobSnapshot, gate)
 	return sn, nil
 }
 

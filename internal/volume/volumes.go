@@ -8,6 +8,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
+	"github.com/basalt-storage/basalt/internal/size"
 )
 
 // CreateVolume is a validated create request.
@@ -37,6 +38,9 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 	}
 	if req.SizeBytes < 0 || (req.SizeBytes == 0 && req.FromSnapshot == "") {
 		return nil, errs.Invalid(errs.CodeInvalidSize, "size must be greater than zero")
+	}
+	if req.SizeBytes > size.Max {
+		return nil, errs.Invalid(errs.CodeInvalidSize, "size %d exceeds the maximum of 1 EiB", req.SizeBytes)
 	}
 	if req.SizeBytes%512 != 0 {
 		return nil, errs.Invalid(errs.CodeInvalidSize, "size %d is not a multiple of 512 bytes", req.SizeBytes)
@@ -116,7 +120,7 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 	}
 	s.logFor("volume", v.ID).Info("volume create", "owner", v.Owner, "size", v.SizeBytes, "from", v.SourceSnapshot)
 	if v.Job != nil {
-		s.startJob(v.ID, meta.JobClone)
+		s.startJob(v.ID, meta.JobClone, nil)
 		return v, nil
 	}
 	return s.finishCreate(ctx, v.ID)
@@ -246,8 +250,8 @@ func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSiz
 	if err != nil {
 		return nil, err
 	}
-	if newSize <= 0 || newSize%512 != 0 {
-		return nil, errs.Invalid(errs.CodeInvalidSize, "size %d must be a positive multiple of 512 bytes", newSize)
+	if newSize <= 0 || newSize > size.Max || newSize%512 != 0 {
+		return nil, errs.Invalid(errs.CodeInvalidSize, "size %d must be a positive multiple of 512 bytes, at most 1 EiB", newSize)
 	}
 	limit, err := s.Limit()
 	if err != nil {

@@ -1,0 +1,158 @@
+package volume
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
+)
+
+// Attach grants host access to a volume over NBD in mode rw or ro.
+//
+// Rules (brief §4): one rw attachment at a time; any number of ro
+// attachments while all attachments are ro; a multiattach volume takes any
+// number of either. The export name is a fresh 160-bit secret.
+func (s *Service) Attach(ctx context.Context, c Caller, volumeRef, host, mode string) (*meta.Attachment, error) {
+	if mode == "" {
+		mode = meta.ModeRW
+	}
+	if mode != meta.ModeRW && mode != meta.ModeRO {
+		return nil, errs.Invalid(errs.CodeInvalidRequest, "mode must be rw or ro, not %q", mode)
+	}
+	if !hostRE.MatchString(host) {
+		return nil, errs.Invalid(errs.CodeInvalidRequest, "host %q is not a valid host name", host)
+	}
+	v, err := s.resolveVolume(ctx, c, volumeRef)
+	if err != nil {
+		return nil, err
+	}
+	a := &meta.Attachment{
+		ID: newID("att-"), VolumeID: v.ID, Owner: v.Owner, OwnerID: v.OwnerID,
+		Host: host, Mode: mode, Export: exportSecret(), CreatedAt: now(),
+	}
+	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
+		cur, err := tx.Volume(v.ID)
+		if err != nil {
+			return err
+		}
+		if cur == nil {
+			return errs.NotFound("volume", volumeRef)
+		}
+		if cur.Status != meta.StatusAvailable && cur.Status != meta.StatusInUse {
+			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is %s; only an available or in-use volume can be attached", cur.ID, cur.Status)
+		}
+		if !cur.Multiattach {
+			for _, id := range cur.Attachments {
+				other, err := tx.Attachment(id)
+				if err != nil {
+					return err
+				}
+				if other == nil {
+					continue
+				}
+				if mode == meta.ModeRW || other.Mode == meta.ModeRW {
+					return errs.Conflict(errs.CodeAttachConflict,
+						"volume %s is attached %s to host %s (%s); a volume without multiattach takes one rw attachment, or only ro ones",
+						cur.ID, other.Mode, other.Host, other.ID)
+				}
+			}
+		}
+		cur.Attachments = append(cur.Attachments, a.ID)
+		cur.Status, cur.UpdatedAt = meta.StatusInUse, now()
+		tx.PutVolume(cur)
+		tx.PutAttachment(a)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.logFor("volume", v.ID).Info("attached", "attachment", a.ID, "host", host, "mode", mode)
+	return a, nil
+}
+
+// Detach removes an attachment. Every node closes the attachment's NBD
+// connections as it sees the deletion (see meta.WatchAttachmentDeletes).
+func (s *Service) Detach(ctx context.Context, c Caller, id string) error {
+	a, err := s.Attachment(ctx, c, id)
+	if err != nil {
+		return err
+	}
+	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
+		cur, err := tx.Attachment(a.ID)
+		if err != nil {
+			return err
+		}
+		if cur == nil {
+			return errs.NotFound("attachment", id)
+		}
+		tx.DeleteAttachment(cur)
+		v, err := tx.Volume(cur.VolumeID)
+		if err != nil || v == nil {
+			return err
+		}
+		v.Attachments = slices.DeleteFunc(v.Attachments, func(x string) bool { return x == cur.ID })
+		if v.Status == meta.StatusInUse && len(v.Attachments) == 0 {
+			v.Status = meta.StatusAvailable
+		}
+		v.UpdatedAt = now()
+		tx.PutVolume(v)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.logFor("volume", a.VolumeID).Info("detached", "attachment", a.ID, "host", a.Host)
+	return nil
+}
+
+// Attachment returns an attachment the caller may see.
+func (s *Service) Attachment(ctx context.Context, c Caller, id string) (*meta.Attachment, error) {
+	a, err := s.meta.Attachment(ctx, id)
+	if err != nil {
+		if errs.IsCode(err, errs.CodeNotFound) {
+			return nil, errs.NotFound("attachment", id)
+		}
+		return nil, err
+	}
+	if !c.sees(a.OwnerID) {
+		return nil, errs.NotFound("attachment", id)
+	}
+	return a, nil
+}
+
+// Attachments lists the attachments the caller may see, optionally of one
+// volume, oldest first.
+func (s *Service) Attachments(ctx context.Context, c Caller, volumeRef string) ([]*meta.Attachment, error) {
+	volID := ""
+	if volumeRef != "" {
+		v, err := s.resolveVolume(ctx, c, volumeRef)
+		if err != nil {
+			return nil, err
+		}
+		volID = v.ID
+	}
+	all, err := s.meta.Attachments(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := all[:0]
+	for _, a := range all {
+		if c.sees(a.OwnerID) && (volID == "" || a.VolumeID == volID) {
+			out = append(out, a)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
+	return out, nil
+}
+
+// exportSecret is an unguessable NBD export name (160 random bits).
+func exportSecret() string {
+	b := make([]byte, 20)
+	rand.Read(b)
+	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))
+}

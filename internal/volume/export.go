@@ -1,0 +1,126 @@
+package volume
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"sync"
+
+	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
+	"github.com/basalt-storage/basalt/internal/nbd"
+)
+
+// Exports serves attachments to the NBD server: it resolves an export name
+// (the attachment's secret) to the attached volume's data, read-only for ro
+// attachments, and closes connections when the attachment goes away.
+type Exports struct {
+	s *Service
+	// Authenticate checks a TLS client certificate chain (user.Service).
+	Authenticate func(ctx context.Context, chain []*x509.Certificate) (Caller, error)
+
+	mu      sync.Mutex
+	revoked map[string]chan struct{} // attachment id -> closed on detach
+}
+
+// NewExports makes the NBD export resolver of a service.
+func (s *Service) NewExports(auth func(ctx context.Context, chain []*x509.Certificate) (Caller, error)) *Exports {
+	return &Exports{s: s, Authenticate: auth, revoked: map[string]chan struct{}{}}
+}
+
+// Run revokes exports as their attachments are deleted, until ctx ends.
+func (e *Exports) Run(ctx context.Context) {
+	e.s.meta.WatchAttachmentDeletes(ctx, e.revoke)
+}
+
+func (e *Exports) revoke(attachmentID string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if ch, ok := e.revoked[attachmentID]; ok {
+		close(ch)
+		delete(e.revoked, attachmentID)
+	}
+}
+
+// revocation returns the channel closed when attachmentID is detached.
+func (e *Exports) revocation(attachmentID string) chan struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ch, ok := e.revoked[attachmentID]
+	if !ok {
+		ch = make(chan struct{})
+		e.revoked[attachmentID] = ch
+	}
+	return ch
+}
+
+// Open implements nbd.Exports.
+func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState) (*nbd.Export, error) {
+	a, err := e.s.meta.AttachmentByExport(ctx, name)
+	if err != nil {
+		if errs.IsCode(err, errs.CodeNotFound) {
+			return nil, nbd.ErrUnknownExport
+		}
+		return nil, err
+	}
+	if cs != nil && len(cs.PeerCertificates) > 0 && e.Authenticate != nil {
+		c, err := e.Authenticate(ctx, cs.PeerCertificates)
+		if err != nil {
+			return nil, fmt.Errorf("export %s: %w", a.ID, err)
+		}
+		if !c.sees(a.OwnerID) {
+			return nil, nbd.ErrUnknownExport
+		}
+	}
+	// Register for revocation before the final check, so a detach racing
+	// with this open either is seen here or closes the connection later.
+	revoked := e.revocation(a.ID)
+	if _, err := e.s.meta.Attachment(ctx, a.ID); err != nil {
+		return nil, nbd.ErrUnknownExport
+	}
+	ro := a.Mode == meta.ModeRO
+	dev, err := block.OpenFile(e.s.store.VolumePath(a.VolumeID), ro)
+	if err != nil {
+		return nil, err
+	}
+	var d block.Device = dev
+	if !ro {
+		d = &gated{Device: dev, gate: e.s.Gate(a.VolumeID)}
+	}
+	return &nbd.Export{
+		Name:        name,
+		Description: fmt.Sprintf("basalt volume %s (attachment %s, %s, host %s)", a.VolumeID, a.ID, a.Mode, a.Host),
+		Device:      d,
+		ReadOnly:    ro,
+		Revoked:     revoked,
+		Release:     func() { d.Close() },
+	}, nil
+}
+
+// gated holds a volume's write gate (read side) around every operation
+// that changes data, so that a snapshot copy, which holds the write side,
+// sees the volume as of the snapshot's creation.
+type gated struct {
+	block.Device
+	gate *sync.RWMutex
+}
+
+func (g *gated) WriteAt(p []byte, off int64, fua bool) error {
+	g.gate.RLock()
+	defer g.gate.RUnlock()
+	return g.Device.WriteAt(p, off, fua)
+}
+
+func (g *gated) WriteZeroes(off, n int64, f block.ZeroFlags) error {
+	g.gate.RLock()
+	defer g.gate.RUnlock()
+	return g.Device.WriteZeroes(off, n, f)
+}
+
+func (g *gated) Trim(off, n int64, fua bool) error {
+	g.gate.RLock()
+	defer g.gate.RUnlock()
+	return g.Device.Trim(off, n, fua)
+}

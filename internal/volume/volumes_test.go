@@ -1,0 +1,508 @@
+package volume
+
+import (
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
+)
+
+func TestCreateExtendDeleteVolume(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	base := e.provisioned()
+
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "data", SizeBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Status != meta.StatusAvailable || v.Node != "" || v.Owner != "alice" || v.OwnerID != alice.ID ||
+		v.Type != "standard" || v.SizeBytes != 1<<30 || !volumeIDRE.MatchString(v.ID) || v.CreatedAt.IsZero() {
+		t.Fatalf("created volume %+v", v)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(e.st.VolumePath(v.ID), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Size != 1<<30 {
+		t.Fatalf("file size %d", st.Size)
+	}
+	if st.Blocks*512 > 1<<20 {
+		t.Fatalf("create wrote %d bytes of data; creation must be O(1)", st.Blocks*512)
+	}
+	if got := e.provisioned() - base; got != 1<<30 {
+		t.Fatalf("provisioned grew by %d, want 1 GiB", got)
+	}
+	// By id and by name; in the list.
+	for _, ref := range []string{v.ID, "data"} {
+		got, err := s.Volume(ctx, alice, ref)
+		if err != nil || got.ID != v.ID {
+			t.Fatalf("Volume(%s): %+v, %v", ref, got, err)
+		}
+	}
+	list, err := s.Volumes(ctx, alice)
+	if err != nil || len(list) != 1 || list[0].ID != v.ID {
+		t.Fatalf("Volumes: %v, %v", list, err)
+	}
+
+	// Extend by name.
+	v2, err := s.ExtendVolume(ctx, alice, "data", 2<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v2.SizeBytes != 2<<30 || v2.Status != meta.StatusAvailable || v2.TargetSize != 0 || v2.Node != "" {
+		t.Fatalf("extended volume %+v", v2)
+	}
+	if fi, _ := statSize(e.st.VolumePath(v.ID)); fi != 2<<30 {
+		t.Fatalf("file size %d after extend", fi)
+	}
+	if got := e.provisioned() - base; got != 2<<30 {
+		t.Fatalf("provisioned grew by %d after extend, want 2 GiB", got)
+	}
+	// Never shrink, never the same size, whole sectors only, positive.
+	_, err = s.ExtendVolume(ctx, alice, v.ID, 1<<30)
+	wantCode(t, err, errs.CodeShrinkNotAllowed)
+	_, err = s.ExtendVolume(ctx, alice, v.ID, 2<<30)
+	wantCode(t, err, errs.CodeShrinkNotAllowed)
+	_, err = s.ExtendVolume(ctx, alice, v.ID, 2<<30+100)
+	wantCode(t, err, errs.CodeInvalidSize)
+	_, err = s.ExtendVolume(ctx, alice, v.ID, -512)
+	wantCode(t, err, errs.CodeInvalidSize)
+	if fi, _ := statSize(e.st.VolumePath(v.ID)); fi != 2<<30 {
+		t.Fatalf("refused extends changed the file to %d", fi)
+	}
+
+	// Delete.
+	if err := s.DeleteVolume(ctx, alice, "data"); err != nil {
+		t.Fatal(err)
+	}
+	if e.st.Exists(e.st.VolumePath(v.ID)) {
+		t.Fatal("file still exists")
+	}
+	if _, err := s.Volume(ctx, alice, v.ID); !errs.IsCode(err, errs.CodeNotFound) {
+		t.Fatalf("deleted volume: %v", err)
+	}
+	if _, err := s.Volume(ctx, alice, "data"); !errs.IsCode(err, errs.CodeNotFound) {
+		t.Fatalf("deleted volume's name still resolves: %v", err)
+	}
+	wantCode(t, s.DeleteVolume(ctx, alice, v.ID), errs.CodeNotFound)
+	if got := e.provisioned(); got != base {
+		t.Fatalf("provisioned %d after delete, want %d", got, base)
+	}
+	// The name is free again.
+	if _, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "data", SizeBytes: 4096}); err != nil {
+		t.Fatalf("reuse of a deleted volume's name: %v", err)
+	}
+	if err := s.DeleteVolume(ctx, alice, "data"); err != nil {
+		t.Fatal(err)
+	}
+	checkProvisioned(t)
+}
+
+func statSize(path string) (int64, error) {
+	var st syscall.Stat_t
+	err := syscall.Stat(path, &st)
+	return st.Size, err
+}
+
+func TestCreateVolumeValidation(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	base := e.provisioned()
+	for _, c := range []struct {
+		req  CreateVolume
+		code string
+	}{
+		{CreateVolume{SizeBytes: 0}, errs.CodeInvalidSize},
+		{CreateVolume{SizeBytes: -4096}, errs.CodeInvalidSize},
+		{CreateVolume{SizeBytes: 1000}, errs.CodeInvalidSize},
+		{CreateVolume{SizeBytes: 4096, Type: "gold"}, errs.CodeUnknownVolumeType},
+		{CreateVolume{SizeBytes: 4096, ClientToken: "has space"}, errs.CodeInvalidRequest},
+		{CreateVolume{SizeBytes: 4096, ClientToken: strings.Repeat("t", 129)}, errs.CodeInvalidRequest},
+		{CreateVolume{SizeBytes: 4096, FromSnapshot: "snap-0123456789abcdef"}, errs.CodeNotFound},
+		{CreateVolume{SizeBytes: 4096, FromSnapshot: "no-such-snapshot"}, errs.CodeNotFound},
+	} {
+		_, err := s.CreateVolume(ctx, alice, c.req)
+		if !errs.IsCode(err, c.code) {
+			t.Errorf("%+v: %v, want %s", c.req, err, c.code)
+		}
+	}
+	if _, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 4096, ClientToken: strings.Repeat("t", 128)}); err != nil {
+		t.Errorf("128-character token: %v", err)
+	}
+	list, _ := s.Volumes(ctx, alice)
+	if len(list) != 1 {
+		t.Fatalf("refused creates left records: %d volumes", len(list))
+	}
+	if err := s.DeleteVolume(ctx, alice, list[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.provisioned(); got != base {
+		t.Fatalf("provisioned %d, want %d", got, base)
+	}
+}
+
+func TestNameRules(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice, bob := caller("alice"), caller("bob")
+
+	for _, name := range []string{
+		"vol-0123456789abcdef", "snap-0123456789abcdef", // look like ids
+		"-x", ".x", "_x", "a/b", "a b", "a\x00", "ä", strings.Repeat("n", 64),
+	} {
+		_, err := s.CreateVolume(ctx, alice, CreateVolume{Name: name, SizeBytes: 4096})
+		if e, ok := errs.As(err); !ok || e.Code != errs.CodeInvalidName || e.Kind != errs.KindInvalid {
+			t.Errorf("volume name %q: %v, want InvalidName", name, err)
+		}
+	}
+	// Almost-ids and the longest name are fine.
+	for _, name := range []string{"vol-0123456789ABCDEF", "vol-0123456789abcde", "snap-0123456789abcdefa", strings.Repeat("n", 63), "A.b_c-9"} {
+		if _, err := s.CreateVolume(ctx, alice, CreateVolume{Name: name, SizeBytes: 4096}); err != nil {
+			t.Errorf("volume name %q: %v", name, err)
+		}
+	}
+	// Unique per owner, not globally.
+	a1, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "shared", SizeBytes: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.CreateVolume(ctx, alice, CreateVolume{Name: "shared", SizeBytes: 8192})
+	if e, ok := errs.As(err); !ok || e.Code != errs.CodeNameConflict || e.Kind != errs.KindConflict {
+		t.Fatalf("duplicate name: %v, want NameConflict", err)
+	}
+	b1, err := s.CreateVolume(ctx, bob, CreateVolume{Name: "shared", SizeBytes: 4096})
+	if err != nil {
+		t.Fatalf("same name for another owner: %v", err)
+	}
+	// Each resolves the name to their own volume.
+	if v, _ := s.Volume(ctx, alice, "shared"); v == nil || v.ID != a1.ID {
+		t.Fatal("alice's name resolves elsewhere")
+	}
+	if v, _ := s.Volume(ctx, bob, "shared"); v == nil || v.ID != b1.ID {
+		t.Fatal("bob's name resolves elsewhere")
+	}
+	// Snapshot names follow the same rules, separately from volume names.
+	_, err = s.CreateSnapshot(ctx, alice, a1.ID, "snap-0123456789abcdef", "")
+	wantCode(t, err, errs.CodeInvalidName)
+	_, err = s.CreateSnapshot(ctx, alice, a1.ID, "a/b", "")
+	wantCode(t, err, errs.CodeInvalidName)
+	sn, err := s.CreateSnapshot(ctx, alice, a1.ID, "shared", "") // same as a volume name: fine
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitSnapshot(sn.ID, meta.StatusAvailable)
+	_, err = s.CreateSnapshot(ctx, alice, a1.ID, "shared", "")
+	wantCode(t, err, errs.CodeNameConflict)
+	if got, err := s.Snapshot(ctx, alice, "shared"); err != nil || got.ID != sn.ID {
+		t.Fatalf("snapshot by name: %v", err)
+	}
+	cleanupAll(t, s, alice, bob)
+	checkProvisioned(t)
+}
+
+// TestCreateNameRace: ten concurrent creates of one name by one owner;
+// exactly one volume exists afterwards and only it is provisioned.
+func TestCreateNameRace(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	base := e.provisioned()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var wins, conflicts int
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "one", SizeBytes: 1 << 20})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				wins++
+			case errs.IsCode(err, errs.CodeNameConflict):
+				conflicts++
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if wins != 1 || conflicts != 9 {
+		t.Fatalf("%d creates won, %d conflicted", wins, conflicts)
+	}
+	list, _ := s.Volumes(ctx, alice)
+	if len(list) != 1 {
+		t.Fatalf("%d volumes exist", len(list))
+	}
+	if got := e.provisioned() - base; got != 1<<20 {
+		t.Fatalf("provisioned grew by %d, want 1 MiB", got)
+	}
+	cleanupAll(t, s, alice)
+}
+
+func TestOwnership(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice, bob := caller("alice"), caller("bob")
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "mine", SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn, err := s.CreateSnapshot(ctx, alice, v.ID, "mysnap", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitSnapshot(sn.ID, meta.StatusAvailable)
+
+	// Bob gets NotFound for everything of alice's, by id and by name, the
+	// same answer as for an id that does not exist.
+	notFound := func(what string, err error) {
+		t.Helper()
+		ee, ok := errs.As(err)
+		if !ok || ee.Code != errs.CodeNotFound || ee.Kind != errs.KindNotFound {
+			t.Errorf("bob %s: %v, want NotFound", what, err)
+		}
+	}
+	for _, ref := range []string{v.ID, "mine"} {
+		_, err := s.Volume(ctx, bob, ref)
+		notFound("Volume "+ref, err)
+		_, err = s.ExtendVolume(ctx, bob, ref, 2<<20)
+		notFound("ExtendVolume "+ref, err)
+		notFound("DeleteVolume "+ref, s.DeleteVolume(ctx, bob, ref))
+		_, err = s.CreateSnapshot(ctx, bob, ref, "", "")
+		notFound("CreateSnapshot "+ref, err)
+		_, err = s.Snapshots(ctx, bob, ref)
+		notFound("Snapshots of "+ref, err)
+	}
+	for _, ref := range []string{sn.ID, "mysnap"} {
+		_, err := s.Snapshot(ctx, bob, ref)
+		notFound("Snapshot "+ref, err)
+		notFound("DeleteSnapshot "+ref, s.DeleteSnapshot(ctx, bob, ref))
+		_, err = s.CreateVolume(ctx, bob, CreateVolume{FromSnapshot: ref})
+		notFound("clone "+ref, err)
+	}
+	_, errMissing := s.Volume(ctx, bob, "vol-00000000deadbeef")
+	_, errHidden := s.Volume(ctx, bob, v.ID)
+	if strings.Replace(errHidden.Error(), v.ID, "X", 1) != strings.Replace(errMissing.Error(), "vol-00000000deadbeef", "X", 1) {
+		t.Errorf("a hidden volume is distinguishable from a missing one: %q vs %q", errHidden, errMissing)
+	}
+	if list, _ := s.Volumes(ctx, bob); len(list) != 0 {
+		t.Fatalf("bob lists %d volumes", len(list))
+	}
+	if list, _ := s.Snapshots(ctx, bob, ""); len(list) != 0 {
+		t.Fatalf("bob lists %d snapshots", len(list))
+	}
+	// Nothing changed.
+	if cur, _ := e.meta.Volume(ctx, v.ID); cur.SizeBytes != 1<<20 || cur.Status != meta.StatusAvailable {
+		t.Fatalf("bob's refused calls changed alice's volume: %+v", cur)
+	}
+
+	// Admin sees and acts on alice's resources by id.
+	if got, err := s.Volume(ctx, adminCaller, v.ID); err != nil || got.Owner != "alice" {
+		t.Fatalf("admin Volume: %v", err)
+	}
+	if got, err := s.Snapshot(ctx, adminCaller, sn.ID); err != nil || got.OwnerID != alice.ID {
+		t.Fatalf("admin Snapshot: %v", err)
+	}
+	if list, _ := s.Volumes(ctx, adminCaller); !containsVolume(list, v.ID) {
+		t.Fatal("admin's list misses alice's volume")
+	}
+	if list, _ := s.Snapshots(ctx, adminCaller, v.ID); len(list) != 1 || list[0].ID != sn.ID {
+		t.Fatalf("admin's snapshot list of the volume: %v", list)
+	}
+	if _, err := s.ExtendVolume(ctx, adminCaller, v.ID, 2<<20); err != nil {
+		t.Fatalf("admin extend: %v", err)
+	}
+	// A snapshot admin takes of alice's volume belongs to alice.
+	asn, err := s.CreateSnapshot(ctx, adminCaller, v.ID, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if asn.OwnerID != alice.ID || asn.Owner != "alice" {
+		t.Fatalf("admin's snapshot of alice's volume is owned by %s/%s", asn.Owner, asn.OwnerID)
+	}
+	e.waitSnapshot(asn.ID, meta.StatusAvailable)
+	if _, err := s.Snapshot(ctx, alice, asn.ID); err != nil {
+		t.Fatalf("alice cannot see the snapshot admin took of her volume: %v", err)
+	}
+	cleanupAll(t, s, alice, bob)
+	checkProvisioned(t)
+}
+
+func containsVolume(list []*meta.Volume, id string) bool {
+	for _, v := range list {
+		if v.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+func TestProvisioningLimit(t *testing.T) {
+	e := newEnv(t)
+	tiny := e.started(Config{Overcommit: 1e-12})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	base := e.provisioned()
+	limit, err := tiny.Limit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = tiny.CreateVolume(ctx, alice, CreateVolume{Name: "big", SizeBytes: 1 << 30})
+	if ee, ok := errs.As(err); !ok || ee.Code != errs.CodeInsufficientCapacity || ee.Kind != errs.KindInsufficientStorage {
+		t.Fatalf("create beyond the limit (%d bytes): %v, want InsufficientCapacity", limit, err)
+	}
+	// Nothing was written: no record, no name, no file, no bytes.
+	if list, _ := tiny.Volumes(ctx, alice); len(list) != 0 {
+		t.Fatalf("refused create left %d records", len(list))
+	}
+	if id, _ := e.meta.LookupName(ctx, meta.NameVolume, alice.ID, "big"); id != "" {
+		t.Fatal("refused create claimed the name")
+	}
+	if entries, _ := os.ReadDir(e.st.Root + "/volumes"); len(entries) != 0 {
+		t.Fatalf("refused create left files: %v", entries)
+	}
+	if got := e.provisioned(); got != base {
+		t.Fatalf("provisioned changed by %d", got-base)
+	}
+
+	// With the default overcommit the same create works; extending or
+	// snapshotting it through the tiny-limit service is refused.
+	normal := e.service(Config{})
+	v, err := normal.CreateVolume(ctx, alice, CreateVolume{Name: "big", SizeBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = tiny.ExtendVolume(ctx, alice, v.ID, 2<<30)
+	wantCode(t, err, errs.CodeInsufficientCapacity)
+	if cur, _ := e.meta.Volume(ctx, v.ID); cur.Status != meta.StatusAvailable || cur.SizeBytes != 1<<30 || cur.TargetSize != 0 {
+		t.Fatalf("refused extend changed the record: %+v", cur)
+	}
+	_, err = tiny.CreateSnapshot(ctx, alice, v.ID, "", "")
+	wantCode(t, err, errs.CodeInsufficientCapacity)
+	if cur, _ := e.meta.Volume(ctx, v.ID); len(cur.Snapshotting) != 0 {
+		t.Fatalf("refused snapshot left a mark on the volume: %v", cur.Snapshotting)
+	}
+	if snaps, _ := tiny.Snapshots(ctx, alice, ""); len(snaps) != 0 {
+		t.Fatal("refused snapshot left a record")
+	}
+	// A volume bigger than the whole default limit is refused too.
+	capa, err := normal.Capacity(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if capa.LimitBytes <= 0 || capa.Overcommit != DefaultOvercommit || capa.ProvisionedBytes < 1<<30 {
+		t.Fatalf("capacity %+v", capa)
+	}
+	over := (capa.LimitBytes - capa.ProvisionedBytes + 1<<20) &^ 511
+	_, err = normal.CreateVolume(ctx, alice, CreateVolume{SizeBytes: over})
+	wantCode(t, err, errs.CodeInsufficientCapacity)
+
+	// Deleting everything gives every byte back.
+	if err := normal.DeleteVolume(ctx, alice, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.provisioned(); got != base {
+		t.Fatalf("provisioned %d after deleting everything, want %d", got, base)
+	}
+	checkProvisioned(t)
+}
+
+func TestIdempotentCreate(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice, bob := caller("alice"), caller("bob")
+	base := e.provisioned()
+	req := CreateVolume{Name: "idem", SizeBytes: 1 << 20, ClientToken: "tok-1"}
+	v1, err := s.CreateVolume(ctx, alice, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2, err := s.CreateVolume(ctx, alice, req)
+	if err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	if v2.ID != v1.ID {
+		t.Fatalf("replay made a second volume %s (first %s)", v2.ID, v1.ID)
+	}
+	if got := e.provisioned() - base; got != 1<<20 {
+		t.Fatalf("replay provisioned again: %d", got)
+	}
+	// Same token, other parameters: refused.
+	_, err = s.CreateVolume(ctx, alice, CreateVolume{Name: "idem", SizeBytes: 2 << 20, ClientToken: "tok-1"})
+	if ee, ok := errs.As(err); !ok || ee.Kind != errs.KindConflict {
+		t.Fatalf("token reused with another size: %v, want a conflict", err)
+	}
+	// Tokens are per owner.
+	vb, err := s.CreateVolume(ctx, bob, req)
+	if err != nil || vb.ID == v1.ID {
+		t.Fatalf("bob with alice's token: %+v, %v", vb, err)
+	}
+	// A snapshot create with the same token is independent of the volume's.
+	sn, err := s.CreateSnapshot(ctx, alice, v1.ID, "", "tok-1")
+	if err != nil {
+		t.Fatalf("snapshot with a token used by a volume create: %v", err)
+	}
+	sn2, err := s.CreateSnapshot(ctx, alice, v1.ID, "", "tok-1")
+	if err != nil || sn2.ID != sn.ID {
+		t.Fatalf("snapshot replay: %+v, %v", sn2, err)
+	}
+	e.waitSnapshot(sn.ID, meta.StatusAvailable)
+	if v3, err := s.CreateVolume(ctx, alice, req); err != nil || v3.ID != v1.ID {
+		t.Fatalf("volume replay after a snapshot used the token: %+v, %v", v3, err)
+	}
+	// After deleting the volume, the token is free.
+	if err := s.DeleteSnapshot(ctx, alice, sn.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteVolume(ctx, alice, v1.ID); err != nil {
+		t.Fatal(err)
+	}
+	v4, err := s.CreateVolume(ctx, alice, req)
+	if err != nil || v4.ID == v1.ID {
+		t.Fatalf("create after delete with the old token: %+v, %v", v4, err)
+	}
+	cleanupAll(t, s, alice, bob)
+	checkProvisioned(t)
+}
+
+// cleanupAll deletes every snapshot and volume of the given owners.
+func cleanupAll(t *testing.T, s *Service, owners ...Caller) {
+	t.Helper()
+	ctx := context.Background()
+	for _, c := range owners {
+		snaps, err := s.Snapshots(ctx, c, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sn := range snaps {
+			if err := s.DeleteSnapshot(ctx, c, sn.ID); err != nil {
+				t.Fatalf("cleanup snapshot %s: %v", sn.ID, err)
+			}
+		}
+		vols, err := s.Volumes(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vols {
+			if err := s.DeleteVolume(ctx, c, v.ID); err != nil {
+				t.Fatalf("cleanup volume %s: %v", v.ID, err)
+			}
+		}
+	}
+}
