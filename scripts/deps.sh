@@ -8,6 +8,15 @@ declare -A need=(
   [etcd]=etcd-server     # external metadata engine for the --meta-endpoints e2e test
   [curl]=curl
   [openssl]=openssl
+  # real NBD clients and peers the NBD tests and bench/nbd.sh drive
+  [qemu-img]=qemu-utils  # qemu-img, qemu-io, qemu-nbd
+  [nbdinfo]=libnbd-bin   # nbdinfo, nbdcopy, nbdsh
+  [nbdfuse]=nbdfuse
+  [nbdkit]=nbdkit
+  [fio]=fio
+  [fusermount3]=fuse3
+  [fuse2fs]=fuse2fs
+  [mkfs.ext4]=e2fsprogs
 )
 
 missing=()
