@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# bench/nbd.sh — basalt's NBD server against nbdkit (file plugin) and
+# qemu-nbd, serving the same 1 GiB file, with the same fio jobs, in one run.
+#
+#   bench/nbd.sh                 # RUNTIME=15 seconds per job
+#   RUNTIME=30 SIZE=2G bench/nbd.sh
+#
+# Needs: go, fio (with the nbd engine), nbdkit, qemu-nbd, python3
+# (`make deps` installs them). Prints IOPS and MB/s per server and job, and
+# the ratios basalt/nbdkit and basalt/qemu-nbd. Servers run one at a time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNTIME=${RUNTIME:-15}
+SIZE=${SIZE:-1G}
+make -s build
+BIN=$PWD/bin/basalt
+work=$(mktemp -d /tmp/basalt-bench.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# --- basalt: a node, a volume, an attachment -------------------------------
+api=$(freeport) nbd=$(freeport) ec=$(freeport) ep=$(freeport)
+"$BIN" server --data "$work/basalt" --api 127.0.0.1:$api --nbd 127.0.0.1:$nbd \
+  --etcd-client 127.0.0.1:$ec --etcd-peer 127.0.0.1:$ep --log-level warn >"$work/basalt.log" 2>&1 &
+pids+=($!); basalt_pid=$!
+export BASALT_ENDPOINT=https://127.0.0.1:$api BASALT_IDENTITY=$work/basalt/identities/admin
+for _ in $(seq 100); do "$BIN" status >/dev/null 2>&1 && break; sleep 0.2; done
+vol=$("$BIN" -o json volume create --size "$SIZE" --name bench | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+uri=$("$BIN" -o json attach "$vol" --host bench | python3 -c 'import json,sys; print(json.load(sys.stdin)["nbd_uri"])')
+file=$work/basalt/store/volumes/$vol.img
+# Fill the file so reads hit data, not holes (the same file serves all three).
+fio --name=fill --filename="$file" --rw=write --bs=1M --size="$SIZE" --ioengine=psync \
+  --end_fsync=1 --refill_buffers --output=/dev/null
+
+jobs=("randread 4k 32" "randwrite 4k 32" "read 1M 8" "write 1M 8")
+results=$work/results
+run_jobs() { # name uri
+  for j in "${jobs[@]}"; do
+    set -- $j
+    fio --name="$1-$2" --ioengine=nbd --uri="$URI" --rw="$1" --bs="$2" --iodepth="$3" \
+      --size="$SIZE" --runtime="$RUNTIME" --time_based --ramp_time=2 --output-format=json \
+      --output="$results.$NAME.$1-$2.json" >/dev/null
+  done
+}
+
+NAME=basalt URI=$uri run_jobs
+kill "$basalt_pid"; wait "$basalt_pid" 2>/dev/null || true
+
+# nbdkit and qemu-nbd daemonise once they listen, writing a pid file.
+port=$(freeport)
+nbdkit -P "$work/nbdkit.pid" -p "$port" -i 127.0.0.1 file "$file"
+pids+=("$(cat "$work/nbdkit.pid")")
+NAME=nbdkit URI=nbd://127.0.0.1:$port run_jobs
+kill "$(cat "$work/nbdkit.pid")"
+
+port=$(freeport)
+qemu-nbd --fork --pid-file "$work/qemu-nbd.pid" -f raw -t -b 127.0.0.1 -p "$port" -x bench "$file"
+pids+=("$(cat "$work/qemu-nbd.pid")")
+NAME=qemu-nbd URI=nbd://127.0.0.1:$port/bench run_jobs
+kill "$(cat "$work/qemu-nbd.pid")"
+
+python3 - "$results" "$RUNTIME" "$SIZE" <<'PY'
+import json, sys, platform, os, datetime
+base, runtime, size = sys.argv[1:4]
+jobs = ["randread-4k", "randwrite-4k", "read-1M", "write-1M"]
+servers = ["basalt", "nbdkit", "qemu-nbd"]
+def load(s, j):
+    d = json.load(open(f"{base}.{s}.{j}.json"))["jobs"][0]
+    side = d["read"] if d["read"]["io_bytes"] > 0 else d["write"]
+    return side["iops"], side["bw_bytes"] / 1e6
+r = {(s, j): load(s, j) for s in servers for j in jobs}
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
+print(f"# bench/nbd.sh  {datetime.date.today()}  {os.cpu_count()} CPUs ({cpu}), {size} file, {runtime}s per job")
+print(f"{'job':<14}" + "".join(f"{s+' IOPS':>16}{s+' MB/s':>14}" for s in servers) + f"{'b/nbdkit':>10}{'b/qemu':>9}")
+ok = True
+for j in jobs:
+    row = f"{j:<14}"
+    for s in servers:
+        iops, mbs = r[(s, j)]
+        row += f"{iops:>16.0f}{mbs:>14.1f}"
+    k = r[("basalt", j)][0] / r[("nbdkit", j)][0]
+    q = r[("basalt", j)][0] / r[("qemu-nbd", j)][0]
+    ok &= k >= 1.0
+    print(row + f"{k:>10.2f}{q:>9.2f}")
+print("target basalt/nbdkit >= 1.0 on all jobs:", "met" if ok else "NOT met")
+PY
