@@ -1,0 +1,197 @@
+// Package linear is the `linear` layer: its children concatenated, the
+// first child's bytes first. With one child and an offset/length it is a
+// partition of that child.
+//
+// Params: {"offset": N, "length": N} — optional, only with one child: the
+// window of the child to expose (default: all of it).
+//
+// Every operation is split at child boundaries and sent to the children
+// it covers; Flush goes to every child.
+package linear
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/basalt-storage/basalt/internal/block"
+)
+
+func init() {
+	block.Register(block.Type{
+		Name: "linear", Doc: "concatenation of its children, or a window (partition) of one child",
+		MinChildren: 1, MaxChildren: -1, New: New,
+	})
+}
+
+// Params are the linear layer's parameters.
+type Params struct {
+	Offset int64 `json:"offset,omitempty"`
+	Length int64 `json:"length,omitempty"`
+}
+
+// Layer is a linear layer.
+type Layer struct {
+	children []block.Layer
+	starts   []int64 // logical start of each child's range
+	base     []int64 // offset inside each child where its range begins
+	size     int64
+	caps     block.Capabilities
+	params   json.RawMessage
+}
+
+// New builds a linear layer.
+func New(_ block.Env, raw json.RawMessage, children []block.Layer) (block.Layer, error) {
+	var p Params
+	if err := block.DecodeParams(raw, &p); err != nil {
+		return nil, err
+	}
+	l := &Layer{children: children, caps: block.Combine(children), params: raw}
+	if p.Offset != 0 || p.Length != 0 {
+		if len(children) != 1 {
+			return nil, errors.New("offset and length need exactly one child")
+		}
+		cs := children[0].Size()
+		if p.Offset < 0 || p.Length <= 0 || p.Offset > cs || p.Length > cs-p.Offset {
+			return nil, fmt.Errorf("window %d+%d does not fit the child's %d bytes", p.Offset, p.Length, cs)
+		}
+		l.starts, l.base, l.size = []int64{0}, []int64{p.Offset}, p.Length
+		return l, nil
+	}
+	for _, c := range children {
+		l.starts = append(l.starts, l.size)
+		l.base = append(l.base, 0)
+		l.size += c.Size()
+	}
+	return l, nil
+}
+
+// piece is the part of a request that falls on one child.
+type piece struct {
+	child    int
+	off, len int64 // in the child
+	at       int64 // offset within the request
+}
+
+// split maps [off, off+n) to per-child pieces.
+func (l *Layer) split(off, n int64) []piece {
+	i := sort.Search(len(l.starts), func(i int) bool { return l.starts[i] > off }) - 1
+	var out []piece
+	at := int64(0)
+	for n > 0 && i < len(l.children) {
+		end := l.size
+		if i+1 < len(l.starts) {
+			end = l.starts[i+1]
+		}
+		m := min(n, end-off)
+		out = append(out, piece{child: i, off: l.base[i] + off - l.starts[i], len: m, at: at})
+		off, n, at, i = off+m, n-m, at+m, i+1
+	}
+	return out
+}
+
+// Size implements block.Device.
+func (l *Layer) Size() int64 { return l.size }
+
+// Capabilities implements block.Device.
+func (l *Layer) Capabilities() block.Capabilities { return l.caps }
+
+// ReadAt implements block.Device.
+func (l *Layer) ReadAt(p []byte, off int64) error {
+	for _, pc := range l.split(off, int64(len(p))) {
+		if err := l.children[pc.child].ReadAt(p[pc.at:pc.at+pc.len], pc.off); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WriteAt implements block.Device.
+func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
+	for _, pc := range l.split(off, int64(len(p))) {
+		if err := l.children[pc.child].WriteAt(p[pc.at:pc.at+pc.len], pc.off, fua); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WriteZeroes implements block.Device.
+func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
+	if !l.caps.WriteZeroes {
+		return block.ErrNotSupported
+	}
+	for _, pc := range l.split(off, n) {
+		if err := l.children[pc.child].WriteZeroes(pc.off, pc.len, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Trim implements block.Device.
+func (l *Layer) Trim(off, n int64, fua bool) error {
+	if !l.caps.Trim {
+		return block.ErrNotSupported
+	}
+	for _, pc := range l.split(off, n) {
+		if err := l.children[pc.child].Trim(pc.off, pc.len, fua); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Flush implements block.Device: every child.
+func (l *Layer) Flush() error {
+	if !l.caps.Flush {
+		return block.ErrNotSupported
+	}
+	var first error
+	for _, c := range l.children {
+		if err := c.Flush(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// Extents implements block.Device, child by child.
+func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
+	if !l.caps.Extents {
+		return []block.Extent{{Length: n}}, nil
+	}
+	var out []block.Extent
+	for _, pc := range l.split(off, n) {
+		ex, err := l.children[pc.child].Extents(pc.off, pc.len)
+		if err != nil {
+			return nil, err
+		}
+		covered := int64(0)
+		for _, e := range ex {
+			out = block.AppendExtent(out, e)
+			covered += e.Length
+		}
+		if covered < pc.len {
+			break // the child answered short; the caller asks again
+		}
+	}
+	return out, nil
+}
+
+// Close implements block.Device.
+func (l *Layer) Close() error {
+	var first error
+	for _, c := range l.children {
+		if err := c.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// Describe implements block.Layer.
+func (l *Layer) Describe() block.Node {
+	return block.Node{Type: "linear", Params: l.params, State: block.Worst(block.Describe(l.children)), Children: block.Describe(l.children)}
+}

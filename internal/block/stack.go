@@ -1,0 +1,231 @@
+package block
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+)
+
+// Spec describes a stack: a layer type, its parameters and its children
+// (the layers it is built on). Volume types are Specs with placeholders the
+// volume service fills in (docs/layers.md).
+type Spec struct {
+	Type     string          `json:"type"`
+	Params   json.RawMessage `json:"params,omitempty"`
+	Children []Spec          `json:"children,omitempty"`
+}
+
+// Layer is a Device built from a Spec node. Besides serving I/O it
+// describes itself for `volume show` (type, parameters, health).
+type Layer interface {
+	Device
+	Describe() Node
+}
+
+// Layer states.
+const (
+	StateOK         = "ok"
+	StateDegraded   = "degraded"
+	StateRebuilding = "rebuilding"
+	StateFailed     = "failed"
+)
+
+// Node is a layer's self-description, children included.
+type Node struct {
+	Type     string          `json:"type"`
+	Params   json.RawMessage `json:"params,omitempty"`
+	State    string          `json:"state"`
+	Progress *float64        `json:"progress,omitempty"` // percent, while rebuilding
+	Path     string          `json:"path,omitempty"`     // backing file of a file layer
+	Children []Node          `json:"children,omitempty"`
+}
+
+// Env is what a layer factory may use besides its parameters.
+type Env struct {
+	// Dir holds the stack's files (layer metadata, backing files that are
+	// named relative to it).
+	Dir string
+	// Size is the size the stack is being created with (Create) or last
+	// had; leaf layers size their files from it.
+	Size int64
+	// Create is true on the first build: layers create their files and
+	// metadata; otherwise they open what exists and fail if it is missing.
+	Create bool
+	// ReadOnly opens every layer read-only.
+	ReadOnly bool
+	Log      *slog.Logger
+}
+
+// Factory builds a layer from its parameters and built children.
+type Factory func(env Env, params json.RawMessage, children []Layer) (Layer, error)
+
+// Type is a registered layer type.
+type Type struct {
+	Name string
+	// Doc is one line for `basalt type` listings and docs.
+	Doc string
+	// MinChildren and MaxChildren bound the children (-1: no maximum).
+	MinChildren, MaxChildren int
+	New                      Factory
+}
+
+var (
+	registryMu sync.RWMutex
+	registry   = map[string]Type{}
+)
+
+// Register adds a layer type; each layer package calls it from init.
+// Registering a name twice is a programming error.
+func Register(t Type) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	if _, dup := registry[t.Name]; dup {
+		panic("block: layer type registered twice: " + t.Name)
+	}
+	registry[t.Name] = t
+}
+
+// Types lists the registered layer types by name.
+func Types() []Type {
+	registryMu.RLock()
+	defer registryMu.RUnlock()
+	out := make([]Type, 0, len(registry))
+	for _, t := range registry {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Check validates a spec's shape (known types, child counts) without
+// building anything.
+func Check(s Spec) error {
+	registryMu.RLock()
+	t, ok := registry[s.Type]
+	registryMu.RUnlock()
+	if !ok {
+		return fmt.Errorf("unknown layer type %q", s.Type)
+	}
+	if n := len(s.Children); n < t.MinChildren || (t.MaxChildren >= 0 && n > t.MaxChildren) {
+		return fmt.Errorf("layer %q takes %s children, not %d", s.Type, childRange(t), n)
+	}
+	for i, c := range s.Children {
+		if err := Check(c); err != nil {
+			return fmt.Errorf("%s child %d: %w", s.Type, i, err)
+		}
+	}
+	return nil
+}
+
+func childRange(t Type) string {
+	switch {
+	case t.MaxChildren < 0:
+		return fmt.Sprintf("at least %d", t.MinChildren)
+	case t.MinChildren == t.MaxChildren:
+		return fmt.Sprint(t.MinChildren)
+	}
+	return fmt.Sprintf("%d to %d", t.MinChildren, t.MaxChildren)
+}
+
+// Build turns a spec into a live stack, children first. On failure every
+// layer already built is closed.
+func Build(env Env, s Spec) (Layer, error) {
+	if err := Check(s); err != nil {
+		return nil, err
+	}
+	return build(env, s)
+}
+
+func build(env Env, s Spec) (Layer, error) {
+	registryMu.RLock()
+	t := registry[s.Type]
+	registryMu.RUnlock()
+	children := make([]Layer, 0, len(s.Children))
+	closeAll := func() {
+		for _, c := range children {
+			c.Close()
+		}
+	}
+	for i, cs := range s.Children {
+		c, err := build(env, cs)
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("%s child %d: %w", s.Type, i, err)
+		}
+		children = append(children, c)
+	}
+	l, err := t.New(env, s.Params, children)
+	if err != nil {
+		closeAll()
+		return nil, fmt.Errorf("layer %s: %w", s.Type, err)
+	}
+	return l, nil
+}
+
+// DecodeParams strictly decodes a layer's parameters (unknown fields are
+// errors: a misspelt parameter must not silently fall back to a default).
+func DecodeParams(raw json.RawMessage, v any) error {
+	if len(raw) == 0 {
+		return nil
+	}
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		return fmt.Errorf("params: %w", err)
+	}
+	return nil
+}
+
+// Combine is the capability set of a layer that needs every child for an
+// operation: an operation is supported only if all children support it, and
+// the layer is read-only if any child is.
+func Combine(children []Layer) Capabilities {
+	c := Capabilities{Flush: true, FUA: true, Trim: true, WriteZeroes: true, FastZero: true, Extents: true, MultiConn: true}
+	for _, ch := range children {
+		cc := ch.Capabilities()
+		c.ReadOnly = c.ReadOnly || cc.ReadOnly
+		c.Flush = c.Flush && cc.Flush
+		c.FUA = c.FUA && cc.FUA
+		c.Trim = c.Trim && cc.Trim
+		c.WriteZeroes = c.WriteZeroes && cc.WriteZeroes
+		c.FastZero = c.FastZero && cc.FastZero
+		c.Extents = c.Extents && cc.Extents
+		c.MultiConn = c.MultiConn && cc.MultiConn
+	}
+	return c
+}
+
+// Describe lists the descriptions of children.
+func Describe(children []Layer) []Node {
+	out := make([]Node, len(children))
+	for i, c := range children {
+		out[i] = c.Describe()
+	}
+	return out
+}
+
+// AppendExtent appends e, merging it into the last extent when both have
+// the same flags.
+func AppendExtent(out []Extent, e Extent) []Extent {
+	if n := len(out); n > 0 && out[n-1].Hole == e.Hole && out[n-1].Zero == e.Zero {
+		out[n-1].Length += e.Length
+		return out
+	}
+	return append(out, e)
+}
+
+// Worst is the state of a layer that needs all of its children: failed if
+// one failed, else rebuilding or degraded if one is, else ok.
+func Worst(children []Node) string {
+	rank := map[string]int{StateOK: 0, StateDegraded: 1, StateRebuilding: 2, StateFailed: 3}
+	worst := StateOK
+	for _, c := range children {
+		if rank[c.State] > rank[worst] {
+			worst = c.State
+		}
+	}
+	return worst
+}

@@ -1,0 +1,229 @@
+// Package stripe is the `stripe` layer (RAID-0): logical chunk k lives on
+// child k mod n at chunk k div n. It adds bandwidth, not redundancy: losing
+// one child loses the volume.
+//
+// Params: {"chunk": BYTES} — the stripe unit, a power of two >= 4096
+// (default 65536). Size: n × the smallest child, rounded down to a chunk.
+//
+// A request covering several children runs on them concurrently; Flush
+// goes to every child.
+package stripe
+
+import (
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	"github.com/basalt-storage/basalt/internal/block"
+)
+
+func init() {
+	block.Register(block.Type{
+		Name: "stripe", Doc: "RAID-0 across its children",
+		MinChildren: 2, MaxChildren: -1, New: New,
+	})
+}
+
+// Params are the stripe layer's parameters.
+type Params struct {
+	Chunk int64 `json:"chunk,omitempty"`
+}
+
+// DefaultChunk is the stripe unit when params give none.
+const DefaultChunk = 64 << 10
+
+// Layer is a stripe layer.
+type Layer struct {
+	children []block.Layer
+	chunk    int64
+	size     int64
+	caps     block.Capabilities
+	params   json.RawMessage
+}
+
+// New builds a stripe layer.
+func New(_ block.Env, raw json.RawMessage, children []block.Layer) (block.Layer, error) {
+	p := Params{Chunk: DefaultChunk}
+	if err := block.DecodeParams(raw, &p); err != nil {
+		return nil, err
+	}
+	if p.Chunk < 4096 || p.Chunk&(p.Chunk-1) != 0 {
+		return nil, fmt.Errorf("chunk %d must be a power of two of at least 4096", p.Chunk)
+	}
+	smallest := children[0].Size()
+	for _, c := range children[1:] {
+		smallest = min(smallest, c.Size())
+	}
+	l := &Layer{children: children, chunk: p.Chunk, caps: block.Combine(children), params: raw}
+	l.size = smallest / p.Chunk * p.Chunk * int64(len(children))
+	return l, nil
+}
+
+// piece is the part of a request on one child.
+type piece struct {
+	off, len int64 // in the child
+	at       int64 // offset within the request
+}
+
+// split maps [off, off+n) to per-child pieces, in request order per child.
+func (l *Layer) split(off, n int64) map[int][]piece {
+	out := map[int][]piece{}
+	nc := int64(len(l.children))
+	at := int64(0)
+	for n > 0 {
+		k := off / l.chunk
+		within := off % l.chunk
+		m := min(n, l.chunk-within)
+		child := int(k % nc)
+		coff := (k/nc)*l.chunk + within
+		ps := out[child]
+		if last := len(ps) - 1; last >= 0 && ps[last].off+ps[last].len == coff && ps[last].at+ps[last].len == at {
+			ps[last].len += m // contiguous on the child and in the request
+		} else {
+			ps = append(ps, piece{off: coff, len: m, at: at})
+		}
+		out[child] = ps
+		off, n, at = off+m, n-m, at+m
+	}
+	return out
+}
+
+// each runs fn for every child's pieces, concurrently when more than one
+// child is involved, and returns the first error.
+func (l *Layer) each(off, n int64, fn func(c block.Layer, p piece) error) error {
+	parts := l.split(off, n)
+	if len(parts) == 1 {
+		for ci, ps := range parts {
+			for _, p := range ps {
+				if err := fn(l.children[ci], p); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, len(parts))
+	for ci, ps := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, p := range ps {
+				if err := fn(l.children[ci], p); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// Size implements block.Device.
+func (l *Layer) Size() int64 { return l.size }
+
+// Capabilities implements block.Device.
+func (l *Layer) Capabilities() block.Capabilities { return l.caps }
+
+// ReadAt implements block.Device.
+func (l *Layer) ReadAt(b []byte, off int64) error {
+	return l.each(off, int64(len(b)), func(c block.Layer, p piece) error {
+		return c.ReadAt(b[p.at:p.at+p.len], p.off)
+	})
+}
+
+// WriteAt implements block.Device.
+func (l *Layer) WriteAt(b []byte, off int64, fua bool) error {
+	return l.each(off, int64(len(b)), func(c block.Layer, p piece) error {
+		return c.WriteAt(b[p.at:p.at+p.len], p.off, fua)
+	})
+}
+
+// WriteZeroes implements block.Device.
+func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
+	if !l.caps.WriteZeroes {
+		return block.ErrNotSupported
+	}
+	return l.each(off, n, func(c block.Layer, p piece) error { return c.WriteZeroes(p.off, p.len, f) })
+}
+
+// Trim implements block.Device.
+func (l *Layer) Trim(off, n int64, fua bool) error {
+	if !l.caps.Trim {
+		return block.ErrNotSupported
+	}
+	return l.each(off, n, func(c block.Layer, p piece) error { return c.Trim(p.off, p.len, fua) })
+}
+
+// Flush implements block.Device: every child, concurrently.
+func (l *Layer) Flush() error {
+	if !l.caps.Flush {
+		return block.ErrNotSupported
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(l.children))
+	for i, c := range l.children {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = c.Flush() }()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Extents implements block.Device: a range is a hole only where every
+// chunk it covers is a hole on its child. Answers chunk by chunk up to
+// 64 chunks, then stops (the caller asks again).
+func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
+	if !l.caps.Extents {
+		return []block.Extent{{Length: n}}, nil
+	}
+	var out []block.Extent
+	nc := int64(len(l.children))
+	for i := 0; n > 0 && i < 64; i++ {
+		k := off / l.chunk
+		within := off % l.chunk
+		m := min(n, l.chunk-within)
+		ex, err := l.children[k%nc].Extents((k/nc)*l.chunk+within, m)
+		if err != nil {
+			return nil, err
+		}
+		got := int64(0)
+		for _, e := range ex {
+			e.Length = min(e.Length, m-got)
+			if e.Length <= 0 {
+				break
+			}
+			out = block.AppendExtent(out, e)
+			got += e.Length
+		}
+		if got < m {
+			break
+		}
+		off, n = off+m, n-m
+	}
+	return out, nil
+}
+
+// Close implements block.Device.
+func (l *Layer) Close() error {
+	var first error
+	for _, c := range l.children {
+		if err := c.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// Describe implements block.Layer.
+func (l *Layer) Describe() block.Node {
+	kids := block.Describe(l.children)
+	return block.Node{Type: "stripe", Params: l.params, State: block.Worst(kids), Children: kids}
+}

@@ -1,0 +1,132 @@
+// Package throttle is the `throttle` layer: quality of service for the one
+// child below it, by token buckets on operations and on bytes.
+//
+// Params: {"iops": N, "bps": BYTES} — either may be 0 (unlimited). Reads,
+// writes, write-zeroes and trims each take one operation token; reads and
+// writes also take their length in byte tokens. Flush and extents are
+// not throttled (they carry no data and a guest waiting on a flush must
+// not be starved). Bursts: one second of operations; a tenth of a second of
+// bytes, but at least 1 MiB.
+package throttle
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/basalt-storage/basalt/internal/block"
+	"golang.org/x/time/rate"
+)
+
+func init() {
+	block.Register(block.Type{
+		Name: "throttle", Doc: "IOPS and bandwidth limits (QoS)",
+		MinChildren: 1, MaxChildren: 1, New: New,
+	})
+}
+
+// Params are the throttle layer's parameters.
+type Params struct {
+	IOPS int64 `json:"iops,omitempty"`
+	BPS  int64 `json:"bps,omitempty"`
+}
+
+// Layer is a throttle layer.
+type Layer struct {
+	child  block.Layer
+	ops    *rate.Limiter // nil: unlimited
+	bytes  *rate.Limiter
+	burst  int
+	params json.RawMessage
+}
+
+// New builds a throttle layer.
+func New(_ block.Env, raw json.RawMessage, children []block.Layer) (block.Layer, error) {
+	var p Params
+	if err := block.DecodeParams(raw, &p); err != nil {
+		return nil, err
+	}
+	if p.IOPS < 0 || p.BPS < 0 {
+		return nil, fmt.Errorf("iops and bps must not be negative")
+	}
+	l := &Layer{child: children[0], params: raw}
+	if p.IOPS > 0 {
+		l.ops = rate.NewLimiter(rate.Limit(p.IOPS), int(p.IOPS))
+	}
+	if p.BPS > 0 {
+		l.burst = int(max(p.BPS/10, 1<<20))
+		l.bytes = rate.NewLimiter(rate.Limit(p.BPS), l.burst)
+	}
+	return l, nil
+}
+
+// wait takes one operation token and n byte tokens.
+func (l *Layer) wait(n int64) error {
+	ctx := context.Background()
+	if l.ops != nil {
+		if err := l.ops.Wait(ctx); err != nil {
+			return err
+		}
+	}
+	for l.bytes != nil && n > 0 {
+		m := min(n, int64(l.burst))
+		if err := l.bytes.WaitN(ctx, int(m)); err != nil {
+			return err
+		}
+		n -= m
+	}
+	return nil
+}
+
+// Size implements block.Device.
+func (l *Layer) Size() int64 { return l.child.Size() }
+
+// Capabilities implements block.Device: the child's, unchanged.
+func (l *Layer) Capabilities() block.Capabilities { return l.child.Capabilities() }
+
+// ReadAt implements block.Device.
+func (l *Layer) ReadAt(p []byte, off int64) error {
+	if err := l.wait(int64(len(p))); err != nil {
+		return err
+	}
+	return l.child.ReadAt(p, off)
+}
+
+// WriteAt implements block.Device.
+func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
+	if err := l.wait(int64(len(p))); err != nil {
+		return err
+	}
+	return l.child.WriteAt(p, off, fua)
+}
+
+// WriteZeroes implements block.Device.
+func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
+	if err := l.wait(0); err != nil {
+		return err
+	}
+	return l.child.WriteZeroes(off, n, f)
+}
+
+// Trim implements block.Device.
+func (l *Layer) Trim(off, n int64, fua bool) error {
+	if err := l.wait(0); err != nil {
+		return err
+	}
+	return l.child.Trim(off, n, fua)
+}
+
+// Flush implements block.Device (not throttled).
+func (l *Layer) Flush() error { return l.child.Flush() }
+
+// Extents implements block.Device (not throttled).
+func (l *Layer) Extents(off, n int64) ([]block.Extent, error) { return l.child.Extents(off, n) }
+
+// Close implements block.Device.
+func (l *Layer) Close() error { return l.child.Close() }
+
+// Describe implements block.Layer.
+func (l *Layer) Describe() block.Node {
+	kid := l.child.Describe()
+	return block.Node{Type: "throttle", Params: l.params, State: kid.State, Children: []block.Node{kid}}
+}
