@@ -69,7 +69,11 @@ type Type struct {
 	Doc string
 	// MinChildren and MaxChildren bound the children (-1: no maximum).
 	MinChildren, MaxChildren int
-	New                      Factory
+	// TolerateFailedChildren: a child that cannot be built (its file is
+	// gone, unreadable) is passed to New as a Failed layer instead of
+	// failing the whole stack. Redundant layers (mirror, parity) set it.
+	TolerateFailedChildren bool
+	New                    Factory
 }
 
 var (
@@ -151,6 +155,10 @@ func build(env Env, s Spec) (Layer, error) {
 	}
 	for i, cs := range s.Children {
 		c, err := build(env, cs)
+		if err != nil && t.TolerateFailedChildren && !env.Create {
+			logger(env).Warn("layer child failed to open; continuing degraded", "layer", s.Type, "child", i, "err", err)
+			c, err = Failed(cs, err), nil
+		}
 		if err != nil {
 			closeAll()
 			return nil, fmt.Errorf("%s child %d: %w", s.Type, i, err)
@@ -228,4 +236,34 @@ func Worst(children []Node) string {
 		}
 	}
 	return worst
+}
+
+func logger(env Env) *slog.Logger {
+	if env.Log != nil {
+		return env.Log
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// failed stands in for a child that could not be built: every operation
+// fails with the build error, and it describes itself as failed.
+type failed struct {
+	spec Spec
+	err  error
+}
+
+// Failed returns a layer for spec that fails every operation with err.
+func Failed(spec Spec, err error) Layer { return &failed{spec: spec, err: err} }
+
+func (f *failed) Size() int64                               { return 0 }
+func (f *failed) Capabilities() Capabilities                { return Capabilities{} }
+func (f *failed) ReadAt([]byte, int64) error                { return f.err }
+func (f *failed) WriteAt([]byte, int64, bool) error         { return f.err }
+func (f *failed) WriteZeroes(int64, int64, ZeroFlags) error { return f.err }
+func (f *failed) Trim(int64, int64, bool) error             { return f.err }
+func (f *failed) Flush() error                              { return f.err }
+func (f *failed) Extents(int64, int64) ([]Extent, error)    { return nil, f.err }
+func (f *failed) Close() error                              { return nil }
+func (f *failed) Describe() Node {
+	return Node{Type: f.spec.Type, Params: f.spec.Params, State: StateFailed}
 }

@@ -81,16 +81,16 @@ func (c *conn) run() {
 		go func() {
 			select {
 			case <-exp.Revoked:
-				c.log.Info("nbd export revoked; closing connection", "export", exp.Name)
+				c.log.Info("nbd export revoked; closing connection", "export", exp.LogName)
 				c.shutdown()
 			case <-c.done:
 			}
 		}()
 	}
-	c.log.Debug("nbd transmission", "export", exp.Name, "size", c.size, "flags", c.flags, "structured", c.structured)
+	c.log.Debug("nbd transmission", "export", exp.LogName, "size", c.size, "flags", c.flags, "structured", c.structured)
 	err = c.transmit()
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-		c.log.Info("nbd connection ended", "export", exp.Name, "err", err)
+		c.log.Info("nbd connection ended", "export", exp.LogName, "err", err)
 	}
 }
 
@@ -198,7 +198,7 @@ func (c *conn) handle(req request, payload []byte, cost int64) {
 	if err != nil {
 		code := errnoOf(err)
 		if code == errIO {
-			c.log.Warn("nbd I/O error", "export", c.exp.Name, "cmd", commandName(req.typ), "offset", off, "length", n, "err", err)
+			c.log.Warn("nbd I/O error", "export", c.exp.LogName, "cmd", commandName(req.typ), "offset", off, "length", n, "err", err)
 		}
 		c.sendErrorCost(req, code, cost, "%s failed: %v", commandName(req.typ), err)
 		return

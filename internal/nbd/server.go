@@ -14,7 +14,10 @@ import (
 
 // Export is what a client connects to.
 type Export struct {
-	Name        string
+	// Name is what the client asked for. It may be a secret: never log it.
+	Name string
+	// LogName identifies the export in logs (e.g. an attachment id).
+	LogName     string
 	Description string
 	Device      block.Device
 	// ReadOnly serves the device read-only even if it could write.

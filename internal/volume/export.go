@@ -91,6 +91,7 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 	}
 	return &nbd.Export{
 		Name:        name,
+		LogName:     a.ID,
 		Description: fmt.Sprintf("basalt volume %s (attachment %s, %s, host %s)", a.VolumeID, a.ID, a.Mode, a.Host),
 		Device:      d,
 		ReadOnly:    ro,

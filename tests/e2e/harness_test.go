@@ -174,6 +174,9 @@ type NodeOptions struct {
 	Data  string   // --data; default a fresh t.TempDir()
 	Store string   // --store; default DATA/store
 	Args  []string // more flags, e.g. "--job-bandwidth", "4MiB"
+	// NBDHost is the host part of --nbd (default 127.0.0.1; the port is
+	// always a free one), e.g. "0.0.0.0" to listen beyond loopback.
+	NBDHost string
 }
 
 // Node is one `basalt server` process; Restart reuses its data dir, ports
@@ -246,6 +249,9 @@ func (n *Node) serverArgs() []string {
 		"--etcd-peer", addr(n.EtcdPeer),
 		"--s3", addr(n.S3),
 		"--nbd", addr(n.NBD),
+	}
+	if n.opts.NBDHost != "" {
+		args[len(args)-1] = net.JoinHostPort(n.opts.NBDHost, strconv.Itoa(n.NBD))
 	}
 	if n.opts.Store != "" {
 		args = append(args, "--store", n.opts.Store)
