@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/basalt-storage/basalt/internal/block"
@@ -39,8 +40,13 @@ type conn struct {
 
 	budget   *budget
 	inflight sync.WaitGroup
-	replies  chan *reply
-	werr     error // writer's first error (writer goroutine only)
+	// Replies are written by the goroutine that produced them, under wmu.
+	// waiting counts goroutines queued for wmu: the last one of a convoy
+	// flushes, so replies finishing together share system calls, and no
+	// reply waits in the buffer for a request still running.
+	wmu     sync.Mutex
+	waiting atomic.Int32
+	werr    error // first write error (under wmu)
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -98,17 +104,7 @@ func (c *conn) run() {
 // goroutine within the connection's budget.
 func (c *conn) transmit() error {
 	c.budget = newBudget(c.srv.MaxInFlight, c.srv.MaxInFlightBytes)
-	c.replies = make(chan *reply, c.srv.MaxInFlight+1)
-	writerDone := make(chan struct{})
-	go func() {
-		defer close(writerDone)
-		c.writer()
-	}()
-	defer func() {
-		c.inflight.Wait()
-		close(c.replies)
-		<-writerDone
-	}()
+	defer c.inflight.Wait()
 	var hdr [requestSize]byte
 	for {
 		if _, err := io.ReadFull(c.r, hdr[:]); err != nil {
@@ -226,6 +222,9 @@ func (c *conn) check(req request) (uint32, string) {
 	}
 	if req.flags&^allowed != 0 {
 		return errInval, fmt.Sprintf("flags %#x not valid for %s", req.flags&^allowed, commandName(req.typ))
+	}
+	if req.flags&cflagFUA != 0 && c.flags&tflagSendFUA == 0 {
+		return errInval, "FUA was not negotiated"
 	}
 	if req.flags&cflagDF != 0 && !c.structured {
 		return errInval, "DF requires structured replies"
@@ -345,6 +344,11 @@ func (c *conn) sendRead(req request, data []byte, cost int64) {
 		c.send(&reply{simple: true, cookie: req.cookie, data: data, pooled: true, cost: cost})
 		return
 	}
+	if len(data) == 0 { // OFFSET_DATA must carry a byte: an empty read is just done
+		putBuf(data)
+		c.send(&reply{cookie: req.cookie, typ: replyTypeNone, cost: cost})
+		return
+	}
 	var off [8]byte
 	be.PutUint64(off[:], req.offset)
 	c.send(&reply{cookie: req.cookie, typ: replyTypeOffsetData, extra: off[:], data: data, pooled: true, cost: cost})
@@ -371,7 +375,7 @@ func (c *conn) sendErrorCost(req request, code uint32, cost int64, format string
 	c.send(&reply{cookie: req.cookie, typ: replyTypeError, extra: append(p, msg...), cost: cost})
 }
 
-// reply is one queued reply.
+// reply is one reply to send.
 type reply struct {
 	simple bool
 	cookie uint64
@@ -383,44 +387,49 @@ type reply struct {
 	cost   int64
 }
 
-func (c *conn) send(r *reply) { c.replies <- r }
+// send writes a reply and releases what its request held.
+func (c *conn) send(r *reply) {
+	c.waiting.Add(1)
+	c.wmu.Lock()
+	c.waiting.Add(-1)
+	if c.werr == nil {
+		c.werr = c.writeReply(r)
+	}
+	if c.werr == nil && c.waiting.Load() == 0 {
+		c.werr = c.w.Flush()
+	}
+	failed := c.werr != nil
+	c.wmu.Unlock()
+	if r.pooled {
+		putBuf(r.data)
+	}
+	c.budget.release(r.cost)
+	c.inflight.Done()
+	if failed {
+		c.shutdown() // unblock the reader; the session is over
+	}
+}
 
-// writer writes queued replies, flushing only when the queue is empty so
-// that replies finishing together share system calls.
-func (c *conn) writer() {
+func (c *conn) writeReply(r *reply) error {
 	var hdr [20]byte
-	for r := range c.replies {
-		if c.werr == nil {
-			if r.simple {
-				be.PutUint32(hdr[0:], magicSimple)
-				be.PutUint32(hdr[4:], r.errno)
-				be.PutUint64(hdr[8:], r.cookie)
-				_, c.werr = c.w.Write(hdr[:16])
-			} else {
-				be.PutUint32(hdr[0:], magicStructured)
-				be.PutUint16(hdr[4:], replyFlagDone)
-				be.PutUint16(hdr[6:], r.typ)
-				be.PutUint64(hdr[8:], r.cookie)
-				be.PutUint32(hdr[16:], uint32(len(r.extra)+len(r.data)))
-				_, c.werr = c.w.Write(hdr[:20])
-				if c.werr == nil {
-					_, c.werr = c.w.Write(r.extra)
-				}
-			}
-			if c.werr == nil && len(r.data) > 0 {
-				_, c.werr = c.w.Write(r.data)
-			}
-		}
-		if r.pooled {
-			putBuf(r.data)
-		}
-		c.budget.release(r.cost)
-		c.inflight.Done()
-		if c.werr == nil && len(c.replies) == 0 {
-			c.werr = c.w.Flush()
-		}
-		if c.werr != nil {
-			c.shutdown() // unblock the reader; the session is over
+	var err error
+	if r.simple {
+		be.PutUint32(hdr[0:], magicSimple)
+		be.PutUint32(hdr[4:], r.errno)
+		be.PutUint64(hdr[8:], r.cookie)
+		_, err = c.w.Write(hdr[:16])
+	} else {
+		be.PutUint32(hdr[0:], magicStructured)
+		be.PutUint16(hdr[4:], replyFlagDone)
+		be.PutUint16(hdr[6:], r.typ)
+		be.PutUint64(hdr[8:], r.cookie)
+		be.PutUint32(hdr[16:], uint32(len(r.extra)+len(r.data)))
+		if _, err = c.w.Write(hdr[:20]); err == nil {
+			_, err = c.w.Write(r.extra)
 		}
 	}
+	if err == nil && len(r.data) > 0 {
+		_, err = c.w.Write(r.data)
+	}
+	return err
 }

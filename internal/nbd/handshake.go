@@ -216,8 +216,11 @@ func (c *conn) infoGo(o option) (*Export, error) {
 	}
 	exp, err := c.srv.Exports.Open(context.Background(), name, c.tlsState())
 	switch {
-	case errors.Is(err, ErrTLSRequired):
+	case errors.Is(err, ErrTLSRequired) && c.srv.TLS != nil && !c.tls:
 		return nil, c.replyErr(o.code, repErrTLSReqd, "export requires TLS")
+	case errors.Is(err, ErrTLSRequired):
+		// TLS_REQD is meaningless without TLS on offer or once it is up.
+		return nil, c.replyErr(o.code, repErrPolicy, "export not available on this connection")
 	case err != nil:
 		return nil, c.replyErr(o.code, repErrUnknown, "export not available")
 	}

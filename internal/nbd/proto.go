@@ -8,8 +8,10 @@
 // It knows nothing of volumes: an Exports implementation maps an export
 // name to a block.Device and says when the export is revoked. Each
 // connection reads requests in one goroutine, runs them concurrently (many
-// in flight, replies out of order) and writes replies through one writer
-// that batches them into few system calls.
+// in flight, replies out of order); each request's goroutine writes its own
+// reply under the connection's write lock, and the last of a convoy of
+// waiting writers flushes, so replies that finish together share system
+// calls.
 //
 // Invariants:
 //   - memory per connection is bounded: at most MaxInFlight requests and
