@@ -22,7 +22,8 @@ const (
 // conn is one client connection.
 type conn struct {
 	srv *Server
-	nc  net.Conn
+	raw net.Conn // the accepted connection; never changes (shutdown closes it)
+	nc  net.Conn // raw, or the TLS connection over it after STARTTLS (conn goroutine only)
 	r   *bufio.Reader
 	w   *bufio.Writer
 	log *slog.Logger
@@ -55,6 +56,7 @@ type conn struct {
 func newConn(s *Server, nc net.Conn) *conn {
 	return &conn{
 		srv:  s,
+		raw:  nc,
 		nc:   nc,
 		r:    bufio.NewReaderSize(nc, readBufSize),
 		w:    bufio.NewWriterSize(nc, writeBufSize),
@@ -67,7 +69,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 func (c *conn) shutdown() {
 	c.closeOnce.Do(func() {
 		close(c.done)
-		c.nc.Close()
+		c.raw.Close()
 	})
 }
 
@@ -308,6 +310,9 @@ func (c *conn) sendBlockStatus(req request, cost int64) {
 	exts, err := c.dev.Extents(int64(req.offset), int64(req.length))
 	if err != nil || len(exts) == 0 {
 		// The spec allows "status unknown" (0) for the whole range.
+		exts = []block.Extent{{Length: int64(req.length)}}
+	}
+	if exts[0].Length <= 0 { // a device breaking its contract: say "unknown"
 		exts = []block.Extent{{Length: int64(req.length)}}
 	}
 	reqOne := req.flags&cflagReqOne != 0

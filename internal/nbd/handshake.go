@@ -145,7 +145,9 @@ func (c *conn) exportName(name string) (*Export, error) {
 	if err != nil {
 		return nil, fmt.Errorf("EXPORT_NAME: %w", err) // the spec's only answer: close
 	}
-	c.metaSelected = false // EXPORT_NAME cannot carry metadata contexts safely
+	if c.metaExport != name {
+		c.metaSelected = false // contexts were chosen for another export
+	}
 	b := make([]byte, 10, 134)
 	be.PutUint64(b[0:], uint64(exp.Device.Size()))
 	be.PutUint16(b[8:], c.transmissionFlags(exp))

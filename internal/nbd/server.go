@@ -122,7 +122,6 @@ func (s *Server) Serve(ln net.Listener) error {
 			nc.Close()
 			continue
 		}
-		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
 			defer s.untrack(c)
@@ -138,6 +137,7 @@ func (s *Server) track(c *conn) bool {
 		return false
 	}
 	s.conns[c] = struct{}{}
+	s.wg.Add(1) // under mu: Close cannot wait before this connection counts
 	return true
 }
 
