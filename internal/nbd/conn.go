@@ -17,6 +17,8 @@ import (
 const (
 	readBufSize  = 64 << 10
 	writeBufSize = 256 << 10
+	// largeReply: payloads this big bypass the write buffer (writev).
+	largeReply = 64 << 10
 )
 
 // conn is one client connection.
@@ -417,24 +419,35 @@ func (c *conn) send(r *reply) {
 
 func (c *conn) writeReply(r *reply) error {
 	var hdr [20]byte
-	var err error
+	h := hdr[:16]
 	if r.simple {
 		be.PutUint32(hdr[0:], magicSimple)
 		be.PutUint32(hdr[4:], r.errno)
 		be.PutUint64(hdr[8:], r.cookie)
-		_, err = c.w.Write(hdr[:16])
 	} else {
 		be.PutUint32(hdr[0:], magicStructured)
 		be.PutUint16(hdr[4:], replyFlagDone)
 		be.PutUint16(hdr[6:], r.typ)
 		be.PutUint64(hdr[8:], r.cookie)
 		be.PutUint32(hdr[16:], uint32(len(r.extra)+len(r.data)))
-		if _, err = c.w.Write(hdr[:20]); err == nil {
-			_, err = c.w.Write(r.extra)
+		h = hdr[:20]
+	}
+	if len(r.data) >= largeReply {
+		// Send header and payload with one writev from their own buffers
+		// instead of copying the payload through c.w.
+		if err := c.w.Flush(); err != nil {
+			return err
 		}
+		bufs := net.Buffers{h, r.extra, r.data}
+		_, err := bufs.WriteTo(c.nc)
+		return err
 	}
-	if err == nil && len(r.data) > 0 {
-		_, err = c.w.Write(r.data)
+	if _, err := c.w.Write(h); err != nil {
+		return err
 	}
+	if _, err := c.w.Write(r.extra); err != nil {
+		return err
+	}
+	_, err := c.w.Write(r.data)
 	return err
 }
