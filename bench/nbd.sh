@@ -2,15 +2,21 @@
 # bench/nbd.sh — basalt's NBD server against nbdkit (file plugin) and
 # qemu-nbd, serving the same 1 GiB file, with the same fio jobs, in one run.
 #
-#   bench/nbd.sh                 # RUNTIME=15 seconds per job
-#   RUNTIME=30 SIZE=2G bench/nbd.sh
+#   bench/nbd.sh                 # ROUNDS=3 rounds of RUNTIME=8 seconds per job and server
+#   RUNTIME=15 ROUNDS=5 SIZE=2G bench/nbd.sh
 #
 # Needs: go, fio (with the nbd engine), nbdkit, qemu-nbd, python3
 # (`make deps` installs them). Prints IOPS and MB/s per server and job, and
-# the ratios basalt/nbdkit and basalt/qemu-nbd. Servers run one at a time.
+# the ratios basalt/nbdkit and basalt/qemu-nbd.
+#
+# All three servers serve the file at once but only one is driven at a
+# time; for each job the servers take turns, round after round, and the
+# median round counts. Interleaving keeps a machine whose speed drifts
+# (shared hosts do) from favouring whichever server happens to run first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUNTIME=${RUNTIME:-15}
+RUNTIME=${RUNTIME:-8}
+ROUNDS=${ROUNDS:-3}
 SIZE=${SIZE:-1G}
 make -s build
 BIN=$PWD/bin/basalt
@@ -29,7 +35,7 @@ freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0
 api=$(freeport) nbd=$(freeport) ec=$(freeport) ep=$(freeport)
 "$BIN" server --data "$work/basalt" --api 127.0.0.1:$api --nbd 127.0.0.1:$nbd \
   --etcd-client 127.0.0.1:$ec --etcd-peer 127.0.0.1:$ep --log-level warn >"$work/basalt.log" 2>&1 &
-pids+=($!); basalt_pid=$!
+pids+=($!)
 export BASALT_ENDPOINT=https://127.0.0.1:$api BASALT_IDENTITY=$work/basalt/identities/admin
 for _ in $(seq 100); do "$BIN" status >/dev/null 2>&1 && break; sleep 0.2; done
 vol=$("$BIN" -o json volume create --size "$SIZE" --name bench | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
@@ -39,45 +45,43 @@ file=$work/basalt/store/volumes/$vol.img
 fio --name=fill --filename="$file" --rw=write --bs=1M --size="$SIZE" --ioengine=psync \
   --end_fsync=1 --refill_buffers --output=/dev/null
 
+# nbdkit and qemu-nbd daemonise once they listen, writing a pid file.
+kport=$(freeport)
+nbdkit -P "$work/nbdkit.pid" -p "$kport" -i 127.0.0.1 file "$file"
+pids+=("$(cat "$work/nbdkit.pid")")
+qport=$(freeport)
+qemu-nbd --fork --pid-file "$work/qemu-nbd.pid" -f raw -t -b 127.0.0.1 -p "$qport" -x bench "$file"
+pids+=("$(cat "$work/qemu-nbd.pid")")
+declare -A uris=([basalt]=$uri [nbdkit]=nbd://127.0.0.1:$kport [qemu-nbd]=nbd://127.0.0.1:$qport/bench)
+
 jobs=("randread 4k 32" "randwrite 4k 32" "read 1M 8" "write 1M 8")
 results=$work/results
-run_jobs() { # name uri
-  for j in "${jobs[@]}"; do
-    set -- $j
-    fio --name="$1-$2" --ioengine=nbd --uri="$URI" --rw="$1" --bs="$2" --iodepth="$3" \
-      --size="$SIZE" --runtime="$RUNTIME" --time_based --ramp_time=2 --output-format=json \
-      --output="$results.$NAME.$1-$2.json" >/dev/null
+for j in "${jobs[@]}"; do
+  set -- $j
+  for round in $(seq "$ROUNDS"); do
+    for name in basalt nbdkit qemu-nbd; do
+      fio --name="$1-$2" --ioengine=nbd --uri="${uris[$name]}" --rw="$1" --bs="$2" --iodepth="$3" \
+        --size="$SIZE" --runtime="$RUNTIME" --time_based --ramp_time=2 --output-format=json \
+        --output="$results.$name.$1-$2.$round.json" >/dev/null
+    done
   done
-}
+done
 
-NAME=basalt URI=$uri run_jobs
-kill "$basalt_pid"; wait "$basalt_pid" 2>/dev/null || true
-
-# nbdkit and qemu-nbd daemonise once they listen, writing a pid file.
-port=$(freeport)
-nbdkit -P "$work/nbdkit.pid" -p "$port" -i 127.0.0.1 file "$file"
-pids+=("$(cat "$work/nbdkit.pid")")
-NAME=nbdkit URI=nbd://127.0.0.1:$port run_jobs
-kill "$(cat "$work/nbdkit.pid")"
-
-port=$(freeport)
-qemu-nbd --fork --pid-file "$work/qemu-nbd.pid" -f raw -t -b 127.0.0.1 -p "$port" -x bench "$file"
-pids+=("$(cat "$work/qemu-nbd.pid")")
-NAME=qemu-nbd URI=nbd://127.0.0.1:$port/bench run_jobs
-kill "$(cat "$work/qemu-nbd.pid")"
-
-python3 - "$results" "$RUNTIME" "$SIZE" <<'PY'
+python3 - "$results" "$RUNTIME" "$SIZE" "$ROUNDS" <<'PY'
 import json, sys, platform, os, datetime
-base, runtime, size = sys.argv[1:4]
+base, runtime, size, rounds = sys.argv[1:5]
 jobs = ["randread-4k", "randwrite-4k", "read-1M", "write-1M"]
 servers = ["basalt", "nbdkit", "qemu-nbd"]
-def load(s, j):
-    d = json.load(open(f"{base}.{s}.{j}.json"))["jobs"][0]
+def one(s, j, r):
+    d = json.load(open(f"{base}.{s}.{j}.{r}.json"))["jobs"][0]
     side = d["read"] if d["read"]["io_bytes"] > 0 else d["write"]
     return side["iops"], side["bw_bytes"] / 1e6
+def load(s, j):
+    runs = sorted(one(s, j, r) for r in range(1, int(rounds) + 1))
+    return runs[len(runs) // 2]  # the median round
 r = {(s, j): load(s, j) for s in servers for j in jobs}
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
-print(f"# bench/nbd.sh  {datetime.date.today()}  {os.cpu_count()} CPUs ({cpu}), {size} file, {runtime}s per job")
+print(f"# bench/nbd.sh  {datetime.date.today()}  {os.cpu_count()} CPUs ({cpu}), {size} file, median of {rounds} interleaved rounds of {runtime}s")
 print(f"{'job':<14}" + "".join(f"{s+' IOPS':>16}{s+' MB/s':>14}" for s in servers) + f"{'b/nbdkit':>10}{'b/qemu':>9}")
 ok = True
 for j in jobs:
