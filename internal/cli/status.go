@@ -23,7 +23,7 @@ func statusCmd(g *globals) *cobra.Command {
 			}
 			err = g.emit(st, func(w *tabwriter.Writer) {
 				health := map[bool]string{true: "healthy", false: "UNHEALTHY"}
-				fmt.Fprintf(w, "node:\t%s (basalt %s, cluster %s)\napi:\t%s\n", st.Node.Name, st.Node.Version, st.Node.ClusterID, st.Node.API)
+				fmt.Fprintf(w, "node:\t%s (basalt %s, cluster %s)\napi:\t%s\nnbd:\t%s\n", st.Node.Name, st.Node.Version, st.Node.ClusterID, st.Node.API, st.Node.NBD)
 				mode := "external etcd"
 				if st.Metadata.Embedded {
 					mode = "embedded etcd"

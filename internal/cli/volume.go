@@ -148,8 +148,18 @@ func volumeTable(w *tabwriter.Writer, v *api.Volume) {
 	if v.Progress != nil {
 		fmt.Fprintf(w, "progress:\t%.1f%% (%s of %s)\n", v.Progress.Percent, size.Format(v.Progress.DoneBytes), size.Format(v.Progress.TotalBytes))
 	}
-	fmt.Fprintf(w, "type:\t%s\nowner:\t%s\nmultiattach:\t%v\nsource snapshot:\t%s\ncreated:\t%s\nattachments:\t%d\n",
-		v.Type, v.Owner, v.Multiattach, dash(v.SourceSnapshot), v.CreatedAt.Format(time.RFC3339), len(v.Attachments))
+	fmt.Fprintf(w, "type:\t%s\nowner:\t%s\nmultiattach:\t%v\nsource snapshot:\t%s\ncreated:\t%s\n",
+		v.Type, v.Owner, v.Multiattach, dash(v.SourceSnapshot), v.CreatedAt.Format(time.RFC3339))
+	if len(v.Attachments) == 0 {
+		fmt.Fprintf(w, "attachments:\t-\n")
+	}
+	for i, a := range v.Attachments {
+		label := ""
+		if i == 0 {
+			label = "attachments:"
+		}
+		fmt.Fprintf(w, "%s\t%s %s on %s %s\n", label, a.ID, a.Mode, a.Host, a.NBDURI)
+	}
 }
 
 func dash(s string) string {
