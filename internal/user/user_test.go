@@ -3,8 +3,6 @@ package user
 import (
 	"context"
 	"crypto/x509"
-	"io"
-	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -23,8 +21,6 @@ func openTestStore(t testing.TB) (*meta.Store, *pki.CA) {
 	e := metatest.Shared(t)
 	return e.Meta, e.CA
 }
-
-func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

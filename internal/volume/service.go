@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"regexp"
 	"sync"
@@ -197,11 +196,4 @@ func resting(v *meta.Volume) string {
 
 func (s *Service) logFor(kind, id string) *slog.Logger {
 	return s.log.With(kind, id, "node", s.cfg.Node)
-}
-
-func wrapf(err error, format string, args ...any) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf(format+": %w", append(args, err)...)
 }
