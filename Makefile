@@ -4,7 +4,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/basalt-storage/basalt/internal/server.Version=$(VERSION)
 BIN     := bin/basalt
 
-.PHONY: build run test unit e2e deps fuzz vet clean
+.PHONY: build run test unit e2e deps fuzz vet lint clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/basalt
@@ -23,6 +23,10 @@ vet:
 test: deps vet build
 	$(GO) test -count=1 -timeout 25m ./internal/...
 	BASALT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 25m ./tests/e2e/...
+
+# Static analysis beyond go vet (installs staticcheck from the Go proxy).
+lint: vet
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 unit: vet
 	$(GO) test -count=1 ./internal/...
