@@ -136,6 +136,14 @@ type Cluster struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
+// OwnedBy and Created let callers treat the records users own alike.
+func (v *Volume) OwnedBy() string        { return v.OwnerID }
+func (v *Volume) Created() time.Time     { return v.CreatedAt }
+func (s *Snapshot) OwnedBy() string      { return s.OwnerID }
+func (s *Snapshot) Created() time.Time   { return s.CreatedAt }
+func (a *Attachment) OwnedBy() string    { return a.OwnerID }
+func (a *Attachment) Created() time.Time { return a.CreatedAt }
+
 type versioned interface{ schema() int }
 
 func (u *User) schema() int       { return u.Schema }

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/base32"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/basalt-storage/basalt/internal/errs"
@@ -128,26 +127,15 @@ func (s *Service) Attachment(ctx context.Context, c Caller, id string) (*meta.At
 // Attachments lists the attachments the caller may see, optionally of one
 // volume, oldest first.
 func (s *Service) Attachments(ctx context.Context, c Caller, volumeRef string) ([]*meta.Attachment, error) {
-	volID := ""
-	if volumeRef != "" {
-		v, err := s.resolveVolume(ctx, c, volumeRef)
-		if err != nil {
-			return nil, err
-		}
-		volID = v.ID
+	volID, err := s.volumeFilter(ctx, c, volumeRef)
+	if err != nil {
+		return nil, err
 	}
 	all, err := s.meta.Attachments(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := all[:0]
-	for _, a := range all {
-		if c.sees(a.OwnerID) && (volID == "" || a.VolumeID == volID) {
-			out = append(out, a)
-		}
-	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
-	return out, nil
+	return visible(c, all, func(a *meta.Attachment) bool { return volID == "" || a.VolumeID == volID }), nil
 }
 
 // exportSecret is an unguessable NBD export name (160 random bits).

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"regexp"
+	"sort"
 	"sync"
 	"time"
 
@@ -26,6 +27,37 @@ type Caller struct {
 }
 
 func (c Caller) sees(ownerID string) bool { return c.Admin || c.ID == ownerID }
+
+// owned is what listing needs of a record.
+type owned interface {
+	OwnedBy() string
+	Created() time.Time
+}
+
+// visible keeps the records the caller may see and keep accepts (nil: all),
+// oldest first. It reuses all's storage.
+func visible[T owned](c Caller, all []T, keep func(T) bool) []T {
+	out := all[:0]
+	for _, r := range all {
+		if c.sees(r.OwnedBy()) && (keep == nil || keep(r)) {
+			out = append(out, r)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Created().Before(out[j].Created()) })
+	return out
+}
+
+// volumeFilter resolves an optional volume reference of a list request.
+func (s *Service) volumeFilter(ctx context.Context, c Caller, ref string) (string, error) {
+	if ref == "" {
+		return "", nil
+	}
+	v, err := s.resolveVolume(ctx, c, ref)
+	if err != nil {
+		return "", err
+	}
+	return v.ID, nil
+}
 
 // Config tunes a Service.
 type Config struct {

@@ -3,7 +3,6 @@ package volume
 import (
 	"context"
 	"slices"
-	"sort"
 
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
@@ -157,26 +156,15 @@ func (s *Service) resolveSnapshot(ctx context.Context, c Caller, ref string) (*m
 
 // Snapshots lists the snapshots the caller may see, optionally of one volume.
 func (s *Service) Snapshots(ctx context.Context, c Caller, volumeRef string) ([]*meta.Snapshot, error) {
-	volID := ""
-	if volumeRef != "" {
-		v, err := s.resolveVolume(ctx, c, volumeRef)
-		if err != nil {
-			return nil, err
-		}
-		volID = v.ID
+	volID, err := s.volumeFilter(ctx, c, volumeRef)
+	if err != nil {
+		return nil, err
 	}
 	all, err := s.meta.Snapshots(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := all[:0]
-	for _, sn := range all {
-		if c.sees(sn.OwnerID) && (volID == "" || sn.VolumeID == volID) {
-			out = append(out, sn)
-		}
-	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
-	return out, nil
+	return visible(c, all, func(sn *meta.Snapshot) bool { return volID == "" || sn.VolumeID == volID }), nil
 }
 
 // DeleteSnapshot deletes a snapshot that no clone is being made from.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sort"
 
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
@@ -234,14 +233,7 @@ func (s *Service) Volumes(ctx context.Context, c Caller) ([]*meta.Volume, error)
 	if err != nil {
 		return nil, err
 	}
-	out := all[:0]
-	for _, v := range all {
-		if c.sees(v.OwnerID) {
-			out = append(out, v)
-		}
-	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
-	return out, nil
+	return visible(c, all, nil), nil
 }
 
 // ExtendVolume grows a volume to newSize bytes.
