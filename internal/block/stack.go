@@ -148,11 +148,6 @@ func build(env Env, s Spec) (Layer, error) {
 	t := registry[s.Type]
 	registryMu.RUnlock()
 	children := make([]Layer, 0, len(s.Children))
-	closeAll := func() {
-		for _, c := range children {
-			c.Close()
-		}
-	}
 	for i, cs := range s.Children {
 		c, err := build(env, cs)
 		if err != nil && t.TolerateFailedChildren && !env.Create {
@@ -160,14 +155,14 @@ func build(env Env, s Spec) (Layer, error) {
 			c, err = Failed(cs, err), nil
 		}
 		if err != nil {
-			closeAll()
+			CloseAll(children)
 			return nil, fmt.Errorf("%s child %d: %w", s.Type, i, err)
 		}
 		children = append(children, c)
 	}
 	l, err := t.New(env, s.Params, children)
 	if err != nil {
-		closeAll()
+		CloseAll(children)
 		return nil, fmt.Errorf("layer %s: %w", s.Type, err)
 	}
 	return l, nil
@@ -204,6 +199,17 @@ func Combine(children []Layer) Capabilities {
 		c.MultiConn = c.MultiConn && cc.MultiConn
 	}
 	return c
+}
+
+// CloseAll closes every layer and returns the first error.
+func CloseAll(layers []Layer) error {
+	var first error
+	for _, l := range layers {
+		if err := l.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 // Describe lists the descriptions of children.

@@ -111,17 +111,7 @@ func (s *Service) Detach(ctx context.Context, c Caller, id string) error {
 
 // Attachment returns an attachment the caller may see.
 func (s *Service) Attachment(ctx context.Context, c Caller, id string) (*meta.Attachment, error) {
-	a, err := s.meta.Attachment(ctx, id)
-	if err != nil {
-		if errs.IsCode(err, errs.CodeNotFound) {
-			return nil, errs.NotFound("attachment", id)
-		}
-		return nil, err
-	}
-	if !c.sees(a.OwnerID) {
-		return nil, errs.NotFound("attachment", id)
-	}
-	return a, nil
+	return fetchVisible(c, "attachment", id, func() (*meta.Attachment, error) { return s.meta.Attachment(ctx, id) })
 }
 
 // Attachments lists the attachments the caller may see, optionally of one

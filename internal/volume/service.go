@@ -47,6 +47,24 @@ func visible[T owned](c Caller, all []T, keep func(T) bool) []T {
 	return out
 }
 
+// fetchVisible reads a record with get and reports it, missing or not the
+// caller's, as the same NotFound: existence must not leak.
+func fetchVisible[T owned](c Caller, what, ref string, get func() (T, error)) (T, error) {
+	r, err := get()
+	if err != nil {
+		var zero T
+		if errs.IsCode(err, errs.CodeNotFound) {
+			return zero, errs.NotFound(what, ref)
+		}
+		return zero, err
+	}
+	if !c.sees(r.OwnedBy()) {
+		var zero T
+		return zero, errs.NotFound(what, ref)
+	}
+	return r, nil
+}
+
 // volumeFilter resolves an optional volume reference of a list request.
 func (s *Service) volumeFilter(ctx context.Context, c Caller, ref string) (string, error) {
 	if ref == "" {

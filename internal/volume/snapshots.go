@@ -141,17 +141,7 @@ func (s *Service) resolveSnapshot(ctx context.Context, c Caller, ref string) (*m
 			return nil, errs.NotFound("snapshot", ref)
 		}
 	}
-	sn, err := s.meta.Snapshot(ctx, id)
-	if err != nil {
-		if errs.IsCode(err, errs.CodeNotFound) {
-			return nil, errs.NotFound("snapshot", ref)
-		}
-		return nil, err
-	}
-	if !c.sees(sn.OwnerID) {
-		return nil, errs.NotFound("snapshot", ref)
-	}
-	return sn, nil
+	return fetchVisible(c, "snapshot", ref, func() (*meta.Snapshot, error) { return s.meta.Snapshot(ctx, id) })
 }
 
 // Snapshots lists the snapshots the caller may see, optionally of one volume.

@@ -214,17 +214,7 @@ func (s *Service) resolveVolume(ctx context.Context, c Caller, ref string) (*met
 			return nil, errs.NotFound("volume", ref)
 		}
 	}
-	v, err := s.meta.Volume(ctx, id)
-	if err != nil {
-		if errs.IsCode(err, errs.CodeNotFound) {
-			return nil, errs.NotFound("volume", ref)
-		}
-		return nil, err
-	}
-	if !c.sees(v.OwnerID) {
-		return nil, errs.NotFound("volume", ref)
-	}
-	return v, nil
+	return fetchVisible(c, "volume", ref, func() (*meta.Volume, error) { return s.meta.Volume(ctx, id) })
 }
 
 // Volumes lists the volumes the caller may see, oldest first.

@@ -181,15 +181,7 @@ func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
 }
 
 // Close implements block.Device.
-func (l *Layer) Close() error {
-	var first error
-	for _, c := range l.children {
-		if err := c.Close(); err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
-}
+func (l *Layer) Close() error { return block.CloseAll(l.children) }
 
 // Describe implements block.Layer.
 func (l *Layer) Describe() block.Node {
