@@ -17,7 +17,7 @@ import (
 type File struct {
 	f        *os.File
 	fd       int
-	size     int64
+	size     atomic.Int64
 	readOnly bool
 	closed   atomic.Bool
 	dsync    atomic.Bool // pwritev2(RWF_DSYNC) works here
@@ -38,13 +38,32 @@ func OpenFile(path string, readOnly bool) (*File, error) {
 		f.Close()
 		return nil, err
 	}
-	d := &File{f: f, fd: int(f.Fd()), size: st.Size(), readOnly: readOnly}
+	d := &File{f: f, fd: int(f.Fd()), readOnly: readOnly}
+	d.size.Store(st.Size())
 	d.dsync.Store(true)
 	return d, nil
 }
 
 // Size implements Device.
-func (d *File) Size() int64 { return d.size }
+func (d *File) Size() int64 { return d.size.Load() }
+
+// Resize grows the file to n bytes (sparse) and syncs the new size.
+func (d *File) Resize(n int64) error {
+	if d.readOnly {
+		return ErrReadOnly
+	}
+	if n < d.size.Load() {
+		return fmt.Errorf("resize: cannot shrink from %d to %d bytes", d.size.Load(), n)
+	}
+	if err := d.f.Truncate(n); err != nil {
+		return fmt.Errorf("resize: %w", err)
+	}
+	if err := d.f.Sync(); err != nil {
+		return fmt.Errorf("resize: %w", err)
+	}
+	d.size.Store(n)
+	return nil
+}
 
 // Capabilities implements Device.
 func (d *File) Capabilities() Capabilities {

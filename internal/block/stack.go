@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sort"
 	"sync"
 )
@@ -56,7 +59,41 @@ type Env struct {
 	Create bool
 	// ReadOnly opens every layer read-only.
 	ReadOnly bool
-	Log      *slog.Logger
+	// Keys wraps data keys (crypt); nil when the cluster has none.
+	Keys Keys
+	// MetaFS opens layer metadata files (nil: the real file system). Crash
+	// tests substitute files that fail at a chosen write (package fault).
+	MetaFS func(path string) (MetaFile, error)
+	Log    *slog.Logger
+}
+
+// MetaFile is a layer metadata file: what package superblock and package
+// bitmap store their copies in.
+type MetaFile interface {
+	io.ReaderAt
+	io.WriterAt
+	Sync() error
+	Close() error
+}
+
+// OpenMeta opens the metadata file name (relative to Dir), creating it
+// empty if it does not exist. Layers open every metadata file through it.
+func (env Env) OpenMeta(name string) (MetaFile, error) {
+	path := name
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(env.Dir, name)
+	}
+	if env.MetaFS != nil {
+		return env.MetaFS(path)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("metadata file: %w", err)
+	}
+	return f, nil
 }
 
 // Factory builds a layer from its parameters and built children.
@@ -73,7 +110,16 @@ type Type struct {
 	// gone, unreadable) is passed to New as a Failed layer instead of
 	// failing the whole stack. Redundant layers (mirror, parity) set it.
 	TolerateFailedChildren bool
-	New                    Factory
+	// ChildSize is the size each child is created with when this layer is
+	// created with size bytes and n children (nil: size itself). Layers
+	// that spread data (stripe, parity) or add metadata in band (checksum,
+	// crypt) set it.
+	ChildSize func(params json.RawMessage, size int64, n int) (int64, error)
+	New       Factory
+	// Compose, when set, is used instead of New: the layer builds its
+	// children itself from their specs (cow builds one child stack per
+	// image, each in its own directory).
+	Compose func(env Env, params json.RawMessage, children []Spec) (Layer, error)
 }
 
 var (
@@ -147,9 +193,24 @@ func build(env Env, s Spec) (Layer, error) {
 	registryMu.RLock()
 	t := registry[s.Type]
 	registryMu.RUnlock()
+	if t.Compose != nil {
+		l, err := t.Compose(env, s.Params, s.Children)
+		if err != nil {
+			return nil, fmt.Errorf("layer %s: %w", s.Type, err)
+		}
+		return l, nil
+	}
+	cenv := env
+	if env.Create && t.ChildSize != nil {
+		n, err := t.ChildSize(s.Params, env.Size, len(s.Children))
+		if err != nil {
+			return nil, fmt.Errorf("layer %s: %w", s.Type, err)
+		}
+		cenv.Size = n
+	}
 	children := make([]Layer, 0, len(s.Children))
 	for i, cs := range s.Children {
-		c, err := build(env, cs)
+		c, err := build(cenv, cs)
 		if err != nil && t.TolerateFailedChildren && !env.Create {
 			logger(env).Warn("layer child failed to open; continuing degraded", "layer", s.Type, "child", i, "err", err)
 			c, err = Failed(cs, err), nil
@@ -261,6 +322,15 @@ type failed struct {
 // Failed returns a layer for spec that fails every operation with err.
 func Failed(spec Spec, err error) Layer { return &failed{spec: spec, err: err} }
 
+// IsFailed reports whether l is a Failed placeholder, and if so the spec it
+// stands for (to rebuild it) and why it failed.
+func IsFailed(l Layer) (Spec, error, bool) {
+	if f, ok := l.(*failed); ok {
+		return f.spec, f.err, true
+	}
+	return Spec{}, nil, false
+}
+
 func (f *failed) Size() int64                               { return 0 }
 func (f *failed) Capabilities() Capabilities                { return Capabilities{} }
 func (f *failed) ReadAt([]byte, int64) error                { return f.err }
@@ -270,6 +340,7 @@ func (f *failed) Trim(int64, int64, bool) error             { return f.err }
 func (f *failed) Flush() error                              { return f.err }
 func (f *failed) Extents(int64, int64) ([]Extent, error)    { return nil, f.err }
 func (f *failed) Close() error                              { return nil }
+func (f *failed) Failure() (Spec, error)                    { return f.spec, f.err }
 func (f *failed) Describe() Node {
 	return Node{Type: f.spec.Type, Params: f.spec.Params, State: StateFailed}
 }

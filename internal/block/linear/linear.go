@@ -187,3 +187,7 @@ func (l *Layer) Close() error { return block.CloseAll(l.children) }
 func (l *Layer) Describe() block.Node {
 	return block.Node{Type: "linear", Params: l.params, State: block.Worst(block.Describe(l.children)), Children: block.Describe(l.children)}
 }
+
+// Children implements block.Parent. Linear does not implement Resizer: a
+// concatenation or a partition has a fixed layout.
+func (l *Layer) Children() []block.Layer { return l.children }

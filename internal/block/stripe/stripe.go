@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/basalt-storage/basalt/internal/block"
 )
@@ -20,8 +21,21 @@ import (
 func init() {
 	block.Register(block.Type{
 		Name: "stripe", Doc: "RAID-0 across its children",
-		MinChildren: 2, MaxChildren: -1, New: New,
+		MinChildren: 2, MaxChildren: -1, New: New, ChildSize: childSize,
 	})
+}
+
+// childSize: each child holds a 1/n share, rounded up to a chunk.
+func childSize(raw json.RawMessage, size int64, n int) (int64, error) {
+	p := Params{Chunk: DefaultChunk}
+	if err := block.DecodeParams(raw, &p); err != nil {
+		return 0, err
+	}
+	if p.Chunk <= 0 {
+		return 0, fmt.Errorf("chunk %d must be positive", p.Chunk)
+	}
+	chunks := (size + p.Chunk - 1) / p.Chunk
+	return (chunks + int64(n) - 1) / int64(n) * p.Chunk, nil
 }
 
 // Params are the stripe layer's parameters.
@@ -36,7 +50,7 @@ const DefaultChunk = 64 << 10
 type Layer struct {
 	children []block.Layer
 	chunk    int64
-	size     int64
+	size     atomic.Int64
 	caps     block.Capabilities
 	params   json.RawMessage
 }
@@ -55,7 +69,7 @@ func New(_ block.Env, raw json.RawMessage, children []block.Layer) (block.Layer,
 		smallest = min(smallest, c.Size())
 	}
 	l := &Layer{children: children, chunk: p.Chunk, caps: block.Combine(children), params: raw}
-	l.size = smallest / p.Chunk * p.Chunk * int64(len(children))
+	l.size.Store(smallest / p.Chunk * p.Chunk * int64(len(children)))
 	return l, nil
 }
 
@@ -122,7 +136,29 @@ func (l *Layer) each(off, n int64, fn func(c block.Layer, p piece) error) error 
 }
 
 // Size implements block.Device.
-func (l *Layer) Size() int64 { return l.size }
+func (l *Layer) Size() int64 { return l.size.Load() }
+
+// Children implements block.Parent.
+func (l *Layer) Children() []block.Layer { return l.children }
+
+// Resize implements block.Resizer: every child grows to its share.
+func (l *Layer) Resize(n int64) error {
+	nc := int64(len(l.children))
+	per := ((n+l.chunk-1)/l.chunk + nc - 1) / nc * l.chunk
+	for i, c := range l.children {
+		r, ok := c.(block.Resizer)
+		if !ok {
+			return fmt.Errorf("stripe child %d (%s) cannot grow", i, c.Describe().Type)
+		}
+		if c.Size() < per {
+			if err := r.Resize(per); err != nil {
+				return fmt.Errorf("stripe child %d: %w", i, err)
+			}
+		}
+	}
+	l.size.Store(per * nc)
+	return nil
+}
 
 // Capabilities implements block.Device.
 func (l *Layer) Capabilities() block.Capabilities { return l.caps }

@@ -58,17 +58,26 @@ type Block struct {
 // of slotSize bytes (rounded up to MinSlotSize; payloads must fit in
 // slotSize - 28 bytes). It fails if path exists.
 func Create(path string, slotSize int, payload []byte) (*Block, error) {
-	slotSize = max(MinSlotSize, (slotSize+MinSlotSize-1)/MinSlotSize*MinSlotSize)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("superblock: %w", err)
 	}
+	b, err := CreateFile(f, slotSize, payload)
+	if err != nil {
+		f.Close()
+		os.Remove(path)
+		return nil, err
+	}
+	return b, nil
+}
+
+// CreateFile is Create over an already open, empty file.
+func CreateFile(f File, slotSize int, payload []byte) (*Block, error) {
+	slotSize = max(MinSlotSize, (slotSize+MinSlotSize-1)/MinSlotSize*MinSlotSize)
 	b := &Block{f: f, slotSize: slotSize}
 	// Generation 1 in slot 1, and slot 0 left invalid: a crash now leaves
 	// either no valid copy (creation never completed) or this one.
 	if err := b.Write(payload); err != nil {
-		f.Close()
-		os.Remove(path)
 		return nil, err
 	}
 	return b, nil

@@ -130,3 +130,15 @@ func (l *Layer) Describe() block.Node {
 	kid := l.child.Describe()
 	return block.Node{Type: "throttle", Params: l.params, State: kid.State, Children: []block.Node{kid}}
 }
+
+// Children implements block.Parent.
+func (l *Layer) Children() []block.Layer { return []block.Layer{l.child} }
+
+// Resize implements block.Resizer by growing the child.
+func (l *Layer) Resize(n int64) error {
+	r, ok := l.child.(block.Resizer)
+	if !ok {
+		return fmt.Errorf("throttle child (%s) cannot grow", l.child.Describe().Type)
+	}
+	return r.Resize(n)
+}

@@ -1,0 +1,231 @@
+// Package blocktest holds what every layer's tests share: the conformance
+// driver (random operations checked against a byte model, then close,
+// reopen and check again) and FaultFS, a metadata file system for crash
+// tests that fails at a chosen write.
+package blocktest
+
+import (
+	"bytes"
+	"encoding/json"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/block/fault"
+)
+
+// Spec parses a JSON stack spec or fails the test.
+func Spec(t testing.TB, s string) block.Spec {
+	t.Helper()
+	var sp block.Spec
+	if err := json.Unmarshal([]byte(s), &sp); err != nil {
+		t.Fatal(err)
+	}
+	return sp
+}
+
+// Conformance builds spec in env (env.Create must be true), drives it
+// with ops random reads, writes (some FUA), write-zeroes, trims and extent
+// queries, comparing every read with a byte model, then flushes, closes,
+// reopens (Create false) and compares the whole device again. It returns
+// the model so callers can check more.
+func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
+	t.Helper()
+	l, err := block.Build(env, Spec(t, spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := l.Size()
+	if size <= 0 {
+		t.Fatalf("size %d", size)
+	}
+	caps := l.Capabilities()
+	model := make([]byte, size)
+	rng := rand.New(rand.NewPCG(1, uint64(len(spec))))
+	for i := 0; i < ops; i++ {
+		off := rng.Int64N(size)
+		n := min(rng.Int64N(256<<10)+1, size-off)
+		if rng.IntN(2) == 0 { // aligned requests are the common case
+			off &^= 4095
+			n = max(4096, n&^4095)
+			n = min(n, size-off)
+		}
+		switch rng.IntN(6) {
+		case 0, 1:
+			p := make([]byte, n)
+			for j := range p {
+				p[j] = byte(rng.IntN(256))
+			}
+			if err := l.WriteAt(p, off, rng.IntN(4) == 0); err != nil {
+				t.Fatalf("write %d+%d: %v", off, n, err)
+			}
+			copy(model[off:], p)
+		case 2:
+			if !caps.WriteZeroes {
+				continue
+			}
+			if err := l.WriteZeroes(off, n, block.ZeroFlags{NoHole: rng.IntN(2) == 0}); err != nil {
+				t.Fatalf("zero %d+%d: %v", off, n, err)
+			}
+			clear(model[off : off+n])
+		case 3:
+			got := make([]byte, n)
+			if err := l.ReadAt(got, off); err != nil {
+				t.Fatalf("read %d+%d: %v", off, n, err)
+			}
+			if !bytes.Equal(got, model[off:off+n]) {
+				t.Fatalf("op %d: read %d+%d differs from the model", i, off, n)
+			}
+		case 4:
+			ex, err := l.Extents(off, n)
+			if err != nil || len(ex) == 0 {
+				t.Fatalf("extents %d+%d: %v %v", off, n, ex, err)
+			}
+			at := off
+			for _, e := range ex {
+				if e.Length <= 0 {
+					t.Fatalf("extent of length %d", e.Length)
+				}
+				if e.Zero {
+					end := min(at+e.Length, off+n)
+					if !bytes.Equal(model[at:end], make([]byte, end-at)) {
+						t.Fatalf("extent %d+%d reported zero but holds data", at, e.Length)
+					}
+				}
+				at += e.Length
+			}
+		case 5:
+			// Trim may leave the old data or zeroes: the model learns
+			// what the device now says.
+			if !caps.Trim {
+				continue
+			}
+			if err := l.Trim(off, n, false); err != nil {
+				t.Fatalf("trim %d+%d: %v", off, n, err)
+			}
+			if err := l.ReadAt(model[off:off+n], off); err != nil {
+				t.Fatalf("read after trim: %v", err)
+			}
+		}
+	}
+	if err := l.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, size)
+	if err := l.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, model) {
+		t.Fatal("final contents differ from the model")
+	}
+	if d := l.Describe(); d.State != block.StateOK || d.Type == "" {
+		t.Fatalf("describe: %+v", d)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	env.Create = false
+	l, err = block.Build(env, Spec(t, spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.ReadAt(got, 0); err != nil || !bytes.Equal(got, model) {
+		t.Fatalf("after reopen: %v", err)
+	}
+	return model
+}
+
+// FaultFS is an in-memory metadata file system for block.Env.MetaFS whose
+// files share one write counter: the write numbered CrashAt (from 0,
+// across all files) crashes, landing only the bytes Tear selects, and
+// every metadata call after it fails. Restart() gives a fresh FaultFS
+// holding what had landed: what a restarted server would read.
+type FaultFS struct {
+	mu      sync.Mutex
+	files   map[string]*fault.File
+	CrashAt int // negative: never
+	Tear    func(int) bool
+	writes  int
+	crashed bool
+}
+
+// NewFaultFS returns an empty FaultFS that never crashes.
+func NewFaultFS() *FaultFS { return &FaultFS{files: map[string]*fault.File{}, CrashAt: -1} }
+
+// Open implements block.Env.MetaFS.
+func (fs *FaultFS) Open(path string) (block.MetaFile, error) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	f, ok := fs.files[path]
+	if !ok {
+		f = fault.New(nil, -1, nil)
+		fs.files[path] = f
+	}
+	return &faultFile{fs: fs, f: f}, nil
+}
+
+// Writes is the number of metadata writes so far.
+func (fs *FaultFS) Writes() int {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.writes
+}
+
+// Crashed reports whether the crash happened.
+func (fs *FaultFS) Crashed() bool {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.crashed
+}
+
+// Restart returns a FaultFS with the landed bytes of every file, that
+// never crashes.
+func (fs *FaultFS) Restart() *FaultFS {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	n := NewFaultFS()
+	for p, f := range fs.files {
+		n.files[p] = fault.New(f.Image(), -1, nil)
+	}
+	return n
+}
+
+type faultFile struct {
+	fs *FaultFS
+	f  *fault.File
+}
+
+func (f *faultFile) ReadAt(p []byte, off int64) (int, error) { return f.f.ReadAt(p, off) }
+
+func (f *faultFile) WriteAt(p []byte, off int64) (int, error) {
+	f.fs.mu.Lock()
+	if f.fs.crashed {
+		f.fs.mu.Unlock()
+		return 0, fault.ErrCrashed
+	}
+	k := f.fs.writes
+	f.fs.writes++
+	crash := f.fs.CrashAt >= 0 && k == f.fs.CrashAt
+	if crash {
+		f.fs.crashed = true
+	}
+	f.fs.mu.Unlock()
+	if crash {
+		f.f.Land(p, off, f.fs.Tear)
+		return 0, fault.ErrCrashed
+	}
+	return f.f.WriteAt(p, off)
+}
+
+func (f *faultFile) Sync() error {
+	f.fs.mu.Lock()
+	defer f.fs.mu.Unlock()
+	if f.fs.crashed {
+		return fault.ErrCrashed
+	}
+	return nil
+}
+
+func (f *faultFile) Close() error { return nil }

@@ -1,0 +1,82 @@
+package block
+
+import "context"
+
+// Optional interfaces. A layer implements those that apply to it; the
+// volume service finds them by walking the live stack (Walk) — extend,
+// scrub and repair reach every layer that can take part, and a stack with
+// a layer that cannot (say, a Resizer missing) refuses the operation as a
+// whole instead of half-doing it.
+
+// Parent is implemented by every layer with children.
+type Parent interface {
+	Children() []Layer
+}
+
+// Resizer is implemented by layers that can grow. Resize(n) grows the
+// layer to n bytes (never shrinks), growing its children first; on return
+// the new size is durable and Size() == n.
+type Resizer interface {
+	Resize(n int64) error
+}
+
+// Progress is told how far a long operation got: done of total units
+// (bytes unless documented otherwise).
+type Progress func(done, total int64)
+
+// ScrubReport is what a scrub found.
+type ScrubReport struct {
+	Checked  int64 `json:"checked_bytes"`
+	Bad      int64 `json:"bad_blocks"`      // blocks whose data did not match
+	Repaired int64 `json:"repaired_blocks"` // of those, rewritten from a good copy
+}
+
+// Scrubber is implemented by layers that can verify their data (checksum:
+// every block against its checksum, repairing from a redundant child).
+type Scrubber interface {
+	Scrub(ctx context.Context, p Progress) (ScrubReport, error)
+}
+
+// Repairer is implemented by redundant layers (mirror, parity). Repair
+// reopens children that failed — creating a replacement for one whose
+// backing file is gone — and resynchronises them, returning when the layer
+// is ok again. Progress is also visible through Describe while it runs. A
+// resync interrupted by a crash resumes when the layer is next opened.
+type Repairer interface {
+	Repair(ctx context.Context, p Progress) error
+}
+
+// Copies is implemented by redundant layers whose data can be read from
+// each copy separately, so a layer above that can tell good data from bad
+// (checksum) can pick a good copy and repair the others.
+type Copies interface {
+	// NumCopies is the number of independent copies of each byte.
+	NumCopies() int
+	// ReadCopy reads [off, off+len(p)) as copy i alone provides it.
+	ReadCopy(i int, p []byte, off int64) error
+	// WriteCopy writes p to copy i only (a repair).
+	WriteCopy(i int, p []byte, off int64) error
+}
+
+// Keys wraps and unwraps data keys with a key the cluster holds, so no
+// plaintext key is ever stored next to the data it protects.
+type Keys interface {
+	Wrap(key []byte) ([]byte, error)
+	Unwrap(wrapped []byte) ([]byte, error)
+}
+
+// Walk calls fn for l and every layer below it, parents first, until fn
+// returns false.
+func Walk(l Layer, fn func(Layer) bool) bool {
+	if !fn(l) {
+		return false
+	}
+	if p, ok := l.(Parent); ok {
+		for _, c := range p.Children() {
+			if !Walk(c, fn) {
+				return false
+			}
+		}
+	}
+	return true
+}
