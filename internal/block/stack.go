@@ -59,6 +59,12 @@ type Env struct {
 	Create bool
 	// ReadOnly opens every layer read-only.
 	ReadOnly bool
+	// Images is the directory of copy-on-write images shared by every
+	// volume of a store (cow).
+	Images string
+	// Base, on Create, is the image a new cow top starts from: a clone of
+	// the snapshot that froze it. Empty: a new, empty volume.
+	Base string
 	// Keys wraps data keys (crypt); nil when the cluster has none.
 	Keys Keys
 	// MetaFS opens layer metadata files (nil: the real file system). Crash

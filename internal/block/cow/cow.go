@@ -1,0 +1,845 @@
+// Package cow is the `cow` layer: copy-on-write images, which make
+// snapshots and clones O(1) whatever the volume's size.
+//
+// A volume's data is a chain of images, newest (the "top") first. An
+// image is a directory under Env.Images holding its own child stack (built
+// from the cow node's one child spec: a file, a stripe of files, a
+// mirror...), an allocation map (package bitmap, one bit per chunk: this
+// image holds the chunk) and image.sb (package superblock: id, parent,
+// size, chunk size, child spec, and the tag of the snapshot that created
+// it). The volume's directory holds cow.sb: which image is its top.
+//
+//	snapshot: flush; create an empty image whose parent is the top; point
+//	          cow.sb at it (the commit). The old top is now frozen: nothing
+//	          ever writes it again, and the snapshot names it.
+//	clone:    a new volume whose top is an empty image whose parent is the
+//	          snapshot's image (Env.Base on Create).
+//
+// Reads: an in-memory owner table says, per chunk, which image of the chain
+// holds it (built at open from the allocation maps, kept current by
+// writes), so a read costs one table lookup and one read of the image that
+// holds the chunk — independent of the chain's length (at most MaxChain
+// images). Writes to a chunk a base image holds copy the chunk up into the
+// top first (a per-chunk lock serialises them); writes to chunks no image
+// holds go straight to the top.
+//
+// Crash safety. A chunk's allocation bit is persisted only after its data
+// is durable in the top (Flush: child flush, then the bits of writes that
+// completed before it; FUA: the write, then its bits). So after a crash a
+// chunk reads either from the top, with all data acknowledged as durable,
+// or from the base, when the copy-up was never made durable — never from a
+// top chunk whose copied-up base data was lost. cow.sb and image.sb are
+// superblocks (two copies); a snapshot's steps before the cow.sb write
+// leave only an unreferenced image directory, which Collect removes.
+//
+// Who calls it: block.Build through the registry; the volume service for
+// Snapshot, Flatten, Top and Collect.
+package cow
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/block/bitmap"
+	"github.com/basalt-storage/basalt/internal/block/superblock"
+)
+
+func init() {
+	block.Register(block.Type{
+		Name: "cow", Doc: "copy-on-write images: O(1) snapshots and clones",
+		MinChildren: 1, MaxChildren: 1, Compose: Compose,
+	})
+}
+
+const (
+	// DefaultChunk is the copy-on-write unit when params give none.
+	DefaultChunk = 64 << 10
+	// MaxChain bounds a chain's length; a volume deeper than this must be
+	// flattened before its next snapshot.
+	MaxChain = 1024
+	version  = 1
+	volFile  = "cow.sb"
+	imgFile  = "image.sb"
+	mapFile  = "alloc.map"
+)
+
+// Params are the cow layer's parameters.
+type Params struct {
+	Chunk int64 `json:"chunk,omitempty"`
+}
+
+// volMeta is cow.sb's payload.
+type volMeta struct {
+	Version int    `json:"version"`
+	Top     string `json:"top"`
+}
+
+// imageMeta is image.sb's payload.
+type imageMeta struct {
+	Version int        `json:"version"`
+	ID      string     `json:"id"`
+	Parent  string     `json:"parent,omitempty"`
+	Size    int64      `json:"size"`
+	Chunk   int64      `json:"chunk"`
+	Spec    block.Spec `json:"spec"`
+	Tag     string     `json:"tag,omitempty"` // the snapshot that created this image
+}
+
+// image is one open image of a chain.
+type image struct {
+	meta  imageMeta
+	depth uint32 // 1 for the chain's root, top's is the highest
+	dev   block.Layer
+	sb    *superblock.Block // top only
+	alloc *bitmap.Bitmap    // top only
+}
+
+// Layer is a cow layer.
+type Layer struct {
+	env    block.Env
+	params json.RawMessage
+	chunk  int64
+	vsb    *superblock.Block
+
+	// chainMu: I/O holds it shared; Snapshot, Resize and Flatten's commit
+	// hold it exclusively to change the chain or the owner table's size.
+	chainMu sync.RWMutex
+	top     *image
+	byDepth []*image // byDepth[d] is the image at depth d (index 0 unused)
+	all     []*image // every image opened, closed on Close
+	owner   []atomic.Uint32
+	size    int64
+
+	// broken is set when a commit write failed: what the disk says is
+	// unknown, so writes fail until the volume is reopened.
+	broken atomic.Pointer[error]
+
+	pendMu  sync.Mutex
+	pending []int64 // chunks newly held by the top, bits not yet persisted
+
+	locks [256]sync.Mutex // copy-up locks by chunk
+}
+
+// Compose implements block.Type.Compose.
+func Compose(env block.Env, raw json.RawMessage, children []block.Spec) (block.Layer, error) {
+	p := Params{Chunk: DefaultChunk}
+	if err := block.DecodeParams(raw, &p); err != nil {
+		return nil, err
+	}
+	if p.Chunk < 4096 || p.Chunk&(p.Chunk-1) != 0 {
+		return nil, fmt.Errorf("chunk %d must be a power of two of at least 4096", p.Chunk)
+	}
+	if env.Images == "" {
+		return nil, errors.New("no image directory (Env.Images)")
+	}
+	l := &Layer{env: env, params: raw, chunk: p.Chunk}
+	var err error
+	if env.Create {
+		err = l.create(children[0])
+	} else {
+		err = l.open()
+	}
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *Layer) create(child block.Spec) error {
+	if l.env.ReadOnly {
+		return block.ErrReadOnly
+	}
+	if l.env.Base != "" {
+		f, err := l.env.OpenMeta(filepath.Join(l.imageDir(l.env.Base), imgFile))
+		if err != nil {
+			return fmt.Errorf("base image %s: %w", l.env.Base, err)
+		}
+		sb, _, err := superblock.OpenFile(f)
+		if err != nil {
+			f.Close()
+			return fmt.Errorf("base image %s: %w", l.env.Base, err)
+		}
+		sb.Close()
+	}
+	top, err := l.newImage(imageMeta{Parent: l.env.Base, Size: l.env.Size, Chunk: l.chunk, Spec: child})
+	if err != nil {
+		return err
+	}
+	f, err := l.env.OpenMeta(volFile)
+	if err != nil {
+		return err
+	}
+	b, _ := json.Marshal(volMeta{Version: version, Top: top.meta.ID})
+	if l.vsb, err = superblock.CreateFile(f, 0, b); err != nil {
+		// The image stays: cow.sb may name it (a torn write can land).
+		// Collect removes it once nothing does.
+		f.Close()
+		top.dev.Close()
+		top.sb.Close()
+		top.alloc.Close()
+		return fmt.Errorf("%s: %w", volFile, err)
+	}
+	top.dev.Close()
+	top.sb.Close()
+	top.alloc.Close()
+	return l.open()
+}
+
+// newImage creates an image directory with an empty child stack and
+// allocation map, and returns it open. On failure nothing is left.
+func (l *Layer) newImage(m imageMeta) (*image, error) {
+	var id [8]byte
+	rand.Read(id[:])
+	m.Version, m.ID = version, "img-"+hex.EncodeToString(id[:])
+	dir := l.imageDir(m.ID)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	im, err := l.createImage(dir, m)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("create image %s: %w", m.ID, err)
+	}
+	return im, nil
+}
+
+func (l *Layer) createImage(dir string, m imageMeta) (*image, error) {
+	env := l.env
+	env.Dir, env.Size, env.Create, env.Base = dir, m.Size, true, ""
+	dev, err := block.Build(env, m.Spec)
+	if err != nil {
+		return nil, err
+	}
+	im := &image{meta: m, dev: dev}
+	if im.alloc, err = l.openMap(dir, m); err == nil {
+		err = im.alloc.Sync()
+	}
+	if err != nil {
+		dev.Close()
+		return nil, err
+	}
+	f, err := l.env.OpenMeta(filepath.Join(dir, imgFile))
+	if err == nil {
+		b, _ := json.Marshal(m)
+		im.sb, err = superblock.CreateFile(f, 0, b)
+		if err != nil {
+			f.Close()
+		}
+	}
+	if err != nil {
+		dev.Close()
+		im.alloc.Close()
+		return nil, err
+	}
+	return im, nil
+}
+
+func (l *Layer) openMap(dir string, m imageMeta) (*bitmap.Bitmap, error) {
+	f, err := l.env.OpenMeta(filepath.Join(dir, mapFile))
+	if err != nil {
+		return nil, err
+	}
+	b, err := bitmap.OpenFile(f, chunks(m.Size, m.Chunk))
+	if err != nil {
+		f.Close()
+	}
+	return b, err
+}
+
+func chunks(size, chunk int64) int64 { return (size + chunk - 1) / chunk }
+
+func (l *Layer) imageDir(id string) string { return filepath.Join(l.env.Images, id) }
+
+// open reads cow.sb and opens the chain, top read-write and bases
+// read-only, and builds the owner table.
+func (l *Layer) open() error {
+	f, err := l.env.OpenMeta(volFile)
+	if err != nil {
+		return err
+	}
+	sb, payload, err := superblock.OpenFile(f)
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("%s: %w", volFile, err)
+	}
+	l.vsb = sb
+	var vm volMeta
+	if err := json.Unmarshal(payload, &vm); err != nil || vm.Top == "" {
+		return fmt.Errorf("%s: bad payload: %v", volFile, err)
+	}
+	// Walk from the top to the root, then number the images root first.
+	var chain []*image
+	for id, first := vm.Top, true; id != ""; first = false {
+		if len(chain) > MaxChain {
+			return fmt.Errorf("chain of image %s is longer than %d", vm.Top, MaxChain)
+		}
+		im, err := l.openImage(id, first)
+		if err != nil {
+			return err
+		}
+		l.all = append(l.all, im)
+		chain = append(chain, im)
+		id = im.meta.Parent
+	}
+	l.top = chain[0]
+	l.size = l.top.meta.Size
+	l.byDepth = make([]*image, len(chain)+1)
+	l.owner = make([]atomic.Uint32, chunks(l.size, l.chunk))
+	for i := range chain {
+		im := chain[len(chain)-1-i]
+		im.depth = uint32(i + 1)
+		l.byDepth[im.depth] = im
+		if im.meta.Chunk != l.chunk {
+			return fmt.Errorf("image %s has chunk %d, the volume %d", im.meta.ID, im.meta.Chunk, l.chunk)
+		}
+		m := im.alloc
+		for c := m.NextSet(0); c >= 0 && c < int64(len(l.owner)); c = m.NextSet(c + 1) {
+			l.owner[c].Store(im.depth)
+		}
+		if im != l.top { // a base's map is read once: drop it
+			m.Close()
+			im.alloc = nil
+		}
+	}
+	return nil
+}
+
+// openImage opens image id: read-write with its map and superblock if it
+// is the top, read-only otherwise (its map is closed after the owner
+// table is built).
+func (l *Layer) openImage(id string, top bool) (*image, error) {
+	dir := l.imageDir(id)
+	f, err := l.env.OpenMeta(filepath.Join(dir, imgFile))
+	if err != nil {
+		return nil, err
+	}
+	sb, payload, err := superblock.OpenFile(f)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("image %s: %w", id, err)
+	}
+	im := &image{sb: sb}
+	if err := json.Unmarshal(payload, &im.meta); err != nil || im.meta.ID != id {
+		sb.Close()
+		return nil, fmt.Errorf("image %s: bad image.sb (%v)", id, err)
+	}
+	env := l.env
+	env.Dir, env.Size, env.Create, env.Base = dir, im.meta.Size, false, ""
+	env.ReadOnly = l.env.ReadOnly || !top
+	if im.dev, err = block.Build(env, im.meta.Spec); err != nil {
+		sb.Close()
+		return nil, fmt.Errorf("image %s: %w", id, err)
+	}
+	if im.alloc, err = l.openMap(dir, im.meta); err != nil {
+		im.dev.Close()
+		sb.Close()
+		return nil, fmt.Errorf("image %s: %w", id, err)
+	}
+	if !top {
+		sb.Close()
+		im.sb = nil
+	}
+	return im, nil
+}
+
+// run is a stretch of consecutive chunks with the same owner.
+type run struct {
+	off, n int64
+	owner  uint32
+}
+
+// runs splits [off, off+n) into runs of one owner. Top-held chunks and
+// chunks nobody holds both read from the top, so they share a run (owner
+// reported as the top's depth) unless split says otherwise.
+func (l *Layer) runs(off, n int64, split bool) []run {
+	var out []run
+	topd := l.top.depth
+	for n > 0 {
+		c := off / l.chunk
+		m := min(n, (c+1)*l.chunk-off)
+		o := l.owner[c].Load()
+		if !split && o == 0 {
+			o = topd
+		}
+		if k := len(out) - 1; k >= 0 && out[k].owner == o && out[k].off+out[k].n == off {
+			out[k].n += m
+		} else {
+			out = append(out, run{off, m, o})
+		}
+		off, n = off+m, n-m
+	}
+	return out
+}
+
+// Size implements block.Device.
+func (l *Layer) Size() int64 {
+	l.chainMu.RLock()
+	defer l.chainMu.RUnlock()
+	return l.size
+}
+
+// Capabilities implements block.Device: writes, zeroes and trims are
+// handled chunk by chunk here, so what the top's stack supports is what
+// this layer supports, except fast zeroing (a partial chunk held by a base
+// needs a copy-up).
+func (l *Layer) Capabilities() block.Capabilities {
+	c := l.top.dev.Capabilities()
+	c.ReadOnly = c.ReadOnly || l.env.ReadOnly
+	c.FastZero = false
+	return c
+}
+
+// Children implements block.Parent: the top's stack (bases are read-only
+// and internal).
+func (l *Layer) Children() []block.Layer { return []block.Layer{l.top.dev} }
+
+// ReadAt implements block.Device.
+func (l *Layer) ReadAt(p []byte, off int64) error {
+	l.chainMu.RLock()
+	defer l.chainMu.RUnlock()
+	at := int64(0)
+	for _, r := range l.runs(off, int64(len(p)), false) {
+		if err := l.readFrom(l.byDepth[r.owner], p[at:at+r.n], r.off); err != nil {
+			return err
+		}
+		at += r.n
+	}
+	return nil
+}
+
+// readFrom reads from one image; beyond a base's (smaller, pre-extend)
+// size it reads zeroes.
+func (l *Layer) readFrom(im *image, p []byte, off int64) error {
+	size := im.meta.Size
+	if im == l.top {
+		size = l.size
+	}
+	if off >= size {
+		clear(p)
+		return nil
+	}
+	if end := off + int64(len(p)); end > size {
+		clear(p[size-off:])
+		p = p[:size-off]
+	}
+	return im.dev.ReadAt(p, off)
+}
+
+// WriteAt implements block.Device.
+func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
+	return l.write(off, int64(len(p)), fua, func(r run, at int64) error {
+		return l.top.dev.WriteAt(p[at:at+r.n], r.off, fua)
+	}, func(buf []byte, r run, at int64) {
+		copy(buf[r.off%l.chunk:], p[at:at+r.n])
+	})
+}
+
+// write is the shared path of writes and zeroes: direct covers a run the
+// top holds or nobody holds; overlay puts a run's new content into a
+// copied-up chunk buffer.
+func (l *Layer) write(off, n int64, fua bool, direct func(r run, at int64) error, overlay func(buf []byte, r run, at int64)) error {
+	if l.env.ReadOnly {
+		return block.ErrReadOnly
+	}
+	if err := l.brokenErr(); err != nil {
+		return err
+	}
+	l.chainMu.RLock()
+	defer l.chainMu.RUnlock()
+	var fresh []int64
+	at := int64(0)
+	topd := l.top.depth
+	for _, r := range l.runs(off, n, true) {
+		switch r.owner {
+		case topd:
+			if err := direct(r, at); err != nil {
+				return err
+			}
+		case 0:
+			if err := direct(r, at); err != nil {
+				return err
+			}
+			for c := r.off / l.chunk; c*l.chunk < r.off+r.n; c++ {
+				if l.owner[c].CompareAndSwap(0, topd) {
+					fresh = append(fresh, c)
+				}
+			}
+		default:
+			for c := r.off / l.chunk; c*l.chunk < r.off+r.n; c++ {
+				lo, hi := max(r.off, c*l.chunk), min(r.off+r.n, (c+1)*l.chunk)
+				ok, err := l.copyUp(c, fua, run{lo, hi - lo, r.owner}, at+lo-r.off, direct, overlay)
+				if err != nil {
+					return err
+				}
+				if ok {
+					fresh = append(fresh, c)
+				}
+			}
+		}
+		at += r.n
+	}
+	return l.allocated(fresh, fua)
+}
+
+// copyUp writes piece r of chunk c, which a base held when the run was
+// made: under the chunk's lock, if a base still holds it, the whole chunk
+// is read from there, overlaid and written to the top; if the top took it
+// meanwhile, the piece is written directly. It reports whether this call
+// moved the chunk to the top.
+func (l *Layer) copyUp(c int64, fua bool, r run, at int64, direct func(run, int64) error, overlay func([]byte, run, int64)) (bool, error) {
+	mu := &l.locks[c%int64(len(l.locks))]
+	mu.Lock()
+	defer mu.Unlock()
+	o := l.owner[c].Load()
+	if o == l.top.depth || o == 0 {
+		return false, direct(r, at)
+	}
+	start := c * l.chunk
+	buf := make([]byte, min(l.chunk, l.size-start))
+	if err := l.readFrom(l.byDepth[o], buf, start); err != nil {
+		return false, fmt.Errorf("copy up chunk %d: %w", c, err)
+	}
+	overlay(buf, r, at)
+	if err := l.top.dev.WriteAt(buf, start, fua); err != nil {
+		return false, fmt.Errorf("copy up chunk %d: %w", c, err)
+	}
+	l.owner[c].Store(l.top.depth)
+	return true, nil
+}
+
+// allocated records chunks the top now holds: with fua their data is
+// durable, so their bits are persisted at once; otherwise the next Flush
+// persists them after flushing the data.
+func (l *Layer) allocated(fresh []int64, fua bool) error {
+	if len(fresh) == 0 {
+		return nil
+	}
+	if fua {
+		for _, c := range fresh {
+			l.top.alloc.Set(c)
+		}
+		return l.top.alloc.Sync()
+	}
+	l.pendMu.Lock()
+	l.pending = append(l.pending, fresh...)
+	l.pendMu.Unlock()
+	return nil
+}
+
+// WriteZeroes implements block.Device.
+func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
+	if f.Fast {
+		return block.ErrNotSupported
+	}
+	zf := block.ZeroFlags{NoHole: f.NoHole, FUA: f.FUA}
+	return l.write(off, n, f.FUA, func(r run, _ int64) error {
+		return l.top.dev.WriteZeroes(r.off, r.n, zf)
+	}, func(buf []byte, r run, _ int64) {
+		clear(buf[r.off%l.chunk : r.off%l.chunk+r.n])
+	})
+}
+
+// Trim implements block.Device: ranges the top holds (or nobody holds)
+// are trimmed in the top; ranges a base holds keep their data (a trim is
+// advisory, and copying up to discard would cost space, not free it).
+func (l *Layer) Trim(off, n int64, fua bool) error {
+	if l.env.ReadOnly {
+		return block.ErrReadOnly
+	}
+	l.chainMu.RLock()
+	defer l.chainMu.RUnlock()
+	for _, r := range l.runs(off, n, false) {
+		if r.owner != l.top.depth {
+			continue
+		}
+		if err := l.top.dev.Trim(r.off, r.n, fua); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Flush implements block.Device: the top's data, then the allocation bits
+// of every write completed before the flush began.
+func (l *Layer) Flush() error {
+	l.chainMu.RLock()
+	defer l.chainMu.RUnlock()
+	return l.flush()
+}
+
+func (l *Layer) flush() error {
+	if l.env.ReadOnly {
+		return nil
+	}
+	if err := l.brokenErr(); err != nil {
+		return err
+	}
+	l.pendMu.Lock()
+	list := l.pending
+	l.pending = nil
+	l.pendMu.Unlock()
+	fail := func(err error) error {
+		l.pendMu.Lock()
+		l.pending = append(l.pending, list...)
+		l.pendMu.Unlock()
+		return err
+	}
+	if err := l.top.dev.Flush(); err != nil {
+		return fail(err)
+	}
+	for _, c := range list {
+		l.top.alloc.Set(c)
+	}
+	if err := l.top.alloc.Sync(); err != nil {
+		return fail(fmt.Errorf("allocation map: %w", err))
+	}
+	return nil
+}
+
+// Extents implements block.Device: ranges the top holds or nobody holds
+// are described by the top's stack; ranges a base holds are data.
+func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
+	l.chainMu.RLock()
+	defer l.chainMu.RUnlock()
+	var out []block.Extent
+	for i, r := range l.runs(off, min(n, 4096*l.chunk), false) {
+		if i == 64 {
+			break
+		}
+		if r.owner != l.top.depth {
+			out = block.AppendExtent(out, block.Extent{Length: r.n})
+			continue
+		}
+		ex, err := l.top.dev.Extents(r.off, r.n)
+		if err != nil {
+			return nil, err
+		}
+		got := int64(0)
+		for _, e := range ex {
+			e.Length = min(e.Length, r.n-got)
+			out = block.AppendExtent(out, e)
+			got += e.Length
+		}
+		if got < r.n {
+			break
+		}
+	}
+	return out, nil
+}
+
+// Resize implements block.Resizer.
+func (l *Layer) Resize(n int64) error {
+	if l.env.ReadOnly {
+		return block.ErrReadOnly
+	}
+	l.chainMu.Lock()
+	defer l.chainMu.Unlock()
+	if n < l.size {
+		return fmt.Errorf("cannot shrink from %d to %d bytes", l.size, n)
+	}
+	r, ok := l.top.dev.(block.Resizer)
+	if !ok {
+		return fmt.Errorf("the image's %s layer cannot grow", l.top.dev.Describe().Type)
+	}
+	if err := r.Resize(n); err != nil {
+		return err
+	}
+	if err := l.top.alloc.Grow(chunks(n, l.chunk)); err != nil {
+		return err
+	}
+	m := l.top.meta
+	m.Size = n
+	if err := l.writeImage(l.top, m); err != nil {
+		return err
+	}
+	owner := make([]atomic.Uint32, chunks(n, l.chunk))
+	for i := range l.owner {
+		owner[i].Store(l.owner[i].Load())
+	}
+	l.owner, l.size = owner, n
+	return nil
+}
+
+func (l *Layer) writeImage(im *image, m imageMeta) error {
+	b, _ := json.Marshal(m)
+	if err := im.sb.Write(b); err != nil {
+		return fmt.Errorf("image %s: %w", m.ID, err)
+	}
+	im.meta = m
+	return nil
+}
+
+func (l *Layer) brokenErr() error {
+	if p := l.broken.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Top is the id of the image the volume writes into.
+func (l *Layer) Top() string {
+	l.chainMu.RLock()
+	defer l.chainMu.RUnlock()
+	return l.top.meta.ID
+}
+
+// Depth is the number of images in the chain.
+func (l *Layer) Depth() int {
+	l.chainMu.RLock()
+	defer l.chainMu.RUnlock()
+	return int(l.top.depth)
+}
+
+// Snapshot freezes the current top and starts a new one on it, returning
+// the frozen image's id: the snapshot's data. tag names the snapshot; a
+// repeated call with the same tag (a snapshot resumed after a crash) finds
+// its own work done and returns the same image. Its cost is a flush and
+// the creation of an empty image, whatever the volume's size. Callers stop
+// writers first if the snapshot must be exact (writes racing with it land
+// on one side or the other).
+func (l *Layer) Snapshot(tag string) (string, error) {
+	if l.env.ReadOnly {
+		return "", block.ErrReadOnly
+	}
+	l.chainMu.Lock()
+	defer l.chainMu.Unlock()
+	if tag != "" && l.top.meta.Tag == tag {
+		return l.top.meta.Parent, nil
+	}
+	if int(l.top.depth) >= MaxChain {
+		return "", fmt.Errorf("the volume has %d images, the most a chain may have: flatten it first", MaxChain)
+	}
+	if err := l.flush(); err != nil {
+		return "", fmt.Errorf("snapshot: %w", err)
+	}
+	old := l.top
+	im, err := l.newImage(imageMeta{Parent: old.meta.ID, Size: l.size, Chunk: l.chunk, Spec: old.meta.Spec, Tag: tag})
+	if err != nil {
+		return "", fmt.Errorf("snapshot: %w", err)
+	}
+	b, _ := json.Marshal(volMeta{Version: version, Top: im.meta.ID})
+	if err := l.vsb.Write(b); err != nil {
+		// The write may have landed or not: the chain on disk is unknown,
+		// so nothing more may be acknowledged until a reopen reads it.
+		// The new image stays (Collect removes it if it is not the top).
+		im.dev.Close()
+		im.sb.Close()
+		im.alloc.Close()
+		err = fmt.Errorf("snapshot: %s: %w", volFile, err)
+		l.broken.Store(&err)
+		return "", err
+	}
+	// Committed. The old top is a base from now on: its map and
+	// superblock are never written again.
+	old.alloc.Close()
+	old.sb.Close()
+	old.alloc, old.sb = nil, nil
+	im.depth = old.depth + 1
+	l.byDepth = append(l.byDepth, im)
+	l.all = append(l.all, im)
+	l.top = im
+	return old.meta.ID, nil
+}
+
+// Flatten copies every chunk a base holds into the top and then detaches
+// the top from its parent, so the volume no longer needs any snapshot's
+// images. Writes go on meanwhile. Interrupted, it is simply run again
+// (chunks already copied are skipped).
+func (l *Layer) Flatten(ctx context.Context, progress block.Progress) error {
+	if l.env.ReadOnly {
+		return block.ErrReadOnly
+	}
+	l.chainMu.RLock()
+	total := int64(len(l.owner))
+	l.chainMu.RUnlock()
+	keep := func(run, int64) error { return nil } // the chunk's content is its base's
+	for c := int64(0); c < total; c++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		l.chainMu.RLock()
+		o := l.owner[c].Load()
+		var err error
+		moved := false
+		if o != 0 && o != l.top.depth {
+			moved, err = l.copyUp(c, false, run{c * l.chunk, 0, o}, 0, keep, func([]byte, run, int64) {})
+		}
+		l.chainMu.RUnlock()
+		if err != nil {
+			return fmt.Errorf("flatten: %w", err)
+		}
+		if moved {
+			l.pendMu.Lock()
+			l.pending = append(l.pending, c)
+			l.pendMu.Unlock()
+		}
+		if progress != nil && (c%1024 == 0 || c == total-1) {
+			progress(c+1, total)
+		}
+	}
+	l.chainMu.Lock()
+	defer l.chainMu.Unlock()
+	if err := l.flush(); err != nil {
+		return fmt.Errorf("flatten: %w", err)
+	}
+	if l.top.meta.Parent == "" {
+		return nil
+	}
+	m := l.top.meta
+	m.Parent = ""
+	if err := l.writeImage(l.top, m); err != nil {
+		return fmt.Errorf("flatten: %w", err)
+	}
+	// Bases stay open (closed with the layer) but hold nothing any more.
+	l.byDepth = []*image{nil}
+	for d := 1; d < int(l.top.depth); d++ {
+		l.byDepth = append(l.byDepth, nil)
+	}
+	l.byDepth = append(l.byDepth, l.top)
+	return nil
+}
+
+// Close implements block.Device: flushes nothing (callers flush), closes
+// every image.
+func (l *Layer) Close() error {
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	for _, im := range l.all {
+		keep(im.dev.Close())
+		if im.alloc != nil {
+			keep(im.alloc.Close())
+		}
+		if im.sb != nil {
+			keep(im.sb.Close())
+		}
+	}
+	l.all = nil
+	if l.vsb != nil {
+		keep(l.vsb.Close())
+		l.vsb = nil
+	}
+	return first
+}
+
+// Describe implements block.Layer.
+func (l *Layer) Describe() block.Node {
+	l.chainMu.RLock()
+	top := l.top
+	l.chainMu.RUnlock()
+	kid := top.dev.Describe()
+	return block.Node{Type: "cow", Params: l.params, State: block.Worst([]block.Node{kid}), Children: []block.Node{kid}}
+}
