@@ -81,6 +81,22 @@ func ParseCreateSnapshot(body []byte) (CreateSnapshotRequest, error) {
 	return r, nil
 }
 
+// ParseCreateVolumeType decodes POST /v1/types. The stack itself is
+// validated by the volume service, which builds it.
+func ParseCreateVolumeType(body []byte) (CreateVolumeTypeRequest, error) {
+	var r CreateVolumeTypeRequest
+	if err := decode(body, &r); err != nil {
+		return r, err
+	}
+	if r.Name == "" {
+		return r, errs.Invalid(errs.CodeInvalidName, "name is required")
+	}
+	if len(r.Stack) == 0 || string(r.Stack) == "null" {
+		return r, errs.Invalid(errs.CodeInvalidStack, "stack is required")
+	}
+	return r, nil
+}
+
 // ParseCreateUser decodes POST /v1/users.
 func ParseCreateUser(body []byte) (CreateUserRequest, error) {
 	var r CreateUserRequest

@@ -110,20 +110,36 @@ func (s *Server) showVolume(w http.ResponseWriter, r *http.Request, c volume.Cal
 	if err != nil {
 		return err
 	}
-	return s.writeVolume(w, r, c, http.StatusOK, v)
+	out, err := s.volumeWithAttachments(r, c, v)
+	if err != nil {
+		return err
+	}
+	if out.Stack, err = s.d.Volumes.Stack(r.Context(), v); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
 }
 
 // writeVolume renders a volume with its attachments.
 func (s *Server) writeVolume(w http.ResponseWriter, r *http.Request, c volume.Caller, status int, v *meta.Volume) error {
+	out, err := s.volumeWithAttachments(r, c, v)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, status, out)
+	return nil
+}
+
+func (s *Server) volumeWithAttachments(r *http.Request, c volume.Caller, v *meta.Volume) (Volume, error) {
 	var as []*meta.Attachment
 	if len(v.Attachments) > 0 {
 		var err error
 		if as, err = s.d.Volumes.Attachments(r.Context(), c, v.ID); err != nil {
-			return err
+			return Volume{}, err
 		}
 	}
-	writeJSON(w, status, s.volumeOut(v, as))
-	return nil
+	return s.volumeOut(v, as), nil
 }
 
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
@@ -209,9 +225,9 @@ func progressOut(j *meta.Job) *Progress {
 	if j == nil {
 		return nil
 	}
-	p := &Progress{DoneBytes: j.DoneBytes, TotalBytes: j.Total}
+	p := &Progress{Job: j.Kind, Done: j.Done, Total: j.Total}
 	if j.Total > 0 {
-		p.Percent = float64(int(float64(j.DoneBytes)/float64(j.Total)*1000)) / 10
+		p.Percent = float64(int(float64(j.Done)/float64(j.Total)*1000)) / 10
 	}
 	return p
 }
@@ -220,6 +236,9 @@ func (s *Server) volumeOut(v *meta.Volume, as []*meta.Attachment) Volume {
 	out := Volume{ID: v.ID, Name: v.Name, SizeBytes: v.SizeBytes, Status: v.Status, StatusMessage: v.StatusMessage,
 		Type: v.Type, Owner: v.Owner, Multiattach: v.Multiattach, SourceSnapshot: v.SourceSnapshot,
 		CreatedAt: v.CreatedAt, Attachments: []Attachment{}, Progress: progressOut(v.Job)}
+	if j := v.LastJob; j != nil {
+		out.LastJob = &JobResult{Job: j.Kind, Error: j.Error, Report: j.Report, FinishedAt: j.Finished}
+	}
 	for _, a := range as {
 		out.Attachments = append(out.Attachments, s.attachmentOut(a))
 	}
@@ -280,5 +299,66 @@ func (s *Server) detach(w http.ResponseWriter, r *http.Request, c volume.Caller)
 
 func snapshotOut(sn *meta.Snapshot) Snapshot {
 	return Snapshot{ID: sn.ID, Name: sn.Name, VolumeID: sn.VolumeID, SizeBytes: sn.SizeBytes, Status: sn.Status,
-		StatusMessage: sn.StatusMessage, Owner: sn.Owner, CreatedAt: sn.CreatedAt, Progress: progressOut(sn.Job)}
+		StatusMessage: sn.StatusMessage, Owner: sn.Owner, CreatedAt: sn.CreatedAt}
+}
+
+func (s *Server) volumeJob(kind string) handler {
+	return func(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+		v, err := s.d.Volumes.StartJob(r.Context(), c, r.PathValue("id"), kind)
+		if err != nil {
+			return err
+		}
+		return s.writeVolume(w, r, c, http.StatusAccepted, v)
+	}
+}
+
+func typeOut(t *volume.VolumeType) VolumeType {
+	return VolumeType{Name: t.Name, Description: t.Description, Stack: t.Stack, BuiltIn: t.BuiltIn}
+}
+
+func (s *Server) listTypes(w http.ResponseWriter, r *http.Request, _ volume.Caller) error {
+	ts, err := s.d.Volumes.VolumeTypes(r.Context())
+	if err != nil {
+		return err
+	}
+	out := make([]VolumeType, 0, len(ts))
+	for i := range ts {
+		out = append(out, typeOut(&ts[i]))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) showType(w http.ResponseWriter, r *http.Request, _ volume.Caller) error {
+	t, err := s.d.Volumes.VolumeType(r.Context(), r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, typeOut(t))
+	return nil
+}
+
+func (s *Server) createType(w http.ResponseWriter, r *http.Request, _ volume.Caller) error {
+	body, err := readBody(r.Body)
+	if err != nil {
+		return err
+	}
+	req, err := ParseCreateVolumeType(body)
+	if err != nil {
+		return err
+	}
+	t, err := s.d.Volumes.CreateVolumeType(r.Context(), req.Name, req.Description, req.Stack)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, typeOut(t))
+	return nil
+}
+
+func (s *Server) deleteType(w http.ResponseWriter, r *http.Request, _ volume.Caller) error {
+	if err := s.d.Volumes.DeleteVolumeType(r.Context(), r.PathValue("name")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
 	"github.com/basalt-storage/basalt/internal/user"
 	"github.com/basalt-storage/basalt/internal/volume"
 )
@@ -54,6 +55,13 @@ func New(d Deps) *Server {
 	s.route("GET /v1/volumes/{id}", s.showVolume)
 	s.route("DELETE /v1/volumes/{id}", s.deleteVolume)
 	s.route("POST /v1/volumes/{id}/extend", s.extendVolume)
+	s.route("POST /v1/volumes/{id}/flatten", s.volumeJob(meta.JobFlatten))
+	s.route("POST /v1/volumes/{id}/repair", s.volumeJob(meta.JobRepair))
+	s.route("POST /v1/volumes/{id}/scrub", s.volumeJob(meta.JobScrub))
+	s.route("GET /v1/types", s.listTypes)
+	s.route("GET /v1/types/{name}", s.showType)
+	s.route("POST /v1/types", s.admin(s.createType))
+	s.route("DELETE /v1/types/{name}", s.admin(s.deleteType))
 	s.route("POST /v1/snapshots", s.createSnapshot)
 	s.route("GET /v1/snapshots", s.listSnapshots)
 	s.route("GET /v1/snapshots/{id}", s.showSnapshot)

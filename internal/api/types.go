@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/size"
 )
@@ -117,9 +118,33 @@ type AttachRequest struct {
 
 // Progress of a running job.
 type Progress struct {
-	DoneBytes  int64   `json:"done_bytes"`
-	TotalBytes int64   `json:"total_bytes"`
-	Percent    float64 `json:"percent"`
+	Job     string  `json:"job"` // flatten, repair, scrub
+	Done    int64   `json:"done"`
+	Total   int64   `json:"total"`
+	Percent float64 `json:"percent"`
+}
+
+// JobResult is how a volume's last job ended.
+type JobResult struct {
+	Job        string    `json:"job"`
+	Error      string    `json:"error,omitempty"`
+	Report     any       `json:"report,omitempty"`
+	FinishedAt time.Time `json:"finished_at"`
+}
+
+// VolumeType is a named layer stack template (GET /v1/types).
+type VolumeType struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Stack       json.RawMessage `json:"stack"`
+	BuiltIn     bool            `json:"built_in"`
+}
+
+// CreateVolumeTypeRequest is POST /v1/types (admin).
+type CreateVolumeTypeRequest struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Stack       json.RawMessage `json:"stack"`
 }
 
 // Attachment is a volume's attachment to a host, served over NBD.
@@ -147,7 +172,11 @@ type Volume struct {
 	SourceSnapshot string       `json:"source_snapshot"`
 	CreatedAt      time.Time    `json:"created_at"`
 	Attachments    []Attachment `json:"attachments"`
-	Progress       *Progress    `json:"progress,omitempty"`
+	// Progress is the running job's (flatten, repair, scrub).
+	Progress *Progress  `json:"progress,omitempty"`
+	LastJob  *JobResult `json:"last_job,omitempty"`
+	// Stack is the live layer tree; only in GET /v1/volumes/{id}.
+	Stack *block.Node `json:"stack,omitempty"`
 }
 
 // Snapshot is the public shape of a snapshot (brief §3).
@@ -160,7 +189,6 @@ type Snapshot struct {
 	StatusMessage string    `json:"status_message,omitempty"`
 	Owner         string    `json:"owner"`
 	CreatedAt     time.Time `json:"created_at"`
-	Progress      *Progress `json:"progress,omitempty"`
 }
 
 // Status is GET /v1/status: this node's view of itself and the cluster.

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/basalt-storage/basalt/internal/api"
-	"github.com/basalt-storage/basalt/internal/size"
 )
 
 // progressBar draws one self-overwriting line on a terminal (stderr).
@@ -24,8 +23,7 @@ func (b *progressBar) draw(p *api.Progress) {
 	const width = 30
 	filled := int(p.Percent / 100 * width)
 	filled = max(0, min(width, filled))
-	fmt.Fprintf(b.w, "\r[%s%s] %5.1f%%  %s / %s ", strings.Repeat("#", filled), strings.Repeat(".", width-filled),
-		p.Percent, size.Format(p.DoneBytes), size.Format(p.TotalBytes))
+	fmt.Fprintf(b.w, "\r%s [%s%s] %5.1f%% ", p.Job, strings.Repeat("#", filled), strings.Repeat(".", width-filled), p.Percent)
 	b.drawn = true
 }
 

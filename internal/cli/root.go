@@ -62,7 +62,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	pf.StringVar(&g.endpoint, "endpoint", "https://127.0.0.1:8443", "control API URL (env BASALT_ENDPOINT)")
 	pf.StringVar(&g.identity, "identity", "", "identity directory: ca.pem, cert.pem, key.pem (env BASALT_IDENTITY; default ./basalt-data/identities/admin when present)")
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
-	root.AddCommand(serverCmd(g), statusCmd(g), userCmd(g), volumeCmd(g), snapshotCmd(g),
+	root.AddCommand(serverCmd(g), statusCmd(g), userCmd(g), volumeCmd(g), snapshotCmd(g), typeCmd(g),
 		attachCmd(g), detachCmd(g), attachmentCmd(g), metaCmd(g), versionCmd(g))
 	err := root.Execute()
 	if err == nil {

@@ -20,7 +20,7 @@ import (
 
 func serverCmd(g *globals) *cobra.Command {
 	var cfg server.Config
-	var configFile, logLevel, jobBandwidth, metaQuota string
+	var configFile, logLevel, metaQuota string
 	var endpoints []string
 	cmd := &cobra.Command{
 		Use:   "server",
@@ -37,10 +37,8 @@ command line wins over the environment, which wins over the file.`,
 				return err
 			}
 			var err error
-			if jobBandwidth != "" && jobBandwidth != "0" {
-				if cfg.JobBandwidth, err = size.Parse(jobBandwidth); err != nil {
-					return usageErr("--job-bandwidth: %v", err)
-				}
+			if cfg.ImageGrace < 0 {
+				return usageErr("--image-grace must not be negative")
 			}
 			if metaQuota != "" {
 				if cfg.MetaQuota, err = size.Parse(metaQuota); err != nil {
@@ -79,7 +77,7 @@ command line wins over the environment, which wins over the file.`,
 	f.StringVar(&cfg.Advertise, "advertise", "", "host name other nodes and clients use for this node")
 	f.StringSliceVar(&endpoints, "meta-endpoints", nil, "use this external etcd cluster (comma-separated URLs) instead of the embedded member")
 	f.Float64Var(&cfg.Overcommit, "overcommit", volume.DefaultOvercommit, "thin provisioning limit: provisioned bytes <= store capacity × this")
-	f.StringVar(&jobBandwidth, "job-bandwidth", "0", "cap copy jobs (snapshot, clone) at this many bytes per second, e.g. 200MiB (0 = unlimited)")
+	f.DurationVar(&cfg.ImageGrace, "image-grace", volume.DefaultImageGrace, "spare unreferenced copy-on-write images younger than this from collection (other nodes may be creating them)")
 	f.StringVar(&metaQuota, "meta-quota", "", "embedded etcd space quota (default 4GiB)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd

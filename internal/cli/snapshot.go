@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/api"
-	"github.com/basalt-storage/basalt/internal/client"
-	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/size"
 	"github.com/spf13/cobra"
 )
@@ -15,9 +13,8 @@ import (
 func snapshotCmd(g *globals) *cobra.Command {
 	cmd := group("snapshot", "manage snapshots")
 	var req api.CreateSnapshotRequest
-	var wait bool
 	create := &cobra.Command{
-		Use: "create VOLUME [--name N] [--wait]", Short: "snapshot a volume", Args: cobra.ExactArgs(1),
+		Use: "create VOLUME [--name N]", Short: "snapshot a volume (instant: copy-on-write)", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.Volume = args[0]
 			c, err := g.client()
@@ -28,16 +25,10 @@ func snapshotCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if wait {
-				if sn, err = waitSnapshot(g, c, sn.ID); err != nil {
-					return err
-				}
-			}
 			return g.emit(sn, func(w *tabwriter.Writer) { snapshotTable(w, sn) })
 		},
 	}
 	create.Flags().StringVar(&req.Name, "name", "", "name, unique among your snapshots")
-	create.Flags().BoolVar(&wait, "wait", false, "wait until the snapshot is available, showing progress")
 	create.Flags().StringVar(&req.ClientToken, "client-token", "", "idempotency token")
 	var volume string
 	list := &cobra.Command{
@@ -98,27 +89,5 @@ func snapshotTable(w *tabwriter.Writer, s *api.Snapshot) {
 	if s.StatusMessage != "" {
 		fmt.Fprintf(w, "message:\t%s\n", s.StatusMessage)
 	}
-	if s.Progress != nil {
-		fmt.Fprintf(w, "progress:\t%.1f%% (%s of %s)\n", s.Progress.Percent, size.Format(s.Progress.DoneBytes), size.Format(s.Progress.TotalBytes))
-	}
 	fmt.Fprintf(w, "owner:\t%s\ncreated:\t%s\n", s.Owner, s.CreatedAt.Format(time.RFC3339))
-}
-
-func waitSnapshot(g *globals, c *client.Client, id string) (*api.Snapshot, error) {
-	bar := newProgressBar(g.stderr)
-	for {
-		s, err := c.Snapshot(ctx(), id)
-		if err != nil {
-			return nil, err
-		}
-		if s.Status != "creating" {
-			bar.done()
-			if s.Status == "error" {
-				return s, errs.New(errs.KindInternal, "WorkflowFailed", "snapshot %s failed: %s", s.ID, s.StatusMessage)
-			}
-			return s, nil
-		}
-		bar.draw(s.Progress)
-		time.Sleep(200 * time.Millisecond)
-	}
 }

@@ -1,11 +1,14 @@
 package cli
 
 import (
+	"encoding/json"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/api"
+	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/client"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/size"
@@ -24,9 +27,8 @@ func volumeCmd(g *globals) *cobra.Command {
 	cmd := group("volume", "manage block volumes")
 	var req api.CreateVolumeRequest
 	var sz string
-	var wait bool
 	create := &cobra.Command{
-		Use:   "create --size SIZE [--name N] [--type T] [--from-snapshot ID] [--multiattach] [--wait]",
+		Use:   "create --size SIZE [--name N] [--type T] [--from-snapshot ID] [--multiattach]",
 		Short: "create a volume (empty, or from a snapshot)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -48,11 +50,6 @@ func volumeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if wait {
-				if v, err = waitVolume(g, c, v.ID); err != nil {
-					return err
-				}
-			}
 			return g.emit(v, func(w *tabwriter.Writer) { volumeTable(w, v) })
 		},
 	}
@@ -62,7 +59,6 @@ func volumeCmd(g *globals) *cobra.Command {
 	f.StringVar(&req.Type, "type", "", "volume type (default standard)")
 	f.StringVar(&req.FromSnapshot, "from-snapshot", "", "create from this snapshot (id or name)")
 	f.BoolVar(&req.Multiattach, "multiattach", false, "allow several read-write attachments")
-	f.BoolVar(&wait, "wait", false, "wait until the volume is available, showing progress")
 	f.StringVar(&req.ClientToken, "client-token", "", "idempotency token: repeating a create with it returns the first result")
 
 	list := &cobra.Command{
@@ -136,7 +132,36 @@ func volumeCmd(g *globals) *cobra.Command {
 		},
 	}
 	extend.Flags().StringVar(&extSize, "size", "", "new size (larger than the current one)")
-	cmd.AddCommand(create, list, show, del, extend)
+	cmd.AddCommand(create, list, show, del, extend,
+		jobCmd(g, "flatten", "copy every block a snapshot provides into the volume, so it depends on none"),
+		jobCmd(g, "repair", "rebuild failed mirror or parity legs (only what changed when a leg returns)"),
+		jobCmd(g, "scrub", "verify every block against its checksum, repairing from a good copy"))
+	return cmd
+}
+
+// jobCmd is `volume flatten|repair|scrub ID [--wait]`.
+func jobCmd(g *globals, job, short string) *cobra.Command {
+	var wait bool
+	cmd := &cobra.Command{
+		Use: job + " ID [--wait]", Short: short, Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			v, err := c.VolumeJob(ctx(), args[0], job)
+			if err != nil {
+				return err
+			}
+			if wait {
+				if v, err = waitJob(g, c, v.ID); err != nil {
+					return err
+				}
+			}
+			return g.emit(v, func(w *tabwriter.Writer) { volumeTable(w, v) })
+		},
+	}
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the job ends, showing progress; fail if it fails")
 	return cmd
 }
 
@@ -146,7 +171,18 @@ func volumeTable(w *tabwriter.Writer, v *api.Volume) {
 		fmt.Fprintf(w, "message:\t%s\n", v.StatusMessage)
 	}
 	if v.Progress != nil {
-		fmt.Fprintf(w, "progress:\t%.1f%% (%s of %s)\n", v.Progress.Percent, size.Format(v.Progress.DoneBytes), size.Format(v.Progress.TotalBytes))
+		fmt.Fprintf(w, "job:\t%s %.1f%%\n", v.Progress.Job, v.Progress.Percent)
+	}
+	if j := v.LastJob; j != nil {
+		outcome := "ok"
+		if j.Error != "" {
+			outcome = "failed: " + j.Error
+		}
+		if j.Report != nil {
+			b, _ := json.Marshal(j.Report)
+			outcome += " " + string(b)
+		}
+		fmt.Fprintf(w, "last job:\t%s %s (%s)\n", j.Job, outcome, j.FinishedAt.Format(time.RFC3339))
 	}
 	fmt.Fprintf(w, "type:\t%s\nowner:\t%s\nmultiattach:\t%v\nsource snapshot:\t%s\ncreated:\t%s\n",
 		v.Type, v.Owner, v.Multiattach, dash(v.SourceSnapshot), v.CreatedAt.Format(time.RFC3339))
@@ -160,6 +196,24 @@ func volumeTable(w *tabwriter.Writer, v *api.Volume) {
 		}
 		fmt.Fprintf(w, "%s\t%s %s on %s %s\n", label, a.ID, a.Mode, a.Host, a.NBDURI)
 	}
+	if v.Stack != nil {
+		stackTree(w, *v.Stack, "stack:", 0)
+	}
+}
+
+// stackTree prints a layer tree, one layer per line, children indented.
+func stackTree(w *tabwriter.Writer, n block.Node, label string, depth int) {
+	line := strings.Repeat("  ", depth) + n.Type + " " + n.State
+	if n.Progress != nil {
+		line += fmt.Sprintf(" %.1f%%", *n.Progress)
+	}
+	if n.Path != "" {
+		line += " " + n.Path
+	}
+	fmt.Fprintf(w, "%s\t%s\n", label, line)
+	for _, c := range n.Children {
+		stackTree(w, c, "", depth+1)
+	}
 }
 
 func dash(s string) string {
@@ -169,18 +223,18 @@ func dash(s string) string {
 	return s
 }
 
-// waitVolume polls until the volume leaves `creating`, drawing progress.
-func waitVolume(g *globals, c *client.Client, id string) (*api.Volume, error) {
+// waitJob polls until the volume's job ends, drawing progress.
+func waitJob(g *globals, c *client.Client, id string) (*api.Volume, error) {
 	bar := newProgressBar(g.stderr)
 	for {
 		v, err := c.Volume(ctx(), id)
 		if err != nil {
 			return nil, err
 		}
-		if v.Status != "creating" {
+		if v.Progress == nil {
 			bar.done()
-			if v.Status == "error" {
-				return v, errs.New(errs.KindInternal, "WorkflowFailed", "volume %s failed: %s", v.ID, v.StatusMessage)
+			if j := v.LastJob; j != nil && j.Error != "" {
+				return v, errs.New(errs.KindInternal, "JobFailed", "%s of volume %s failed: %s", j.Job, v.ID, j.Error)
 			}
 			return v, nil
 		}

@@ -147,6 +147,35 @@ func (c *Client) ExtendVolume(ctx context.Context, ref string, sizeBytes int64) 
 	return &out, c.do(ctx, "POST", "/v1/volumes/"+url.PathEscape(ref)+"/extend", api.ExtendVolumeRequest{Size: api.Size(sizeBytes)}, &out)
 }
 
+// VolumeJob starts a job on a volume: flatten, repair or scrub.
+func (c *Client) VolumeJob(ctx context.Context, ref, job string) (*api.Volume, error) {
+	var out api.Volume
+	return &out, c.do(ctx, "POST", "/v1/volumes/"+url.PathEscape(ref)+"/"+url.PathEscape(job), nil, &out)
+}
+
+// VolumeTypes lists the volume types.
+func (c *Client) VolumeTypes(ctx context.Context) ([]api.VolumeType, error) {
+	var out []api.VolumeType
+	return out, c.do(ctx, "GET", "/v1/types", nil, &out)
+}
+
+// VolumeType returns one volume type.
+func (c *Client) VolumeType(ctx context.Context, name string) (*api.VolumeType, error) {
+	var out api.VolumeType
+	return &out, c.do(ctx, "GET", "/v1/types/"+url.PathEscape(name), nil, &out)
+}
+
+// CreateVolumeType creates a volume type (admin).
+func (c *Client) CreateVolumeType(ctx context.Context, r api.CreateVolumeTypeRequest) (*api.VolumeType, error) {
+	var out api.VolumeType
+	return &out, c.do(ctx, "POST", "/v1/types", r, &out)
+}
+
+// DeleteVolumeType deletes a volume type (admin).
+func (c *Client) DeleteVolumeType(ctx context.Context, name string) error {
+	return c.do(ctx, "DELETE", "/v1/types/"+url.PathEscape(name), nil, nil)
+}
+
 // CreateSnapshot snapshots a volume.
 func (c *Client) CreateSnapshot(ctx context.Context, r api.CreateSnapshotRequest) (*api.Snapshot, error) {
 	var out api.Snapshot

@@ -89,6 +89,10 @@ const (
 	CodeIdempotentMismatch   = "IdempotentParameterMismatch"
 	CodeUserProtected        = "UserProtected"
 	CodeAttachConflict       = "AttachConflict"
+	CodeInvalidStack         = "InvalidStack"
+	CodeTypeExists           = "VolumeTypeExists"
+	CodeTypeProtected        = "VolumeTypeProtected"
+	CodeNotSupportedByType   = "NotSupportedByVolumeType"
 )
 
 // Error is a typed, user-facing error.

@@ -8,6 +8,7 @@ const Prefix = "/basalt/"
 const (
 	keyCluster     = Prefix + "cluster"
 	keyCA          = Prefix + "pki/ca"
+	keyDataKey     = Prefix + "pki/data-key"
 	keyProvisioned = Prefix + "capacity/provisioned"
 	prefixUsers    = Prefix + "users/"
 	prefixS3Keys   = Prefix + "s3keys/"
@@ -17,6 +18,7 @@ const (
 	prefixTokens   = Prefix + "tokens/"
 	prefixAttach   = Prefix + "attachments/"
 	prefixExports  = Prefix + "exports/"
+	prefixTypes    = Prefix + "types/"
 )
 
 func userKey(name string) string     { return prefixUsers + name }
@@ -25,6 +27,7 @@ func volumeKey(id string) string     { return prefixVolumes + id }
 func snapshotKey(id string) string   { return prefixSnaps + id }
 func attachmentKey(id string) string { return prefixAttach + id }
 func exportKey(name string) string   { return prefixExports + name }
+func typeKey(name string) string     { return prefixTypes + name }
 
 // Name kinds for ClaimName.
 const (

@@ -177,6 +177,38 @@ func (s *Store) Bootstrap(ctx context.Context, clusterID string, caCert, caKey [
 	return got, []byte(rec.CertPEM), []byte(rec.KeyPEM), nil
 }
 
+// DataKey returns the cluster's data-key-wrapping key: the stored one, or
+// proposal when none is stored yet (racing first starts agree on one).
+func (s *Store) DataKey(ctx context.Context, proposal []byte) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	rec := encode(&keyRecord{Schema: SchemaVersion, Key: proposal})
+	_, err := s.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(keyDataKey), "=", 0)).
+		Then(clientv3.OpPut(keyDataKey, rec)).
+		Commit()
+	if err != nil {
+		return nil, wrap("data key", err)
+	}
+	got := &keyRecord{}
+	if err := s.get(ctx, keyDataKey, got); err != nil {
+		return nil, err
+	}
+	return got.Key, nil
+}
+
+type keyRecord struct {
+	Schema int    `json:"schema"`
+	Key    []byte `json:"key"`
+}
+
+func (k *keyRecord) schema() int { return k.Schema }
+
+// VolumeTypes lists the admin-created volume types.
+func (s *Store) VolumeTypes(ctx context.Context) ([]*VolumeType, error) {
+	return list(ctx, s, prefixTypes, func() *VolumeType { return &VolumeType{} })
+}
+
 type caRecord struct {
 	Schema  int    `json:"schema"`
 	CertPEM string `json:"cert_pem"`

@@ -39,19 +39,19 @@ type User struct {
 // Job is a long-running piece of a workflow (a copy), persisted so that a
 // restarted node resumes it and a reader can show progress.
 type Job struct {
-	Kind      string    `json:"kind"` // JobSnapshot, JobClone
+	Kind      string    `json:"kind"` // JobFlatten, JobRepair, JobScrub
 	Node      string    `json:"node"` // the node running it
-	Source    string    `json:"source"`
-	DoneBytes int64     `json:"done_bytes"`
-	Total     int64     `json:"total_bytes"`
+	Done      int64     `json:"done"`  // progress, in units of the job's total
+	Total     int64     `json:"total"` // 0 while unknown
 	Attempts  int       `json:"attempts"`
 	StartedAt time.Time `json:"started_at"`
 }
 
-// Job kinds.
+// Job kinds: long operations on a volume's layer stack.
 const (
-	JobSnapshot = "snapshot" // copy volume -> snapshot
-	JobClone    = "clone"    // copy snapshot -> new volume
+	JobFlatten = "flatten" // copy every chunk of the chain into the top
+	JobRepair  = "repair"  // resynchronise failed legs of mirror/parity layers
+	JobScrub   = "scrub"   // verify every block (checksum layers)
 )
 
 // Volume is a block volume record.
@@ -65,7 +65,11 @@ type Volume struct {
 	Status         string `json:"status"`
 	StatusMessage  string `json:"status_message,omitempty"`
 	Type           string `json:"type"`
-	Multiattach    bool   `json:"multiattach"`
+	// Stack is the layer stack the volume was created with: its type's
+	// template, fixed at creation (a type changed later does not change
+	// existing volumes).
+	Stack       json.RawMessage `json:"stack_spec,omitempty"`
+	Multiattach bool            `json:"multiattach"`
 	SourceSnapshot string `json:"source_snapshot,omitempty"`
 	ClientToken    string `json:"client_token,omitempty"`
 	// TokenParams fingerprints the create request made with ClientToken, so
@@ -78,9 +82,11 @@ type Volume struct {
 	// Node is the node driving the current transition (extending, deleting).
 	Node string `json:"node,omitempty"`
 	Job  *Job   `json:"job,omitempty"`
-	// Snapshotting lists snapshots being copied from this volume; while
+	// Snapshotting lists snapshots being taken of this volume; while
 	// non-empty the volume may not be extended or deleted.
 	Snapshotting []string `json:"snapshotting,omitempty"`
+	// LastJob is the outcome of the last finished job (a scrub's report).
+	LastJob *JobResult `json:"last_job,omitempty"`
 	// Attachments lists the ids of the volume's attachments; the volume is
 	// in-use exactly while it is non-empty.
 	Attachments []string `json:"attachments,omitempty"`
@@ -123,10 +129,32 @@ type Snapshot struct {
 	CreatedAt     time.Time `json:"created_at"`
 	UpdatedAt     time.Time `json:"updated_at"`
 	Node          string    `json:"node,omitempty"`
-	Job           *Job      `json:"job,omitempty"`
+	// Image is the frozen copy-on-write image holding the snapshot's data.
+	Image string `json:"image,omitempty"`
+	// Stack is the source volume's stack: clones are made with it.
+	Stack json.RawMessage `json:"stack_spec,omitempty"`
+	Type  string          `json:"type,omitempty"`
 	// Cloning lists volumes being created from this snapshot; while
-	// non-empty the snapshot may not be deleted.
+	// non-empty the snapshot (and so its image) may not be deleted.
 	Cloning []string `json:"cloning,omitempty"`
+}
+
+// JobResult is how a job ended.
+type JobResult struct {
+	Kind     string    `json:"kind"`
+	Error    string    `json:"error,omitempty"`
+	Report   any       `json:"report,omitempty"`
+	Finished time.Time `json:"finished_at"`
+}
+
+// VolumeType is a named layer stack template created by an admin (the
+// built-in types live in code).
+type VolumeType struct {
+	Schema      int             `json:"schema"`
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Stack       json.RawMessage `json:"stack"`
+	CreatedAt   time.Time       `json:"created_at"`
 }
 
 // Cluster identifies the metadata cluster.
@@ -151,6 +179,7 @@ func (v *Volume) schema() int     { return v.Schema }
 func (s *Snapshot) schema() int   { return s.Schema }
 func (c *Cluster) schema() int    { return c.Schema }
 func (a *Attachment) schema() int { return a.Schema }
+func (t *VolumeType) schema() int { return t.Schema }
 
 func encode(r any) string {
 	b, err := json.Marshal(r)

@@ -125,6 +125,25 @@ func (tx *Tx) PutSnapshot(s *Snapshot) {
 // DeleteSnapshot removes a snapshot record.
 func (tx *Tx) DeleteSnapshot(id string) { tx.stm.Del(snapshotKey(id)) }
 
+// VolumeType reads an admin-created volume type; nil when absent.
+func (tx *Tx) VolumeType(name string) (*VolumeType, error) {
+	t := &VolumeType{}
+	ok, err := txGet(tx, typeKey(name), t)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// PutVolumeType writes a volume type.
+func (tx *Tx) PutVolumeType(t *VolumeType) {
+	t.Schema = SchemaVersion
+	tx.stm.Put(typeKey(t.Name), encode(t))
+}
+
+// DeleteVolumeType removes a volume type.
+func (tx *Tx) DeleteVolumeType(name string) { tx.stm.Del(typeKey(name)) }
+
 // NameOwner returns the id holding a name, or "".
 func (tx *Tx) NameOwner(kind, owner, name string) string {
 	return tx.stm.Get(nameKey(kind, owner, name))

@@ -29,6 +29,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/api"
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/keys"
 	"github.com/basalt-storage/basalt/internal/meta"
 	"github.com/basalt-storage/basalt/internal/nbd"
 	"github.com/basalt-storage/basalt/internal/pki"
@@ -55,7 +56,7 @@ type Config struct {
 	Advertise     string
 	MetaEndpoints []string
 	Overcommit    float64
-	JobBandwidth  int64
+	ImageGrace    time.Duration
 	MetaQuota     int64
 }
 
@@ -117,8 +118,20 @@ func (n *Node) start(ctx context.Context) error {
 	if err := n.bootstrapAdmin(ctx, ca); err != nil {
 		return fmt.Errorf("admin identity: %w", err)
 	}
+	dataKey, err := n.meta.DataKey(ctx, keys.Generate())
+	if err != nil {
+		return fmt.Errorf("cluster data key: %w", err)
+	}
+	wrapper, err := keys.New(dataKey)
+	if err != nil {
+		return err
+	}
+	grace := cfg.ImageGrace
+	if grace == 0 {
+		grace = -1 // explicitly none (the service's zero means the default)
+	}
 	n.volumes = volume.New(n.meta, n.store, volume.Config{
-		Node: n.cfg.Name, Overcommit: cfg.Overcommit, JobBandwidth: cfg.JobBandwidth,
+		Node: n.cfg.Name, Overcommit: cfg.Overcommit, Keys: wrapper, ImageGrace: grace,
 		AdoptAll: n.meta.Embedded(),
 	}, log)
 	if err := n.volumes.Start(ctx); err != nil {

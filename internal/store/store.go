@@ -1,21 +1,20 @@
 // Package store owns the data root (--store): the directory tree on the
-// site's file system that holds volume and snapshot data as sparse files.
+// site's file system that holds volume data.
 //
 // Layout (documented in docs/formats.md):
 //
-//	STORE/volumes/<id>.img     a volume's bytes, sparse
-//	STORE/snapshots/<id>.img   a snapshot's bytes, sparse, never written after creation
-//	STORE/tmp/                 files being built; renamed into place when complete
+//	STORE/volumes/<id>/      a volume's stack directory: layer metadata of
+//	                         the layers above cow (cow.sb, checksum.meta...)
+//	STORE/images/<image>/    a copy-on-write image: its own layer stack's
+//	                         files (data.img, legs...), alloc.map, image.sb
+//	STORE/tmp/               scratch (health checks, type validation)
 //
-// Invariants: a file under volumes/ or snapshots/ is complete (jobs build in
-// tmp/ and rename); creating or extending never writes data blocks (O(1)
-// thin provisioning); copies keep holes as holes.
+// Which images are live is decided by package cow (Collect); this package
+// only names places and answers for the file system as a whole.
 package store
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -33,7 +32,7 @@ func Open(root string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, d := range []string{"volumes", "snapshots", "tmp"} {
+	for _, d := range []string{"volumes", "images", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(abs, d), 0o755); err != nil {
 			return nil, fmt.Errorf("store %s: %w", abs, err)
 		}
@@ -41,74 +40,29 @@ func Open(root string) (*Store, error) {
 	return &Store{Root: abs}, nil
 }
 
-// VolumePath is where volume id's bytes live.
-func (s *Store) VolumePath(id string) string { return filepath.Join(s.Root, "volumes", id+".img") }
+// VolumeDir is volume id's stack directory.
+func (s *Store) VolumeDir(id string) string { return filepath.Join(s.Root, "volumes", id) }
 
-// SnapshotPath is where snapshot id's bytes live.
-func (s *Store) SnapshotPath(id string) string {
-	return filepath.Join(s.Root, "snapshots", id+".img")
+// ImagesDir holds every copy-on-write image.
+func (s *Store) ImagesDir() string { return filepath.Join(s.Root, "images") }
+
+// TempDir is scratch space on the store's file system.
+func (s *Store) TempDir() string { return filepath.Join(s.Root, "tmp") }
+
+// RemoveVolume deletes volume id's stack directory; a missing one is not an
+// error (deletes are retried).
+func (s *Store) RemoveVolume(id string) error {
+	if err := os.RemoveAll(s.VolumeDir(id)); err != nil {
+		return fmt.Errorf("remove volume %s: %w", id, err)
+	}
+	return syncDir(filepath.Join(s.Root, "volumes"))
 }
 
-// TempPath is where a job builds the file that will become final.
-func (s *Store) TempPath(final string) string {
-	return filepath.Join(s.Root, "tmp", filepath.Base(final)+".partial")
-}
 
-// CreateSparse creates path with the given size without writing data. It
-// fails if path exists, so a retried create never truncates live data.
-func (s *Store) CreateSparse(path string, size int64) error {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("create %s: %w", path, err)
-	}
-	if err := f.Truncate(size); err != nil {
-		f.Close()
-		os.Remove(path)
-		return fmt.Errorf("size %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("sync %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return syncDir(filepath.Dir(path))
-}
 
-// Resize grows path to size (never shrinks: callers check; this refuses).
-func (s *Store) Resize(path string, size int64) error {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return fmt.Errorf("resize %s: %w", path, err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if st.Size() > size {
-		return fmt.Errorf("resize %s: refusing to shrink from %d to %d", path, st.Size(), size)
-	}
-	if err := f.Truncate(size); err != nil {
-		return fmt.Errorf("resize %s: %w", path, err)
-	}
-	return f.Sync()
-}
 
-// Remove deletes path; a missing file is not an error (deletes are retried).
-func (s *Store) Remove(path string) error {
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("remove %s: %w", path, err)
-	}
-	return syncDir(filepath.Dir(path))
-}
 
-// Exists reports whether path exists.
-func (s *Store) Exists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
-}
+
 
 // Capacity is the size of the file system under the store.
 type Capacity struct {

@@ -80,14 +80,18 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 	if _, err := e.s.meta.Attachment(ctx, a.ID); err != nil {
 		return nil, nbd.ErrUnknownExport
 	}
-	ro := a.Mode == meta.ModeRO
-	dev, err := block.OpenFile(e.s.store.VolumePath(a.VolumeID), ro)
+	v, err := e.s.meta.Volume(ctx, a.VolumeID)
 	if err != nil {
 		return nil, err
 	}
-	var d block.Device = dev
+	ro := a.Mode == meta.ModeRO
+	stack, release, err := e.s.acquire(v)
+	if err != nil {
+		return nil, err
+	}
+	var d block.Device = &shared{Device: stack, release: release}
 	if !ro {
-		d = &gated{Device: dev, gate: e.s.Gate(a.VolumeID)}
+		d = &gated{Device: d, gate: e.s.Gate(a.VolumeID)}
 	}
 	return &nbd.Export{
 		Name:        name,
@@ -100,9 +104,23 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 	}, nil
 }
 
+// shared is one connection's handle on a volume's live stack: closing it
+// releases the stack rather than closing it (other connections, jobs and
+// snapshots may share it). A read-only attachment's handle is served with
+// nbd.Export.ReadOnly, so the server refuses its writes.
+type shared struct {
+	block.Device
+	release func()
+}
+
+func (h *shared) Close() error {
+	h.release()
+	return nil
+}
+
 // gated holds a volume's write gate (read side) around every operation
-// that changes data, so that a snapshot copy, which holds the write side,
-// sees the volume as of the snapshot's creation.
+// that changes data, so that a snapshot, which holds the write side, sees
+// exactly the writes acknowledged before it.
 type gated struct {
 	block.Device
 	gate *sync.RWMutex

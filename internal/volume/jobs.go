@@ -3,147 +3,196 @@ package volume
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/block/cow"
+	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
-	"github.com/basalt-storage/basalt/internal/store"
 )
+
+// Jobs are long operations on a volume's live stack: flatten (cow), repair
+// (mirror, parity) and scrub (checksum). A job is recorded on the volume
+// (Job, with progress) so `volume show` follows it and a restarted node
+// runs it again; its outcome is kept in LastJob. The volume stays usable
+// meanwhile.
 
 // progressEvery is how often a running job persists its progress.
 const progressEvery = time.Second
 
-// startJob runs a record's job in the background. The job stops when the
-// service stops; its record keeps the job so that Start resumes it. A
-// snapshot job receives its volume's write gate, locked, and unlocks it when
-// the copy ends.
-func (s *Service) startJob(id, kind string, gate *sync.RWMutex) {
-	s.jobs.Add(1)
-	go func() {
-		defer s.jobs.Done()
-		switch kind {
-		case meta.JobSnapshot:
-			defer gate.Unlock()
-			s.runSnapshotJob(s.ctx, id)
-		case meta.JobClone:
-			s.runCloneJob(s.ctx, id)
-		}
-	}()
-}
-
-// progress returns a Copy progress callback that persists progress through
-// save at most once per progressEvery.
-func (s *Service) progress(ctx context.Context, save func(tx *meta.Tx, done int64) error) func(done, total int64) {
-	last := time.Now()
-	return func(done, total int64) {
-		if time.Since(last) < progressEvery || done == total {
-			return
-		}
-		last = time.Now()
-		if err := s.meta.Update(ctx, func(tx *meta.Tx) error { return save(tx, done) }); err != nil && ctx.Err() == nil {
-			s.log.Warn("cannot persist job progress", "err", err)
-		}
-	}
-}
-
-func (s *Service) runSnapshotJob(ctx context.Context, id string) {
-	sn, err := s.meta.Snapshot(ctx, id)
+// StartJob starts job kind on a volume and returns the volume with the job
+// recorded.
+func (s *Service) StartJob(ctx context.Context, c Caller, ref, kind string) (*meta.Volume, error) {
+	v, err := s.resolveVolume(ctx, c, ref)
 	if err != nil {
-		s.log.Error("snapshot job: cannot read record", "snapshot", id, "err", err)
-		return
+		return nil, err
 	}
-	if sn.Job == nil {
-		s.failSnapshot(context.Background(), id, fmt.Errorf("snapshot record has no copy job"))
-		return
-	}
-	start := time.Now()
-	err = s.store.Copy(ctx, s.store.VolumePath(sn.Job.Source), s.store.SnapshotPath(id), store.CopyOptions{
-		BytesPerSecond: s.cfg.JobBandwidth,
-		Progress: s.progress(ctx, func(tx *meta.Tx, done int64) error {
-			cur, err := tx.Snapshot(id)
-			if err != nil || cur == nil || cur.Job == nil {
-				return err
-			}
-			cur.Job.DoneBytes = done
-			tx.PutSnapshot(cur)
-			return nil
-		}),
-	})
-	if ctx.Err() != nil {
-		return // interrupted by shutdown: resumed at next start
-	}
+	spec, err := parseSpec(v.Stack)
 	if err != nil {
-		s.failSnapshot(context.Background(), id, fmt.Errorf("copy volume %s: %w", sn.Job.Source, err))
-		return
+		return nil, err
 	}
+	var able bool
+	switch kind {
+	case meta.JobFlatten:
+		able = hasLayer(spec, "cow")
+	case meta.JobRepair:
+		able = hasLayer(spec, "mirror") || hasLayer(spec, "parity")
+	case meta.JobScrub:
+		able = hasLayer(spec, "checksum")
+	default:
+		return nil, errs.Invalid(errs.CodeInvalidRequest, "unknown job %q", kind)
+	}
+	if !able {
+		return nil, notSupported(v, kind)
+	}
+	var out *meta.Volume
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
-		cur, err := tx.Snapshot(id)
-		if err != nil || cur == nil {
+		cur, err := tx.Volume(v.ID)
+		if err != nil {
 			return err
 		}
-		if err := dropFromVolume(tx, cur.VolumeID, id); err != nil {
-			return err
+		if cur == nil {
+			return errs.NotFound("volume", ref)
 		}
-		cur.Status, cur.Job, cur.Node, cur.UpdatedAt = meta.StatusAvailable, nil, "", now()
-		tx.PutSnapshot(cur)
+		if cur.Status != meta.StatusAvailable && cur.Status != meta.StatusInUse {
+			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is %s; only an available or in-use volume can %s", cur.ID, cur.Status, kind)
+		}
+		if cur.Job != nil {
+			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is already running a %s job", cur.ID, cur.Job.Kind)
+		}
+		cur.Job = &meta.Job{Kind: kind, Node: s.cfg.Node, StartedAt: now()}
+		cur.UpdatedAt = now()
+		tx.PutVolume(cur)
+		out = cur
 		return nil
 	})
 	if err != nil {
-		s.failSnapshot(context.Background(), id, err)
-		return
+		return nil, err
 	}
-	s.logFor("snapshot", id).Info("snapshot available", "took", time.Since(start).String())
+	s.logFor("volume", v.ID).Info("job started", "job", kind)
+	s.startJob(out.ID)
+	return out, nil
 }
 
-func (s *Service) runCloneJob(ctx context.Context, id string) {
+// startJob runs a volume's recorded job in the background. Stopping the
+// service interrupts it; the record keeps the job, so Start runs it again.
+func (s *Service) startJob(id string) {
+	s.jobs.Add(1)
+	go func() {
+		defer s.jobs.Done()
+		s.runJob(s.ctx, id)
+	}()
+}
+
+func (s *Service) runJob(ctx context.Context, id string) {
 	v, err := s.meta.Volume(ctx, id)
-	if err != nil {
-		s.log.Error("clone job: cannot read record", "volume", id, "err", err)
+	if err != nil || v.Job == nil {
+		s.logFor("volume", id).Error("job: cannot read record", "err", err)
 		return
 	}
-	if v.Job == nil {
-		s.failVolume(context.Background(), id, fmt.Errorf("volume record has no clone job"))
-		return
-	}
+	kind := v.Job.Kind
 	start := time.Now()
-	dst := s.store.VolumePath(id)
-	err = s.store.Copy(ctx, s.store.SnapshotPath(v.Job.Source), dst, store.CopyOptions{
-		BytesPerSecond: s.cfg.JobBandwidth,
-		Progress: s.progress(ctx, func(tx *meta.Tx, done int64) error {
-			cur, err := tx.Volume(id)
-			if err != nil || cur == nil || cur.Job == nil {
-				return err
-			}
-			cur.Job.DoneBytes = done
-			tx.PutVolume(cur)
-			return nil
-		}),
-	})
+	var report any
+	l, release, err := s.acquire(v)
+	if err == nil {
+		report, err = s.job(ctx, l, kind, s.progress(ctx, id))
+		release()
+	}
 	if ctx.Err() != nil {
-		return
+		return // interrupted by shutdown: run again at next start
 	}
-	if err == nil && v.SizeBytes > v.Job.Total {
-		err = s.store.Resize(dst, v.SizeBytes)
-	}
+	res := &meta.JobResult{Kind: kind, Report: report, Finished: now()}
 	if err != nil {
-		s.failVolume(context.Background(), id, fmt.Errorf("copy snapshot %s: %w", v.Job.Source, err))
-		return
+		res.Error = err.Error()
 	}
-	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
+	uerr := s.meta.Update(context.Background(), func(tx *meta.Tx) error {
 		cur, err := tx.Volume(id)
 		if err != nil || cur == nil {
 			return err
 		}
-		if err := dropFromSnapshot(tx, cur.Job.Source, id); err != nil {
-			return err
-		}
-		cur.Status, cur.Job, cur.Node, cur.UpdatedAt = resting(cur), nil, "", now()
+		cur.Job, cur.LastJob, cur.UpdatedAt = nil, res, now()
 		tx.PutVolume(cur)
 		return nil
 	})
+	if uerr != nil {
+		s.logFor("volume", id).Error("cannot record job outcome", "job", kind, "err", uerr)
+	}
+	log := s.logFor("volume", id).With("job", kind, "took", time.Since(start).String())
 	if err != nil {
-		s.failVolume(context.Background(), id, err)
+		log.Error("job failed", "err", err)
 		return
 	}
-	s.logFor("volume", id).Info("volume available", "from", v.SourceSnapshot, "took", time.Since(start).String())
+	log.Info("job done", "report", report)
+	if kind == meta.JobFlatten {
+		s.collect(ctx)
+	}
+}
+
+// job runs one job on a live stack and returns its report.
+func (s *Service) job(ctx context.Context, l block.Layer, kind string, p block.Progress) (any, error) {
+	switch kind {
+	case meta.JobFlatten:
+		c, ok := find[*cow.Layer](l)
+		if !ok {
+			return nil, fmt.Errorf("no cow layer")
+		}
+		return nil, c.Flatten(ctx, p)
+	case meta.JobRepair:
+		var err error
+		n := 0
+		block.Walk(l, func(x block.Layer) bool {
+			if r, ok := x.(block.Repairer); ok {
+				n++
+				err = r.Repair(ctx, p)
+			}
+			return err == nil
+		})
+		if err == nil && n == 0 {
+			err = fmt.Errorf("no mirror or parity layer")
+		}
+		return nil, err
+	case meta.JobScrub:
+		var total block.ScrubReport
+		var err error
+		n := 0
+		block.Walk(l, func(x block.Layer) bool {
+			if sc, ok := x.(block.Scrubber); ok {
+				n++
+				var r block.ScrubReport
+				r, err = sc.Scrub(ctx, p)
+				total.Checked += r.Checked
+				total.Bad += r.Bad
+				total.Repaired += r.Repaired
+			}
+			return err == nil
+		})
+		if err == nil && n == 0 {
+			err = fmt.Errorf("no checksum layer")
+		}
+		return total, err
+	}
+	return nil, fmt.Errorf("unknown job %q", kind)
+}
+
+// progress persists a job's progress at most once per progressEvery.
+func (s *Service) progress(ctx context.Context, id string) block.Progress {
+	last := time.Now()
+	return func(done, total int64) {
+		if time.Since(last) < progressEvery && done != total {
+			return
+		}
+		last = time.Now()
+		err := s.meta.Update(ctx, func(tx *meta.Tx) error {
+			cur, err := tx.Volume(id)
+			if err != nil || cur == nil || cur.Job == nil {
+				return err
+			}
+			cur.Job.Done, cur.Job.Total = done, total
+			tx.PutVolume(cur)
+			return nil
+		})
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("cannot persist job progress", "err", err)
+		}
+	}
 }

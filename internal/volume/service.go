@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
 	"github.com/basalt-storage/basalt/internal/store"
@@ -84,8 +85,11 @@ type Config struct {
 	// Overcommit is how far thin provisioning may promise beyond the
 	// store's capacity: provisioned bytes <= capacity × Overcommit.
 	Overcommit float64
-	// JobBandwidth caps copy jobs in bytes per second (0 = unlimited).
-	JobBandwidth int64
+	// Keys wraps the data keys of encrypted volumes (the cluster key).
+	Keys block.Keys
+	// ImageGrace spares unreferenced copy-on-write images younger than it
+	// from collection (0: DefaultImageGrace; negative: none).
+	ImageGrace time.Duration
 	// AdoptAll makes Start resume workflows recorded by any node, not only
 	// this one: right for a single-member cluster where no other node exists.
 	AdoptAll bool
@@ -94,13 +98,6 @@ type Config struct {
 // DefaultOvercommit is the default thin-provisioning ratio.
 const DefaultOvercommit = 2.0
 
-// maxJobAttempts bounds how often an interrupted job is resumed before its
-// record is failed.
-const maxJobAttempts = 3
-
-// Types lists the volume types this build knows. The layer stack issue turns
-// these into named stack templates.
-var Types = []string{"standard"}
 
 // Service is the volume and snapshot service of one node.
 type Service struct {
@@ -113,11 +110,19 @@ type Service struct {
 	cancel context.CancelFunc
 	jobs   sync.WaitGroup
 
-	// gates serialise snapshot copies against writers of the same volume:
-	// a snapshot holds the write side for the whole copy so that it sees the
-	// volume as of its creation. The NBD data path takes the read side.
+	// gates serialise snapshots against writers of the same volume: a
+	// snapshot holds the write side while it freezes the top image, so it
+	// holds exactly the writes acknowledged before it. The NBD data path
+	// takes the read side.
 	gatesMu sync.Mutex
 	gates   map[string]*sync.RWMutex
+
+	liveMu sync.Mutex
+	live   map[string]*liveStack // volume id -> open stack
+
+	// gcMu keeps this node's image collection apart from its own creation
+	// of images (volumes, clones, snapshots).
+	gcMu sync.Mutex
 }
 
 // New makes a service; call Start before serving.
@@ -125,8 +130,12 @@ func New(m *meta.Store, st *store.Store, cfg Config, log *slog.Logger) *Service 
 	if cfg.Overcommit <= 0 {
 		cfg.Overcommit = DefaultOvercommit
 	}
+	if cfg.ImageGrace == 0 {
+		cfg.ImageGrace = DefaultImageGrace
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Service{meta: m, store: st, cfg: cfg, log: log, ctx: ctx, cancel: cancel, gates: map[string]*sync.RWMutex{}}
+	return &Service{meta: m, store: st, cfg: cfg, log: log, ctx: ctx, cancel: cancel,
+		gates: map[string]*sync.RWMutex{}, live: map[string]*liveStack{}}
 }
 
 // Stop cancels running jobs and waits for them. Their records stay in their
@@ -134,6 +143,15 @@ func New(m *meta.Store, st *store.Store, cfg Config, log *slog.Logger) *Service 
 func (s *Service) Stop() {
 	s.cancel()
 	s.jobs.Wait()
+	s.liveMu.Lock()
+	defer s.liveMu.Unlock()
+	for id, ls := range s.live {
+		if err := ls.l.Flush(); err != nil {
+			s.logFor("volume", id).Warn("flush at stop", "err", err)
+		}
+		ls.l.Close()
+		delete(s.live, id)
+	}
 }
 
 // Gate returns the write gate of a volume (see Service.gates).

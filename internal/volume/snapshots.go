@@ -3,14 +3,17 @@ package volume
 import (
 	"context"
 	"slices"
+	"time"
 
+	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/block/cow"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
 )
 
-// CreateSnapshot starts a snapshot of a volume. Until the copy-on-write layer
-// exists, the snapshot is a copy made by a job (a reflink where the file
-// system can); the record is `creating` until the copy is complete.
+// CreateSnapshot snapshots a volume: with the volume's writers stopped, its
+// cow layer freezes the top image and starts a new one (O(1) whatever the
+// size). The snapshot holds exactly the writes acknowledged before the call.
 func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name, token string) (*meta.Snapshot, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
@@ -35,7 +38,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 		sn.TokenParams = fingerprint(v.ID, name)
 	}
 	if token != "" {
-		// A replay returns at once, even while its copy is running.
+		// A replay returns at once.
 		var r *meta.Snapshot
 		err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 			var err error
@@ -54,22 +57,20 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 			return r, nil
 		}
 	}
-	if len(v.Snapshotting) > 0 {
-		// Refuse rather than queue behind the gate: the running copy may
-		// take minutes and this request would hang meanwhile.
-		return nil, errs.Conflict(errs.CodeVolumeBusy, "volume %s is being snapshotted (%s); try again when that snapshot is available", v.ID, v.Snapshotting[0])
+	if len(v.Stack) > 0 {
+		spec, err := parseSpec(v.Stack)
+		if err != nil {
+			return nil, err
+		}
+		if !hasLayer(spec, "cow") {
+			return nil, notSupported(v, "be snapshotted")
+		}
 	}
-	// Stop the volume's writers before the snapshot exists: writes
-	// acknowledged after this call returns must not reach the snapshot. The
-	// job releases the gate when its copy is complete.
+	// Stop the volume's writers until the snapshot exists: writes
+	// acknowledged after this call returns must not reach the snapshot.
 	gate := s.Gate(v.ID)
 	gate.Lock()
-	handedOver := false
-	defer func() {
-		if !handedOver {
-			gate.Unlock()
-		}
-	}()
+	defer gate.Unlock()
 	var replay *meta.Snapshot
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
 		replay = nil
@@ -105,8 +106,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 		if err := tx.Provision(cur.SizeBytes, limit); err != nil {
 			return err
 		}
-		sn.SizeBytes = cur.SizeBytes
-		sn.Job = &meta.Job{Kind: meta.JobSnapshot, Node: s.cfg.Node, Source: cur.ID, Total: cur.SizeBytes, StartedAt: t}
+		sn.SizeBytes, sn.Stack, sn.Type = cur.SizeBytes, cur.Stack, cur.Type
 		cur.Snapshotting = append(cur.Snapshotting, sn.ID)
 		tx.PutVolume(cur)
 		tx.PutToken(meta.NameSnapshot, sn.OwnerID, token, sn.ID)
@@ -120,9 +120,74 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 		return replay, nil
 	}
 	s.logFor("snapshot", sn.ID).Info("snapshot create", "volume", v.ID, "size", sn.SizeBytes)
-	handedOver = true
-	s.startJob(sn.ID, meta.JobSnapshot, gate)
-	return sn, nil
+	return s.finishSnapshot(ctx, sn.ID)
+}
+
+// finishSnapshot freezes the volume's top image for snapshot id and marks
+// the snapshot available. The caller holds the volume's gate. Repeating it
+// after an interruption finds the freeze done (the cow layer knows the
+// snapshot's tag) and finishes the record.
+func (s *Service) finishSnapshot(ctx context.Context, id string) (*meta.Snapshot, error) {
+	sn, err := s.meta.Snapshot(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	v, err := s.meta.Volume(ctx, sn.VolumeID)
+	if err != nil {
+		return nil, s.failSnapshot(ctx, id, err)
+	}
+	start := time.Now()
+	image, err := s.freeze(v, id)
+	if err != nil {
+		return nil, s.failSnapshot(ctx, id, err)
+	}
+	var out *meta.Snapshot
+	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
+		cur, err := tx.Snapshot(id)
+		if err != nil || cur == nil {
+			return err
+		}
+		if err := dropFromVolume(tx, cur.VolumeID, id); err != nil {
+			return err
+		}
+		cur.Status, cur.Image, cur.Node, cur.UpdatedAt = meta.StatusAvailable, image, "", now()
+		tx.PutSnapshot(cur)
+		out = cur
+		return nil
+	})
+	if err != nil {
+		return nil, s.failSnapshot(ctx, id, err)
+	}
+	s.logFor("snapshot", id).Info("snapshot available", "image", image, "took", time.Since(start).String())
+	return out, nil
+}
+
+// freeze runs the cow layer's snapshot on v's live stack.
+func (s *Service) freeze(v *meta.Volume, tag string) (string, error) {
+	l, release, err := s.acquire(v)
+	if err != nil {
+		return "", err
+	}
+	defer release()
+	c, ok := find[*cow.Layer](l)
+	if !ok {
+		return "", notSupported(v, "be snapshotted")
+	}
+	s.gcMu.Lock()
+	defer s.gcMu.Unlock()
+	return c.Snapshot(tag)
+}
+
+func hasLayer(spec block.Spec, typ string) bool {
+	if spec.Type == typ {
+		return true
+	}
+	for _, c := range spec.Children {
+		if hasLayer(c, typ) {
+			return true
+		}
+	}
+	return false
 }
 
 // Snapshot returns a snapshot the caller may see, by id or name.
@@ -157,7 +222,9 @@ func (s *Service) Snapshots(ctx context.Context, c Caller, volumeRef string) ([]
 	return visible(c, all, func(sn *meta.Snapshot) bool { return volID == "" || sn.VolumeID == volID }), nil
 }
 
-// DeleteSnapshot deletes a snapshot that no clone is being made from.
+// DeleteSnapshot deletes a snapshot. Clones made from it keep the data they
+// need: the snapshot's image lives on as their base until they are deleted
+// or flattened, and is collected after.
 func (s *Service) DeleteSnapshot(ctx context.Context, c Caller, ref string) error {
 	sn, err := s.resolveSnapshot(ctx, c, ref)
 	if err != nil {
@@ -194,13 +261,6 @@ func (s *Service) DeleteSnapshot(ctx context.Context, c Caller, ref string) erro
 }
 
 func (s *Service) finishDeleteSnapshot(ctx context.Context, id string) error {
-	path := s.store.SnapshotPath(id)
-	if err := s.store.Remove(path); err != nil {
-		return s.failSnapshot(ctx, id, err)
-	}
-	if err := s.store.Remove(s.store.TempPath(path)); err != nil {
-		return err
-	}
 	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 		sn, err := tx.Snapshot(id)
 		if err != nil || sn == nil {
@@ -211,6 +271,7 @@ func (s *Service) finishDeleteSnapshot(ctx context.Context, id string) error {
 	})
 	if err == nil {
 		s.logFor("snapshot", id).Info("snapshot deleted")
+		s.collect(ctx)
 	}
 	return err
 }
@@ -226,7 +287,7 @@ func (s *Service) failSnapshot(ctx context.Context, id string, cause error) erro
 		if err := dropFromVolume(tx, sn.VolumeID, id); err != nil {
 			return err
 		}
-		sn.Status, sn.StatusMessage, sn.Job, sn.Node, sn.UpdatedAt = meta.StatusError, cause.Error(), nil, "", now()
+		sn.Status, sn.StatusMessage, sn.Node, sn.UpdatedAt = meta.StatusError, cause.Error(), "", now()
 		tx.PutSnapshot(sn)
 		return nil
 	})

@@ -2,9 +2,12 @@ package volume
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
+	"time"
 
+	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
 	"github.com/basalt-storage/basalt/internal/size"
@@ -20,20 +23,15 @@ type CreateVolume struct {
 	ClientToken  string
 }
 
-// CreateVolume creates an empty sparse volume (synchronously: O(1)) or, with
-// FromSnapshot, starts a clone job and returns the record in `creating`.
+// CreateVolume creates a volume: empty, or with FromSnapshot a clone of a
+// snapshot. Both are O(1) (a new copy-on-write image), so both are
+// synchronous.
 func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) (*meta.Volume, error) {
 	if err := checkName(req.Name); err != nil {
 		return nil, err
 	}
 	if err := checkToken(req.ClientToken); err != nil {
 		return nil, err
-	}
-	if req.Type == "" {
-		req.Type = Types[0]
-	}
-	if !slices.Contains(Types, req.Type) {
-		return nil, errs.Invalid(errs.CodeUnknownVolumeType, "unknown volume type %q (known: %v)", req.Type, Types)
 	}
 	if req.SizeBytes < 0 || (req.SizeBytes == 0 && req.FromSnapshot == "") {
 		return nil, errs.Invalid(errs.CodeInvalidSize, "size must be greater than zero")
@@ -45,6 +43,7 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		return nil, errs.Invalid(errs.CodeInvalidSize, "size %d is not a multiple of 512 bytes", req.SizeBytes)
 	}
 	var src *meta.Snapshot
+	var stack json.RawMessage
 	if req.FromSnapshot != "" {
 		var err error
 		if src, err = s.resolveSnapshot(ctx, c, req.FromSnapshot); err != nil {
@@ -56,6 +55,20 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		if req.SizeBytes < src.SizeBytes {
 			return nil, errs.Invalid(errs.CodeInvalidSize, "size %d is smaller than snapshot %s (%d bytes)", req.SizeBytes, src.ID, src.SizeBytes)
 		}
+		// A clone reads its snapshot's images, so it has the source's stack.
+		if req.Type != "" && req.Type != src.Type {
+			return nil, errs.Invalid(errs.CodeInvalidRequest, "a clone of snapshot %s has its volume's type %q, not %q", src.ID, src.Type, req.Type)
+		}
+		req.Type, stack = src.Type, src.Stack
+	} else {
+		if req.Type == "" {
+			req.Type = DefaultType
+		}
+		t, err := s.VolumeType(ctx, req.Type)
+		if err != nil {
+			return nil, err
+		}
+		stack = t.Stack
 	}
 	limit, err := s.Limit()
 	if err != nil {
@@ -64,7 +77,7 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 	t := now()
 	v := &meta.Volume{
 		ID: newID("vol-"), Name: req.Name, Owner: c.Name, OwnerID: c.ID, SizeBytes: req.SizeBytes,
-		Status: meta.StatusCreating, Type: req.Type, Multiattach: req.Multiattach,
+		Status: meta.StatusCreating, Type: req.Type, Stack: stack, Multiattach: req.Multiattach,
 		ClientToken: req.ClientToken, CreatedAt: t, UpdatedAt: t, Node: s.cfg.Node,
 	}
 	if req.ClientToken != "" {
@@ -72,7 +85,6 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 	}
 	if src != nil {
 		v.SourceSnapshot = src.ID
-		v.Job = &meta.Job{Kind: meta.JobClone, Node: s.cfg.Node, Source: src.ID, Total: src.SizeBytes, StartedAt: t}
 	}
 	var replay *meta.Volume
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
@@ -94,6 +106,8 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 			return err
 		}
 		if src != nil {
+			// Held until the clone exists: the snapshot (and so its
+			// image) cannot be deleted meanwhile.
 			sn, err := tx.Snapshot(src.ID)
 			if err != nil {
 				return err
@@ -117,31 +131,46 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 	if replay != nil {
 		return replay, nil
 	}
-	s.logFor("volume", v.ID).Info("volume create", "owner", v.Owner, "size", v.SizeBytes, "from", v.SourceSnapshot)
-	if v.Job != nil {
-		s.startJob(v.ID, meta.JobClone, nil)
-		return v, nil
-	}
+	s.logFor("volume", v.ID).Info("volume create", "owner", v.Owner, "size", v.SizeBytes, "type", v.Type, "from", v.SourceSnapshot)
 	return s.finishCreate(ctx, v.ID)
 }
 
-// finishCreate makes the sparse file (if absent) and marks the volume available.
+// finishCreate builds the volume's stack (on its snapshot's image for a
+// clone) and marks the volume available.
 func (s *Service) finishCreate(ctx context.Context, id string) (*meta.Volume, error) {
 	v, err := s.meta.Volume(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	path := s.store.VolumePath(id)
-	if !s.store.Exists(path) {
-		if err := s.store.CreateSparse(path, v.SizeBytes); err != nil {
-			return nil, s.failVolume(ctx, id, err)
+	var base string
+	if v.SourceSnapshot != "" {
+		sn, err := s.meta.Snapshot(ctx, v.SourceSnapshot)
+		if err != nil {
+			return nil, s.failVolume(ctx, id, fmt.Errorf("snapshot %s: %w", v.SourceSnapshot, err))
 		}
+		base = sn.Image
 	}
-	return s.transitionVolume(ctx, id, meta.StatusCreating, func(v *meta.Volume) { v.Status = resting(v) })
+	start := time.Now()
+	s.gcMu.Lock()
+	err = s.createStack(v, base)
+	s.gcMu.Unlock()
+	if err != nil {
+		return nil, s.failVolume(ctx, id, err)
+	}
+	out, err := s.transitionVolume(ctx, id, meta.StatusCreating, func(v *meta.Volume) {
+		v.Status = resting(v)
+	}, func(tx *meta.Tx, v *meta.Volume) error {
+		return dropFromSnapshot(tx, v.SourceSnapshot, v.ID)
+	})
+	if err == nil {
+		s.logFor("volume", id).Info("volume available", "from", v.SourceSnapshot, "took", time.Since(start).String())
+	}
+	return out, err
 }
 
-// transitionVolume applies fn to a volume that is still in status from.
-func (s *Service) transitionVolume(ctx context.Context, id, from string, fn func(*meta.Volume)) (*meta.Volume, error) {
+// transitionVolume applies fn to a volume that is still in status from,
+// and runs also (if any) in the same transaction.
+func (s *Service) transitionVolume(ctx context.Context, id, from string, fn func(*meta.Volume), also ...func(*meta.Tx, *meta.Volume) error) (*meta.Volume, error) {
 	var out *meta.Volume
 	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 		v, err := tx.Volume(id)
@@ -156,6 +185,11 @@ func (s *Service) transitionVolume(ctx context.Context, id, from string, fn func
 		}
 		v.StatusMessage = "" // a message describes the last failure; this transition succeeded
 		fn(v)
+		for _, f := range also {
+			if err := f(tx, v); err != nil {
+				return err
+			}
+		}
 		v.Node = ""
 		v.UpdatedAt = now()
 		tx.PutVolume(v)
@@ -173,12 +207,12 @@ func (s *Service) failVolume(ctx context.Context, id string, cause error) error 
 		if err != nil || v == nil {
 			return err
 		}
-		if v.Job != nil && v.Job.Kind == meta.JobClone {
-			if err := dropFromSnapshot(tx, v.Job.Source, id); err != nil {
+		if v.Status == meta.StatusCreating {
+			if err := dropFromSnapshot(tx, v.SourceSnapshot, id); err != nil {
 				return err
 			}
 		}
-		v.Status, v.StatusMessage, v.Job, v.Node, v.UpdatedAt = meta.StatusError, cause.Error(), nil, "", now()
+		v.Status, v.StatusMessage, v.Node, v.UpdatedAt = meta.StatusError, cause.Error(), "", now()
 		tx.PutVolume(v)
 		return nil
 	})
@@ -189,6 +223,9 @@ func (s *Service) failVolume(ctx context.Context, id string, cause error) error 
 }
 
 func dropFromSnapshot(tx *meta.Tx, snapID, volID string) error {
+	if snapID == "" {
+		return nil
+	}
 	sn, err := tx.Snapshot(snapID)
 	if err != nil || sn == nil {
 		return err
@@ -274,7 +311,7 @@ func (s *Service) finishExtend(ctx context.Context, id string) (*meta.Volume, er
 	if err != nil {
 		return nil, err
 	}
-	if err := s.store.Resize(s.store.VolumePath(id), v.TargetSize); err != nil {
+	if err := s.resize(v); err != nil {
 		// The data is intact at the old size: return to rest, say why, and
 		// give the provisioned bytes back, in one transaction.
 		s.logFor("volume", id).Error("extend failed", "err", err)
@@ -300,6 +337,23 @@ func (s *Service) finishExtend(ctx context.Context, id string) (*meta.Volume, er
 	return s.transitionVolume(ctx, id, meta.StatusExtending, func(v *meta.Volume) {
 		v.SizeBytes, v.TargetSize, v.Status = v.TargetSize, 0, resting(v)
 	})
+}
+
+// resize grows v's live stack to its target size.
+func (s *Service) resize(v *meta.Volume) error {
+	l, release, err := s.acquire(v)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if l.Size() >= v.TargetSize {
+		return nil // done before an interruption
+	}
+	r, ok := l.(block.Resizer)
+	if !ok {
+		return fmt.Errorf("its %s layer cannot grow", l.Describe().Type)
+	}
+	return r.Resize(v.TargetSize)
 }
 
 // DeleteVolume deletes a volume and its data. Snapshots of it stay.
@@ -328,6 +382,9 @@ func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error 
 		if len(cur.Snapshotting) > 0 {
 			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is being snapshotted (%s); delete it when the snapshot is available", cur.ID, cur.Snapshotting[0])
 		}
+		if cur.Job != nil {
+			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is running a %s job; delete it when that finishes", cur.ID, cur.Job.Kind)
+		}
 		tx.ReleaseName(meta.NameVolume, cur.OwnerID, cur.Name, cur.ID)
 		tx.DeleteToken(meta.NameVolume, cur.OwnerID, cur.ClientToken)
 		cur.Status, cur.Node, cur.UpdatedAt = meta.StatusDeleting, s.cfg.Node, now()
@@ -341,11 +398,8 @@ func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error 
 }
 
 func (s *Service) finishDeleteVolume(ctx context.Context, id string) error {
-	if err := s.store.Remove(s.store.VolumePath(id)); err != nil {
+	if err := s.store.RemoveVolume(id); err != nil {
 		return s.failVolume(ctx, id, err)
-	}
-	if err := s.store.Remove(s.store.TempPath(s.store.VolumePath(id))); err != nil {
-		return err
 	}
 	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 		v, err := tx.Volume(id)
@@ -357,6 +411,7 @@ func (s *Service) finishDeleteVolume(ctx context.Context, id string) error {
 	})
 	if err == nil {
 		s.logFor("volume", id).Info("volume deleted")
+		s.collect(ctx)
 	}
 	return err
 }

@@ -1,0 +1,188 @@
+package volume
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/block/cow"
+	_ "github.com/basalt-storage/basalt/internal/block/layers" // every layer type
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
+)
+
+// A volume's data is a live layer stack (package block), opened once per
+// node while anything uses it — NBD connections, a snapshot, a job — and
+// shared by all of them, so that every user sees one cow chain and one set
+// of in-memory layer state. The last user to let go flushes and closes it.
+
+type liveStack struct {
+	l    block.Layer
+	refs int
+}
+
+// env is the build environment of a stack whose directory is dir.
+func (s *Service) env(dir string) block.Env {
+	return block.Env{Dir: dir, Images: s.store.ImagesDir(), Keys: s.cfg.Keys, Log: s.log}
+}
+
+func parseSpec(raw json.RawMessage) (block.Spec, error) {
+	var spec block.Spec
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		return spec, fmt.Errorf("stack spec: %w", err)
+	}
+	return spec, nil
+}
+
+// createStack builds volume v's stack for the first time (on base, the
+// image of the snapshot it is cloned from, if any) and closes it. A
+// directory left by an interrupted earlier attempt is removed first: the
+// volume never became available, so nothing in it was acknowledged.
+func (s *Service) createStack(v *meta.Volume, base string) error {
+	spec, err := parseSpec(v.Stack)
+	if err != nil {
+		return err
+	}
+	dir := s.store.VolumeDir(v.ID)
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	env := s.env(dir)
+	env.Size, env.Create, env.Base = v.SizeBytes, true, base
+	l, err := block.Build(env, spec)
+	if err != nil {
+		return fmt.Errorf("build stack: %w", err)
+	}
+	if err := l.Flush(); err != nil {
+		l.Close()
+		return err
+	}
+	return l.Close()
+}
+
+// acquire returns volume v's live stack, opening it if needed; release
+// must be called when done.
+func (s *Service) acquire(v *meta.Volume) (block.Layer, func(), error) {
+	s.liveMu.Lock()
+	defer s.liveMu.Unlock()
+	ls := s.live[v.ID]
+	if ls == nil {
+		spec, err := parseSpec(v.Stack)
+		if err != nil {
+			return nil, nil, err
+		}
+		l, err := block.Build(s.env(s.store.VolumeDir(v.ID)), spec)
+		if err != nil {
+			return nil, nil, fmt.Errorf("open volume %s: %w", v.ID, err)
+		}
+		ls = &liveStack{l: l}
+		s.live[v.ID] = ls
+	}
+	ls.refs++
+	var once bool
+	return ls.l, func() {
+		s.liveMu.Lock()
+		defer s.liveMu.Unlock()
+		if once {
+			return
+		}
+		once = true
+		if ls.refs--; ls.refs == 0 {
+			delete(s.live, v.ID)
+			if err := ls.l.Flush(); err != nil {
+				s.logFor("volume", v.ID).Warn("flush on close", "err", err)
+			}
+			if err := ls.l.Close(); err != nil {
+				s.logFor("volume", v.ID).Warn("close stack", "err", err)
+			}
+		}
+	}, nil
+}
+
+// find returns the first layer of the stack that is a T.
+func find[T any](l block.Layer) (T, bool) {
+	var out T
+	found := false
+	block.Walk(l, func(x block.Layer) bool {
+		if t, ok := x.(T); ok {
+			out, found = t, true
+			return false
+		}
+		return true
+	})
+	return out, found
+}
+
+// Stack describes volume v's live layer tree (type, params, state,
+// progress, backing file paths). It opens the stack if this node has it
+// closed.
+func (s *Service) Stack(ctx context.Context, v *meta.Volume) (*block.Node, error) {
+	if len(v.Stack) == 0 || (v.Status != meta.StatusAvailable && v.Status != meta.StatusInUse && v.Status != meta.StatusExtending) {
+		return nil, nil
+	}
+	l, release, err := s.acquire(v)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	n := l.Describe()
+	return &n, nil
+}
+
+// collect removes the copy-on-write images no volume and no snapshot
+// needs. Roots: every snapshot record's image and every volume's top;
+// images younger than the grace period are spared (another node may be
+// creating them right now).
+func (s *Service) collect(ctx context.Context) {
+	s.gcMu.Lock()
+	defer s.gcMu.Unlock()
+	snaps, err := s.meta.Snapshots(ctx)
+	if err != nil {
+		s.log.Warn("image collection skipped", "err", err)
+		return
+	}
+	var roots []string
+	for _, sn := range snaps {
+		roots = append(roots, sn.Image)
+	}
+	vols, err := os.ReadDir(filepath.Dir(s.store.VolumeDir("x")))
+	if err != nil {
+		s.log.Warn("image collection skipped", "err", err)
+		return
+	}
+	for _, e := range vols {
+		top, err := cow.TopOf(filepath.Join(filepath.Dir(s.store.VolumeDir("x")), e.Name()))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // a stack without cow, or one being created
+		}
+		if err != nil {
+			s.log.Warn("image collection skipped: unreadable volume", "volume", e.Name(), "err", err)
+			return
+		}
+		roots = append(roots, top)
+	}
+	removed, err := cow.Collect(s.store.ImagesDir(), roots, s.cfg.ImageGrace)
+	if len(removed) > 0 {
+		s.log.Info("images removed", "count", len(removed), "images", removed)
+	}
+	if err != nil {
+		s.log.Warn("image collection", "err", err)
+	}
+}
+
+// notSupported is the error for an operation the volume's stack cannot do.
+func notSupported(v *meta.Volume, what string) error {
+	return errs.Invalid(errs.CodeNotSupportedByType, "volume %s (type %s) cannot %s: its layer stack has no layer that can", v.ID, v.Type, what)
+}
+
+// DefaultImageGrace is how long an unreferenced image is spared by
+// collection (it may be being created by another node).
+const DefaultImageGrace = 10 * time.Minute
