@@ -4,6 +4,7 @@ package layers
 
 import (
 	_ "github.com/basalt-storage/basalt/internal/block/cow"
+	_ "github.com/basalt-storage/basalt/internal/block/crypt"
 	_ "github.com/basalt-storage/basalt/internal/block/file"
 	_ "github.com/basalt-storage/basalt/internal/block/linear"
 	_ "github.com/basalt-storage/basalt/internal/block/stripe"

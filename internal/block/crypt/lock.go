@@ -1,0 +1,84 @@
+package crypt
+
+import "sync"
+
+// rangeLock serialises mutating operations on overlapping sector ranges.
+//
+// Why: a write that does not cover a whole sector must read, decrypt,
+// patch, re-encrypt and write that sector back. Two such writes to the
+// same sector (or one and a whole-sector write, zero or trim) running
+// concurrently would each write back a sector holding only their own
+// change, losing the other's — an outcome no ordering of the two explains.
+// Holding the sectors a mutation touches for its duration makes every
+// outcome one of the orderings.
+//
+// Requests are granted in arrival order among those that overlap (a
+// request waits while any earlier request, granted or waiting, overlaps
+// it), so a stream of small writes cannot starve a large one, and since
+// each operation holds exactly one range there is no lock-order deadlock.
+// Reads do not lock: a read racing a write may see either version of a
+// sector, as on a disk.
+type rangeLock struct {
+	mu   sync.Mutex
+	reqs []*lockReq // granted and waiting, in arrival order
+}
+
+type lockReq struct {
+	first, last int64 // sectors, inclusive
+	granted     bool
+	ready       chan struct{} // closed when granted (nil if granted at once)
+}
+
+func (r *lockReq) overlaps(o *lockReq) bool { return r.first <= o.last && o.first <= r.last }
+
+// lock waits until sectors [first, last] are free and takes them.
+func (l *rangeLock) lock(first, last int64) *lockReq {
+	r := &lockReq{first: first, last: last}
+	l.mu.Lock()
+	r.granted = true
+	for _, o := range l.reqs {
+		if o.overlaps(r) {
+			r.granted = false
+			r.ready = make(chan struct{})
+			break
+		}
+	}
+	l.reqs = append(l.reqs, r)
+	wait := r.ready // read under mu: unlock sets granted concurrently
+	l.mu.Unlock()
+	if wait != nil {
+		<-wait
+	}
+	return r
+}
+
+// unlock releases r and grants every waiting request that no earlier
+// request overlaps any more.
+func (l *rangeLock) unlock(r *lockReq) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, o := range l.reqs {
+		if o == r {
+			copy(l.reqs[i:], l.reqs[i+1:])
+			l.reqs[len(l.reqs)-1] = nil
+			l.reqs = l.reqs[:len(l.reqs)-1]
+			break
+		}
+	}
+	for i, w := range l.reqs {
+		if w.granted {
+			continue
+		}
+		free := true
+		for _, o := range l.reqs[:i] {
+			if o.overlaps(w) {
+				free = false
+				break
+			}
+		}
+		if free {
+			w.granted = true
+			close(w.ready)
+		}
+	}
+}
