@@ -51,6 +51,9 @@ func (c *slogCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 
 func (c *slogCore) Sync() error { return nil }
 
+// secretFields are etcd log fields that may quote keys or values.
+var secretFields = map[string]bool{"request": true, "response": true, "key": true, "range_begin": true, "range_end": true}
+
 func toAttrs(fields []zapcore.Field) []slog.Attr {
 	enc := zapcore.NewMapObjectEncoder()
 	for _, f := range fields {
@@ -58,6 +61,11 @@ func toAttrs(fields []zapcore.Field) []slog.Attr {
 	}
 	out := make([]slog.Attr, 0, len(enc.Fields))
 	for k, v := range enc.Fields {
+		if secretFields[k] {
+			// etcd quotes whole requests ("apply request took too long"):
+			// their keys include export secrets, which must never be logged.
+			v = "[redacted]"
+		}
 		out = append(out, slog.Any(k, v))
 	}
 	return out

@@ -39,11 +39,10 @@ type User struct {
 // Job is a long-running piece of a workflow (a copy), persisted so that a
 // restarted node resumes it and a reader can show progress.
 type Job struct {
-	Kind      string    `json:"kind"` // JobFlatten, JobRepair, JobScrub
-	Node      string    `json:"node"` // the node running it
+	Kind      string    `json:"kind"`  // JobFlatten, JobRepair, JobScrub
+	Node      string    `json:"node"`  // the node running it
 	Done      int64     `json:"done"`  // progress, in units of the job's total
 	Total     int64     `json:"total"` // 0 while unknown
-	Attempts  int       `json:"attempts"`
 	StartedAt time.Time `json:"started_at"`
 }
 
@@ -56,22 +55,22 @@ const (
 
 // Volume is a block volume record.
 type Volume struct {
-	Schema         int    `json:"schema"`
-	ID             string `json:"id"`
-	Name           string `json:"name,omitempty"`
-	Owner          string `json:"owner"`
-	OwnerID        string `json:"owner_id"`
-	SizeBytes      int64  `json:"size_bytes"`
-	Status         string `json:"status"`
-	StatusMessage  string `json:"status_message,omitempty"`
-	Type           string `json:"type"`
+	Schema        int    `json:"schema"`
+	ID            string `json:"id"`
+	Name          string `json:"name,omitempty"`
+	Owner         string `json:"owner"`
+	OwnerID       string `json:"owner_id"`
+	SizeBytes     int64  `json:"size_bytes"`
+	Status        string `json:"status"`
+	StatusMessage string `json:"status_message,omitempty"`
+	Type          string `json:"type"`
 	// Stack is the layer stack the volume was created with: its type's
 	// template, fixed at creation (a type changed later does not change
 	// existing volumes).
-	Stack       json.RawMessage `json:"stack_spec,omitempty"`
-	Multiattach bool            `json:"multiattach"`
-	SourceSnapshot string `json:"source_snapshot,omitempty"`
-	ClientToken    string `json:"client_token,omitempty"`
+	Stack          json.RawMessage `json:"stack_spec,omitempty"`
+	Multiattach    bool            `json:"multiattach"`
+	SourceSnapshot string          `json:"source_snapshot,omitempty"`
+	ClientToken    string          `json:"client_token,omitempty"`
 	// TokenParams fingerprints the create request made with ClientToken, so
 	// that a replay with other parameters is refused.
 	TokenParams string    `json:"token_params,omitempty"`

@@ -77,7 +77,7 @@ func TestRecords(t *testing.T) {
 	uid := 1000
 	u := &User{Name: uniq("user"), ID: "id1", Admin: true, UID: &uid, AccessKeyID: uniq("AK"), SecretKey: "secret", CreatedAt: time.Now().UTC().Truncate(time.Millisecond)}
 	v := &Volume{ID: uniq("vol"), Name: "n", Owner: u.Name, OwnerID: u.ID, SizeBytes: 4096, Status: StatusAvailable, Type: "standard",
-		Job: &Job{Kind: JobClone, Source: "snap-x", Total: 4096}, Snapshotting: []string{"snap-a"}}
+		Job: &Job{Kind: JobFlatten, Done: 1, Total: 4096}, Snapshotting: []string{"snap-a"}}
 	sn := &Snapshot{ID: uniq("snap"), Owner: u.Name, OwnerID: u.ID, VolumeID: v.ID, SizeBytes: 4096, Status: StatusCreating, Cloning: []string{"vol-b"}}
 	if err := s.Update(ctx, func(tx *Tx) error {
 		tx.PutUser(u)
@@ -105,7 +105,7 @@ func TestRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if gv.Job == nil || gv.Job.Source != "snap-x" || len(gv.Snapshotting) != 1 || gv.Owner != u.Name {
+	if gv.Job == nil || gv.Job.Done != 1 || len(gv.Snapshotting) != 1 || gv.Owner != u.Name {
 		t.Fatalf("volume round trip: %+v", gv)
 	}
 	gs, err := s.Snapshot(ctx, sn.ID)
@@ -456,7 +456,7 @@ func foreignTLS(t *testing.T) *tls.Config {
 // TestRecordJSONShape pins the stored field names that other versions and
 // operators rely on (docs/formats.md).
 func TestRecordJSONShape(t *testing.T) {
-	v := &Volume{Schema: 1, ID: "vol-1", SizeBytes: 1, Status: StatusExtending, TargetSize: 2, Job: &Job{Kind: JobSnapshot, DoneBytes: 1, Total: 2}}
+	v := &Volume{Schema: 1, ID: "vol-1", SizeBytes: 1, Status: StatusExtending, TargetSize: 2, Job: &Job{Kind: JobFlatten, Done: 1, Total: 2}}
 	var m map[string]any
 	if err := json.Unmarshal([]byte(encode(v)), &m); err != nil {
 		t.Fatal(err)
@@ -467,7 +467,7 @@ func TestRecordJSONShape(t *testing.T) {
 		}
 	}
 	job := m["job"].(map[string]any)
-	for _, k := range []string{"kind", "done_bytes", "total_bytes", "attempts"} {
+	for _, k := range []string{"kind", "node", "done", "total", "started_at"} {
 		if _, ok := job[k]; !ok {
 			t.Errorf("job lacks %q: %v", k, job)
 		}

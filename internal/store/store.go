@@ -58,12 +58,6 @@ func (s *Store) RemoveVolume(id string) error {
 	return syncDir(filepath.Join(s.Root, "volumes"))
 }
 
-
-
-
-
-
-
 // Capacity is the size of the file system under the store.
 type Capacity struct {
 	TotalBytes int64 `json:"total_bytes"`

@@ -16,10 +16,6 @@ func (s *Service) Start(ctx context.Context) error {
 		return fmt.Errorf("recover volumes: %w", err)
 	}
 	for _, v := range vols {
-		if v.Job != nil && s.mine(v.Job.Node) {
-			s.logFor("volume", v.ID).Info("resuming job", "job", v.Job.Kind)
-			s.startJob(v.ID)
-		}
 		if !s.mine(v.Node) {
 			continue
 		}
@@ -56,6 +52,14 @@ func (s *Service) Start(ctx context.Context) error {
 			continue
 		}
 		s.logFor("snapshot", sn.ID).Info("recovered interrupted workflow", "status", sn.Status, "err", err)
+	}
+	// Jobs last: a snapshot interrupted on a volume with a flatten job
+	// is finished before the flatten can change the chain under it.
+	for _, v := range vols {
+		if v.Job != nil && s.mine(v.Job.Node) {
+			s.logFor("volume", v.ID).Info("resuming job", "job", v.Job.Kind)
+			s.startJob(v.ID)
+		}
 	}
 	return nil
 }

@@ -2,254 +2,294 @@ package volume
 
 import (
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 
+	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/block/cow"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
 )
 
-// TestRecoverSnapshotJob: a node stops in the middle of a snapshot copy; a
-// new service of the same node, on the same metadata and store, finishes it.
-func TestRecoverSnapshotJob(t *testing.T) {
-	e := newEnv(t)
-	ctx := ctxT(t)
-	alice := caller("alice")
-	s1 := e.started(Config{JobBandwidth: 1 << 20})
-	v, err := s1.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 32 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := e.fill(v.ID, 30, [2]int64{0, 8 << 20}, [2]int64{30 << 20, 4096})
-	sn, err := s1.CreateSnapshot(ctx, alice, v.ID, "rec", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmp := e.st.TempPath(e.st.SnapshotPath(sn.ID))
-	e.waitFile(tmp) // the copy is under way (8 MiB at 1 MiB/s)
-	s1.Stop()
-
-	// Interrupted: the record stays creating with its job; no final file,
-	// no partial file.
-	rec, err := e.meta.Snapshot(ctx, sn.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rec.Status != meta.StatusCreating || rec.Job == nil || rec.Job.Attempts != 0 || rec.Node != e.node {
-		t.Fatalf("interrupted snapshot record: %+v", rec)
-	}
-	if e.st.Exists(e.st.SnapshotPath(sn.ID)) || e.st.Exists(tmp) {
-		t.Fatal("interrupted copy left a file")
-	}
-	if cur, _ := e.meta.Volume(ctx, v.ID); !slices.Contains(cur.Snapshotting, sn.ID) {
-		t.Fatal("volume forgot the snapshot in progress")
-	}
-
-	// Another node's Start leaves it alone.
-	e.started(Config{Node: uniq("othernode")})
-	if rec, _ := e.meta.Snapshot(ctx, sn.ID); rec.Status != meta.StatusCreating || rec.Job.Attempts != 0 {
-		t.Fatalf("another node adopted the job: %+v", rec)
-	}
-
-	// The same node, restarted: resumes and finishes.
-	s2 := e.started(Config{})
-	rec = e.waitSnapshot(sn.ID, meta.StatusAvailable, meta.StatusError)
-	if rec.Status != meta.StatusAvailable || rec.Job != nil || rec.Node != "" {
-		t.Fatalf("recovered snapshot: %+v", rec)
-	}
-	if got := e.read(e.st.SnapshotPath(sn.ID)); !sameBytes(got, want) {
-		t.Fatal("recovered snapshot content differs from the volume")
-	}
-	if cur, _ := e.meta.Volume(ctx, v.ID); len(cur.Snapshotting) != 0 {
-		t.Fatalf("volume still lists snapshots in progress: %v", cur.Snapshotting)
-	}
-	cleanupAll(t, s2, alice)
-	checkProvisioned(t)
-}
-
-// TestRecoverCloneJob: the same for a clone, including the resize of a
-// clone bigger than its snapshot.
-func TestRecoverCloneJob(t *testing.T) {
-	e := newEnv(t)
-	ctx := ctxT(t)
-	alice := caller("alice")
-	s0 := e.started(Config{})
-	v, err := s0.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 16 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := e.fill(v.ID, 40, [2]int64{1 << 20, 8 << 20})
-	sn, err := s0.CreateSnapshot(ctx, alice, v.ID, "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.waitSnapshot(sn.ID, meta.StatusAvailable)
-	s0.Stop()
-
-	s1 := e.started(Config{JobBandwidth: 1 << 20})
-	c, err := s1.CreateVolume(ctx, alice, CreateVolume{Name: "clone", FromSnapshot: sn.ID, SizeBytes: 32 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmp := e.st.TempPath(e.st.VolumePath(c.ID))
-	e.waitFile(tmp)
-	s1.Stop()
-	rec, _ := e.meta.Volume(ctx, c.ID)
-	if rec.Status != meta.StatusCreating || rec.Job == nil || rec.Job.Kind != meta.JobClone {
-		t.Fatalf("interrupted clone record: %+v", rec)
-	}
-	if e.st.Exists(e.st.VolumePath(c.ID)) || e.st.Exists(tmp) {
-		t.Fatal("interrupted clone left a file")
-	}
-	if snap, _ := e.meta.Snapshot(ctx, sn.ID); !slices.Contains(snap.Cloning, c.ID) {
-		t.Fatal("snapshot forgot the clone in progress")
-	}
-
-	s2 := e.service(Config{})
-	wantCode(t, s2.DeleteSnapshot(ctx, alice, sn.ID), errs.CodeSnapshotInUse)
-	if err := s2.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	rec = e.waitVolume(c.ID, meta.StatusAvailable, meta.StatusError)
-	if rec.Status != meta.StatusAvailable || rec.Job != nil || rec.SizeBytes != 32<<20 {
-		t.Fatalf("recovered clone: %+v", rec)
-	}
-	got := e.read(e.st.VolumePath(c.ID))
-	if len(got) != 32<<20 || !sameBytes(got[:16<<20], want) || !allZero(got[16<<20:]) {
-		t.Fatal("recovered clone content is wrong")
-	}
-	if snap, _ := e.meta.Snapshot(ctx, sn.ID); len(snap.Cloning) != 0 {
-		t.Fatalf("snapshot still pinned by %v", snap.Cloning)
-	}
-	if v, err := s2.Volume(ctx, alice, "clone"); err != nil || v.ID != c.ID {
-		t.Fatalf("recovered clone by name: %v", err)
-	}
-	cleanupAll(t, s2, alice)
-	checkProvisioned(t)
-}
-
-// TestRecoverTransitions: records left in creating (no job), extending and
-// deleting by a node that died between its two transactions are driven to
-// rest by that node's next Start; another node's records are left alone.
+// TestRecoverTransitions: records a node left in a transitional status —
+// it died between a workflow's first transaction and its last — are driven
+// to rest by that node's next Start, whatever of the data work was done;
+// another node's records are left alone.
+//
+//	A  volume extending, resize not done        -> available, grown
+//	A2 volume extending, resize done            -> available, same data
+//	B  volume deleting, directory still there   -> gone, images collected
+//	C  volume creating, a torn directory        -> available, empty
+//	C2 clone creating (pins its snapshot)       -> available, the snapshot's data
+//	D  volume extending, driven by another node -> untouched
+//	E  snapshot deleting                        -> gone
+//	F  snapshot creating, freeze not done       -> available, exact
+//	G  snapshot creating, freeze done           -> available, same image
 func TestRecoverTransitions(t *testing.T) {
 	e := newEnv(t)
 	ctx := ctxT(t)
 	alice := caller("alice")
 	s0 := e.started(Config{})
 	base := e.provisioned()
-
-	update := func(fn func(tx *meta.Tx) error) {
+	std, err := s0.VolumeType(ctx, "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	newVol := func(name string, size int64, model []byte, seed uint64) *meta.Volume {
 		t.Helper()
-		if err := e.meta.Update(ctx, fn); err != nil {
+		v, err := s0.CreateVolume(ctx, alice, CreateVolume{Name: name, SizeBytes: size})
+		if err != nil {
 			t.Fatal(err)
 		}
+		if model != nil {
+			e.fill(s0, v.ID, model, seed, [2]int64{0, 8192}, [2]int64{size / 2, 70 << 10})
+		}
+		return v
 	}
-	// A: extending 1 MiB -> 4 MiB (first transaction done, resize not).
-	a, err := s0.CreateVolume(ctx, alice, CreateVolume{Name: "a", SizeBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
+	extending := func(id string, target int64, node string) {
+		t.Helper()
+		e.update(func(tx *meta.Tx) error {
+			v, _ := tx.Volume(id)
+			if err := tx.Provision(target-v.SizeBytes, math.MaxInt64); err != nil {
+				return err
+			}
+			v.Status, v.TargetSize, v.Node = meta.StatusExtending, target, node
+			tx.PutVolume(v)
+			return nil
+		})
 	}
-	aData := e.fill(a.ID, 50, [2]int64{0, 4096})
-	// E: a snapshot (of A, before A starts extending) left deleting.
-	sn, err := s0.CreateSnapshot(ctx, alice, a.ID, "e", "")
-	if err != nil {
-		t.Fatal(err)
+	// creatingSnapshot records a snapshot of volume id in progress, as
+	// CreateSnapshot's first transaction does.
+	creatingSnapshot := func(id, name string) *meta.Snapshot {
+		t.Helper()
+		t0 := now()
+		sn := &meta.Snapshot{ID: newID("snap-"), Name: name, Owner: alice.Name, OwnerID: alice.ID, VolumeID: id,
+			Status: meta.StatusCreating, CreatedAt: t0, UpdatedAt: t0, Node: e.node}
+		e.update(func(tx *meta.Tx) error {
+			v, _ := tx.Volume(id)
+			if err := tx.ClaimName(meta.NameSnapshot, alice.ID, name, sn.ID); err != nil {
+				return err
+			}
+			if err := tx.Provision(v.SizeBytes, math.MaxInt64); err != nil {
+				return err
+			}
+			sn.SizeBytes, sn.Stack, sn.Type = v.SizeBytes, v.Stack, v.Type
+			v.Snapshotting = append(v.Snapshotting, sn.ID)
+			tx.PutVolume(v)
+			tx.PutSnapshot(sn)
+			return nil
+		})
+		return sn
 	}
-	e.waitSnapshot(sn.ID, meta.StatusAvailable)
-	update(func(tx *meta.Tx) error {
-		s, _ := tx.Snapshot(sn.ID)
-		tx.ReleaseName(meta.NameSnapshot, s.OwnerID, s.Name, s.ID)
-		s.Status, s.Node = meta.StatusDeleting, e.node
-		tx.PutSnapshot(s)
-		return nil
+
+	// A: extending 1 MiB -> 4 MiB, the resize not done.
+	aData := make([]byte, 1<<20)
+	a := newVol("a", 1<<20, aData, 10)
+	extending(a.ID, 4<<20, e.node)
+	// A2: extending 1 MiB -> 3 MiB, the resize done (the node died before
+	// its last transaction).
+	a2Data := make([]byte, 1<<20)
+	a2 := newVol("a2", 1<<20, a2Data, 11)
+	extending(a2.ID, 3<<20, e.node)
+	e.withStack(s0, a2.ID, func(l block.Layer) {
+		if err := l.(block.Resizer).Resize(3 << 20); err != nil {
+			t.Fatal(err)
+		}
 	})
-	update(func(tx *meta.Tx) error {
-		v, _ := tx.Volume(a.ID)
-		v.Status, v.TargetSize, v.Node = meta.StatusExtending, 4<<20, e.node
-		tx.PutVolume(v)
-		return tx.Provision(3<<20, math.MaxInt64)
-	})
-	// B: deleting (name released, file still there).
-	b, err := s0.CreateVolume(ctx, alice, CreateVolume{Name: "b", SizeBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	update(func(tx *meta.Tx) error {
+	// B: deleting (name released, directory and images still there).
+	b := newVol("b", 1<<20, make([]byte, 1<<20), 12)
+	bTop := e.top(b.ID)
+	e.update(func(tx *meta.Tx) error {
 		v, _ := tx.Volume(b.ID)
 		tx.ReleaseName(meta.NameVolume, v.OwnerID, v.Name, v.ID)
 		v.Status, v.Node = meta.StatusDeleting, e.node
 		tx.PutVolume(v)
 		return nil
 	})
-	// C: creating, no job, no file yet.
+	// C: creating; the node died while building the stack, leaving a
+	// directory with junk.
 	cID := newID("vol-")
-	update(func(tx *meta.Tx) error {
+	e.update(func(tx *meta.Tx) error {
 		if err := tx.ClaimName(meta.NameVolume, alice.ID, "c", cID); err != nil {
 			return err
 		}
 		t0 := now()
 		tx.PutVolume(&meta.Volume{ID: cID, Name: "c", Owner: alice.Name, OwnerID: alice.ID, SizeBytes: 2 << 20,
-			Status: meta.StatusCreating, Type: "standard", CreatedAt: t0, UpdatedAt: t0, Node: e.node})
+			Status: meta.StatusCreating, Type: "standard", Stack: std.Stack, CreatedAt: t0, UpdatedAt: t0, Node: e.node})
 		return tx.Provision(2<<20, math.MaxInt64)
 	})
-	// D: extending, but driven by another node: not ours to finish.
-	d, err := s0.CreateVolume(ctx, alice, CreateVolume{Name: "d", SizeBytes: 1 << 20})
+	if err := os.MkdirAll(e.st.VolumeDir(cID), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.st.VolumeDir(cID), "cow.sb"), []byte("torn"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// C2: a clone creating, bigger than its snapshot; the snapshot is
+	// pinned meanwhile.
+	srcData := make([]byte, 1<<20)
+	src := newVol("src", 1<<20, srcData, 13)
+	srcSnap, err := s0.CreateSnapshot(ctx, alice, src.ID, "srcsnap", "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	update(func(tx *meta.Tx) error {
-		v, _ := tx.Volume(d.ID)
-		v.Status, v.TargetSize, v.Node = meta.StatusExtending, 2<<20, "some-other-node"
-		tx.PutVolume(v)
-		return tx.Provision(1<<20, math.MaxInt64)
+	c2ID := newID("vol-")
+	e.update(func(tx *meta.Tx) error {
+		t0 := now()
+		tx.PutVolume(&meta.Volume{ID: c2ID, Owner: alice.Name, OwnerID: alice.ID, SizeBytes: 2 << 20,
+			Status: meta.StatusCreating, Type: srcSnap.Type, Stack: srcSnap.Stack, SourceSnapshot: srcSnap.ID,
+			CreatedAt: t0, UpdatedAt: t0, Node: e.node})
+		sn, _ := tx.Snapshot(srcSnap.ID)
+		sn.Cloning = append(sn.Cloning, c2ID)
+		tx.PutSnapshot(sn)
+		return tx.Provision(2<<20, math.MaxInt64)
 	})
+	// D: extending, driven by another node: not ours to finish.
+	d := newVol("d", 1<<20, nil, 0)
+	extending(d.ID, 2<<20, "some-other-node")
+	// E: a snapshot left deleting.
+	eSnap, err := s0.CreateSnapshot(ctx, alice, src.ID, "e", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.update(func(tx *meta.Tx) error {
+		sn, _ := tx.Snapshot(eSnap.ID)
+		tx.ReleaseName(meta.NameSnapshot, sn.OwnerID, sn.Name, sn.ID)
+		sn.Status, sn.Node = meta.StatusDeleting, e.node
+		tx.PutSnapshot(sn)
+		return nil
+	})
+	// F: a snapshot creating, the freeze not done.
+	fData := make([]byte, 1<<20)
+	fv := newVol("fv", 1<<20, fData, 14)
+	fTop := e.top(fv.ID)
+	fSnap := creatingSnapshot(fv.ID, "f")
+	// G: a snapshot creating, the freeze done (the cow layer knows the
+	// snapshot's tag) but not recorded.
+	gData := make([]byte, 1<<20)
+	gv := newVol("gv", 1<<20, gData, 15)
+	gSnap := creatingSnapshot(gv.ID, "g")
+	var gImage string
+	e.withStack(s0, gv.ID, func(l block.Layer) {
+		c, ok := find[*cow.Layer](l)
+		if !ok {
+			t.Fatal("no cow layer in a standard stack")
+		}
+		if gImage, err = c.Snapshot(gSnap.ID); err != nil {
+			t.Fatal(err)
+		}
+	})
+	gChain := e.chain(gv.ID)
 	s0.Stop()
 	checkProvisioned(t)
 
+	// The clone's snapshot is pinned until the clone exists.
+	wantCode(t, s0.DeleteSnapshot(ctx, alice, srcSnap.ID), errs.CodeSnapshotInUse)
+	// F's and G's volumes are blocked until their snapshots exist.
+	wantCode(t, s0.DeleteVolume(ctx, alice, fv.ID), errs.CodeVolumeBusy)
+
+	// Another node's Start leaves all of it alone.
+	other := e.started(Config{Node: uniq("othernode")})
+	for _, id := range []string{a.ID, a2.ID, b.ID, cID, c2ID} {
+		if v := e.volume(id); v.Status == meta.StatusAvailable {
+			t.Fatalf("another node finished volume %s: %+v", id, v)
+		}
+	}
+	if sn := e.snapshot(eSnap.ID); sn.Status != meta.StatusDeleting {
+		t.Fatalf("another node finished deleting snapshot E: %+v", sn)
+	}
+	for _, id := range []string{fSnap.ID, gSnap.ID} {
+		if sn := e.snapshot(id); sn.Status != meta.StatusCreating || sn.Image != "" {
+			t.Fatalf("another node finished snapshot %s: %+v", id, sn)
+		}
+	}
+	other.Stop()
+
 	s1 := e.started(Config{})
 
-	av, err := e.meta.Volume(ctx, a.ID)
-	if err != nil || av.Status != meta.StatusAvailable || av.SizeBytes != 4<<20 || av.TargetSize != 0 || av.Node != "" {
-		t.Fatalf("A after recovery: %+v, %v", av, err)
+	// A: grown, data kept, zeroes after.
+	av := e.volume(a.ID)
+	if av.Status != meta.StatusAvailable || av.SizeBytes != 4<<20 || av.TargetSize != 0 || av.Node != "" {
+		t.Fatalf("A after recovery: %+v", av)
 	}
-	if got := e.read(e.st.VolumePath(a.ID)); len(got) != 4<<20 || !sameBytes(got[:1<<20], aData) {
-		t.Fatal("A's file was not extended or lost data")
+	e.sameVolume(s1, a.ID, append(aData, make([]byte, 3<<20)...), "A")
+	// A2: the same, the resize not repeated.
+	a2v := e.volume(a2.ID)
+	if a2v.Status != meta.StatusAvailable || a2v.SizeBytes != 3<<20 || a2v.TargetSize != 0 || a2v.Node != "" {
+		t.Fatalf("A2 after recovery: %+v", a2v)
 	}
+	e.sameVolume(s1, a2.ID, append(a2Data, make([]byte, 2<<20)...), "A2")
+	// B: gone with its directory and its image.
 	if _, err := e.meta.Volume(ctx, b.ID); !errs.IsCode(err, errs.CodeNotFound) {
 		t.Fatalf("B after recovery: %v", err)
 	}
-	if e.st.Exists(e.st.VolumePath(b.ID)) {
-		t.Fatal("B's file survived")
+	if exists(e.st.VolumeDir(b.ID)) || exists(filepath.Join(e.st.ImagesDir(), bTop)) {
+		t.Fatal("B's directory or image survived")
 	}
-	cv, err := e.meta.Volume(ctx, cID)
-	if err != nil || cv.Status != meta.StatusAvailable || cv.Node != "" {
-		t.Fatalf("C after recovery: %+v, %v", cv, err)
+	// C: available, empty, by name.
+	cv := e.volume(cID)
+	if cv.Status != meta.StatusAvailable || cv.Node != "" || cv.StatusMessage != "" {
+		t.Fatalf("C after recovery: %+v", cv)
 	}
-	if n, _ := statSize(e.st.VolumePath(cID)); n != 2<<20 {
-		t.Fatalf("C's file is %d bytes", n)
-	}
+	e.sameVolume(s1, cID, make([]byte, 2<<20), "C")
 	if got, err := s1.Volume(ctx, alice, "c"); err != nil || got.ID != cID {
 		t.Fatalf("C by name: %v", err)
 	}
-	dv, _ := e.meta.Volume(ctx, d.ID)
+	// C2: the snapshot's data then zeroes; the snapshot released.
+	c2v := e.volume(c2ID)
+	if c2v.Status != meta.StatusAvailable || c2v.Node != "" {
+		t.Fatalf("C2 after recovery: %+v", c2v)
+	}
+	e.sameVolume(s1, c2ID, append(slices.Clone(srcData), make([]byte, 1<<20)...), "C2")
+	if ch := e.chain(c2ID); len(ch) != 2 || ch[1] != srcSnap.Image {
+		t.Fatalf("C2's chain %v, want a top on %s", ch, srcSnap.Image)
+	}
+	if sn := e.snapshot(srcSnap.ID); len(sn.Cloning) != 0 {
+		t.Fatalf("C2's snapshot still pinned: %v", sn.Cloning)
+	}
+	// D: untouched.
+	dv := e.volume(d.ID)
 	if dv.Status != meta.StatusExtending || dv.SizeBytes != 1<<20 || dv.Node != "some-other-node" {
 		t.Fatalf("another node's record was touched: %+v", dv)
 	}
-	if _, err := e.meta.Snapshot(ctx, sn.ID); !errs.IsCode(err, errs.CodeNotFound) {
+	// E: gone.
+	if _, err := e.meta.Snapshot(ctx, eSnap.ID); !errs.IsCode(err, errs.CodeNotFound) {
 		t.Fatalf("E after recovery: %v", err)
 	}
-	if e.st.Exists(e.st.SnapshotPath(sn.ID)) {
-		t.Fatal("E's file survived")
+	// F: frozen now; exact; the volume released.
+	fs := e.snapAvailable(fSnap.ID)
+	if fs.Image != fTop {
+		t.Fatalf("F froze image %s, want the volume's top %s", fs.Image, fTop)
 	}
-	wantProv := base + 4<<20 + 2<<20 + 2<<20 // A, C, D (with its target)
-	if got := e.provisioned(); got != wantProv {
-		t.Fatalf("provisioned %d after recovery, want %d", got, wantProv)
+	if cur := e.volume(fv.ID); len(cur.Snapshotting) != 0 {
+		t.Fatalf("F's volume still blocked: %v", cur.Snapshotting)
+	}
+	// G: the freeze already made is the snapshot; no second one.
+	gs := e.snapAvailable(gSnap.ID)
+	if gs.Image != gImage {
+		t.Fatalf("G's image %s, want %s, the one its interrupted freeze made", gs.Image, gImage)
+	}
+	if ch := e.chain(gv.ID); !slices.Equal(ch, gChain) {
+		t.Fatalf("G's volume chain %v, was %v: froze again", ch, gChain)
+	}
+	if cur := e.volume(gv.ID); len(cur.Snapshotting) != 0 {
+		t.Fatalf("G's volume still blocked: %v", cur.Snapshotting)
+	}
+	for name, want := range map[string][]byte{"f": fData, "g": gData} {
+		c, err := s1.CreateVolume(ctx, alice, CreateVolume{FromSnapshot: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.sameVolume(s1, c.ID, want, "clone of recovered snapshot "+name)
+	}
+	if got := e.provisioned() - base; got < 0 {
+		t.Fatalf("provisioned fell below the start: %d", got)
 	}
 	checkProvisioned(t)
 
 	// Hand D back to rest so that it can be cleaned up.
-	update(func(tx *meta.Tx) error {
+	e.update(func(tx *meta.Tx) error {
 		v, _ := tx.Volume(d.ID)
 		v.Status, v.TargetSize, v.Node = meta.StatusAvailable, 0, ""
 		tx.PutVolume(v)
@@ -259,125 +299,19 @@ func TestRecoverTransitions(t *testing.T) {
 	if got := e.provisioned(); got != base {
 		t.Fatalf("provisioned %d after cleanup, want %d", got, base)
 	}
+	if imgs := e.images(); len(imgs) != 0 {
+		t.Fatalf("images left after cleanup: %v", imgs)
+	}
 }
 
-// TestRecoverGivesUp: a snapshot copy interrupted more than maxJobAttempts
-// times ends in error with a message, releases its volume, and can be
-// deleted.
-func TestRecoverGivesUp(t *testing.T) {
+// TestAdoptAll: a single-member cluster's node adopts every record; any
+// other node adopts only its own.
+func TestAdoptAll(t *testing.T) {
 	e := newEnv(t)
-	ctx := ctxT(t)
-	alice := caller("alice")
-	slow := Config{JobBandwidth: 256 << 10}
-	s := e.started(slow)
-	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 16 << 20})
-	if err != nil {
-		t.Fatal(err)
+	if s := e.service(Config{}); !s.mine(e.node) || s.mine("some-other-node") || s.mine("") {
+		t.Fatal("a node adopts records that are not its own")
 	}
-	e.fill(v.ID, 60, [2]int64{0, 8 << 20})
-	base := e.provisioned()
-	sn, err := s.CreateSnapshot(ctx, alice, v.ID, "doomed", "")
-	if err != nil {
-		t.Fatal(err)
+	if s := e.service(Config{AdoptAll: true}); !s.mine(e.node) || !s.mine("some-other-node") || !s.mine("") {
+		t.Fatal("AdoptAll does not adopt every record")
 	}
-	tmp := e.st.TempPath(e.st.SnapshotPath(sn.ID))
-	e.waitFile(tmp)
-	s.Stop()
-
-	for i := 1; i <= maxJobAttempts; i++ {
-		s := e.started(slow)
-		rec, _ := e.meta.Snapshot(ctx, sn.ID)
-		if rec.Status != meta.StatusCreating || rec.Job == nil || rec.Job.Attempts != i {
-			t.Fatalf("after restart %d: %+v (job %+v)", i, rec, rec.Job)
-		}
-		e.waitFile(tmp)
-		s.Stop()
-	}
-	last := e.started(slow)
-	rec, err := e.meta.Snapshot(ctx, sn.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rec.Status != meta.StatusError || rec.Job != nil || rec.Node != "" {
-		t.Fatalf("after %d interruptions: %+v", maxJobAttempts+1, rec)
-	}
-	if !strings.Contains(rec.StatusMessage, "interrupted") {
-		t.Fatalf("status message %q does not say why", rec.StatusMessage)
-	}
-	if e.st.Exists(e.st.SnapshotPath(sn.ID)) || e.st.Exists(tmp) {
-		t.Fatal("failed snapshot left files")
-	}
-	if cur, _ := e.meta.Volume(ctx, v.ID); len(cur.Snapshotting) != 0 {
-		t.Fatalf("failed snapshot still blocks its volume: %v", cur.Snapshotting)
-	}
-	// The failed snapshot still counts until deleted; then it is gone.
-	if got := e.provisioned() - base; got != 16<<20 {
-		t.Fatalf("failed snapshot holds %d provisioned bytes, want %d", got, 16<<20)
-	}
-	if err := last.DeleteSnapshot(ctx, alice, "doomed"); err != nil {
-		t.Fatalf("delete a failed snapshot: %v", err)
-	}
-	if got := e.provisioned(); got != base {
-		t.Fatalf("provisioned %d, want %d", got, base)
-	}
-	// The volume is usable again.
-	if _, err := last.ExtendVolume(ctx, alice, v.ID, 32<<20); err != nil {
-		t.Fatal(err)
-	}
-	cleanupAll(t, last, alice)
-	checkProvisioned(t)
-}
-
-// TestRecoverCloneGivesUp: a clone whose job has used up its attempts is
-// failed at the next Start, and its snapshot is no longer pinned.
-func TestRecoverCloneGivesUp(t *testing.T) {
-	e := newEnv(t)
-	ctx := ctxT(t)
-	alice := caller("alice")
-	s0 := e.started(Config{})
-	v, err := s0.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 8 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.fill(v.ID, 70, [2]int64{0, 4 << 20})
-	sn, err := s0.CreateSnapshot(ctx, alice, v.ID, "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.waitSnapshot(sn.ID, meta.StatusAvailable)
-	s0.Stop()
-	s1 := e.started(Config{JobBandwidth: 256 << 10})
-	c, err := s1.CreateVolume(ctx, alice, CreateVolume{FromSnapshot: sn.ID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s1.Stop()
-	if err := e.meta.Update(ctx, func(tx *meta.Tx) error {
-		cur, _ := tx.Volume(c.ID)
-		cur.Job.Attempts = maxJobAttempts
-		tx.PutVolume(cur)
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	s2 := e.started(Config{})
-	rec, _ := e.meta.Volume(ctx, c.ID)
-	if rec.Status != meta.StatusError || rec.Job != nil || !strings.Contains(rec.StatusMessage, "interrupted") {
-		t.Fatalf("clone after its last attempt: %+v", rec)
-	}
-	if snap, _ := e.meta.Snapshot(ctx, sn.ID); len(snap.Cloning) != 0 {
-		t.Fatalf("failed clone still pins its snapshot: %v", snap.Cloning)
-	}
-	if e.st.Exists(e.st.VolumePath(c.ID)) {
-		t.Fatal("failed clone has a data file")
-	}
-	// Both can be deleted.
-	if err := s2.DeleteSnapshot(ctx, alice, sn.ID); err != nil {
-		t.Fatal(err)
-	}
-	if err := s2.DeleteVolume(ctx, alice, c.ID); err != nil {
-		t.Fatalf("delete a failed clone: %v", err)
-	}
-	cleanupAll(t, s2, alice)
-	checkProvisioned(t)
 }

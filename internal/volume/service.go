@@ -98,7 +98,6 @@ type Config struct {
 // DefaultOvercommit is the default thin-provisioning ratio.
 const DefaultOvercommit = 2.0
 
-
 // Service is the volume and snapshot service of one node.
 type Service struct {
 	meta  *meta.Store

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
@@ -83,7 +84,13 @@ func (s *Service) acquire(v *meta.Volume) (block.Layer, func(), error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("open volume %s: %w", v.ID, err)
 		}
-		ls = &liveStack{l: l}
+		if l.Size() < v.SizeBytes {
+			l.Close()
+			return nil, nil, fmt.Errorf("open volume %s: its stack has %d bytes, the volume %d", v.ID, l.Size(), v.SizeBytes)
+		}
+		e := &exact{Layer: l}
+		e.size.Store(v.SizeBytes)
+		ls = &liveStack{l: e}
 		s.live[v.ID] = ls
 	}
 	ls.refs++
@@ -105,6 +112,34 @@ func (s *Service) acquire(v *meta.Volume) (block.Layer, func(), error) {
 			}
 		}
 	}, nil
+}
+
+// exact presents a stack at exactly the volume's size: layers may round
+// their size up (a stripe to whole stripe units), but the volume is the
+// size its record says. Smaller than the stack is safe: callers never go
+// beyond Size().
+type exact struct {
+	block.Layer
+	size atomic.Int64
+}
+
+func (e *exact) Size() int64             { return e.size.Load() }
+func (e *exact) Children() []block.Layer { return []block.Layer{e.Layer} }
+
+// Resize grows the stack (if it is not big enough already) and then the
+// presented size.
+func (e *exact) Resize(n int64) error {
+	if e.Layer.Size() < n {
+		r, ok := e.Layer.(block.Resizer)
+		if !ok {
+			return fmt.Errorf("its %s layer cannot grow", e.Layer.Describe().Type)
+		}
+		if err := r.Resize(n); err != nil {
+			return err
+		}
+	}
+	e.size.Store(n)
+	return nil
 }
 
 // find returns the first layer of the stack that is a T.

@@ -168,6 +168,14 @@ func (s *Service) checkStack(raw json.RawMessage) error {
 	if err := d.Decode(&spec); err != nil {
 		return errs.Invalid(errs.CodeInvalidStack, "stack is not a valid layer spec: %v", err)
 	}
+	if d.More() {
+		return errs.Invalid(errs.CodeInvalidStack, "stack has data after the layer spec")
+	}
+	if n := countLayers(spec, "cow"); n > 1 {
+		// Each cow keeps cow.sb in its directory and is found by image
+		// collection through the volume's directory: one per stack.
+		return errs.Invalid(errs.CodeInvalidStack, "stack has %d cow layers; at most one is allowed", n)
+	}
 	if err := block.Check(spec); err != nil {
 		return errs.Invalid(errs.CodeInvalidStack, "stack: %v", err)
 	}
@@ -187,6 +195,17 @@ func (s *Service) checkStack(raw json.RawMessage) error {
 	}
 	l.Close()
 	return nil
+}
+
+func countLayers(spec block.Spec, typ string) int {
+	n := 0
+	if spec.Type == typ {
+		n++
+	}
+	for _, c := range spec.Children {
+		n += countLayers(c, typ)
+	}
+	return n
 }
 
 // checkPaths refuses file layers whose path leaves the layer's directory:

@@ -3,15 +3,21 @@ package volume
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/block/cow"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
 	"github.com/basalt-storage/basalt/internal/meta/metatest"
@@ -37,7 +43,8 @@ func ctxT(t *testing.T) context.Context {
 
 var uniqN atomic.Int64
 
-// uniq makes a name unique within the shared store.
+// uniq makes a name unique within the shared store (lower-case letters and
+// digits after prefix, so it also makes valid volume type names).
 func uniq(prefix string) string {
 	return prefix + strconv.FormatInt(time.Now().UnixNano()%1e9, 36) + strconv.FormatInt(uniqN.Add(1), 36)
 }
@@ -62,9 +69,14 @@ func newEnv(t *testing.T) *env {
 }
 
 // service makes a Service of this env's node; it is stopped at cleanup.
+// Unless the test says otherwise, unreferenced images are collected at
+// once (no grace), so tests can check what collection leaves.
 func (e *env) service(cfg Config) *Service {
 	if cfg.Node == "" {
 		cfg.Node = e.node
+	}
+	if cfg.ImageGrace == 0 {
+		cfg.ImageGrace = -1
 	}
 	s := New(e.meta, e.st, cfg, quietLog())
 	e.t.Cleanup(s.Stop)
@@ -100,98 +112,272 @@ func (e *env) provisioned() int64 {
 	return n
 }
 
-// waitVolume polls a volume until its status is one of want.
-func (e *env) waitVolume(id string, want ...string) *meta.Volume {
+func (e *env) volume(id string) *meta.Volume {
 	e.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		v, err := e.meta.Volume(context.Background(), id)
-		if err != nil {
-			e.t.Fatalf("volume %s: %v", id, err)
-		}
-		for _, w := range want {
-			if v.Status == w {
-				return v
-			}
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("volume %s is %s (%s), want %v", id, v.Status, v.StatusMessage, want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// waitSnapshot polls a snapshot until its status is one of want.
-func (e *env) waitSnapshot(id string, want ...string) *meta.Snapshot {
-	e.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		sn, err := e.meta.Snapshot(context.Background(), id)
-		if err != nil {
-			e.t.Fatalf("snapshot %s: %v", id, err)
-		}
-		for _, w := range want {
-			if sn.Status == w {
-				return sn
-			}
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("snapshot %s is %s (%s), want %v", id, sn.Status, sn.StatusMessage, want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// waitFile waits until path exists (a job has begun writing).
-func (e *env) waitFile(path string) {
-	e.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !e.st.Exists(path) {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("%s never appeared", path)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// fill writes random data at the given offsets of a volume's file and
-// returns the file's whole content afterwards.
-func (e *env) fill(volID string, seed uint64, exts ...[2]int64) []byte {
-	e.t.Helper()
-	p := e.st.VolumePath(volID)
-	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	v, err := e.meta.Volume(context.Background(), id)
 	if err != nil {
-		e.t.Fatal(err)
+		e.t.Fatalf("volume %s: %v", id, err)
 	}
-	rng := rand.New(rand.NewPCG(seed, 1))
-	for _, x := range exts {
-		b := make([]byte, x[1])
-		for i := range b {
-			b[i] = byte(rng.UintN(255) + 1)
-		}
-		if _, err := f.WriteAt(b, x[0]); err != nil {
-			e.t.Fatal(err)
-		}
-	}
-	if err := f.Close(); err != nil {
-		e.t.Fatal(err)
-	}
-	return e.read(p)
+	return v
 }
 
-func (e *env) read(path string) []byte {
+func (e *env) snapshot(id string) *meta.Snapshot {
 	e.t.Helper()
-	b, err := os.ReadFile(path)
+	sn, err := e.meta.Snapshot(context.Background(), id)
 	if err != nil {
+		e.t.Fatalf("snapshot %s: %v", id, err)
+	}
+	return sn
+}
+
+// snapAvailable fails unless snapshot id is available with an image: a
+// snapshot is made synchronously, so it is as soon as CreateSnapshot
+// returns.
+func (e *env) snapAvailable(id string) *meta.Snapshot {
+	e.t.Helper()
+	sn := e.snapshot(id)
+	if sn.Status != meta.StatusAvailable || sn.Image == "" || sn.Node != "" || sn.StatusMessage != "" {
+		e.t.Fatalf("snapshot %s is not available: %+v", id, sn)
+	}
+	return sn
+}
+
+func (e *env) update(fn func(tx *meta.Tx) error) {
+	e.t.Helper()
+	if err := e.meta.Update(context.Background(), fn); err != nil {
 		e.t.Fatal(err)
+	}
+}
+
+// waitJob waits until volume id has no job running and returns the record.
+func (e *env) waitJob(id string) *meta.Volume {
+	e.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		v := e.volume(id)
+		if v.Job == nil {
+			return v
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("volume %s still runs job %+v", id, v.Job)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// pattern is n deterministic bytes for seed, none of them zero (so written
+// data is never mistaken for a hole).
+func pattern(seed uint64, n int64) []byte {
+	var key [32]byte
+	binary.LittleEndian.PutUint64(key[:], seed)
+	b := make([]byte, n)
+	rand.NewChaCha8(key).Read(b)
+	for i, x := range b {
+		if x == 0 {
+			b[i] = 1
+		}
 	}
 	return b
+}
+
+// withStack runs fn on volume id's live stack, as the NBD path and jobs
+// use it (Service.acquire), and releases it after.
+func (e *env) withStack(s *Service, id string, fn func(l block.Layer)) {
+	e.t.Helper()
+	l, release, err := s.acquire(e.volume(id))
+	if err != nil {
+		e.t.Fatalf("acquire %s: %v", id, err)
+	}
+	defer release()
+	fn(l)
+}
+
+// fill writes pattern(seed) at each extent {offset, length} of volume id
+// through its live stack, flushes, and applies the same writes to model
+// (if not nil) so the test knows what the volume must hold.
+func (e *env) fill(s *Service, id string, model []byte, seed uint64, exts ...[2]int64) {
+	e.t.Helper()
+	e.withStack(s, id, func(l block.Layer) {
+		for i, x := range exts {
+			p := pattern(seed+uint64(i)*7919, x[1])
+			if err := l.WriteAt(p, x[0], false); err != nil {
+				e.t.Fatalf("write %d+%d to %s: %v", x[0], x[1], id, err)
+			}
+			if model != nil {
+				copy(model[x[0]:], p)
+			}
+		}
+		if err := l.Flush(); err != nil {
+			e.t.Fatalf("flush %s: %v", id, err)
+		}
+	})
+}
+
+// readAt reads n bytes at off of volume id through its live stack.
+func (e *env) readAt(s *Service, id string, off, n int64) []byte {
+	e.t.Helper()
+	b := make([]byte, n)
+	e.withStack(s, id, func(l block.Layer) {
+		if err := l.ReadAt(b, off); err != nil {
+			e.t.Fatalf("read %d+%d of %s: %v", off, n, id, err)
+		}
+	})
+	return b
+}
+
+// readVolume reads the whole device of volume id through its live stack;
+// the device must be exactly the record's size.
+func (e *env) readVolume(s *Service, id string) []byte {
+	e.t.Helper()
+	v := e.volume(id)
+	var b []byte
+	e.withStack(s, id, func(l block.Layer) {
+		if l.Size() != v.SizeBytes {
+			e.t.Fatalf("volume %s: device is %d bytes, record says %d", id, l.Size(), v.SizeBytes)
+		}
+		b = make([]byte, l.Size())
+		if err := l.ReadAt(b, 0); err != nil {
+			e.t.Fatalf("read %s: %v", id, err)
+		}
+	})
+	return b
+}
+
+// sameVolume fails unless volume id holds exactly want.
+func (e *env) sameVolume(s *Service, id string, want []byte, what string) {
+	e.t.Helper()
+	got := e.readVolume(s, id)
+	if bytes.Equal(got, want) {
+		return
+	}
+	if len(got) != len(want) {
+		e.t.Fatalf("%s: volume %s is %d bytes, want %d", what, id, len(got), len(want))
+	}
+	if i := firstDiff(got, want); i >= 0 {
+		e.t.Fatalf("%s: volume %s differs at byte %d (got %#x, want %#x)", what, id, i, got[i], want[i])
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
+}
+
+// images lists the image directories of the env's store.
+func (e *env) images() []string {
+	e.t.Helper()
+	entries, err := os.ReadDir(e.st.ImagesDir())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []string
+	for _, d := range entries {
+		out = append(out, d.Name())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// top is the image volume id writes into (its cow.sb on disk).
+func (e *env) top(id string) string {
+	e.t.Helper()
+	img, err := cow.TopOf(e.st.VolumeDir(id))
+	if err != nil {
+		e.t.Fatalf("top of %s: %v", id, err)
+	}
+	return img
+}
+
+// chain is the images volume id reads, top first.
+func (e *env) chain(id string) []string {
+	e.t.Helper()
+	var out []string
+	for img := e.top(id); img != ""; {
+		out = append(out, img)
+		im, err := cow.ReadImage(e.st.ImagesDir(), img)
+		if err != nil {
+			e.t.Fatalf("chain of %s: %v", id, err)
+		}
+		img = im.Parent
+	}
+	return out
+}
+
+// wantImages fails unless the store holds exactly the images the given
+// volumes (their whole chains) and snapshots need: collection removed the
+// rest and kept all of those.
+func (e *env) wantImages(s *Service, vols []string, snaps []string) {
+	e.t.Helper()
+	need := map[string]bool{}
+	for _, id := range vols {
+		for _, img := range e.chain(id) {
+			need[img] = true
+		}
+	}
+	for _, id := range snaps {
+		img := e.snapshot(id).Image
+		for img != "" {
+			need[img] = true
+			im, err := cow.ReadImage(e.st.ImagesDir(), img)
+			if err != nil {
+				e.t.Fatalf("image %s of snapshot %s: %v", img, id, err)
+			}
+			img = im.Parent
+		}
+	}
+	var want []string
+	for img := range need {
+		want = append(want, img)
+	}
+	slices.Sort(want)
+	if got := e.images(); !slices.Equal(got, want) {
+		e.t.Fatalf("images on disk %v, want exactly %v", got, want)
+	}
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// allocated is the bytes of disk a file holds (not its apparent size).
+func allocated(t *testing.T, path string) int64 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
+}
+
+// statSize is a file's apparent size.
+func statSize(path string) (int64, error) {
+	var st syscall.Stat_t
+	err := syscall.Stat(path, &st)
+	return st.Size, err
+}
+
+// dataFiles lists the data files (*.img) of every image of the store.
+func (e *env) dataFiles() []string {
+	e.t.Helper()
+	files, err := filepath.Glob(filepath.Join(e.st.ImagesDir(), "*", "*.img"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return files
 }
 
 // checkProvisioned verifies the metadata invariant of doc.go across the
 // whole shared store: capacity/provisioned equals the bytes of every volume
 // and snapshot record not finished deleting (extends in flight count their
-// target size). Call it only when no job of any test is running.
+// target size). Call it only when no workflow of any test is running.
 func checkProvisioned(t *testing.T) {
 	t.Helper()
 	m, _ := openTestStore(t)
@@ -221,6 +407,41 @@ func checkProvisioned(t *testing.T) {
 	if p != sum {
 		t.Fatalf("capacity/provisioned = %d, but the records hold %d bytes", p, sum)
 	}
+}
+
+// cleanupAll deletes every snapshot and volume of the given owners.
+func cleanupAll(t *testing.T, s *Service, owners ...Caller) {
+	t.Helper()
+	ctx := context.Background()
+	for _, c := range owners {
+		snaps, err := s.Snapshots(ctx, c, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sn := range snaps {
+			if err := s.DeleteSnapshot(ctx, c, sn.ID); err != nil {
+				t.Fatalf("cleanup snapshot %s: %v", sn.ID, err)
+			}
+		}
+		vols, err := s.Volumes(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vols {
+			if err := s.DeleteVolume(ctx, c, v.ID); err != nil {
+				t.Fatalf("cleanup volume %s: %v", v.ID, err)
+			}
+		}
+	}
+}
+
+func allZero(b []byte) bool {
+	for _, x := range b {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func sameBytes(a, b []byte) bool { return bytes.Equal(a, b) }

@@ -349,11 +349,7 @@ func (s *Service) resize(v *meta.Volume) error {
 	if l.Size() >= v.TargetSize {
 		return nil // done before an interruption
 	}
-	r, ok := l.(block.Resizer)
-	if !ok {
-		return fmt.Errorf("its %s layer cannot grow", l.Describe().Type)
-	}
-	return r.Resize(v.TargetSize)
+	return l.(block.Resizer).Resize(v.TargetSize) // acquire returns an *exact
 }
 
 // DeleteVolume deletes a volume and its data. Snapshots of it stay.

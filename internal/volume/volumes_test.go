@@ -3,11 +3,12 @@ package volume
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 
+	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
 )
@@ -18,24 +19,35 @@ func TestCreateExtendDeleteVolume(t *testing.T) {
 	ctx := ctxT(t)
 	alice := caller("alice")
 	base := e.provisioned()
+	std, err := s.VolumeType(ctx, "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	v, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "data", SizeBytes: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if v.Status != meta.StatusAvailable || v.Node != "" || v.Owner != "alice" || v.OwnerID != alice.ID ||
-		v.Type != "standard" || v.SizeBytes != 1<<30 || !volumeIDRE.MatchString(v.ID) || v.CreatedAt.IsZero() {
+		v.Type != "standard" || v.SizeBytes != 1<<30 || !volumeIDRE.MatchString(v.ID) || v.CreatedAt.IsZero() ||
+		v.Job != nil || v.LastJob != nil || v.StatusMessage != "" {
 		t.Fatalf("created volume %+v", v)
 	}
-	var st syscall.Stat_t
-	if err := syscall.Stat(e.st.VolumePath(v.ID), &st); err != nil {
-		t.Fatal(err)
+	if !sameBytes(v.Stack, std.Stack) {
+		t.Fatalf("volume stack %s, want the standard type's %s", v.Stack, std.Stack)
 	}
-	if st.Size != 1<<30 {
-		t.Fatalf("file size %d", st.Size)
+	// The stack exists on disk: cow.sb in the volume's directory names one
+	// empty image holding a sparse data file of the volume's size.
+	imgs := e.images()
+	if len(imgs) != 1 || e.top(v.ID) != imgs[0] {
+		t.Fatalf("images %v, volume top %s", imgs, e.top(v.ID))
 	}
-	if st.Blocks*512 > 1<<20 {
-		t.Fatalf("create wrote %d bytes of data; creation must be O(1)", st.Blocks*512)
+	data := filepath.Join(e.st.ImagesDir(), imgs[0], "data.img")
+	if n, err := statSize(data); err != nil || n != 1<<30 {
+		t.Fatalf("data file: %d bytes, %v", n, err)
+	}
+	if a := allocated(t, data); a > 1<<20 {
+		t.Fatalf("create wrote %d bytes of data; creation must be O(1)", a)
 	}
 	if got := e.provisioned() - base; got != 1<<30 {
 		t.Fatalf("provisioned grew by %d, want 1 GiB", got)
@@ -51,8 +63,19 @@ func TestCreateExtendDeleteVolume(t *testing.T) {
 	if err != nil || len(list) != 1 || list[0].ID != v.ID {
 		t.Fatalf("Volumes: %v, %v", list, err)
 	}
+	// Its layer tree is described.
+	node, err := s.Stack(ctx, v)
+	if err != nil || node == nil || node.Type != "cow" || len(node.Children) != 1 || node.Children[0].Type != "file" {
+		t.Fatalf("Stack: %+v, %v", node, err)
+	}
 
-	// Extend by name.
+	// Data at both ends.
+	head, tail := pattern(1, 8192), pattern(2, 4096)
+	e.fill(s, v.ID, nil, 1, [2]int64{0, 8192})
+	e.fill(s, v.ID, nil, 2, [2]int64{1<<30 - 4096, 4096})
+
+	// Extend by name: the live stack grows, the old data stays, the new
+	// range reads as zeroes and takes writes.
 	v2, err := s.ExtendVolume(ctx, alice, "data", 2<<30)
 	if err != nil {
 		t.Fatal(err)
@@ -60,12 +83,32 @@ func TestCreateExtendDeleteVolume(t *testing.T) {
 	if v2.SizeBytes != 2<<30 || v2.Status != meta.StatusAvailable || v2.TargetSize != 0 || v2.Node != "" {
 		t.Fatalf("extended volume %+v", v2)
 	}
-	if fi, _ := statSize(e.st.VolumePath(v.ID)); fi != 2<<30 {
-		t.Fatalf("file size %d after extend", fi)
-	}
 	if got := e.provisioned() - base; got != 2<<30 {
 		t.Fatalf("provisioned grew by %d after extend, want 2 GiB", got)
 	}
+	e.withStack(s, v.ID, func(l block.Layer) {
+		if l.Size() != 2<<30 {
+			t.Fatalf("device is %d bytes after extend", l.Size())
+		}
+	})
+	if got := e.readAt(s, v.ID, 0, 8192); !sameBytes(got, head) {
+		t.Fatal("extend lost the data at the start")
+	}
+	got := e.readAt(s, v.ID, 1<<30-4096, 1<<20)
+	if !sameBytes(got[:4096], tail) || !allZero(got[4096:]) {
+		t.Fatal("extend: old end or new range wrong")
+	}
+	if !allZero(e.readAt(s, v.ID, 2<<30-1<<20, 1<<20)) {
+		t.Fatal("the end of the new range is not zero")
+	}
+	e.fill(s, v.ID, nil, 3, [2]int64{2<<30 - 4096, 4096})
+	if got := e.readAt(s, v.ID, 2<<30-4096, 4096); !sameBytes(got, pattern(3, 4096)) {
+		t.Fatal("write to the new range did not stick")
+	}
+	if n, _ := statSize(data); n != 2<<30 {
+		t.Fatalf("data file is %d bytes after extend", n)
+	}
+
 	// Never shrink, never the same size, whole sectors only, positive.
 	_, err = s.ExtendVolume(ctx, alice, v.ID, 1<<30)
 	wantCode(t, err, errs.CodeShrinkNotAllowed)
@@ -75,16 +118,25 @@ func TestCreateExtendDeleteVolume(t *testing.T) {
 	wantCode(t, err, errs.CodeInvalidSize)
 	_, err = s.ExtendVolume(ctx, alice, v.ID, -512)
 	wantCode(t, err, errs.CodeInvalidSize)
-	if fi, _ := statSize(e.st.VolumePath(v.ID)); fi != 2<<30 {
-		t.Fatalf("refused extends changed the file to %d", fi)
+	if cur := e.volume(v.ID); cur.SizeBytes != 2<<30 || cur.Status != meta.StatusAvailable {
+		t.Fatalf("refused extends changed the record: %+v", cur)
 	}
+	e.withStack(s, v.ID, func(l block.Layer) {
+		if l.Size() != 2<<30 {
+			t.Fatalf("refused extends changed the device to %d bytes", l.Size())
+		}
+	})
 
-	// Delete.
+	// Delete: the record, the name, the directory and (no snapshot needs
+	// them) the images go.
 	if err := s.DeleteVolume(ctx, alice, "data"); err != nil {
 		t.Fatal(err)
 	}
-	if e.st.Exists(e.st.VolumePath(v.ID)) {
-		t.Fatal("file still exists")
+	if exists(e.st.VolumeDir(v.ID)) {
+		t.Fatal("volume directory still exists")
+	}
+	if imgs := e.images(); len(imgs) != 0 {
+		t.Fatalf("images left after delete: %v", imgs)
 	}
 	if _, err := s.Volume(ctx, alice, v.ID); !errs.IsCode(err, errs.CodeNotFound) {
 		t.Fatalf("deleted volume: %v", err)
@@ -96,20 +148,18 @@ func TestCreateExtendDeleteVolume(t *testing.T) {
 	if got := e.provisioned(); got != base {
 		t.Fatalf("provisioned %d after delete, want %d", got, base)
 	}
-	// The name is free again.
-	if _, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "data", SizeBytes: 4096}); err != nil {
+	// The name is free again, and a new volume of it starts empty.
+	v3, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "data", SizeBytes: 64 << 10})
+	if err != nil {
 		t.Fatalf("reuse of a deleted volume's name: %v", err)
+	}
+	if !allZero(e.readVolume(s, v3.ID)) {
+		t.Fatal("a new volume is not all zeroes")
 	}
 	if err := s.DeleteVolume(ctx, alice, "data"); err != nil {
 		t.Fatal(err)
 	}
 	checkProvisioned(t)
-}
-
-func statSize(path string) (int64, error) {
-	var st syscall.Stat_t
-	err := syscall.Stat(path, &st)
-	return st.Size, err
 }
 
 func TestCreateVolumeValidation(t *testing.T) {
@@ -125,6 +175,7 @@ func TestCreateVolumeValidation(t *testing.T) {
 		{CreateVolume{SizeBytes: 0}, errs.CodeInvalidSize},
 		{CreateVolume{SizeBytes: -4096}, errs.CodeInvalidSize},
 		{CreateVolume{SizeBytes: 1000}, errs.CodeInvalidSize},
+		{CreateVolume{SizeBytes: 1<<60 + 512}, errs.CodeInvalidSize},
 		{CreateVolume{SizeBytes: 4096, Type: "gold"}, errs.CodeUnknownVolumeType},
 		{CreateVolume{SizeBytes: 4096, ClientToken: "has space"}, errs.CodeInvalidRequest},
 		{CreateVolume{SizeBytes: 4096, ClientToken: strings.Repeat("t", 129)}, errs.CodeInvalidRequest},
@@ -201,7 +252,7 @@ func TestNameRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.waitSnapshot(sn.ID, meta.StatusAvailable)
+	e.snapAvailable(sn.ID)
 	_, err = s.CreateSnapshot(ctx, alice, a1.ID, "shared", "")
 	wantCode(t, err, errs.CodeNameConflict)
 	if got, err := s.Snapshot(ctx, alice, "shared"); err != nil || got.ID != sn.ID {
@@ -266,7 +317,7 @@ func TestOwnership(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.waitSnapshot(sn.ID, meta.StatusAvailable)
+	e.snapAvailable(sn.ID)
 
 	// Bob gets NotFound for everything of alice's, by id and by name, the
 	// same answer as for an id that does not exist.
@@ -287,6 +338,8 @@ func TestOwnership(t *testing.T) {
 		notFound("CreateSnapshot "+ref, err)
 		_, err = s.Snapshots(ctx, bob, ref)
 		notFound("Snapshots of "+ref, err)
+		_, err = s.StartJob(ctx, bob, ref, meta.JobFlatten)
+		notFound("StartJob "+ref, err)
 	}
 	for _, ref := range []string{sn.ID, "mysnap"} {
 		_, err := s.Snapshot(ctx, bob, ref)
@@ -335,7 +388,7 @@ func TestOwnership(t *testing.T) {
 	if asn.OwnerID != alice.ID || asn.Owner != "alice" {
 		t.Fatalf("admin's snapshot of alice's volume is owned by %s/%s", asn.Owner, asn.OwnerID)
 	}
-	e.waitSnapshot(asn.ID, meta.StatusAvailable)
+	e.snapAvailable(asn.ID)
 	if _, err := s.Snapshot(ctx, alice, asn.ID); err != nil {
 		t.Fatalf("alice cannot see the snapshot admin took of her volume: %v", err)
 	}
@@ -376,6 +429,9 @@ func TestProvisioningLimit(t *testing.T) {
 	if entries, _ := os.ReadDir(e.st.Root + "/volumes"); len(entries) != 0 {
 		t.Fatalf("refused create left files: %v", entries)
 	}
+	if imgs := e.images(); len(imgs) != 0 {
+		t.Fatalf("refused create left images: %v", imgs)
+	}
 	if got := e.provisioned(); got != base {
 		t.Fatalf("provisioned changed by %d", got-base)
 	}
@@ -399,6 +455,9 @@ func TestProvisioningLimit(t *testing.T) {
 	}
 	if snaps, _ := tiny.Snapshots(ctx, alice, ""); len(snaps) != 0 {
 		t.Fatal("refused snapshot left a record")
+	}
+	if n := len(e.chain(v.ID)); n != 1 {
+		t.Fatalf("refused snapshot froze the volume's image anyway: chain of %d images", n)
 	}
 	// A volume bigger than the whole default limit is refused too.
 	capa, err := normal.Capacity(ctx)
@@ -459,10 +518,18 @@ func TestIdempotentCreate(t *testing.T) {
 		t.Fatalf("snapshot with a token used by a volume create: %v", err)
 	}
 	sn2, err := s.CreateSnapshot(ctx, alice, v1.ID, "", "tok-1")
-	if err != nil || sn2.ID != sn.ID {
+	if err != nil || sn2.ID != sn.ID || sn2.Image != sn.Image {
 		t.Fatalf("snapshot replay: %+v, %v", sn2, err)
 	}
-	e.waitSnapshot(sn.ID, meta.StatusAvailable)
+	e.snapAvailable(sn.ID)
+	if n := len(e.chain(v1.ID)); n != 2 {
+		t.Fatalf("snapshot replay froze the volume again: chain of %d images", n)
+	}
+	// Same token, another volume: refused.
+	_, err = s.CreateSnapshot(ctx, alice, smallVolume(t, s, alice), "", "tok-1")
+	if ee, ok := errs.As(err); !ok || ee.Code != errs.CodeIdempotentMismatch {
+		t.Fatalf("snapshot token reused for another volume: %v", err)
+	}
 	if v3, err := s.CreateVolume(ctx, alice, req); err != nil || v3.ID != v1.ID {
 		t.Fatalf("volume replay after a snapshot used the token: %+v, %v", v3, err)
 	}
@@ -478,31 +545,18 @@ func TestIdempotentCreate(t *testing.T) {
 		t.Fatalf("create after delete with the old token: %+v, %v", v4, err)
 	}
 	cleanupAll(t, s, alice, bob)
+	if imgs := e.images(); len(imgs) != 0 {
+		t.Fatalf("images left after deleting everything: %v", imgs)
+	}
 	checkProvisioned(t)
 }
 
-// cleanupAll deletes every snapshot and volume of the given owners.
-func cleanupAll(t *testing.T, s *Service, owners ...Caller) {
+// smallVolume makes another small volume of c and returns its id.
+func smallVolume(t *testing.T, s *Service, c Caller) string {
 	t.Helper()
-	ctx := context.Background()
-	for _, c := range owners {
-		snaps, err := s.Snapshots(ctx, c, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, sn := range snaps {
-			if err := s.DeleteSnapshot(ctx, c, sn.ID); err != nil {
-				t.Fatalf("cleanup snapshot %s: %v", sn.ID, err)
-			}
-		}
-		vols, err := s.Volumes(ctx, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, v := range vols {
-			if err := s.DeleteVolume(ctx, c, v.ID); err != nil {
-				t.Fatalf("cleanup volume %s: %v", v.ID, err)
-			}
-		}
+	v, err := s.CreateVolume(context.Background(), c, CreateVolume{SizeBytes: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
 	}
+	return v.ID
 }

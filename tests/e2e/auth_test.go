@@ -188,7 +188,7 @@ func TestUserRecreatedSameName(t *testing.T) {
 	admin := n.Admin()
 	old := admin.CreateUser("alice")
 	oldVol := old.CreateVolume("--size", "64MiB", "--name", "data")
-	oldSnap := old.CreateSnapshot("data", "--name", "snap", "--wait")
+	oldSnap := old.CreateSnapshot("data", "--name", "snap")
 
 	admin.OK(nil, "user", "delete", "alice")
 	old.Fail("CertificateRevoked", "volume", "list")

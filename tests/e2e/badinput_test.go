@@ -14,7 +14,7 @@ func TestBadInputCLI(t *testing.T) {
 	n := StartNode(t, NodeOptions{})
 	admin := n.Admin()
 	vol := admin.CreateVolume("--size", "1GiB", "--name", "data")
-	admin.CreateSnapshot("data", "--name", "snap", "--wait")
+	admin.CreateSnapshot("data", "--name", "snap")
 
 	currentState := func() (string, string, Status) {
 		return admin.OK(nil, "volume", "list").Stdout, admin.OK(nil, "snapshot", "list").Stdout, admin.Status()
@@ -56,6 +56,15 @@ func TestBadInputCLI(t *testing.T) {
 		{"snapshot duplicate name", "NameConflict", []string{"snapshot", "create", "data", "--name", "snap"}},
 		{"show unknown snapshot", "NotFound", []string{"snapshot", "show", "snap-0123456789abcdef"}},
 		{"delete unknown snapshot", "NotFound", []string{"snapshot", "delete", "nosuch"}},
+		{"clone with another type", "InvalidRequest", []string{"volume", "create", "--from-snapshot", "snap", "--type", "striped"}},
+		{"flatten unknown volume", "NotFound", []string{"volume", "flatten", "nosuch"}},
+		{"scrub of a standard volume (no checksum layer)", "NotSupportedByVolumeType", []string{"volume", "scrub", "data"}},
+		{"repair of a standard volume (no mirror or parity layer)", "NotSupportedByVolumeType", []string{"volume", "repair", "data", "--wait"}},
+		{"show unknown type", "UnknownVolumeType", []string{"type", "show", "golden"}},
+		{"delete unknown type", "UnknownVolumeType", []string{"type", "delete", "golden"}},
+		{"delete a built-in type", "VolumeTypeProtected", []string{"type", "delete", "standard"}},
+		{"type create without --stack", "InvalidStack", []string{"type", "create", "golden"}},
+		{"type create named like a built-in", "VolumeTypeExists", []string{"type", "create", "standard", "--stack", stackFile(t, `{"type":"cow","children":[{"type":"file","params":{"path":"data.img"}}]}`)}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -75,8 +84,16 @@ func TestBadInputCLI(t *testing.T) {
 	if stAfter.Store.ProvisionedBytes != stBefore.Store.ProvisionedBytes {
 		t.Errorf("refused requests changed provisioned_bytes: %d -> %d", stBefore.Store.ProvisionedBytes, stAfter.Store.ProvisionedBytes)
 	}
-	if got := fileSize(t, n.VolumeFile(vol.ID)); got != GiB {
-		t.Errorf("volume file is %d bytes after refused extends", got)
+	if got := fileSize(t, n.DataFile(admin, vol.ID)); got != GiB {
+		t.Errorf("volume's data file is %d bytes after refused extends", got)
+	}
+	if got := admin.Volume(vol.ID); got.LastJob != nil || got.Progress != nil {
+		t.Errorf("refused jobs left a trace on the volume: progress %+v, last_job %+v", got.Progress, got.LastJob)
+	}
+	var types []VolumeType
+	admin.OK(&types, "type", "list")
+	if len(types) != 6 {
+		t.Errorf("refused type requests changed the type list: %d types", len(types))
 	}
 }
 
@@ -144,7 +161,7 @@ func TestBadInputHTTP(t *testing.T) {
 		{"fractional size", "POST", "/v1/volumes", `{"size":1.5}`, 400, "InvalidSize"},
 		{"size string garbage", "POST", "/v1/volumes", `{"size":"abc"}`, 400, "InvalidSize"},
 		{"size beyond limit", "POST", "/v1/volumes", `{"size":"1PiB"}`, 507, "InsufficientCapacity"},
-		{"unknown type", "POST", "/v1/volumes", `{"size":"1GiB","type":"golden"}`, 400, "UnknownVolumeType"},
+		{"unknown type", "POST", "/v1/volumes", `{"size":"1GiB","type":"golden"}`, 404, "UnknownVolumeType"},
 		{"invalid name", "POST", "/v1/volumes", `{"size":"1GiB","name":"bad/name"}`, 400, "InvalidName"},
 		{"duplicate name", "POST", "/v1/volumes", `{"size":"1GiB","name":"data"}`, 409, "NameConflict"},
 		{"extend malformed", "POST", "/v1/volumes/" + vol.ID + "/extend", `{"size":`, 400, "MalformedJSON"},
@@ -153,6 +170,18 @@ func TestBadInputHTTP(t *testing.T) {
 		{"snapshot without volume", "POST", "/v1/snapshots", `{}`, 400, "InvalidRequest"},
 		{"snapshot unknown field", "POST", "/v1/snapshots", `{"volume":"data","x":1}`, 400, "MalformedJSON"},
 		{"user malformed", "POST", "/v1/users", `{"name":`, 400, "MalformedJSON"},
+		{"scrub without a checksum layer", "POST", "/v1/volumes/" + vol.ID + "/scrub", ``, 400, "NotSupportedByVolumeType"},
+		{"repair without a mirror or parity layer", "POST", "/v1/volumes/" + vol.ID + "/repair", ``, 400, "NotSupportedByVolumeType"},
+		{"job on an unknown volume", "POST", "/v1/volumes/vol-0123456789abcdef/flatten", ``, 404, "NotFound"},
+		{"type malformed", "POST", "/v1/types", `{"name":`, 400, "MalformedJSON"},
+		{"type unknown field", "POST", "/v1/types", `{"name":"t","stack":{"type":"file","params":{"path":"x"}},"colour":1}`, 400, "MalformedJSON"},
+		{"type without stack", "POST", "/v1/types", `{"name":"t"}`, 400, "InvalidStack"},
+		{"type with a stack that is not an object", "POST", "/v1/types", `{"name":"t","stack":"cow"}`, 400, "InvalidStack"},
+		{"type: cow without its child", "POST", "/v1/types", `{"name":"t","stack":{"type":"cow"}}`, 400, "InvalidStack"},
+		{"type: absolute file path", "POST", "/v1/types", `{"name":"t","stack":{"type":"file","params":{"path":"/etc/passwd"}}}`, 400, "InvalidStack"},
+		{"type invalid name", "POST", "/v1/types", `{"name":"Bad Name","stack":{"type":"file","params":{"path":"x"}}}`, 400, "InvalidName"},
+		{"show unknown type", "GET", "/v1/types/golden", ``, 404, "UnknownVolumeType"},
+		{"delete built-in type", "DELETE", "/v1/types/standard", ``, 409, "VolumeTypeProtected"},
 		{"unknown volume", "GET", "/v1/volumes/vol-0123456789abcdef", ``, 404, "NotFound"},
 		{"unknown route", "GET", "/v1/nothing", ``, 404, "NotFound"},
 		{"wrong method", "PUT", "/v1/volumes", `{}`, 405, "MethodNotAllowed"},
@@ -173,48 +202,118 @@ func TestBadInputHTTP(t *testing.T) {
 	}
 }
 
-// TestDeleteWhileSnapshotting: a volume whose snapshot is still being copied
-// cannot be deleted or extended (409 VolumeBusy), and the snapshot cannot be
-// deleted yet (409 SnapshotNotReady); once the copy is done, both can.
-func TestDeleteWhileSnapshotting(t *testing.T) {
+// TestBusyDuringJob: while a flatten job runs, its volume cannot be
+// deleted and no second job can start (409 VolumeBusy, over the CLI and raw
+// HTTP), and the refusals change nothing; once the job has ended, both
+// work. The clone's images are throttled (an admin type, slowImagesStack),
+// so the flatten takes seconds on any machine.
+func TestBusyDuringJob(t *testing.T) {
 	t.Parallel()
-	n := StartNode(t, NodeOptions{Args: []string{"--job-bandwidth", "1MiB"}})
+	requireTools(t, "qemu-io")
+	n := StartNode(t, NodeOptions{})
 	admin := n.Admin()
-	vol := admin.CreateVolume("--size", "64MiB", "--name", "busy")
+	admin.OK(nil, "type", "create", "slow", "--stack", stackFile(t, slowImagesStack))
+	admin.CreateVolume("--size", "64MiB", "--type", "slow", "--name", "src")
 	data := []region{{0, randomBytes(t, int(16*MiB))}}
-	writeRegions(t, n.VolumeFile(vol.ID), data)
+	admin.WriteRegions("src", data)
+	snap := admin.CreateSnapshot("src", "--name", "s")
+	clone := admin.CreateVolume("--from-snapshot", "s", "--name", "busy")
 
-	snap := admin.CreateSnapshot("busy")
-	if snap.Status != "creating" {
-		t.Fatalf("snapshot of 16 MiB at 1 MiB/s is %q right after create, want creating", snap.Status)
+	// The flatten copies 256 chunks at 40 operations a second.
+	var started Volume
+	admin.OK(&started, "volume", "flatten", "busy")
+	if started.Progress == nil || started.Progress.Job != "flatten" {
+		t.Fatalf("volume flatten without --wait printed progress %+v, want a running flatten", started.Progress)
 	}
-	before := admin.OK(nil, "volume", "list").Stdout
-
-	admin.Fail("VolumeBusy", "volume", "delete", vol.ID)
-	admin.Fail("VolumeBusy", "volume", "extend", vol.ID, "--size", "128MiB")
-	admin.Fail("SnapshotNotReady", "snapshot", "delete", snap.ID)
+	admin.Fail("VolumeBusy", "volume", "delete", "busy")
+	admin.Fail("VolumeBusy", "volume", "flatten", "busy")
+	admin.Fail("VolumeBusy", "volume", "flatten", clone.ID, "--wait")
 	c := identityHTTP(t, n.AdminDir())
-	if status, code, body := call(t, c, "DELETE", n.Endpoint()+"/v1/volumes/"+vol.ID, ""); status != http.StatusConflict || code != "VolumeBusy" {
-		t.Errorf("DELETE of a volume being snapshotted: HTTP %d %s, want 409 VolumeBusy", status, body)
+	for _, req := range []struct{ method, path string }{
+		{"DELETE", "/v1/volumes/" + clone.ID},
+		{"POST", "/v1/volumes/" + clone.ID + "/flatten"},
+	} {
+		if status, code, body := call(t, c, req.method, n.Endpoint()+req.path, ""); status != http.StatusConflict || code != "VolumeBusy" {
+			t.Errorf("%s %s during a flatten: HTTP %d %s, want 409 VolumeBusy", req.method, req.path, status, body)
+		}
 	}
-	if got := admin.Snapshot(snap.ID); got.Status != "creating" {
-		t.Fatalf("the snapshot finished too early (%s) for the test to mean anything", got.Status)
+	// A job the stack cannot run is refused for that reason, busy or not.
+	admin.Fail("NotSupportedByVolumeType", "volume", "scrub", "busy")
+	got := admin.Volume("busy")
+	if got.Progress == nil {
+		t.Fatalf("the flatten ended (%+v) before the refused requests were checked: the test means nothing", got.LastJob)
+	}
+	if got.Status != "available" || got.LastJob != nil || got.Progress.Job != "flatten" {
+		t.Errorf("the volume after refused requests: status %s, progress %+v, last_job %+v", got.Status, got.Progress, got.LastJob)
+	}
+	if !exists(n.VolumeDir(clone.ID)) {
+		t.Fatalf("the volume's directory is gone")
+	}
+
+	// When the job ends, the same requests succeed.
+	got = admin.WaitJob("busy", 60*time.Second)
+	if got.LastJob == nil || got.LastJob.Job != "flatten" || got.LastJob.Error != "" {
+		t.Fatalf("flatten ended with last_job %+v, want a flatten without error", got.LastJob)
+	}
+	var again Volume
+	admin.OK(&again, "volume", "flatten", "busy", "--wait")
+	if again.Progress != nil || again.LastJob == nil || again.LastJob.Error != "" {
+		t.Errorf("a second flatten with --wait: progress %+v, last_job %+v", again.Progress, again.LastJob)
+	}
+	admin.OK(nil, "volume", "delete", "busy")
+	if exists(n.VolumeDir(clone.ID)) {
+		t.Errorf("volume directory still there after delete")
+	}
+	admin.OK(nil, "snapshot", "delete", snap.ID)
+}
+
+// TestNotSupportedByVolumeType: what a volume's stack has no layer for is
+// refused with 400 NotSupportedByVolumeType and changes nothing: a snapshot
+// or flatten without a cow layer, a scrub without a checksum layer, a
+// repair without a mirror or parity layer.
+func TestNotSupportedByVolumeType(t *testing.T) {
+	t.Parallel()
+	n := StartNode(t, NodeOptions{})
+	admin := n.Admin()
+	admin.OK(nil, "type", "create", "plain", "--stack", stackFile(t,
+		`{"type":"throttle","params":{"iops":100000},"children":[{"type":"file","params":{"path":"data.img"}}]}`))
+	plain := admin.CreateVolume("--size", "64MiB", "--type", "plain", "--name", "plain")
+	if plain.Status != "available" || plain.Type != "plain" {
+		t.Fatalf("volume of a type without cow: %+v", plain)
+	}
+	std := admin.CreateVolume("--size", "64MiB", "--name", "std")
+	before, stBefore := admin.OK(nil, "volume", "list").Stdout, admin.Status()
+
+	admin.Fail("NotSupportedByVolumeType", "snapshot", "create", "plain")
+	admin.Fail("NotSupportedByVolumeType", "snapshot", "create", "plain", "--name", "s", "--client-token", "tok")
+	admin.Fail("NotSupportedByVolumeType", "volume", "flatten", "plain")
+	for _, job := range []string{"scrub", "repair"} {
+		admin.Fail("NotSupportedByVolumeType", "volume", job, "plain")
+		admin.Fail("NotSupportedByVolumeType", "volume", job, "std", "--wait")
+	}
+	c := identityHTTP(t, n.AdminDir())
+	for _, req := range []struct{ path, body string }{
+		{"/v1/snapshots", `{"volume":"` + plain.ID + `"}`},
+		{"/v1/volumes/" + plain.ID + "/flatten", ``},
+		{"/v1/volumes/" + std.ID + "/scrub", ``},
+		{"/v1/volumes/" + std.ID + "/repair", ``},
+	} {
+		if status, code, body := call(t, c, "POST", n.Endpoint()+req.path, req.body); status != http.StatusBadRequest || code != "NotSupportedByVolumeType" {
+			t.Errorf("POST %s %s: HTTP %d %s, want 400 NotSupportedByVolumeType", req.path, req.body, status, body)
+		}
+	}
+
+	if ss := admin.Snapshots(); len(ss) != 0 {
+		t.Errorf("refused snapshots left records: %+v", ss)
 	}
 	if after := admin.OK(nil, "volume", "list").Stdout; after != before {
 		t.Errorf("refused requests changed the volume list:\nbefore: %s\nafter:  %s", before, after)
 	}
-	if !exists(n.VolumeFile(vol.ID)) {
-		t.Fatalf("the volume file is gone")
+	if st := admin.Status(); st.Store.ProvisionedBytes != stBefore.Store.ProvisionedBytes {
+		t.Errorf("refused requests changed provisioned_bytes: %d -> %d", stBefore.Store.ProvisionedBytes, st.Store.ProvisionedBytes)
 	}
-
-	got := admin.WaitSnapshot(snap.ID, 60*time.Second)
-	if got.Status != "available" {
-		t.Fatalf("snapshot ended %s: %s", got.Status, got.StatusMessage)
+	// The refused snapshot claimed neither its name nor its client token.
+	if s := admin.CreateSnapshot("std", "--name", "s", "--client-token", "tok"); s.Status != "available" || s.VolumeID != std.ID {
+		t.Errorf("snapshot of the standard volume: %+v", s)
 	}
-	checkRegions(t, "snapshot file", n.SnapshotFile(snap.ID), data)
-	admin.OK(nil, "volume", "delete", vol.ID)
-	if exists(n.VolumeFile(vol.ID)) {
-		t.Errorf("volume file still there after delete")
-	}
-	admin.OK(nil, "snapshot", "delete", snap.ID)
 }

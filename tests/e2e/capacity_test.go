@@ -39,8 +39,8 @@ func TestProvisioningLimitTiny(t *testing.T) {
 	if got := admin.Volume("half"); got.SizeBytes != half || got.Status != "available" {
 		t.Errorf("volume after refused extends: %+v", got)
 	}
-	if got := fileSize(t, n.VolumeFile(v.ID)); got != half {
-		t.Errorf("volume file is %d bytes after refused extends, want %d", got, half)
+	if got := fileSize(t, n.DataFile(admin, v.ID)); got != half {
+		t.Errorf("volume's data file is %d bytes after refused extends, want %d", got, half)
 	}
 	rest := roundDown512(limit - half)
 	admin.Fail("InsufficientCapacity", "volume", "create", "--size", sz(rest+512))
@@ -49,7 +49,9 @@ func TestProvisioningLimitTiny(t *testing.T) {
 	}
 	// Snapshots count against the limit too: one of `half` fits exactly
 	// when 2 × half <= limit, a second one does not.
-	admin.CreateSnapshot("half", "--wait")
+	if s := admin.CreateSnapshot("half"); s.Status != "available" {
+		t.Errorf("snapshot within the limit: %+v", s)
+	}
 	admin.Fail("InsufficientCapacity", "snapshot", "create", "half")
 	// Within the limit everything works: delete frees capacity again.
 	admin.OK(nil, "volume", "delete", "half")
@@ -87,10 +89,10 @@ func TestProvisioningLimitDefault(t *testing.T) {
 	if big.Status != "available" || big.SizeBytes != left {
 		t.Fatalf("volume of exactly the capacity left: %+v", big)
 	}
-	if got := fileSize(t, n.VolumeFile(big.ID)); got != left {
-		t.Errorf("file of the big volume is %d bytes, want %d", got, left)
+	if got := fileSize(t, n.DataFile(admin, big.ID)); got != left {
+		t.Errorf("data file of the big volume is %d bytes, want %d", got, left)
 	}
-	if a := allocated(t, n.VolumeFile(big.ID)); a > MiB {
+	if a := allocatedTree(t, n.ImageDir(n.TopImage(admin, big.ID))) + allocatedTree(t, n.VolumeDir(big.ID)); a > MiB {
 		t.Errorf("the big volume allocates %d bytes", a)
 	}
 	// Now full: even one sector more fails, for creates, extends and snapshots.
@@ -104,5 +106,7 @@ func TestProvisioningLimitDefault(t *testing.T) {
 	if st := admin.Status(); st.Store.ProvisionedBytes != GiB {
 		t.Errorf("provisioned_bytes %d after deleting the big volume, want %d", st.Store.ProvisionedBytes, GiB)
 	}
-	admin.CreateSnapshot(small.ID, "--wait")
+	if s := admin.CreateSnapshot(small.ID); s.Status != "available" {
+		t.Errorf("snapshot after the big volume was deleted: %+v", s)
+	}
 }

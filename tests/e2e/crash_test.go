@@ -1,28 +1,14 @@
 package e2e
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
-
-// waitSnapshotProgress polls a creating snapshot until its persisted progress shows
-// bytes done, and returns the last seen record.
-func waitSnapshotProgress(t *testing.T, c *Client, id string, timeout time.Duration) Snapshot {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		s := c.Snapshot(id)
-		if s.Status != "creating" {
-			t.Fatalf("snapshot %s is %s before the crash could happen; the copy should take seconds", id, s.Status)
-		}
-		if s.Progress != nil && s.Progress.DoneBytes > 0 || time.Now().After(deadline) {
-			return s
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
 
 // noTransitional fails if any volume or snapshot is still in a transitional
 // status.
@@ -40,156 +26,172 @@ func noTransitional(t *testing.T, c *Client) {
 	}
 }
 
-// noPartials fails if STORE/tmp still holds partial files.
-func noPartials(t *testing.T, n *Node) {
-	t.Helper()
-	ents, _ := os.ReadDir(filepath.Join(n.StoreDir(), "tmp"))
-	for _, e := range ents {
-		t.Errorf("STORE/tmp still holds %s after the job finished", e.Name())
-	}
-}
-
-// TestCrashDuringSnapshot: kill -9 in the middle of a snapshot copy; after a
-// restart the snapshot completes with exactly the volume's data.
-func TestCrashDuringSnapshot(t *testing.T) {
+// TestCrashAfterSnapshot: data written and flushed through NBD before a
+// snapshot, more written and flushed after it, then kill -9. After the
+// restart the snapshot (read through a clone) holds exactly the data from
+// before it, and the volume exactly the data from after it — including
+// chunks only partly overwritten after the snapshot (copied up).
+func TestCrashAfterSnapshot(t *testing.T) {
 	t.Parallel()
-	n := StartNode(t, NodeOptions{Args: []string{"--job-bandwidth", "4MiB"}})
-	admin := n.Admin()
-	vol := admin.CreateVolume("--size", "64MiB", "--name", "crash")
-	data := []region{{0, randomBytes(t, int(32*MiB))}}
-	writeRegions(t, n.VolumeFile(vol.ID), data)
-
-	snap := admin.CreateSnapshot("crash")
-	if snap.Status != "creating" {
-		t.Fatalf("snapshot without --wait is %q, want creating", snap.Status)
-	}
-	if snap.Progress == nil {
-		t.Errorf("a creating snapshot shows no progress: %+v", snap)
-	}
-	s := waitSnapshotProgress(t, admin, snap.ID, 5*time.Second)
-	if s.Progress == nil || s.Progress.DoneBytes == 0 || s.Progress.TotalBytes != 64*MiB {
-		t.Errorf("snapshot progress while copying: %+v, want done_bytes > 0 and total_bytes %d", s.Progress, 64*MiB)
-	}
-	time.Sleep(time.Second) // ~2 s into an ~8 s copy
-	n.Kill()
-	if exists(n.SnapshotFile(snap.ID)) {
-		t.Fatalf("the snapshot file exists before the copy finished (files must be complete before they appear)")
-	}
-
-	n.Restart()
-	got := admin.WaitSnapshot(snap.ID, 60*time.Second)
-	if got.Status != "available" {
-		t.Fatalf("snapshot after crash and restart: %s (%s), want available", got.Status, got.StatusMessage)
-	}
-	if got.SizeBytes != 64*MiB {
-		t.Errorf("snapshot size %d", got.SizeBytes)
-	}
-	sf := n.SnapshotFile(snap.ID)
-	if fs := fileSize(t, sf); fs != 64*MiB {
-		t.Errorf("snapshot file is %d bytes, want %d", fs, 64*MiB)
-	}
-	checkRegions(t, "snapshot file after crash", sf, data)
-	if regionSum(t, sf, 0, int(64*MiB)) != regionSum(t, n.VolumeFile(vol.ID), 0, int(64*MiB)) {
-		t.Errorf("snapshot file differs from the volume")
-	}
-	noTransitional(t, admin)
-	noPartials(t, n)
-	// The volume is free again: it can be extended and deleted.
-	admin.OK(nil, "volume", "extend", vol.ID, "--size", "128MiB")
-	admin.OK(nil, "volume", "delete", vol.ID)
-}
-
-// TestCrashDuringClone: kill -9 in the middle of a clone copy; after a
-// restart the clone completes with exactly the snapshot's data, and the
-// snapshot can be deleted afterwards (the clone no longer holds it).
-func TestCrashDuringClone(t *testing.T) {
-	t.Parallel()
-	// Make the snapshot at full speed, then restart throttled for the clone.
+	requireTools(t, "qemu-io", "nbdcopy")
 	n := StartNode(t, NodeOptions{})
 	admin := n.Admin()
-	vol := admin.CreateVolume("--size", "64MiB", "--name", "src")
-	data := []region{{0, randomBytes(t, int(16*MiB))}, {40 * MiB, randomBytes(t, int(16*MiB))}}
-	writeRegions(t, n.VolumeFile(vol.ID), data)
-	snap := admin.CreateSnapshot("src", "--name", "s", "--wait")
-	n.StopOK()
-	n.opts.Args = []string{"--job-bandwidth", "4MiB"}
+	const size = 64 * MiB
+	vol := admin.CreateVolume("--size", sz(size), "--name", "crash")
+	a := admin.Attach("crash", "hv1", "rw")
+
+	before := []region{
+		{0, randomBytes(t, int(4*MiB))},
+		{20*MiB + 4096, randomBytes(t, int(3*MiB))},
+		{size - 4*MiB, randomBytes(t, int(4*MiB))},
+	}
+	writeRegionsURI(t, a.NBDURI, before)
+	snap := admin.CreateSnapshot("crash", "--name", "s")
+	if snap.Status != "available" || snap.SizeBytes != size {
+		t.Fatalf("snapshot of an attached volume: %+v, want available at once", snap)
+	}
+	// After the snapshot: part of a chunk the snapshot holds (512 bytes into
+	// a 64 KiB chunk), a whole region over again, and fresh space.
+	after := []region{
+		{1*MiB + 512, randomBytes(t, int(MiB))},
+		{20*MiB + 4096, randomBytes(t, int(3*MiB))},
+		{40 * MiB, randomBytes(t, int(2*MiB))},
+	}
+	writeRegionsURI(t, a.NBDURI, after)
+	n.Kill()
+
 	n.Restart()
+	noTransitional(t, admin)
+	if got := admin.Snapshot(snap.ID); got.Status != "available" || got.SizeBytes != size {
+		t.Errorf("snapshot after kill -9 and restart: %+v", got)
+	}
+	if got := admin.Volume(vol.ID); got.Status != "in-use" {
+		t.Errorf("volume after kill -9 and restart: %s (%s), want in-use (its attachment persists)", got.Status, got.StatusMessage)
+	}
+	// The attachment survived the crash: read the volume through it.
+	checkImage(t, "volume after kill -9", copyOut(t, a.NBDURI), image(size, before, after))
+	admin.Detach(a.ID)
 
 	clone := admin.CreateVolume("--from-snapshot", "s", "--name", "clone")
-	if clone.Status != "creating" {
-		t.Fatalf("clone without --wait is %q, want creating", clone.Status)
-	}
-	if clone.Progress == nil {
-		t.Errorf("a creating clone shows no progress: %+v", clone)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		v := admin.Volume(clone.ID)
-		if v.Status != "creating" {
-			t.Fatalf("clone is %s before the crash could happen", v.Status)
-		}
-		if v.Progress != nil && v.Progress.DoneBytes > 0 {
-			if v.Progress.TotalBytes != 64*MiB {
-				t.Errorf("clone progress total %d, want %d", v.Progress.TotalBytes, 64*MiB)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("clone progress never showed bytes done: %+v", v.Progress)
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	time.Sleep(time.Second)
-	n.Kill()
-	if exists(n.VolumeFile(clone.ID)) {
-		t.Fatalf("the clone's file exists before the copy finished")
-	}
+	checkImage(t, "clone of the snapshot after kill -9", admin.VolumeCopy(clone.ID), image(size, before))
 
-	n.Restart()
-	got := admin.WaitVolume(clone.ID, 60*time.Second)
-	if got.Status != "available" {
-		t.Fatalf("clone after crash and restart: %s (%s), want available", got.Status, got.StatusMessage)
-	}
-	cf := n.VolumeFile(clone.ID)
-	if fs := fileSize(t, cf); fs != 64*MiB {
-		t.Errorf("clone file is %d bytes, want %d", fs, 64*MiB)
-	}
-	checkRegions(t, "clone file after crash", cf, data)
-	if regionSum(t, cf, 0, int(64*MiB)) != regionSum(t, n.SnapshotFile(snap.ID), 0, int(64*MiB)) {
-		t.Errorf("clone file differs from the snapshot")
-	}
-	noTransitional(t, admin)
-	noPartials(t, n)
-	admin.OK(nil, "snapshot", "delete", snap.ID)
-	checkRegions(t, "clone file after its snapshot was deleted", cf, data)
+	// Everything is usable again: another snapshot, an extend, a delete.
+	s2 := admin.CreateSnapshot("crash")
+	admin.OK(nil, "volume", "extend", vol.ID, "--size", sz(2*size))
+	admin.OK(nil, "volume", "delete", vol.ID)
+	checkImage(t, "second snapshot, after its volume was deleted", admin.CheckSnapshot("second snapshot", s2.ID, nil), image(size, before, after))
 }
 
-// TestGracefulStopDuringSnapshot: SIGTERM in the middle of a copy exits 0
-// promptly; the next start finishes the snapshot.
-func TestGracefulStopDuringSnapshot(t *testing.T) {
+// TestCrashDuringFlatten: kill -9 while a flatten runs on a clone of a
+// snapshot holding 256 MiB; after the restart the job resumes (or had
+// finished) and ends without error, the clone holds the snapshot's data
+// plus its own writes, and it no longer needs the snapshot: once the
+// snapshot and its volume are deleted, the snapshot's image is removed
+// from STORE/images (--image-grace 0s) and the clone still reads the same.
+func TestCrashDuringFlatten(t *testing.T) {
 	t.Parallel()
-	n := StartNode(t, NodeOptions{Args: []string{"--job-bandwidth", "4MiB"}})
+	requireTools(t, "qemu-io", "nbdcopy")
+	n := StartNode(t, NodeOptions{Args: []string{"--image-grace", "0s"}})
 	admin := n.Admin()
-	vol := admin.CreateVolume("--size", "64MiB")
-	data := []region{{8 * MiB, randomBytes(t, int(16*MiB))}}
-	writeRegions(t, n.VolumeFile(vol.ID), data)
-	snap := admin.CreateSnapshot(vol.ID)
-	waitSnapshotProgress(t, admin, snap.ID, 5*time.Second)
+	const size, written = 320 * MiB, 256 * MiB
+	admin.CreateVolume("--size", sz(size), "--name", "src")
+	in := filepath.Join(t.TempDir(), "in.img")
+	writeRandomFile(t, in, written)
+	admin.withAttachment("src", "rw", func(uri string) {
+		toolOK(t, 2*time.Minute, "nbdcopy", "--flush", in, uri)
+	})
+	base := []region{{0, mustRead(t, in)}}
+	os.Remove(in)
+
+	snapImage := n.TopImage(admin, "src") // what the snapshot freezes
+	snap := admin.CreateSnapshot("src", "--name", "s")
+	// The source goes on changing; none of that may reach the clone.
+	admin.WriteVolume("src", 0, bytes.Repeat([]byte{0xEE}, int(MiB)))
+	clone := admin.CreateVolume("--from-snapshot", "s", "--name", "clone")
+	// The clone's own writes, from before the flatten, must survive it.
+	own := []region{{100*MiB + 512, randomBytes(t, int(MiB))}, {300 * MiB, randomBytes(t, int(MiB))}}
+	admin.WriteRegions("clone", own)
+	want := image(size, base, own)
+
+	var started Volume
+	admin.OK(&started, "volume", "flatten", "clone")
+	if started.Progress == nil || started.Progress.Job != "flatten" {
+		t.Fatalf("volume flatten printed progress %+v, want a running flatten", started.Progress)
+	}
+	n.Kill()
+	mark := len(n.Log())
+	n.Restart()
+
+	got := admin.WaitJob("clone", 2*time.Minute)
+	if got.LastJob == nil || got.LastJob.Job != "flatten" || got.LastJob.Error != "" {
+		t.Fatalf("after kill -9 during a flatten and a restart, last_job is %+v, want a flatten without error", got.LastJob)
+	}
+	if strings.Contains(n.Log()[mark:], "resuming job") {
+		t.Logf("the flatten was interrupted by the kill and resumed after the restart")
+	} else {
+		t.Logf("the flatten had finished before the kill")
+	}
+	noTransitional(t, admin)
+	if got.Status != "available" {
+		t.Errorf("clone after the flatten: %s (%s)", got.Status, got.StatusMessage)
+	}
+	checkImage(t, "clone after its flatten was interrupted by kill -9", admin.VolumeCopy("clone"), want)
+
+	// The snapshot's image stays while the source volume still reads from
+	// it, and goes when nothing does: the flattened clone does not.
+	admin.OK(nil, "snapshot", "delete", snap.ID)
+	if !exists(n.ImageDir(snapImage)) {
+		t.Fatalf("the snapshot's image %s was removed while its volume still reads from it", snapImage)
+	}
+	admin.OK(nil, "volume", "delete", "src")
+	if exists(n.ImageDir(snapImage)) {
+		t.Errorf("the snapshot's image %s is still in STORE/images after the snapshot and its volume were deleted (--image-grace 0s)", snapImage)
+	}
+	if imgs, top := n.Images(), n.TopImage(admin, clone.ID); !slices.Equal(imgs, []string{top}) {
+		t.Errorf("STORE/images holds %v, want only the clone's image %s", imgs, top)
+	}
+	checkImage(t, "flattened clone after its snapshot's image was removed", admin.VolumeCopy("clone"), want)
+}
+
+// TestGracefulStopDuringFlatten: SIGTERM while a flatten runs exits 0
+// promptly; the job stays recorded, the next start runs it again, and it
+// ends without error: the clone holds its data even once the snapshot and
+// its volume are gone. The clone's images are throttled (slowImagesStack)
+// so the job is surely still running at the SIGTERM.
+func TestGracefulStopDuringFlatten(t *testing.T) {
+	t.Parallel()
+	requireTools(t, "qemu-io", "nbdcopy")
+	n := StartNode(t, NodeOptions{Args: []string{"--image-grace", "0s"}})
+	admin := n.Admin()
+	admin.OK(nil, "type", "create", "slow", "--stack", stackFile(t, slowImagesStack))
+	const size = 32 * MiB
+	admin.CreateVolume("--size", sz(size), "--type", "slow", "--name", "src")
+	data := []region{{4 * MiB, randomBytes(t, int(16*MiB))}}
+	admin.WriteRegions("src", data)
+	admin.CreateSnapshot("src", "--name", "s")
+	admin.CreateVolume("--from-snapshot", "s", "--name", "clone")
+	admin.OK(nil, "volume", "flatten", "clone")
 
 	code, took := n.Stop()
 	if code != 0 {
-		t.Errorf("exit status %d after SIGTERM during a snapshot copy, want 0", code)
+		t.Errorf("exit status %d after SIGTERM during a flatten, want 0", code)
 	}
-	if took > 15*time.Second {
-		t.Errorf("SIGTERM during a copy took %v to exit", took)
+	if took > 10*time.Second {
+		t.Errorf("SIGTERM during a flatten took %v to exit", took)
 	}
 	n.Restart()
-	got := admin.WaitSnapshot(snap.ID, 60*time.Second)
-	if got.Status != "available" {
-		t.Fatalf("snapshot after graceful restart: %s (%s)", got.Status, got.StatusMessage)
+	if v := admin.Volume("clone"); v.Progress == nil || v.Progress.Job != "flatten" {
+		t.Errorf("right after the restart the interrupted flatten is not running: progress %+v, last_job %+v", v.Progress, v.LastJob)
 	}
-	checkRegions(t, "snapshot file", n.SnapshotFile(snap.ID), data)
+	got := admin.WaitJob("clone", time.Minute)
+	if got.LastJob == nil || got.LastJob.Job != "flatten" || got.LastJob.Error != "" {
+		t.Fatalf("resumed flatten ended with last_job %+v", got.LastJob)
+	}
 	noTransitional(t, admin)
-	noPartials(t, n)
+	admin.OK(nil, "snapshot", "delete", "s")
+	admin.OK(nil, "volume", "delete", "src")
+	if imgs := n.Images(); len(imgs) != 1 {
+		t.Errorf("STORE/images holds %v once only the flattened clone is left, want its image only", imgs)
+	}
+	checkImage(t, "clone after a flatten interrupted by SIGTERM", admin.VolumeCopy("clone"), image(size, data))
 }

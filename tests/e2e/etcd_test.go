@@ -122,17 +122,16 @@ func TestExternalEtcdCluster(t *testing.T) {
 	alice := admin1.CreateUser("alice")
 	vol := alice.CreateVolume("--size", "256MiB", "--name", "data")
 	data := []region{{0, randomBytes(t, int(MiB))}, {100 * MiB, randomBytes(t, int(3*MiB))}}
-	writeRegions(t, n1.VolumeFile(vol.ID), data)
-	snap := alice.CreateSnapshot("data", "--name", "s", "--wait")
+	alice.WriteRegions("data", data)
+	snap := alice.CreateSnapshot("data", "--name", "s")
 	if snap.Status != "available" {
 		t.Fatalf("snapshot: %+v", snap)
 	}
-	clone := alice.CreateVolume("--from-snapshot", "s", "--name", "clone", "--wait")
+	clone := alice.CreateVolume("--from-snapshot", "s", "--name", "clone")
 	if clone.Status != "available" {
 		t.Fatalf("clone: %+v", clone)
 	}
-	checkRegions(t, "snapshot file", n1.SnapshotFile(snap.ID), data)
-	checkRegions(t, "clone file", n1.VolumeFile(clone.ID), data)
+	alice.CheckVolume("clone", clone.ID, data)
 	volsBefore := admin1.OK(nil, "volume", "list").Stdout
 	snapsBefore := admin1.OK(nil, "snapshot", "list").Stdout
 
@@ -147,7 +146,7 @@ func TestExternalEtcdCluster(t *testing.T) {
 	if v := alice.Volume("clone"); v.ID != clone.ID || v.Status != "available" {
 		t.Errorf("alice's clone after restart: %+v", v)
 	}
-	checkRegions(t, "clone file after restart", n1.VolumeFile(clone.ID), data)
+	alice.CheckVolume("clone after restart", clone.ID, data)
 	if st := admin1.Status(); st.Metadata.Embedded || !st.Metadata.Healthy {
 		t.Errorf("status after restart: %+v", st.Metadata)
 	}
@@ -180,9 +179,15 @@ func TestExternalEtcdCluster(t *testing.T) {
 	if got := alice.Volume("via-node2"); got.ID != v2.ID {
 		t.Errorf("node1 resolves alice's via-node2 to %s, want %s", got.ID, v2.ID)
 	}
-	if !exists(n1.VolumeFile(v2.ID)) {
-		t.Errorf("volume created through node2 has no file in the shared store")
+	if !exists(n1.VolumeDir(v2.ID)) || !exists(n1.ImageDir(n1.TopImage(alice, v2.ID))) {
+		t.Errorf("volume created through node2 has no directory or image in the shared store")
 	}
+	// Its data, written through node 2, reads back through node 1, and
+	// alice's clone made on node 1 reads back through node 2.
+	more := []region{{MiB, randomBytes(t, int(MiB))}}
+	aliceOn2.WriteRegions("via-node2", more)
+	alice.CheckVolume("volume written through node2, read through node1", v2.ID, more)
+	aliceOn2.CheckVolume("clone made on node1, read through node2", clone.ID, data)
 	// node 2's own admin identity works on node 1 too.
 	n1.As(n2.AdminDir()).OK(nil, "volume", "show", v2.ID)
 

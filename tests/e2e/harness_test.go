@@ -6,7 +6,8 @@
 // The binary is $BASALT_BIN when set, else built once by TestMain.
 //
 // This file is the harness: node start/stop/kill/restart, the CLI runner,
-// raw HTTPS helpers, JSON shapes and file helpers.
+// raw HTTPS helpers, JSON shapes, store paths and file helpers. Volume data
+// is read and written through NBD only (nbd_harness_test.go).
 package e2e
 
 import (
@@ -173,7 +174,7 @@ type NodeOptions struct {
 	Name  string   // --name; default "node1"
 	Data  string   // --data; default a fresh t.TempDir()
 	Store string   // --store; default DATA/store
-	Args  []string // more flags, e.g. "--job-bandwidth", "4MiB"
+	Args  []string // more flags, e.g. "--image-grace", "0s"
 	// NBDHost is the host part of --nbd (default 127.0.0.1; the port is
 	// always a free one), e.g. "0.0.0.0" to listen beyond loopback.
 	NBDHost string
@@ -424,12 +425,61 @@ func (n *Node) StoreDir() string {
 	return filepath.Join(n.Data, "store")
 }
 
-// VolumeFile is the backing file of a volume.
-func (n *Node) VolumeFile(id string) string { return filepath.Join(n.StoreDir(), "volumes", id+".img") }
+// VolumeDir is a volume's stack directory, STORE/volumes/<id>: cow.sb
+// (which image is the volume's top) and the metadata of layers above cow.
+// A volume's data is not there: it is a chain of images (ImagesDir), and
+// tests read and write it through NBD only (WriteRegions, VolumeCopy).
+func (n *Node) VolumeDir(id string) string { return filepath.Join(n.StoreDir(), "volumes", id) }
 
-// SnapshotFile is the backing file of a snapshot.
-func (n *Node) SnapshotFile(id string) string {
-	return filepath.Join(n.StoreDir(), "snapshots", id+".img")
+// ImagesDir holds every copy-on-write image, STORE/images/<img-id>/.
+func (n *Node) ImagesDir() string { return filepath.Join(n.StoreDir(), "images") }
+
+// ImageDir is one image's directory.
+func (n *Node) ImageDir(id string) string { return filepath.Join(n.ImagesDir(), id) }
+
+// Images lists the image ids under STORE/images.
+func (n *Node) Images() []string {
+	n.t.Helper()
+	ents, err := os.ReadDir(n.ImagesDir())
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		n.t.Fatal(err)
+	}
+	var ids []string
+	for _, e := range ents {
+		ids = append(ids, e.Name())
+	}
+	return ids
+}
+
+// TopImage is the id of the image volume ref writes into: the directory
+// under STORE/images of the file layer its `volume show` stack names.
+func (n *Node) TopImage(c *Client, ref string) string {
+	n.t.Helper()
+	v := c.Volume(ref)
+	if v.Stack == nil {
+		n.t.Fatalf("volume show %s has no stack", ref)
+	}
+	files := v.Stack.Files()
+	if len(files) == 0 {
+		n.t.Fatalf("the stack of volume %s has no file layer: %+v", ref, *v.Stack)
+	}
+	rel, err := filepath.Rel(n.ImagesDir(), files[0])
+	if err != nil || strings.HasPrefix(rel, "..") || !strings.Contains(rel, string(filepath.Separator)) {
+		n.t.Fatalf("the file layer of volume %s is %s, not in an image under %s", ref, files[0], n.ImagesDir())
+	}
+	return strings.Split(rel, string(filepath.Separator))[0]
+}
+
+// DataFile is the backing file of the first file layer of volume ref's
+// live stack: for a standard volume, STORE/images/<top image>/data.img.
+// Tests may stat it (size, allocation) but never read or write it.
+func (n *Node) DataFile(c *Client, ref string) string {
+	n.t.Helper()
+	v := c.Volume(ref)
+	if v.Stack == nil || len(v.Stack.Files()) == 0 {
+		n.t.Fatalf("volume show %s has no stack with a file layer: %+v", ref, v.Stack)
+	}
+	return v.Stack.Files()[0]
 }
 
 // Admin is a CLI client with the node's admin identity.
@@ -551,11 +601,42 @@ func (c *Client) Fail(code string, args ...string) bool {
 // ---------------------------------------------------------------------------
 // JSON shapes (brief §3)
 
-// Progress of a job.
+// Progress of a volume's running job (flatten, repair, scrub).
 type Progress struct {
-	DoneBytes  int64   `json:"done_bytes"`
-	TotalBytes int64   `json:"total_bytes"`
-	Percent    float64 `json:"percent"`
+	Job     string  `json:"job"`
+	Done    int64   `json:"done"`
+	Total   int64   `json:"total"`
+	Percent float64 `json:"percent"`
+}
+
+// JobResult is how a volume's last job ended.
+type JobResult struct {
+	Job        string          `json:"job"`
+	Error      string          `json:"error"`
+	Report     json.RawMessage `json:"report"`
+	FinishedAt string          `json:"finished_at"`
+}
+
+// StackNode is one layer of a volume's live stack (`volume show` only).
+type StackNode struct {
+	Type     string          `json:"type"`
+	Params   json.RawMessage `json:"params"`
+	State    string          `json:"state"`
+	Progress *float64        `json:"progress"`
+	Path     string          `json:"path"`
+	Children []StackNode     `json:"children"`
+}
+
+// Files lists the backing file paths of the tree's file layers, depth first.
+func (s StackNode) Files() []string {
+	var out []string
+	if s.Path != "" {
+		out = append(out, s.Path)
+	}
+	for _, c := range s.Children {
+		out = append(out, c.Files()...)
+	}
+	return out
 }
 
 // Volume as the CLI prints it.
@@ -572,19 +653,28 @@ type Volume struct {
 	CreatedAt      string            `json:"created_at"`
 	Attachments    []json.RawMessage `json:"attachments"`
 	Progress       *Progress         `json:"progress"`
+	LastJob        *JobResult        `json:"last_job"`
+	Stack          *StackNode        `json:"stack"`
 }
 
 // Snapshot as the CLI prints it.
 type Snapshot struct {
-	ID            string    `json:"id"`
-	Name          string    `json:"name"`
-	VolumeID      string    `json:"volume_id"`
-	SizeBytes     int64     `json:"size_bytes"`
-	Status        string    `json:"status"`
-	StatusMessage string    `json:"status_message"`
-	Owner         string    `json:"owner"`
-	CreatedAt     string    `json:"created_at"`
-	Progress      *Progress `json:"progress"`
+	ID            string `json:"id"`
+	Name          string `json:"name"`
+	VolumeID      string `json:"volume_id"`
+	SizeBytes     int64  `json:"size_bytes"`
+	Status        string `json:"status"`
+	StatusMessage string `json:"status_message"`
+	Owner         string `json:"owner"`
+	CreatedAt     string `json:"created_at"`
+}
+
+// VolumeType as the CLI prints it.
+type VolumeType struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description"`
+	Stack       json.RawMessage `json:"stack"`
+	BuiltIn     bool            `json:"built_in"`
 }
 
 // User as the CLI prints it.
@@ -686,36 +776,39 @@ func (c *Client) CreateUser(name string) *Client {
 	return &Client{t: c.t, Endpoint: c.Endpoint, Identity: dir}
 }
 
-// WaitSnapshot polls until the snapshot leaves `creating`.
-func (c *Client) WaitSnapshot(id string, timeout time.Duration) Snapshot {
+// WaitJob polls until the volume's job has ended (no progress any more)
+// and returns the volume, whose last_job says how it ended.
+func (c *Client) WaitJob(ref string, timeout time.Duration) Volume {
 	c.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		s := c.Snapshot(id)
-		if s.Status != "creating" {
-			return s
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("snapshot %s still creating after %v (progress %+v)", id, timeout, s.Progress)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-// WaitVolume polls until the volume leaves `creating`.
-func (c *Client) WaitVolume(id string, timeout time.Duration) Volume {
-	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		v := c.Volume(id)
-		if v.Status != "creating" {
+		v := c.Volume(ref)
+		if v.Progress == nil {
 			return v
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatalf("volume %s still creating after %v (progress %+v)", id, timeout, v.Progress)
+			c.t.Fatalf("volume %s still runs its %s job after %v (progress %+v)", ref, v.Progress.Job, timeout, *v.Progress)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// slowImagesStack is a volume type template whose images are throttled to
+// 40 operations a second: cow copies and flattens one 64 KiB chunk per read
+// and per write, so flattening a clone of 16 MiB takes about 5 s on any
+// machine, while large writes (one operation each) stay quick.
+const slowImagesStack = `{"type":"cow","children":[{"type":"throttle","params":{"iops":40},
+	"children":[{"type":"file","params":{"path":"data.img"}}]}]}`
+
+// stackFile writes a layer stack template (JSON) for `type create --stack`
+// into a temp file and returns its path.
+func stackFile(t *testing.T, spec string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "stack.json")
+	if err := os.WriteFile(p, []byte(spec), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // requireKeys checks that a JSON object has every key.
@@ -808,22 +901,6 @@ func randomBytes(t testing.TB, n int) []byte {
 	return b
 }
 
-// writeAt writes b at off into path (which must exist) and syncs it.
-func writeAt(t testing.TB, path string, off int64, b []byte) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // readAt reads n bytes at off from path.
 func readAt(t testing.TB, path string, off int64, n int) []byte {
 	t.Helper()
@@ -870,31 +947,78 @@ func allocated(t testing.TB, path string) int64 {
 	return st.Sys().(*syscall.Stat_t).Blocks * 512
 }
 
+// allocatedTree is the bytes allocated to every file under dir.
+func allocatedTree(t testing.TB, dir string) int64 {
+	t.Helper()
+	var total int64
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			total += allocated(t, p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return total
+}
+
 func exists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
 }
 
-// region is a byte range of a volume with the data written there.
+// region is a byte range of a volume with the data written there
+// (WriteRegions writes regions through NBD; checkRegions checks them in a
+// local copy of a volume, VolumeCopy).
 type region struct {
 	off  int64
 	data []byte
 }
 
-// writeRegions writes each region into path.
-func writeRegions(t testing.TB, path string, rs []region) {
-	t.Helper()
-	for _, r := range rs {
-		writeAt(t, path, r.off, r.data)
-	}
-}
-
-// checkRegions verifies that path holds each region's data.
+// checkRegions verifies that the file path (a local copy of a volume, see
+// VolumeCopy) holds each region's data.
 func checkRegions(t testing.TB, what, path string, rs []region) {
 	t.Helper()
 	for _, r := range rs {
 		if got, want := regionSum(t, path, r.off, len(r.data)), sum(r.data); got != want {
 			t.Errorf("%s: %d bytes at offset %d differ from what was written (sha256 %s, want %s)", what, len(r.data), r.off, got[:12], want[:12])
+		}
+	}
+}
+
+// image is the expected content of a whole volume of size bytes: zeroes
+// with each list of regions written over it in turn.
+func image(size int64, layers ...[]region) []byte {
+	b := make([]byte, size)
+	for _, rs := range layers {
+		for _, r := range rs {
+			copy(b[r.off:], r.data)
+		}
+	}
+	return b
+}
+
+// checkImage verifies that the file path (a local copy of a volume)
+// holds exactly want, and reports the first differing MiB if not.
+func checkImage(t testing.TB, what, path string, want []byte) {
+	t.Helper()
+	got := mustRead(t, path)
+	if len(got) != len(want) {
+		t.Errorf("%s: %d bytes, want %d", what, len(got), len(want))
+		return
+	}
+	if bytes.Equal(got, want) {
+		return
+	}
+	for off := 0; off < len(want); off += int(MiB) {
+		end := min(off+int(MiB), len(want))
+		if !bytes.Equal(got[off:end], want[off:end]) {
+			t.Errorf("%s differs from what was written, first in the MiB at offset %d", what, off)
+			return
 		}
 	}
 }

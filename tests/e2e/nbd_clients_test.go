@@ -142,11 +142,11 @@ func TestNBDQemuIO(t *testing.T) {
 	if r := qemuIO(t, rw.NBDURI, "read -P 0x5b 1M 4M"); !strings.Contains(r.Stdout, "Pattern verification failed") {
 		t.Errorf("qemu-io read with a wrong pattern did not fail: %s", r)
 	}
-	// The data is in the volume's backing file.
-	if got := readAt(t, n.VolumeFile(vol.ID), 1*MiB, 4); string(got) != "\x5a\x5a\x5a\x5a" {
-		t.Errorf("backing file at 1 MiB holds %x, want 5a5a5a5a", got)
+	// The data went to the store: the volume's image now allocates it.
+	if a := allocatedTree(t, n.ImageDir(n.TopImage(admin, vol.ID))); a < 5*MiB {
+		t.Errorf("the volume's image allocates %d bytes after 5 MiB were written and flushed", a)
 	}
-	before := regionSum(t, n.VolumeFile(vol.ID), 0, int(vol.SizeBytes))
+	before := fileSum(t, copyOut(t, rw.NBDURI))
 
 	admin.Detach(rw.ID)
 	ro := admin.Attach("qio", "hv2", "ro")
@@ -164,7 +164,7 @@ func TestNBDQemuIO(t *testing.T) {
 	if r := qemuIORO(t, ro.NBDURI, "read -P 0x5a 1M 4M", "read -P 0x6b 32M 1M"); qemuIOFailed(r) || strings.Contains(r.Stdout, "Pattern verification failed") {
 		t.Errorf("after refused writes on the ro attachment the data changed: %s", r)
 	}
-	if after := regionSum(t, n.VolumeFile(vol.ID), 0, int(vol.SizeBytes)); after != before {
+	if after := fileSum(t, copyOut(t, ro.NBDURI)); after != before {
 		t.Errorf("the volume's data changed through a ro attachment")
 	}
 
@@ -197,7 +197,7 @@ func TestNBDQemuIO(t *testing.T) {
 	if errno, data, err := c.Do(nbdCmdRead, 0, uint64(MiB), 4096, nil); err != nil || errno != 0 || data[0] != 0x5a {
 		t.Errorf("READ on the ro export after refused writes: errno %d err %v", errno, err)
 	}
-	if after := regionSum(t, n.VolumeFile(vol.ID), 0, int(vol.SizeBytes)); after != before {
+	if after := fileSum(t, copyOut(t, ro.NBDURI)); after != before {
 		t.Errorf("the volume's data changed through refused raw requests")
 	}
 }
@@ -289,8 +289,8 @@ func TestNBDCopy(t *testing.T) {
 	}
 	if got := fileSum(t, out); got != want {
 		t.Errorf("1 GiB image: sha256 after nbdcopy in and out %s, want %s", got, want)
-		if got := fileSum(t, n.VolumeFile(vol.ID)); got != want {
-			t.Errorf("the volume's backing file differs too (sha256 %s): the write path lost or changed data", got)
+		if got := fileSum(t, n.DataFile(admin, vol.ID)); got != want {
+			t.Errorf("the file of the volume's one image differs too (sha256 %s): the write path lost or changed data", got)
 		}
 	}
 	t.Logf("whole copy test: %v", time.Since(start).Round(time.Millisecond))

@@ -9,7 +9,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -404,6 +406,163 @@ func (s *qemuSession) Do(cmd string) string {
 		s.t.Fatalf("qemu-io session: no prompt after %q; output: %s", cmd, out)
 	}
 	return out
+}
+
+// ---------------------------------------------------------------------------
+// Volume data through NBD
+//
+// A volume's bytes live in a chain of copy-on-write images, so tests never
+// open store files to read or write them: they attach the volume for a
+// moment and use qemu-io (writes) and nbdcopy (reads), as a hypervisor would.
+
+// ioHost is the host of the short-lived attachments these helpers make.
+const ioHost = "e2e-io"
+
+// withAttachment attaches vol (mode rw or ro) for the test's own I/O, runs
+// fn with the attachment's nbd_uri, then detaches. The volume must not be
+// attached already (one rw attachment at a time).
+func (c *Client) withAttachment(vol, mode string, fn func(uri string)) {
+	c.t.Helper()
+	a := c.Attach(vol, ioHost, mode)
+	fn(a.NBDURI)
+	c.Detach(a.ID)
+}
+
+// writeRegionsURI writes each region through the export at uri with one
+// qemu-io process (`write -s FILE`), then flushes.
+func writeRegionsURI(t testing.TB, uri string, rs []region) {
+	t.Helper()
+	dir := t.TempDir()
+	var cmds []string
+	for i, r := range rs {
+		p := filepath.Join(dir, fmt.Sprintf("region%d", i))
+		if err := os.WriteFile(p, r.data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, fmt.Sprintf("write -q -s %s %d %d", p, r.off, len(r.data)))
+	}
+	if r := qemuIO(t, uri, append(cmds, "flush")...); qemuIOFailed(r) {
+		t.Fatalf("qemu-io write of %d regions: %s", len(rs), r)
+	}
+	for i := range rs {
+		os.Remove(filepath.Join(dir, fmt.Sprintf("region%d", i)))
+	}
+}
+
+// WriteRegions writes each region into volume vol through a short-lived rw
+// attachment, and flushes.
+func (c *Client) WriteRegions(vol string, rs []region) {
+	c.t.Helper()
+	c.withAttachment(vol, "rw", func(uri string) { writeRegionsURI(c.t, uri, rs) })
+}
+
+// WriteVolume writes data at off into volume vol through NBD.
+func (c *Client) WriteVolume(vol string, off int64, data []byte) {
+	c.t.Helper()
+	c.WriteRegions(vol, []region{{off, data}})
+}
+
+// copyOut copies the whole export at uri into a new sparse local file with
+// nbdcopy and returns its path.
+func copyOut(t testing.TB, uri string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "copy.img")
+	toolOK(t, 5*time.Minute, "nbdcopy", uri, p)
+	return p
+}
+
+// VolumeCopy copies volume vol, as read through a short-lived ro
+// attachment, into a local sparse file and returns its path: check it with
+// checkRegions, readAt, regionSum, fileSize.
+func (c *Client) VolumeCopy(vol string) string {
+	c.t.Helper()
+	var p string
+	c.withAttachment(vol, "ro", func(uri string) { p = copyOut(c.t, uri) })
+	return p
+}
+
+// CheckVolume verifies, through NBD, that volume vol holds each region's
+// data; it returns the local copy it checked.
+func (c *Client) CheckVolume(what, vol string, rs []region) string {
+	c.t.Helper()
+	p := c.VolumeCopy(vol)
+	checkRegions(c.t, what, p, rs)
+	return p
+}
+
+// CheckSnapshot verifies that snapshot snap holds each region's data: a
+// snapshot cannot be attached, so it clones it, checks the clone through
+// NBD and deletes the clone. It returns the local copy it checked.
+func (c *Client) CheckSnapshot(what, snap string, rs []region) string {
+	c.t.Helper()
+	clone := c.CreateVolume("--from-snapshot", snap)
+	if clone.Status != "available" {
+		c.t.Fatalf("%s: clone of snapshot %s is %s (%s)", what, snap, clone.Status, clone.StatusMessage)
+	}
+	p := c.CheckVolume(what+" (read through a clone)", clone.ID, rs)
+	c.OK(nil, "volume", "delete", clone.ID)
+	return p
+}
+
+// writeStampedFile writes n bytes to path, fast: one random MiB repeated,
+// with every 4 KiB sector stamped with its own offset (so no two sectors
+// are alike and a misplaced one is noticed). It returns the sha256.
+func writeStampedFile(t testing.TB, path string, n int64) string {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	pattern := randomBytes(t, int(MiB))
+	buf := make([]byte, 4*MiB)
+	h := sha256.New()
+	w := bufio.NewWriterSize(io.MultiWriter(f, h), int(4*MiB))
+	for off := int64(0); off < n; off += int64(len(buf)) {
+		b := buf[:min(int64(len(buf)), n-off)]
+		for i := 0; i < len(b); i += len(pattern) {
+			copy(b[i:], pattern)
+		}
+		for i := 0; i+8 <= len(b); i += 4096 {
+			binary.LittleEndian.PutUint64(b[i:], uint64(off)+uint64(i))
+		}
+		if _, err := w.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// exportPrefixSum is the sha256 of the first n bytes of the export at uri,
+// streamed through `nbdcopy URI -` (nothing is written to disk; nbdcopy is
+// stopped once n bytes are read).
+func exportPrefixSum(t testing.TB, uri string, n int64) string {
+	t.Helper()
+	cmd := exec.Command("nbdcopy", uri, "-")
+	cmd.Env = baseEnv()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start nbdcopy: %v", err)
+	}
+	h := sha256.New()
+	_, err = io.CopyN(h, out, n)
+	cmd.Process.Kill()
+	cmd.Wait()
+	if err != nil {
+		t.Fatalf("nbdcopy %s -: reading %d bytes: %v; stderr: %s", uri, n, err, stderr.String())
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // ---------------------------------------------------------------------------

@@ -20,8 +20,9 @@ func TestOwnership(t *testing.T) {
 	if av.Owner != "alice" || bv.Owner != "bob" {
 		t.Errorf("owners: alice's volume %q, bob's %q", av.Owner, bv.Owner)
 	}
-	as := alice.CreateSnapshot("data", "--name", "snap", "--wait")
-	bob.CreateSnapshot("data", "--name", "snap", "--wait")
+	snapImage := n.TopImage(alice, "data") // the image alice's snapshot freezes
+	as := alice.CreateSnapshot("data", "--name", "snap")
+	bob.CreateSnapshot("data", "--name", "snap")
 
 	// Names resolve per owner.
 	if v := alice.Volume("data"); v.ID != av.ID {
@@ -66,8 +67,11 @@ func TestOwnership(t *testing.T) {
 	if after.SizeBytes != before.SizeBytes || after.Status != "available" {
 		t.Errorf("alice's volume changed through bob's refused requests: %+v", after)
 	}
-	if !exists(n.VolumeFile(av.ID)) || !exists(n.SnapshotFile(as.ID)) {
-		t.Errorf("alice's files disappeared")
+	if !exists(n.VolumeDir(av.ID)) || !exists(n.ImageDir(snapImage)) || !exists(n.ImageDir(n.TopImage(alice, av.ID))) {
+		t.Errorf("alice's volume directory or images disappeared")
+	}
+	if got := alice.Snapshot(as.ID); got.Status != "available" {
+		t.Errorf("alice's snapshot after bob's refused requests: %+v", got)
 	}
 	if got := alice.Snapshots("--volume", "data"); len(got) != 1 || got[0].ID != as.ID {
 		t.Errorf("alice's snapshots of data: %+v", got)
@@ -106,7 +110,7 @@ func TestOwnership(t *testing.T) {
 		t.Errorf("admin's extend of bob's volume: %+v", ext)
 	}
 	// A clone belongs to whoever makes it.
-	clone := alice.CreateVolume("--from-snapshot", "snap", "--wait")
+	clone := alice.CreateVolume("--from-snapshot", "snap")
 	if clone.Owner != "alice" {
 		t.Errorf("alice's clone is owned by %q", clone.Owner)
 	}

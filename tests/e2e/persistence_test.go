@@ -17,10 +17,14 @@ func TestPersistenceAcrossRestart(t *testing.T) {
 	bv := bob.CreateVolume("--size", "128MiB", "--name", "data")
 	admin.CreateVolume("--size", "10GiB", "--name", "scratch")
 	data := []region{{4096, randomBytes(t, int(2*MiB))}, {200 * MiB, randomBytes(t, int(MiB))}}
-	writeRegions(t, n.VolumeFile(av.ID), data)
-	as := alice.CreateSnapshot("data", "--name", "before", "--wait")
-	alice.CreateVolume("--from-snapshot", "before", "--name", "copy", "--wait")
-	bob.CreateSnapshot(bv.ID, "--wait")
+	alice.WriteRegions("data", data)
+	as := alice.CreateSnapshot("data", "--name", "before")
+	alice.CreateVolume("--from-snapshot", "before", "--name", "copy")
+	// After the snapshot the volume changes; the snapshot and its clone
+	// must not.
+	changed := []region{{4096, randomBytes(t, int(MiB))}}
+	alice.WriteRegions("data", changed)
+	bob.CreateSnapshot(bv.ID)
 	admin.OK(nil, "volume", "extend", "scratch", "--size", "20GiB")
 
 	type view struct{ users, vols, snaps, aliceVols, bobVols string }
@@ -60,10 +64,9 @@ func TestPersistenceAcrossRestart(t *testing.T) {
 	}
 
 	// Data, names and identities are all still there.
-	checkRegions(t, "alice's volume after restart", n.VolumeFile(av.ID), data)
-	checkRegions(t, "alice's snapshot after restart", n.SnapshotFile(as.ID), data)
-	copyVol := alice.Volume("copy")
-	checkRegions(t, "alice's clone after restart", n.VolumeFile(copyVol.ID), data)
+	checkImage(t, "alice's volume after restart", alice.VolumeCopy(av.ID), image(256*MiB, data, changed))
+	checkImage(t, "alice's snapshot after restart", alice.CheckSnapshot("alice's snapshot", as.ID, nil), image(256*MiB, data))
+	checkImage(t, "alice's clone after restart", alice.VolumeCopy("copy"), image(256*MiB, data))
 	if v := bob.Volume("data"); v.ID != bv.ID {
 		t.Errorf("bob's name \"data\" resolves to %s after restart, want %s", v.ID, bv.ID)
 	}
@@ -73,7 +76,7 @@ func TestPersistenceAcrossRestart(t *testing.T) {
 		t.Errorf("extended volume is %d bytes after restart", got.SizeBytes)
 	}
 	// And the node keeps working.
-	s := alice.CreateSnapshot("data", "--wait")
-	checkRegions(t, "snapshot taken after restart", n.SnapshotFile(s.ID), data)
+	s := alice.CreateSnapshot("data")
+	checkImage(t, "snapshot taken after restart", alice.CheckSnapshot("snapshot taken after restart", s.ID, nil), image(256*MiB, data, changed))
 	n.StopOK()
 }

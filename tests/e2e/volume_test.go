@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -9,10 +10,11 @@ import (
 )
 
 // TestVolumeLifecycle: create is O(1) and sparse; list/show by id and name;
-// extend grows record and file; delete removes both.
+// extend grows record and file; delete removes the record, the volume's
+// directory and (with --image-grace 0s) its image.
 func TestVolumeLifecycle(t *testing.T) {
 	t.Parallel()
-	n := StartNode(t, NodeOptions{})
+	n := StartNode(t, NodeOptions{Args: []string{"--image-grace", "0s"}})
 	admin := n.Admin()
 
 	start := time.Now()
@@ -35,12 +37,17 @@ func TestVolumeLifecycle(t *testing.T) {
 		t.Errorf("created_at %q is not RFC 3339: %v", v.CreatedAt, err)
 	}
 
-	f := n.VolumeFile(v.ID)
+	// standard = cow over one sparse file in the volume's top image.
+	img := n.TopImage(admin, v.ID)
+	f := n.DataFile(admin, v.ID)
+	if want := filepath.Join(n.ImageDir(img), "data.img"); f != want {
+		t.Errorf("the file layer of a standard volume is %s, want %s", f, want)
+	}
 	if got := fileSize(t, f); got != 64*GiB {
 		t.Errorf("%s: apparent size %d, want %d", f, got, 64*GiB)
 	}
-	if a := allocated(t, f); a > 1*MiB {
-		t.Errorf("%s: %d bytes allocated for an empty volume; want a sparse file", f, a)
+	if a := allocatedTree(t, n.ImageDir(img)) + allocatedTree(t, n.VolumeDir(v.ID)); a > 1*MiB {
+		t.Errorf("%d bytes allocated for an empty 64 GiB volume; want sparse files", a)
 	}
 
 	// show by id and by name; list.
@@ -83,7 +90,7 @@ func TestVolumeLifecycle(t *testing.T) {
 		if got.SizeBytes != c.want {
 			t.Errorf("--size %s made %d bytes, want %d", c.in, got.SizeBytes, c.want)
 		}
-		if fs := fileSize(t, n.VolumeFile(got.ID)); fs != c.want {
+		if fs := fileSize(t, n.DataFile(admin, got.ID)); fs != c.want {
 			t.Errorf("--size %s: file is %d bytes, want %d", c.in, fs, c.want)
 		}
 		admin.OK(nil, "volume", "delete", got.ID)
@@ -101,14 +108,14 @@ func TestVolumeLifecycle(t *testing.T) {
 	if got := fileSize(t, f); got != 100*GiB {
 		t.Errorf("%s after extend: %d bytes, want %d", f, got, 100*GiB)
 	}
-	if a := allocated(t, f); a > 1*MiB {
-		t.Errorf("%s: extend allocated %d bytes", f, a)
+	if a := allocatedTree(t, n.ImageDir(img)); a > 1*MiB {
+		t.Errorf("%s: extend allocated %d bytes", n.ImageDir(img), a)
 	}
 
-	// delete: file and record gone, name free again.
+	// delete: record, volume directory and image gone, name free again.
 	admin.OK(nil, "volume", "delete", v.ID)
-	if exists(f) {
-		t.Errorf("%s still exists after delete", f)
+	if exists(n.VolumeDir(v.ID)) || exists(n.ImageDir(img)) {
+		t.Errorf("%s or %s still exists after delete", n.VolumeDir(v.ID), n.ImageDir(img))
 	}
 	admin.Fail("NotFound", "volume", "show", v.ID)
 	admin.Fail("NotFound", "volume", "show", "big")
@@ -119,9 +126,10 @@ func TestVolumeLifecycle(t *testing.T) {
 	if again.ID == v.ID {
 		t.Errorf("re-created volume reuses the deleted id")
 	}
+	againImg := n.TopImage(admin, "big")
 	admin.OK(nil, "volume", "delete", "big") // delete by name works too
-	if exists(n.VolumeFile(again.ID)) {
-		t.Errorf("volume deleted by name left its file")
+	if exists(n.VolumeDir(again.ID)) || exists(n.ImageDir(againImg)) {
+		t.Errorf("volume deleted by name left its directory or image")
 	}
 	if st := admin.Status(); st.Store.ProvisionedBytes != small.SizeBytes {
 		t.Errorf("provisioned_bytes = %d after deletes, want %d (only the 512MiB volume is left)", st.Store.ProvisionedBytes, small.SizeBytes)
@@ -180,7 +188,7 @@ func TestIdempotencyParameterMismatch(t *testing.T) {
 	admin := n.Admin()
 	a := admin.CreateVolume("--size", "1GiB", "--name", "tok", "--client-token", "T")
 	vol := admin.CreateVolume("--size", "64MiB", "--name", "other")
-	admin.CreateSnapshot("tok", "--client-token", "S", "--wait")
+	admin.CreateSnapshot("tok", "--client-token", "S")
 	before := admin.OK(nil, "volume", "list").Stdout
 
 	cases := []struct {

@@ -92,6 +92,9 @@ type imageMeta struct {
 	Chunk   int64      `json:"chunk"`
 	Spec    block.Spec `json:"spec"`
 	Tag     string     `json:"tag,omitempty"` // the snapshot that created this image
+	// Froze is the image that snapshot froze (Parent until a flatten
+	// clears it): what a repeated Snapshot(Tag) returns.
+	Froze string `json:"froze,omitempty"`
 }
 
 // image is one open image of a chain.
@@ -393,6 +396,8 @@ func (l *Layer) Size() int64 {
 // this layer supports, except fast zeroing (a partial chunk held by a base
 // needs a copy-up).
 func (l *Layer) Capabilities() block.Capabilities {
+	l.chainMu.RLock()
+	defer l.chainMu.RUnlock()
 	c := l.top.dev.Capabilities()
 	c.ReadOnly = c.ReadOnly || l.env.ReadOnly
 	c.FastZero = false
@@ -401,7 +406,11 @@ func (l *Layer) Capabilities() block.Capabilities {
 
 // Children implements block.Parent: the top's stack (bases are read-only
 // and internal).
-func (l *Layer) Children() []block.Layer { return []block.Layer{l.top.dev} }
+func (l *Layer) Children() []block.Layer {
+	l.chainMu.RLock()
+	defer l.chainMu.RUnlock()
+	return []block.Layer{l.top.dev}
+}
 
 // ReadAt implements block.Device.
 func (l *Layer) ReadAt(p []byte, off int64) error {
@@ -714,7 +723,7 @@ func (l *Layer) Snapshot(tag string) (string, error) {
 	l.chainMu.Lock()
 	defer l.chainMu.Unlock()
 	if tag != "" && l.top.meta.Tag == tag {
-		return l.top.meta.Parent, nil
+		return l.top.meta.Froze, nil
 	}
 	if int(l.top.depth) >= MaxChain {
 		return "", fmt.Errorf("the volume has %d images, the most a chain may have: flatten it first", MaxChain)
@@ -723,7 +732,7 @@ func (l *Layer) Snapshot(tag string) (string, error) {
 		return "", fmt.Errorf("snapshot: %w", err)
 	}
 	old := l.top
-	im, err := l.newImage(imageMeta{Parent: old.meta.ID, Size: l.size, Chunk: l.chunk, Spec: old.meta.Spec, Tag: tag})
+	im, err := l.newImage(imageMeta{Parent: old.meta.ID, Size: l.size, Chunk: l.chunk, Spec: old.meta.Spec, Tag: tag, Froze: old.meta.ID})
 	if err != nil {
 		return "", fmt.Errorf("snapshot: %w", err)
 	}
@@ -759,6 +768,42 @@ func (l *Layer) Flatten(ctx context.Context, progress block.Progress) error {
 	if l.env.ReadOnly {
 		return block.ErrReadOnly
 	}
+	// A snapshot taken meanwhile makes the old top a base, so the chunks
+	// it holds need another pass; commit only when a check under the
+	// exclusive lock finds no chunk held by a base.
+	for {
+		if err := l.flattenPass(ctx, progress); err != nil {
+			return err
+		}
+		l.chainMu.Lock()
+		if !l.baseHoldsAny() {
+			break
+		}
+		l.chainMu.Unlock()
+	}
+	defer l.chainMu.Unlock()
+	if err := l.flush(); err != nil {
+		return fmt.Errorf("flatten: %w", err)
+	}
+	if l.top.meta.Parent == "" {
+		return nil
+	}
+	m := l.top.meta
+	m.Parent = ""
+	if err := l.writeImage(l.top, m); err != nil {
+		return fmt.Errorf("flatten: %w", err)
+	}
+	// Bases stay open (closed with the layer) but hold nothing any more.
+	l.byDepth = []*image{nil}
+	for d := 1; d < int(l.top.depth); d++ {
+		l.byDepth = append(l.byDepth, nil)
+	}
+	l.byDepth = append(l.byDepth, l.top)
+	return nil
+}
+
+// flattenPass copies up every chunk a base holds.
+func (l *Layer) flattenPass(ctx context.Context, progress block.Progress) error {
 	l.chainMu.RLock()
 	total := int64(len(l.owner))
 	l.chainMu.RUnlock()
@@ -787,26 +832,18 @@ func (l *Layer) Flatten(ctx context.Context, progress block.Progress) error {
 			progress(c+1, total)
 		}
 	}
-	l.chainMu.Lock()
-	defer l.chainMu.Unlock()
-	if err := l.flush(); err != nil {
-		return fmt.Errorf("flatten: %w", err)
-	}
-	if l.top.meta.Parent == "" {
-		return nil
-	}
-	m := l.top.meta
-	m.Parent = ""
-	if err := l.writeImage(l.top, m); err != nil {
-		return fmt.Errorf("flatten: %w", err)
-	}
-	// Bases stay open (closed with the layer) but hold nothing any more.
-	l.byDepth = []*image{nil}
-	for d := 1; d < int(l.top.depth); d++ {
-		l.byDepth = append(l.byDepth, nil)
-	}
-	l.byDepth = append(l.byDepth, l.top)
 	return nil
+}
+
+// baseHoldsAny reports whether a base image holds any chunk; the caller
+// holds chainMu.
+func (l *Layer) baseHoldsAny() bool {
+	for i := range l.owner {
+		if o := l.owner[i].Load(); o != 0 && o != l.top.depth {
+			return true
+		}
+	}
+	return false
 }
 
 // Close implements block.Device: flushes nothing (callers flush), closes

@@ -3,6 +3,7 @@
 package layers
 
 import (
+	_ "github.com/basalt-storage/basalt/internal/block/checksum"
 	_ "github.com/basalt-storage/basalt/internal/block/cow"
 	_ "github.com/basalt-storage/basalt/internal/block/crypt"
 	_ "github.com/basalt-storage/basalt/internal/block/file"

@@ -1,0 +1,144 @@
+package checksum
+
+import (
+	"container/list"
+	"encoding/binary"
+	"hash/crc32"
+	"sync"
+)
+
+// On-disk layout of the child (see the package comment).
+const (
+	// BlockSize is the unit a checksum covers.
+	BlockSize = 4096
+	// TableEntries is the number of data blocks one table block covers.
+	TableEntries = BlockSize / 4
+	// GroupData is the number of data bytes in one group.
+	GroupData = TableEntries * BlockSize
+	// groupSpan is the number of child bytes one full group occupies.
+	groupSpan = BlockSize + GroupData
+)
+
+var (
+	castagnoli = crc32.MakeTable(crc32.Castagnoli)
+	zeroBlock  [BlockSize]byte
+	// zeroCRC is CRC-32C of a block of zeroes. Entries are stored XORed
+	// with it so that a block of zeroes has entry 0 — the value a fresh
+	// (sparse, zero-filled) child holds in its tables.
+	zeroCRC = crc32.Checksum(zeroBlock[:], castagnoli)
+)
+
+// entryOf is the table entry of a block holding data: CRC-32C of the
+// block zero-padded to BlockSize (only the last block of a device whose
+// size is not a multiple of BlockSize is shorter), XOR CRC-32C of a zero
+// block. CRC-32C is affine over fixed-length messages, so this is its
+// linear part: exactly one entry per content, and 0 for zeroes, with no
+// reserved or substituted values.
+func entryOf(data []byte) uint32 {
+	c := crc32.Update(0, castagnoli, data)
+	if pad := BlockSize - len(data); pad > 0 {
+		c = crc32.Update(c, castagnoli, zeroBlock[:pad])
+	}
+	return c ^ zeroCRC
+}
+
+// ChildSize is the size of the child a checksum layer of size bytes needs:
+// the data plus one table block per started group.
+func ChildSize(size int64) int64 { return size + groupsFor(size)*BlockSize }
+
+// DataSize is the size a checksum layer presents over a child of
+// childSize bytes; DataSize(ChildSize(n)) == n for every n >= 0. Child
+// bytes after the last whole or partial data block are unused.
+func DataSize(childSize int64) int64 {
+	g, r := childSize/groupSpan, childSize%groupSpan
+	return g*GroupData + max(0, r-BlockSize)
+}
+
+// groupsFor is the number of groups holding size data bytes.
+func groupsFor(size int64) int64 { return (size + GroupData - 1) / GroupData }
+
+// tableOff is the child offset of group g's table block.
+func tableOff(g int64) int64 { return g * groupSpan }
+
+// dataOff is the child offset of data offset off. Data offsets inside one
+// group are contiguous in the child.
+func dataOff(off int64) int64 {
+	g := off / GroupData
+	return g*groupSpan + BlockSize + off%GroupData
+}
+
+// table is a group's checksum table, decoded. Tables handed out by the
+// cache are never modified: writers change a copy and put that back.
+type table [TableEntries]uint32
+
+func decodeTable(raw []byte) *table {
+	t := new(table)
+	for i := range t {
+		t[i] = binary.BigEndian.Uint32(raw[4*i:])
+	}
+	return t
+}
+
+func (t *table) encode() []byte {
+	raw := make([]byte, BlockSize)
+	for i, e := range t {
+		binary.BigEndian.PutUint32(raw[4*i:], e)
+	}
+	return raw
+}
+
+// tableCache keeps recently used tables. It is write-through: an entry is
+// put only after the table was read from, or successfully written to, the
+// child, while the caller holds the group's lock (shared for a read,
+// exclusive for a write), so a cached table always equals what this layer
+// last stored.
+type tableCache struct {
+	mu  sync.Mutex
+	max int
+	m   map[int64]*list.Element
+	lru list.List // front: most recently used; values are cacheEntry
+}
+
+type cacheEntry struct {
+	g int64
+	t *table
+}
+
+func newTableCache(max int) *tableCache {
+	return &tableCache{max: max, m: map[int64]*list.Element{}}
+}
+
+func (c *tableCache) get(g int64) *table {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.m[g]; ok {
+		c.lru.MoveToFront(e)
+		return e.Value.(cacheEntry).t
+	}
+	return nil
+}
+
+func (c *tableCache) put(g int64, t *table) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.m[g]; ok {
+		e.Value = cacheEntry{g, t}
+		c.lru.MoveToFront(e)
+		return
+	}
+	c.m[g] = c.lru.PushFront(cacheEntry{g, t})
+	for c.lru.Len() > c.max {
+		old := c.lru.Back()
+		c.lru.Remove(old)
+		delete(c.m, old.Value.(cacheEntry).g)
+	}
+}
+
+func (c *tableCache) drop(g int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.m[g]; ok {
+		c.lru.Remove(e)
+		delete(c.m, g)
+	}
+}

@@ -1,0 +1,360 @@
+package volume
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
+)
+
+// TestFlattenJob: a clone flattened by a flatten job no longer needs its
+// snapshot's image: deleting the snapshot (its source volume gone) collects
+// the image, and the clone keeps every byte, its own writes and the ones
+// it inherited, also after its stack is reopened.
+func TestFlattenJob(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	const size = 4 << 20
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := make([]byte, size)
+	e.fill(s, v.ID, model, 1, [2]int64{0, 1 << 20}, [2]int64{2<<20 + 512, 70 << 10}, [2]int64{size - 4096, 4096})
+	sn, err := s.CreateSnapshot(ctx, alice, v.ID, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "flat", FromSnapshot: sn.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The source volume goes: only the snapshot record and the clone's
+	// chain keep the snapshot's image now.
+	if err := s.DeleteVolume(ctx, alice, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.wantImages(s, []string{c.ID}, []string{sn.ID})
+	// The clone's own writes: over inherited data and into holes.
+	e.fill(s, c.ID, model, 2, [2]int64{4096, 4096}, [2]int64{3 << 20, 8192})
+
+	got, err := s.StartJob(ctx, alice, "flat", meta.JobFlatten)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Job == nil || got.Job.Kind != meta.JobFlatten || got.Job.Node != e.node || got.Job.StartedAt.IsZero() ||
+		got.Status != meta.StatusAvailable {
+		t.Fatalf("StartJob returned %+v (job %+v)", got, got.Job)
+	}
+	done := e.waitJob(c.ID)
+	if done.LastJob == nil || done.LastJob.Kind != meta.JobFlatten || done.LastJob.Error != "" || done.LastJob.Finished.IsZero() {
+		t.Fatalf("flatten outcome %+v", done.LastJob)
+	}
+	if done.Status != meta.StatusAvailable {
+		t.Fatalf("volume after flatten: %+v", done)
+	}
+	if ch := e.chain(c.ID); len(ch) != 1 {
+		t.Fatalf("flattened clone still reads a chain: %v", ch)
+	}
+	// The snapshot still holds its image until it is deleted.
+	if !exists(filepath.Join(e.st.ImagesDir(), sn.Image)) {
+		t.Fatal("flatten collected the image of a snapshot that still exists")
+	}
+	e.sameVolume(s, c.ID, model, "clone after flatten")
+
+	if err := s.DeleteSnapshot(ctx, alice, sn.ID); err != nil {
+		t.Fatal(err)
+	}
+	if exists(filepath.Join(e.st.ImagesDir(), sn.Image)) {
+		t.Fatal("the deleted snapshot's image was not collected after the flatten")
+	}
+	e.wantImages(s, []string{c.ID}, nil)
+	e.sameVolume(s, c.ID, model, "flattened clone after its snapshot's image was collected")
+	// A fresh service (a restarted node) opens it the same.
+	s2 := e.started(Config{})
+	e.sameVolume(s2, c.ID, model, "flattened clone after a restart")
+	// It keeps working: writes, snapshots, a second flatten (nothing to do).
+	e.fill(s2, c.ID, model, 3, [2]int64{1 << 20, 4096})
+	if _, err := s2.CreateSnapshot(ctx, alice, c.ID, "", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s2.StartJob(ctx, alice, c.ID, meta.JobFlatten); err != nil {
+		t.Fatal(err)
+	}
+	if lj := e.waitJob(c.ID).LastJob; lj == nil || lj.Error != "" {
+		t.Fatalf("second flatten: %+v", lj)
+	}
+	e.sameVolume(s2, c.ID, model, "clone after a second flatten")
+	cleanupAll(t, s2, alice)
+	if imgs := e.images(); len(imgs) != 0 {
+		t.Fatalf("images left after deleting everything: %v", imgs)
+	}
+	checkProvisioned(t)
+}
+
+// TestJobRules: which jobs a stack can run, and when a job may start or a
+// volume with a job be deleted.
+func TestJobRules(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The standard stack (cow over a file) has nothing to repair or scrub.
+	_, err = s.StartJob(ctx, alice, v.ID, meta.JobRepair)
+	wantCode(t, err, errs.CodeNotSupportedByType)
+	_, err = s.StartJob(ctx, alice, v.ID, meta.JobScrub)
+	wantCode(t, err, errs.CodeNotSupportedByType)
+	_, err = s.StartJob(ctx, alice, v.ID, "defrag")
+	wantCode(t, err, errs.CodeInvalidRequest)
+	if cur := e.volume(v.ID); cur.Job != nil || cur.LastJob != nil {
+		t.Fatalf("refused jobs left a mark: %+v", cur)
+	}
+
+	// A job recorded on the volume (run by a node that is not this one):
+	// no second job, no delete.
+	e.update(func(tx *meta.Tx) error {
+		cur, _ := tx.Volume(v.ID)
+		cur.Job = &meta.Job{Kind: meta.JobFlatten, Node: "some-other-node", StartedAt: now()}
+		tx.PutVolume(cur)
+		return nil
+	})
+	_, err = s.StartJob(ctx, alice, v.ID, meta.JobFlatten)
+	wantCode(t, err, errs.CodeVolumeBusy)
+	wantCode(t, s.DeleteVolume(ctx, alice, v.ID), errs.CodeVolumeBusy)
+	e.update(func(tx *meta.Tx) error {
+		cur, _ := tx.Volume(v.ID)
+		cur.Job = nil
+		tx.PutVolume(cur)
+		return nil
+	})
+	// Only an available (or in-use) volume runs jobs.
+	e.update(func(tx *meta.Tx) error {
+		cur, _ := tx.Volume(v.ID)
+		cur.Status = meta.StatusError
+		tx.PutVolume(cur)
+		return nil
+	})
+	_, err = s.StartJob(ctx, alice, v.ID, meta.JobFlatten)
+	wantCode(t, err, errs.CodeVolumeBusy)
+	e.update(func(tx *meta.Tx) error {
+		cur, _ := tx.Volume(v.ID)
+		cur.Status = meta.StatusAvailable
+		tx.PutVolume(cur)
+		return nil
+	})
+	// Flatten of a volume that is no clone: nothing to copy, succeeds.
+	if _, err := s.StartJob(ctx, alice, v.ID, meta.JobFlatten); err != nil {
+		t.Fatal(err)
+	}
+	if lj := e.waitJob(v.ID).LastJob; lj == nil || lj.Kind != meta.JobFlatten || lj.Error != "" {
+		t.Fatalf("flatten of a plain volume: %+v", lj)
+	}
+	cleanupAll(t, s, alice)
+	checkProvisioned(t)
+}
+
+// TestRecoverJob: a job recorded on a volume (a node stopped while it ran)
+// runs again when that node starts; another node's job is left alone.
+func TestRecoverJob(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	alice := caller("alice")
+	s0 := e.started(Config{})
+	v, err := s0.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 2 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := make([]byte, 2<<20)
+	e.fill(s0, v.ID, model, 1, [2]int64{0, 2 << 20})
+	sn, err := s0.CreateSnapshot(ctx, alice, v.ID, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine, err := s0.CreateVolume(ctx, alice, CreateVolume{FromSnapshot: sn.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := s0.CreateVolume(ctx, alice, CreateVolume{FromSnapshot: sn.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s0.Stop()
+	for id, node := range map[string]string{mine.ID: e.node, theirs.ID: "some-other-node"} {
+		e.update(func(tx *meta.Tx) error {
+			cur, _ := tx.Volume(id)
+			cur.Job = &meta.Job{Kind: meta.JobFlatten, Node: node, StartedAt: now()}
+			tx.PutVolume(cur)
+			return nil
+		})
+	}
+
+	s1 := e.started(Config{})
+	done := e.waitJob(mine.ID)
+	if done.LastJob == nil || done.LastJob.Kind != meta.JobFlatten || done.LastJob.Error != "" {
+		t.Fatalf("resumed job's outcome: %+v", done.LastJob)
+	}
+	if ch := e.chain(mine.ID); len(ch) != 1 {
+		t.Fatalf("resumed flatten left a chain: %v", ch)
+	}
+	e.sameVolume(s1, mine.ID, model, "clone after its resumed flatten")
+	other := e.volume(theirs.ID)
+	if other.Job == nil || other.Job.Node != "some-other-node" || other.LastJob != nil || len(e.chain(theirs.ID)) != 2 {
+		t.Fatalf("another node's job was run or dropped: %+v (job %+v)", other, other.Job)
+	}
+	e.update(func(tx *meta.Tx) error {
+		cur, _ := tx.Volume(theirs.ID)
+		cur.Job = nil
+		tx.PutVolume(cur)
+		return nil
+	})
+	cleanupAll(t, s1, alice)
+	checkProvisioned(t)
+}
+
+// slowType registers an admin type whose images are throttled to iops
+// operations a second, so that a flatten (one read and one write per
+// chunk) takes a while, and returns its name. Its cow chunk is 4 KiB, so
+// tests need little data for many chunks.
+func slowType(t *testing.T, s *Service, iops int) string {
+	t.Helper()
+	name := uniq("slow")
+	stack := `{"type":"cow","params":{"chunk":4096},"children":[{"type":"throttle","params":{"iops":` + strconv.Itoa(iops) +
+		`},"children":[{"type":"file","params":{"path":"data.img"}}]}]}`
+	if _, err := s.CreateVolumeType(ctxT(t), name, "throttled images", json.RawMessage(stack)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.DeleteVolumeType(context.Background(), name) })
+	return name
+}
+
+// TestFlattenProgress: a long flatten records its progress on the volume
+// (Job.Done of Job.Total chunks) while it runs, and the volume stays usable
+// meanwhile.
+func TestFlattenProgress(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	typ := slowType(t, s, 100)
+	// 2048 chunks. Progress is reported every 1024 chunks and persisted
+	// at most once a second: 250 chunks of data before chunk 1024 take
+	// about 1.5 s to copy at 100 operations a second (after a burst of
+	// 100), so the report at chunk 1024 is persisted; 100 chunks after it
+	// keep the job running for about another second.
+	const size = 2048 << 12
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: size, Type: typ})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.fill(s, v.ID, nil, 1, [2]int64{774 << 12, 250 << 12}, [2]int64{1024 << 12, 100 << 12})
+	sn, err := s.CreateSnapshot(ctx, alice, v.ID, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.CreateVolume(ctx, alice, CreateVolume{FromSnapshot: sn.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.StartJob(ctx, alice, c.ID, meta.JobFlatten); err != nil {
+		t.Fatal(err)
+	}
+	var seen *meta.Job
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		cur := e.volume(c.ID)
+		if cur.Job == nil {
+			break
+		}
+		if cur.Job.Total > 0 {
+			seen = cur.Job
+			break
+		}
+	}
+	if seen == nil {
+		t.Fatal("the flatten's progress never became visible")
+	}
+	if seen.Total != 2048 || seen.Done <= 0 || seen.Done > seen.Total {
+		t.Fatalf("progress %d of %d, want some of 2048 chunks", seen.Done, seen.Total)
+	}
+	// The volume serves meanwhile.
+	e.fill(s, c.ID, nil, 9, [2]int64{0, 4096})
+	if lj := e.waitJob(c.ID).LastJob; lj == nil || lj.Error != "" {
+		t.Fatalf("flatten outcome %+v", lj)
+	}
+	want := slices.Concat(pattern(9, 4096), make([]byte, 774<<12-4096), pattern(1, 250<<12), pattern(1+7919, 100<<12))
+	if got := e.readAt(s, c.ID, 0, 1124<<12); !sameBytes(got, want) {
+		t.Fatal("clone's data is wrong after flatten")
+	}
+	if ch := e.chain(c.ID); len(ch) != 1 {
+		t.Fatalf("chain after flatten: %v", ch)
+	}
+	cleanupAll(t, s, alice)
+	checkProvisioned(t)
+}
+
+// TestSnapshotDuringFlatten: a snapshot taken while a flatten job runs on
+// the volume must either be refused (VolumeBusy) or leave both the
+// snapshot and the volume exact.
+//
+// Service bug (fails today): CreateSnapshot (snapshots.go, the transaction
+// that checks the volume's status and Snapshotting) does not refuse a
+// volume whose Job is a running flatten, and StartJob (jobs.go) does not
+// refuse a volume with a snapshot in progress. cow.Layer.Flatten walks the
+// chunks once; a Snapshot in the middle makes the old top (holding the
+// chunks flatten already copied) a base, and Flatten's commit then cuts
+// the new top from its parent: those chunks are lost (they read as zeroes
+// after a reopen; with the stack still open, the owner table points at a
+// depth whose image was dropped from byDepth: nil dereference).
+func TestSnapshotDuringFlatten(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	typ := slowType(t, s, 50)
+	const size = 128 << 12 // 128 chunks: about 1.5 s to flatten at 50 operations a second
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: size, Type: typ})
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := make([]byte, size)
+	e.fill(s, v.ID, model, 1, [2]int64{0, size})
+	sn, err := s.CreateSnapshot(ctx, alice, v.ID, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.CreateVolume(ctx, alice, CreateVolume{FromSnapshot: sn.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.StartJob(ctx, alice, c.ID, meta.JobFlatten); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // past the burst, well before the end
+	mid, err := s.CreateSnapshot(ctx, alice, c.ID, "", "")
+	if err != nil && !errs.IsCode(err, errs.CodeVolumeBusy) {
+		t.Fatal(err)
+	}
+	if lj := e.waitJob(c.ID).LastJob; lj == nil || lj.Error != "" {
+		t.Fatalf("flatten outcome %+v", lj)
+	}
+	if mid != nil {
+		m, err := s.CreateVolume(ctx, alice, CreateVolume{FromSnapshot: mid.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.sameVolume(s, m.ID, model, "clone of a snapshot taken during a flatten")
+	}
+	e.sameVolume(s, c.ID, model, "volume snapshotted during its flatten")
+	cleanupAll(t, s, alice)
+}
