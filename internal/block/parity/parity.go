@@ -1,0 +1,795 @@
+// Package parity is the `parity` layer (RAID-5): data striped over n ≥ 3
+// legs with one parity chunk per stripe, so any one leg can be lost and
+// every byte is still served, and a replacement leg can be rebuilt online.
+//
+// # Params
+//
+// {"chunk": BYTES} — the chunk (stripe unit), a power of two between 4 KiB
+// and 16 MiB, default 64 KiB; {"meta": "NAME"} — the metadata file,
+// relative to the stack's directory, default "parity.meta".
+//
+// # Layout
+//
+// Stripe s occupies bytes [s·C, (s+1)·C) of every leg (C = chunk). Its
+// parity chunk is on leg p(s) = n-1 - (s mod n) and its data chunk d
+// (0 ≤ d < n-1) on leg (p(s)+1+d) mod n — the "left-symmetric" layout of
+// Linux md, so a sequential read touches every leg in turn. Logical byte x
+// is in stripe x / ((n-1)·C), data chunk (x mod (n-1)·C) / C. Parity is
+// computed with klauspost/reedsolomon (n-1 data shards, 1 parity shard)
+// using its XOR matrix: the parity chunk is the XOR of the data chunks.
+// The device presents exactly the size it was created or resized with;
+// each leg holds ceil(size / ((n-1)·C)) stripes (childSize), and a tail
+// of the last stripe beyond the size is never written by users but is kept
+// consistent like the rest.
+//
+// # Metadata (one file, see meta.go)
+//
+//   - superblock (package superblock): geometry, size, per-leg state
+//     (ok / failed / rebuilding) and the epoch — a counter bumped whenever
+//     the set of valid legs changes.
+//   - bitmap (package bitmap), 3+n bits per stripe: two write-intent bits
+//     (one per epoch parity), "still to rebuild" and one "lost" bit per leg.
+//   - journal: the content of a degraded stripe's missing data chunk.
+//
+// # Invariants (why it is crash-safe)
+//
+//  1. A stripe is modified only after its write-intent bit for the current
+//     epoch is durable. The bit is cleared (lazily, see clean) only once a
+//     Flush that started after the stripe's last update has completed, so
+//     a stripe whose bit is clear on disk is consistent on disk (parity =
+//     XOR of its data). On open every stripe whose bit is set gets its parity
+//     recomputed from its data before anything else happens: the RAID-5
+//     write hole (data written, parity not, or the reverse) is closed.
+//  2. A data chunk on a missing leg exists only as parity, so recomputing
+//     parity cannot repair it. Before a stripe whose missing leg holds data
+//     is modified, the chunk's content after the update is written to the
+//     journal (and synced), in the other slot of the stripe's pair — and
+//     only then is its intent bit set, so the newest entry of a stripe
+//     dirty on disk is from its current dirty period (a pair is released
+//     only after the stripe's bit is durably clear). On open a dirty
+//     degraded stripe takes the missing chunk from its newest valid entry
+//     of the current epoch and recomputes parity with it; with no entry it
+//     was not modified this epoch (every epoch starts with all stripes
+//     consistent, invariant 4) and is left alone. Entries are believed
+//     only for stripes whose chunk was missing on disk all epoch (the leg
+//     is failed, or rebuilding and the stripe is not yet rebuilt), and
+//     only in their epoch.
+//  3. A dirty stripe whose missing data chunk has no journal entry (the leg
+//     vanished in the same crash that interrupted the update) cannot be
+//     recovered. It is marked lost for that leg (persisted): reads of that
+//     chunk fail with EIO instead of returning reconstructed garbage, and
+//     the stripe is made consistent with zeroes standing in for the chunk.
+//     A write covering the whole chunk makes it readable again.
+//  4. Changing the set of valid legs (a leg fails; a rebuild completes)
+//     happens with no update in flight: healthy legs are flushed, the next
+//     epoch's intent bits are cleared durably, then the superblock is
+//     written with the new states and epoch (the commit point). The old
+//     epoch's intent bits and journal entries die with it.
+//  5. A leg being rebuilt is trusted for stripe s only once the stripe's
+//     rebuild bit is clear; the bit is cleared (with the stripe locked)
+//     only after the rebuilt chunk has been flushed, and the clear is
+//     synced before the stripe is unlocked.
+//
+// # Operations
+//
+// A full-stripe write encodes parity from the new data alone. A partial
+// one reads whichever is less: the old contents of the written ranges plus
+// the parity (read-modify-write, 2 reads whatever n is: small writes) or
+// the unwritten rest of the touched columns (reconstruct-write: writes
+// covering most of a stripe). A request's stripes are written
+// concurrently; a multi-stripe FUA request is written without FUA and the
+// legs flushed once at the end. Reads go straight to the legs; a chunk on
+// a missing leg is reconstructed from the rest of its stripe. Write-zeroes
+// zeroes whole stripes on every leg (parity of zeroes is zeroes) and
+// writes zeroes into partial ones; trim, advisory on the legs, is done as
+// write-zeroes of whole stripes only (a leg keeping a trimmed chunk while
+// another dropped its own would break the stripe). Extents: a range reads
+// as zero where its leg's chunk does, and is a hole only where every leg
+// that is not missing has a hole.
+//
+// # Concurrency
+//
+// Every operation holds `mode` shared; leg state changes, Resize and Close
+// hold it exclusively, so they never see an update in flight. A stripe is
+// updated (and a missing chunk reconstructed) under its stripe lock (1024
+// locks, by stripe number modulo 1024); only zeroBatch and rebuildBatch
+// hold several at once, taken in ascending order.
+//
+// # Failures
+//
+// A leg that fails an I/O, or whose Describe says failed at a Flush, or
+// that cannot be opened (block.Failed), is marked failed in the superblock
+// before the operation that noticed it returns — an update that reached
+// every other leg is then acknowledged (it is reconstructable). Every
+// error from a leg is a failure (ENOSPC included): a write that reached
+// only some legs leaves a stripe inconsistent, which is only safe once
+// that leg is out. A second leg out is not persisted: the layer freezes
+// (state failed; writes fail with EIO; no metadata is written, intent bits
+// stay), so that if that leg was only briefly unreachable the next open
+// with it back is merely degraded and recovers normally. Meanwhile what
+// can be read directly is served; the rest fails with EIO.
+//
+// # Who calls it
+//
+// block.Build for specs with type "parity" (volume types such as
+// "parity3"), the volume service through block.Resizer (extend) and
+// block.Repairer (repair; also resumed in the background on open), and the
+// NBD server for I/O.
+package parity
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/block/bitmap"
+	"github.com/basalt-storage/basalt/internal/block/superblock"
+	"github.com/klauspost/reedsolomon"
+)
+
+func init() {
+	block.Register(block.Type{
+		Name: "parity", Doc: "RAID-5: striped data plus one rotating parity chunk per stripe",
+		MinChildren: 3, MaxChildren: -1, TolerateFailedChildren: true,
+		ChildSize: childSize, New: New,
+	})
+}
+
+const (
+	// DefaultChunk is the chunk when params give none.
+	DefaultChunk = 64 << 10
+	// DefaultMeta is the metadata file when params give none.
+	DefaultMeta = "parity.meta"
+	// MaxChunk bounds the chunk: a journal slot and every stripe update
+	// buffer are a chunk or more.
+	MaxChunk = 16 << 20
+	maxLegs  = 256 // reedsolomon's GF(2^8) limit
+	// lockSlots stripe locks, shared by stripes s ≡ k (mod lockSlots).
+	lockSlots = 1024
+)
+
+// Params are the parity layer's parameters.
+type Params struct {
+	Chunk int64  `json:"chunk,omitempty"`
+	Meta  string `json:"meta,omitempty"`
+}
+
+func decodeParams(raw json.RawMessage) (Params, error) {
+	p := Params{Chunk: DefaultChunk, Meta: DefaultMeta}
+	if err := block.DecodeParams(raw, &p); err != nil {
+		return p, err
+	}
+	if p.Chunk < 4096 || p.Chunk > MaxChunk || p.Chunk&(p.Chunk-1) != 0 {
+		return p, fmt.Errorf("chunk %d must be a power of two from 4096 to %d", p.Chunk, MaxChunk)
+	}
+	if p.Meta == "" {
+		return p, errors.New("params.meta must not be empty")
+	}
+	return p, nil
+}
+
+// childSize: each leg holds one chunk of every stripe.
+func childSize(raw json.RawMessage, size int64, n int) (int64, error) {
+	p, err := decodeParams(raw)
+	if err != nil {
+		return 0, err
+	}
+	if n < 3 {
+		return 0, fmt.Errorf("parity needs at least 3 legs, not %d", n)
+	}
+	d := int64(n-1) * p.Chunk
+	return (size + d - 1) / d * p.Chunk, nil
+}
+
+// errLost is returned for reads of a chunk lost in a crash while degraded.
+var errLost = fmt.Errorf("parity: chunk lost in a crash while a leg was missing: %w", syscall.EIO)
+
+// errTooManyFailed is returned when a stripe is missing two chunks.
+var errTooManyFailed = fmt.Errorf("parity: two legs failed: %w", syscall.EIO)
+
+// errFrozen is returned for writes once two legs are out (see markFailed).
+var errFrozen = fmt.Errorf("parity: two legs failed; writes refused until reopened with one of them back: %w", syscall.EIO)
+
+// Layer is a parity layer.
+type Layer struct {
+	env     block.Env
+	log     *slog.Logger
+	params  json.RawMessage
+	n       int
+	chunk   int64
+	dsz     int64 // data bytes per stripe: (n-1)·chunk
+	bps     int64 // bitmap bits per stripe: 3+n
+	enc     reedsolomon.Encoder
+	caps    block.Capabilities
+	legCaps block.Capabilities // what the legs present at open all support
+	ro      bool
+	pairs   int
+
+	meta block.MetaFile
+	sb   *superblock.Block
+	bm   *bitmap.Bitmap
+	jr   *journal
+
+	// mode is held shared by every operation and exclusively by changes of
+	// the legs' states, Resize and Close, so those see no update in flight.
+	mode     sync.RWMutex
+	closed   bool
+	children []block.Layer
+	state    []byte // legOK / legFailed / legRebuilding per leg, as in effect
+	disk     []byte // the same as the superblock has it (differs only when frozen or read-only)
+	epoch    uint64
+	// frozen: two legs are out. Nothing is persisted any more (neither
+	// the second failure nor intent bits cleared) and writes fail, so the
+	// next open with one of them back can still recover.
+	frozen atomic.Bool
+	// suspect: stripes whose interrupted update a read-only or frozen open
+	// could not recover; their missing chunks are not reconstructed.
+	suspect map[int64]bool
+	size    atomic.Int64
+	stripes atomic.Int64
+
+	locks [lockSlots]sync.Mutex
+
+	mu         sync.Mutex
+	flushGen   uint64
+	updating   map[int64]int         // stripes being modified (their lock is held)
+	dirty      map[int64]dirtyStripe // stripes whose intent bit is set
+	releasable []int                 // journal pairs to free once the next bitmap sync lands
+	pairEvents uint64                // bumped when pairs may have become releasable
+	pairCond   *sync.Cond
+
+	lost       atomic.Int64  // lost chunks
+	cleanDelay time.Duration // see defaultCleanDelay; tests pin it
+	// batchStripes: stripes rebuilt per batch (about 8 MiB of chunks, at
+	// most 256: the batch's stripes are locked meanwhile).
+	batchStripes int
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	rb     rebuilder
+}
+
+// dirtyStripe is when a stripe with its intent bit set was last updated.
+type dirtyStripe struct {
+	gen uint64 // flushGen at the time
+	at  time.Time
+}
+
+// New builds a parity layer: it creates the metadata with env.Create, or
+// opens it, recovers from an interrupted run and resumes a rebuild.
+func New(env block.Env, raw json.RawMessage, children []block.Layer) (block.Layer, error) {
+	p, err := decodeParams(raw)
+	if err != nil {
+		return nil, err
+	}
+	n := len(children)
+	if n < 3 || n > maxLegs {
+		return nil, fmt.Errorf("parity takes 3 to %d legs, not %d", maxLegs, n)
+	}
+	enc, err := reedsolomon.New(n-1, 1, reedsolomon.WithFastOneParityMatrix())
+	if err != nil {
+		return nil, fmt.Errorf("parity code: %w", err)
+	}
+	l := &Layer{
+		env: env, log: env.Log, params: raw, n: n, chunk: p.Chunk, dsz: int64(n-1) * p.Chunk,
+		bps: int64(3 + n), enc: enc, children: children, state: make([]byte, n),
+		updating: map[int64]int{}, dirty: map[int64]dirtyStripe{}, cleanDelay: defaultCleanDelay,
+	}
+	if l.log == nil {
+		l.log = slog.New(slog.DiscardHandler)
+	}
+	l.pairCond = sync.NewCond(&l.mu)
+	l.batchStripes = int(min(256, max(1, (8<<20)/p.Chunk)))
+	var present []block.Layer
+	for _, c := range children {
+		if _, _, failed := block.IsFailed(c); !failed {
+			present = append(present, c)
+		}
+	}
+	l.legCaps = block.Combine(present)
+	if !l.legCaps.Flush {
+		return nil, errors.New("parity legs must support flush: crash safety depends on it")
+	}
+	l.ro = env.ReadOnly || l.legCaps.ReadOnly
+	l.caps = block.Capabilities{
+		ReadOnly: l.ro, Flush: true, FUA: true, WriteZeroes: true,
+		FastZero: l.legCaps.WriteZeroes && l.legCaps.FastZero,
+		Trim:     l.legCaps.WriteZeroes,
+		Extents:  l.legCaps.Extents, MultiConn: l.legCaps.MultiConn,
+	}
+	// Journal pairs: about 4 MiB of journal, 8 to 64 pairs. They bound
+	// the stripes written while degraded between two flushes (an internal
+	// flush frees them when they run out).
+	l.pairs = int(min(64, max(8, (4<<20)/(2*(jHeader+p.Chunk)))))
+	l.meta, err = env.OpenMeta(p.Meta)
+	if err != nil {
+		return nil, fmt.Errorf("parity metadata %s: %w", p.Meta, err)
+	}
+	if env.Create {
+		err = l.create(env.Size)
+	} else {
+		err = l.open()
+	}
+	if err != nil {
+		l.meta.Close()
+		return nil, fmt.Errorf("parity metadata %s: %w", p.Meta, err)
+	}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	if !l.ro && !l.frozen.Load() {
+		if slices.Contains(l.state, legRebuilding) {
+			l.log.Info("parity: resuming rebuild")
+			l.startRebuild(nil)
+		}
+	}
+	return l, nil
+}
+
+func (l *Layer) perLeg() int64 { return l.stripes.Load() * l.chunk }
+
+func (l *Layer) bitmapOff() int64 { return journalOff + int64(2*l.pairs)*(jHeader+l.chunk) }
+
+func (l *Layer) setupMeta(stripes int64) error {
+	l.jr = newJournal(&section{f: l.meta, off: journalOff, limit: int64(2*l.pairs) * (jHeader + l.chunk)}, l.chunk, l.pairs)
+	bm, err := bitmap.OpenFile(&section{f: l.meta, off: l.bitmapOff(), limit: -1}, stripes*l.bps)
+	if err != nil {
+		return fmt.Errorf("bitmap: %w", err)
+	}
+	l.bm = bm
+	return nil
+}
+
+func (l *Layer) create(size int64) error {
+	head := make([]byte, journalOff)
+	if _, err := (&section{f: l.meta, limit: -1}).ReadAt(head, 0); err != nil {
+		return err
+	}
+	if !isZero(head) {
+		return errors.New("already holds data: refusing to create over it")
+	}
+	if l.ro {
+		return block.ErrReadOnly
+	}
+	smallest := l.children[0].Size()
+	for _, c := range l.children[1:] {
+		smallest = min(smallest, c.Size())
+	}
+	if size <= 0 {
+		size = smallest / l.chunk * l.dsz
+	}
+	stripes := (size + l.dsz - 1) / l.dsz
+	if stripes*l.chunk > smallest {
+		return fmt.Errorf("legs of %d bytes cannot hold %d bytes (%d per leg)", smallest, size, stripes*l.chunk)
+	}
+	l.size.Store(size)
+	l.stripes.Store(stripes)
+	l.epoch = 1
+	for i := range l.state {
+		l.state[i] = legOK
+	}
+	l.disk = slices.Clone(l.state)
+	if err := l.setupMeta(stripes); err != nil {
+		return err
+	}
+	// Parity must match whatever the legs hold: zero them (fresh sparse
+	// files make that free), or compute parity stripe by stripe.
+	if err := l.initStripes(0, stripes); err != nil {
+		return err
+	}
+	sb, err := superblock.CreateFile(&section{f: l.meta, limit: 2 * sbSlot}, sbSlot, l.payload(l.state, l.epoch, size).marshal())
+	if err != nil {
+		return err
+	}
+	l.sb = sb
+	return nil
+}
+
+// initStripes makes stripes [from, to) consistent: zeroed on every leg,
+// or (legs without write-zeroes) with parity computed from their data.
+func (l *Layer) initStripes(from, to int64) error {
+	if from >= to {
+		return nil
+	}
+	if l.legCaps.WriteZeroes {
+		for i, c := range l.children {
+			if l.state[i] == legFailed {
+				continue
+			}
+			if err := c.WriteZeroes(from*l.chunk, (to-from)*l.chunk, block.ZeroFlags{}); err != nil {
+				return fmt.Errorf("zero leg %d: %w", i, err)
+			}
+		}
+	} else {
+		for s := from; s < to; s++ {
+			m, _ := l.missingFor(s)
+			if err := l.resync(s, m, nil); err != nil {
+				return err
+			}
+		}
+	}
+	return l.flushLegs(-1)
+}
+
+func (l *Layer) payload(state []byte, epoch uint64, size int64) superPayload {
+	return superPayload{Version: 1, Legs: l.n, Chunk: l.chunk, Size: size, Epoch: epoch, State: string(state), Pairs: l.pairs}
+}
+
+func (l *Layer) writeSuper(state []byte, epoch uint64, size int64) error {
+	if err := l.sb.Write(l.payload(state, epoch, size).marshal()); err != nil {
+		return fmt.Errorf("parity superblock: %w", err)
+	}
+	return nil
+}
+
+func (l *Layer) open() error {
+	sb, raw, err := superblock.OpenFile(&section{f: l.meta, limit: 2 * sbSlot})
+	if err != nil {
+		return fmt.Errorf("corrupt or never created (both superblock copies invalid): %w", err)
+	}
+	l.sb = sb
+	var p superPayload
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return fmt.Errorf("superblock payload: %w", err)
+	}
+	switch {
+	case p.Version != 1:
+		return fmt.Errorf("superblock version %d unknown", p.Version)
+	case p.Legs != l.n:
+		return fmt.Errorf("made for %d legs, spec has %d", p.Legs, l.n)
+	case p.Chunk != l.chunk:
+		return fmt.Errorf("made with chunk %d, params say %d", p.Chunk, l.chunk)
+	case len(p.State) != l.n || p.Size <= 0 || p.Pairs < 1 || p.Pairs > 1<<16:
+		return errors.New("superblock payload is inconsistent")
+	}
+	for _, c := range []byte(p.State) {
+		if c != legOK && c != legFailed && c != legRebuilding {
+			return fmt.Errorf("superblock leg state %q unknown", p.State)
+		}
+	}
+	l.pairs = p.Pairs
+	stripes := (p.Size + l.dsz - 1) / l.dsz
+	l.size.Store(p.Size)
+	l.stripes.Store(stripes)
+	l.epoch = p.Epoch
+	persisted := []byte(p.State)
+	copy(l.state, persisted)
+	l.disk = slices.Clone(persisted)
+	if err := l.setupMeta(stripes); err != nil {
+		return err
+	}
+	if err := l.jr.scan(l.epoch); err != nil {
+		return err
+	}
+	// Legs that could not be opened, or are too small to be ours, are gone.
+	gone := make([]bool, l.n)
+	for i, c := range l.children {
+		if _, cause, failed := block.IsFailed(c); failed {
+			gone[i] = true
+			l.log.Warn("parity leg missing", "leg", i, "err", cause)
+		} else if c.Size() < stripes*l.chunk && persisted[i] != legFailed {
+			gone[i] = true
+			l.log.Warn("parity leg too small; treating it as failed", "leg", i, "size", c.Size(), "need", stripes*l.chunk)
+		}
+		if gone[i] {
+			l.state[i] = legFailed
+		}
+	}
+	for i := l.bm.NextSet(0); i >= 0; i = l.bm.NextSet(i + 1) {
+		if i%l.bps >= 3 {
+			l.lost.Add(1)
+		}
+	}
+	// Two legs out: touch nothing, so that the next open with one of them
+	// back finds the metadata as it was.
+	if countOut(l.state) > 1 && !l.ro {
+		l.frozen.Store(true)
+		l.log.Error("parity: two legs out; serving reads only", "state", string(l.state))
+	}
+	if err := l.recover(persisted, gone, !l.ro && !l.frozen.Load()); err != nil {
+		return err
+	}
+	// Persist a leg found gone: a new epoch, with every stripe consistent
+	// (recovery flushed the legs and cleared every intent bit).
+	if !slices.Equal(l.state, persisted) && !l.ro && !l.frozen.Load() {
+		if err := l.switchEpoch(l.state); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Bitmap bit indexes.
+func (l *Layer) intentBit(s int64, epoch uint64) int64 { return s*l.bps + int64(epoch%2) }
+func (l *Layer) rebuildBit(s int64) int64              { return s*l.bps + 2 }
+func (l *Layer) lostBit(s int64, leg int) int64        { return s*l.bps + 3 + int64(leg) }
+
+// Geometry.
+func (l *Layer) parityLeg(s int64) int          { return l.n - 1 - int(s%int64(l.n)) }
+func (l *Layer) dataLeg(s int64, d int) int     { return (l.parityLeg(s) + 1 + d) % l.n }
+func (l *Layer) dataIndex(s int64, leg int) int { return (leg - l.parityLeg(s) - 1 + l.n) % l.n } // n-1: parity
+
+// missingFor returns the leg holding no valid chunk of stripe s (-1 for
+// none) and how many such legs there are. The caller holds mode.
+func (l *Layer) missingFor(s int64) (int, int) {
+	m, cnt := -1, 0
+	for i, st := range l.state {
+		if st == legFailed || st == legRebuilding && l.bm.Get(l.rebuildBit(s)) {
+			m, cnt = i, cnt+1
+		}
+	}
+	return m, cnt
+}
+
+// legValid reports whether leg holds a valid chunk of stripe s. The
+// caller holds mode.
+func (l *Layer) legValid(s int64, leg int) bool {
+	st := l.state[leg]
+	return st == legOK || st == legRebuilding && !l.bm.Get(l.rebuildBit(s))
+}
+
+func (l *Layer) isLost(s int64, leg int) bool {
+	return l.lost.Load() > 0 && l.bm.Get(l.lostBit(s, leg))
+}
+
+// recover runs on open: every stripe whose current intent bit is set may
+// be inconsistent (a crash interrupted its update) and gets its parity
+// recomputed from its data — with the journal's copy of the missing chunk
+// if a data leg is missing, or zeroes and a lost mark if there is none.
+// Afterwards the legs are flushed and every intent bit cleared durably.
+// persisted is the leg state the superblock holds; gone marks legs
+// missing now. Without write (read-only or frozen) nothing is written:
+// such stripes become suspect or lost in memory.
+func (l *Layer) recover(persisted []byte, gone []bool, write bool) error {
+	dirty := false
+	for i := l.bm.NextSet(0); i >= 0; i = l.bm.NextSet(i + 1) {
+		s, k := i/l.bps, i%l.bps
+		if k == 0 || k == 1 {
+			dirty = true
+		}
+		if k != l.intentBit(0, l.epoch) {
+			continue // the other epoch's bits are stale
+		}
+		var miss []int
+		for leg := range l.n {
+			if gone[leg] || persisted[leg] == legFailed || persisted[leg] == legRebuilding && l.bm.Get(l.rebuildBit(s)) {
+				miss = append(miss, leg)
+			}
+		}
+		m := -1
+		if len(miss) > 0 {
+			m = miss[0]
+		}
+		switch {
+		case len(miss) > 1:
+			l.log.Error("parity: stripe interrupted with two legs missing; cannot recover it", "stripe", s)
+			l.markSuspect(s)
+			continue
+		case m >= 0 && m == l.parityLeg(s):
+			continue // all data present; the parity chunk does not exist
+		}
+		var dm []byte
+		if m >= 0 {
+			if persisted[m] == legFailed || persisted[m] == legRebuilding && l.bm.Get(l.rebuildBit(s)) {
+				// The chunk was missing for the whole epoch, which began
+				// with every stripe consistent, and every change of a
+				// stripe missing a data chunk since was journaled first:
+				// no entry means no change.
+				found := false
+				var err error
+				if dm, found, err = l.jr.lookup(s, m); err != nil {
+					return fmt.Errorf("journal: %w", err)
+				}
+				if !found {
+					continue
+				}
+			} else if !l.bm.Get(l.lostBit(s, m)) {
+				// The leg vanished in the crash that interrupted the
+				// update: its chunk can only come from the parity, which
+				// may not match.
+				l.log.Error("parity: stripe was being written when its leg vanished; its chunk on that leg is lost",
+					"stripe", s, "leg", m)
+				l.bm.Set(l.lostBit(s, m))
+				l.lost.Add(1)
+			}
+		}
+		if !write {
+			l.markSuspect(s)
+			continue
+		}
+		if err := l.resync(s, m, dm); err != nil {
+			return fmt.Errorf("recover stripe %d: %w", s, err)
+		}
+	}
+	if !dirty || !write {
+		return nil
+	}
+	if err := l.flushLegs(-1); err != nil {
+		return fmt.Errorf("recover: %w", err)
+	}
+	for i := l.bm.NextSet(0); i >= 0; i = l.bm.NextSet(i + 1) {
+		if k := i % l.bps; k == 0 || k == 1 {
+			l.bm.Clear(i)
+		}
+	}
+	return l.syncBitmap()
+}
+
+func (l *Layer) markSuspect(s int64) {
+	if l.suspect == nil {
+		l.suspect = map[int64]bool{}
+	}
+	l.suspect[s] = true
+}
+
+// resync recomputes stripe s's parity from its data chunks; m is a missing
+// data leg (or -1) whose chunk is dm (nil: zeroes). The caller holds the
+// stripe (or runs alone, at open).
+func (l *Layer) resync(s int64, m int, dm []byte) error {
+	C := l.chunk
+	shards := make([][]byte, l.n)
+	ops := make([]legOp, 0, l.n)
+	for d := range l.n - 1 {
+		leg := l.dataLeg(s, d)
+		if leg == m {
+			shards[d] = make([]byte, C)
+			copy(shards[d], dm)
+			continue
+		}
+		shards[d] = make([]byte, C)
+		ops = append(ops, readOp(leg, shards[d], s*C))
+	}
+	if err := l.run(ops); err != nil {
+		return err
+	}
+	shards[l.n-1] = make([]byte, C)
+	if err := l.enc.Encode(shards); err != nil {
+		return err
+	}
+	return l.run([]legOp{writeOp(l.parityLeg(s), shards[l.n-1], s*C, false)})
+}
+
+// Size implements block.Device.
+func (l *Layer) Size() int64 { return l.size.Load() }
+
+// Capabilities implements block.Device.
+func (l *Layer) Capabilities() block.Capabilities { return l.caps }
+
+// Children implements block.Parent.
+func (l *Layer) Children() []block.Layer {
+	l.mode.RLock()
+	defer l.mode.RUnlock()
+	return append([]block.Layer(nil), l.children...)
+}
+
+// Describe implements block.Layer.
+func (l *Layer) Describe() block.Node {
+	l.mode.RLock()
+	kids := block.Describe(l.children)
+	state := append([]byte(nil), l.state...)
+	l.mode.RUnlock()
+	bad, rebuilding := 0, false
+	for i, st := range state {
+		switch {
+		case st == legFailed:
+			kids[i].State = block.StateFailed
+			bad++
+		case st == legRebuilding:
+			kids[i].State = block.StateRebuilding
+			rebuilding = true
+			bad++
+		case kids[i].State == block.StateFailed: // vanished, not yet noticed by a Flush
+			bad++
+		}
+	}
+	node := block.Node{Type: "parity", Params: l.params, Children: kids, State: block.StateOK}
+	switch {
+	case bad > 1:
+		node.State = block.StateFailed
+	case rebuilding:
+		node.State = block.StateRebuilding
+		pct := l.rb.percent()
+		node.Progress = &pct
+	case bad == 1 || l.lost.Load() > 0:
+		node.State = block.StateDegraded
+	}
+	return node
+}
+
+// Resize implements block.Resizer: the legs grow first (a crash leaves
+// them larger than needed, which is harmless), the new stripes are made
+// consistent, then the superblock records the size.
+func (l *Layer) Resize(size int64) error {
+	if l.ro {
+		return block.ErrReadOnly
+	}
+	if l.frozen.Load() {
+		return errFrozen
+	}
+	l.mode.Lock()
+	defer l.mode.Unlock()
+	if l.closed {
+		return block.ErrClosed
+	}
+	cur := l.size.Load()
+	if size < cur {
+		return fmt.Errorf("parity resize: cannot shrink from %d to %d bytes", cur, size)
+	}
+	if size == cur {
+		return nil
+	}
+	old := l.stripes.Load()
+	stripes := (size + l.dsz - 1) / l.dsz
+	per := stripes * l.chunk
+	for i, c := range l.children {
+		if l.state[i] == legFailed || c.Size() >= per {
+			continue
+		}
+		r, ok := c.(block.Resizer)
+		if !ok {
+			return fmt.Errorf("parity leg %d (%s) cannot grow", i, c.Describe().Type)
+		}
+		if err := r.Resize(per); err != nil {
+			return fmt.Errorf("parity leg %d: %w", i, err)
+		}
+	}
+	if err := l.bm.Grow(stripes * l.bps); err != nil {
+		return err
+	}
+	l.stripes.Store(stripes)
+	if err := l.initStripes(old, stripes); err != nil {
+		l.stripes.Store(old)
+		return fmt.Errorf("parity resize: %w", err)
+	}
+	if err := l.writeSuper(l.disk, l.epoch, size); err != nil {
+		l.stripes.Store(old)
+		return err
+	}
+	l.size.Store(size)
+	return nil
+}
+
+// Close implements block.Device: it stops a rebuild (it resumes on the
+// next open), flushes the legs and, if that worked (and the layer is not
+// frozen), clears every intent bit so the next open has nothing to
+// recover.
+func (l *Layer) Close() error {
+	l.rb.stop()
+	l.mode.Lock()
+	if l.closed {
+		l.mode.Unlock()
+		return nil
+	}
+	l.closed = true
+	l.cancel()
+	var first error
+	if !l.ro {
+		if err := l.flushLegs(-1); err != nil {
+			first = err
+		} else if !l.frozen.Load() {
+			for i := l.bm.NextSet(0); i >= 0; i = l.bm.NextSet(i + 1) {
+				if k := i % l.bps; k == 0 || k == 1 {
+					l.bm.Clear(i)
+				}
+			}
+			first = l.syncBitmap()
+		}
+	}
+	l.mode.Unlock()
+	l.rb.stop() // a rebuild started while we waited for mode
+	l.bm.Close()
+	l.sb.Close()
+	if err := l.meta.Close(); err != nil && first == nil {
+		first = err
+	}
+	if err := block.CloseAll(l.children); err != nil && first == nil {
+		first = err
+	}
+	return first
+}
