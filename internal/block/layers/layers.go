@@ -8,6 +8,7 @@ import (
 	_ "github.com/basalt-storage/basalt/internal/block/crypt"
 	_ "github.com/basalt-storage/basalt/internal/block/file"
 	_ "github.com/basalt-storage/basalt/internal/block/linear"
+	_ "github.com/basalt-storage/basalt/internal/block/mirror"
 	_ "github.com/basalt-storage/basalt/internal/block/parity"
 	_ "github.com/basalt-storage/basalt/internal/block/stripe"
 	_ "github.com/basalt-storage/basalt/internal/block/throttle"

@@ -1,0 +1,677 @@
+// Package mirror is the `mirror` layer (RAID-1): every leg (child) holds a
+// full copy of the volume. Writes go to every healthy leg at once and
+// succeed when at least one healthy leg took them; reads go to one healthy
+// leg, round-robin, and a leg that fails a read is marked failed and the
+// read retried on another. The volume service reaches it through
+// block.Repairer (Repair: bring failed legs back and resynchronise them)
+// and block.Copies (a checksum layer above reads and repairs each copy).
+//
+// Params (all optional): {"region": BYTES, "meta": "NAME"}. region is the
+// granule of the write-intent and stale maps, a power of two >= 4096
+// (default 1 MiB); meta is the metadata file in the stack directory
+// (default "mirror.meta"; a second mirror in one directory needs its own).
+// Size: the smallest leg when created; afterwards the size recorded in the
+// metadata (Resize grows it).
+//
+// # On-disk format (metadata file, docs/formats.md)
+//
+//	[0, 8192)  superblock (package superblock, 4096-byte slots), payload JSON
+//	           {"version":1,"region":R,"size":S,"legs":["ok"|"failed"|"rebuilding",…]}
+//	[8192, …)  persistent bitmaps (package bitmap), one bit per region,
+//	           page pairs interleaved: page p of bitmap j at
+//	           8192 + (p×K + j)×8192, K = 1 + legs; bitmap 0 is the
+//	           write-intent map, bitmap 1+i is leg i's stale map.
+//
+// # Invariants (why it is crash-safe)
+//
+//  1. Write intent: a region's intent bit is durable before any data write
+//     into it starts (concurrent setters share one Sync, group commit), and
+//     is cleared only after a Flush of every receiving leg that began after
+//     the region's last write completed, while no write to it is in
+//     flight, the leg set is unchanged and every leg state change is
+//     durable (and, as a policy, only once the region has been quiet for
+//     DefaultClearDelay and through one whole flush interval). So after a
+//     crash, every region where ok legs may differ has its intent bit set;
+//     on open such regions are copied from one ok leg (the lowest-numbered)
+//     to the others in the background, and reads of a region not yet
+//     copied go to that same leg, so readers never see two versions.
+//  2. Stale maps: for a leg that is not ok, stale bit clear means the leg
+//     holds the mirror's data for that region. A write sets the stale bit
+//     of every failed leg it skips; a leg that fails inherits every intent
+//     bit as stale; opening inherits intent bits into non-ok legs' stale
+//     maps. Before intent bits are cleared, the stale maps of non-ok legs are
+//     synced, so invariant 1 or a durable stale bit always covers a region a
+//     non-ok leg may have missed.
+//  3. Leg states: a leg's failure is durable in the superblock before any
+//     write it missed is acknowledged, so a restart never picks a stale leg
+//     as a resync source. A failed leg stays failed across restarts until
+//     Repair. The last ok leg is never failed (its errors go to the caller),
+//     so there is always a leg to read and resync from.
+//  4. Rebuild: Repair reopens a failed leg from its spec (or, when its
+//     backing is gone, first marks every region stale durably, then creates
+//     a replacement), marks it rebuilding (durable), and copies its stale
+//     regions from an ok leg under the region's range lock, so writes
+//     arriving meanwhile (which also go to the rebuilding leg) are neither
+//     lost nor overwritten. Stale bits are cleared only after the leg was
+//     flushed, and synced every DefaultCheckpoint regions, so an interrupted
+//     rebuild (crash, Close, cancelled context) resumes where it stopped on
+//     the next open. The leg turns ok once its stale map is empty.
+//  5. Overlapping writes take a first-come-first-served byte-range lock, so
+//     every leg sees them in the same order.
+//
+// Trim is implemented as WriteZeroes on every leg (holes allowed): a trim a
+// leg may ignore could leave legs with different contents.
+package mirror
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/block/bitmap"
+	"github.com/basalt-storage/basalt/internal/block/superblock"
+)
+
+func init() {
+	block.Register(block.Type{
+		Name: "mirror", Doc: "RAID-1 across its children, with write-intent and stale-region resync",
+		MinChildren: 2, MaxChildren: -1, TolerateFailedChildren: true, New: New,
+	})
+}
+
+// Params are the mirror layer's parameters.
+type Params struct {
+	Region int64  `json:"region,omitempty"`
+	Meta   string `json:"meta,omitempty"`
+}
+
+// Defaults.
+const (
+	DefaultRegion = 1 << 20
+	DefaultMeta   = "mirror.meta"
+)
+
+// DefaultClearDelay is how long a region must have been quiet before a
+// flush clears its intent bit (besides the flush rule, invariant 1): a
+// working set of regions written again and again keeps its bits instead
+// of paying a metadata sync whenever it returns (Linux md's bitmap waits a
+// few seconds in the same way). A crash costs a resync of the regions
+// written in the last few seconds.
+const DefaultClearDelay = 3 * time.Second
+
+// DefaultCheckpoint is how many regions a rebuild copies between syncs of
+// the stale maps: what an interruption can cost again.
+const DefaultCheckpoint = 64
+
+// beforeResync, when set, runs in the background resync goroutine before it
+// starts (tests use it to hold the resync back).
+var beforeResync func()
+
+// Layer is a mirror layer.
+type Layer struct {
+	env      block.Env
+	params   json.RawMessage
+	metaName string
+	region   int64
+	shift    uint
+	log      *slog.Logger
+	caps     block.Capabilities
+	readOnly bool
+	size     atomic.Int64
+
+	meta   block.MetaFile
+	sb     *superblock.Block
+	intent *bitmap.Bitmap
+
+	locks rangeLock
+	rr    atomic.Uint64 // read round-robin
+
+	// structMu serialises Resize against Repair replacing a leg.
+	structMu sync.Mutex
+	// sbMu serialises superblock writes (persist).
+	sbMu sync.Mutex
+
+	mu        sync.Mutex
+	cond      *sync.Cond // intent group commit: signalled when a Sync ends
+	legs      []*leg
+	nreg      int64                  // regions
+	sbSize    int64                  // size recorded (or to record) in the superblock
+	dirty     map[int64]*regionState // exactly the set intent bits
+	unsynced  int64                  // regions still dirty from before open
+	setGen    uint64                 // intent bits set so far (generation)
+	syncedGen uint64                 // setGen covered by the last intent Sync
+	syncing   bool
+	epoch     uint64 // flush epoch: incremented when a flush starts
+	legsVer   uint64 // incremented whenever a leg's state or device changes
+	stateVer  uint64 // incremented whenever the superblock payload changes
+	persisted uint64 // stateVer last written to the superblock
+
+	work      chan struct{} // held by whoever resyncs (background, Repair, Close)
+	bgCtx     context.Context
+	bgCancel  context.CancelFunc
+	bg        sync.WaitGroup
+	resyncing atomic.Bool
+	progDone  atomic.Int64
+	progTotal atomic.Int64
+	copied    atomic.Int64 // bytes resynchronised since open
+	// checkpointEvery is DefaultCheckpoint; tests lower it to make
+	// interruptions land between checkpoints.
+	checkpointEvery atomic.Int64
+	// clearDelay is DefaultClearDelay (nanoseconds); tests set 0.
+	clearDelay atomic.Int64
+	closed     atomic.Bool
+}
+
+// leg is one child and what the mirror knows about it.
+type leg struct {
+	dev   block.Layer
+	spec  block.Spec // to rebuild it
+	state string
+	gen   uint64          // incremented on every state change (rebuild checkpoints check it)
+	refs  *sync.WaitGroup // operations in flight on dev (new one per dev)
+	stale *bitmap.Bitmap
+}
+
+// regionState is a region whose intent bit is set.
+type regionState struct {
+	inflight int    // writes in progress
+	epoch    uint64 // flush epoch in which the last write completed
+	last     int64  // when (monotonic nanoseconds) it completed; longAgo: none since open
+	gen      uint64 // setGen when the bit was set (durable once syncedGen >= gen)
+	unsynced bool   // dirty at open, not yet copied across the ok legs
+}
+
+// target is a leg an operation uses, with a reference held on its device.
+type target struct {
+	i    int
+	dev  block.Layer
+	refs *sync.WaitGroup
+}
+
+// New builds a mirror layer.
+func New(env block.Env, raw json.RawMessage, children []block.Layer) (block.Layer, error) {
+	p := Params{Region: DefaultRegion, Meta: DefaultMeta}
+	if err := block.DecodeParams(raw, &p); err != nil {
+		return nil, err
+	}
+	if p.Region < 4096 || p.Region&(p.Region-1) != 0 {
+		return nil, fmt.Errorf("region %d must be a power of two of at least 4096", p.Region)
+	}
+	if p.Meta == "" {
+		return nil, errors.New("params.meta must not be empty")
+	}
+	if env.Create && env.ReadOnly {
+		return nil, errors.New("cannot create a mirror read-only")
+	}
+	log := env.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	l := &Layer{
+		env: env, params: raw, metaName: p.Meta, region: p.Region, log: log.With("layer", "mirror", "meta", p.Meta),
+		readOnly: env.ReadOnly, dirty: map[int64]*regionState{}, epoch: 1, work: make(chan struct{}, 1),
+	}
+	for 1<<l.shift < l.region {
+		l.shift++
+	}
+	l.cond = sync.NewCond(&l.mu)
+	l.checkpointEvery.Store(DefaultCheckpoint)
+	l.clearDelay.Store(int64(DefaultClearDelay))
+	mf, err := env.OpenMeta(p.Meta)
+	if err != nil {
+		return nil, fmt.Errorf("mirror metadata %s: %w", p.Meta, err)
+	}
+	l.meta = mf
+	if err := l.open(children); err != nil {
+		mf.Close()
+		return nil, err
+	}
+	l.bgCtx, l.bgCancel = context.WithCancel(context.Background())
+	if !l.readOnly && l.needsResync() {
+		l.startBackground()
+	}
+	return l, nil
+}
+
+// open reads (or creates) the metadata and reconciles it with the legs.
+func (l *Layer) open(children []block.Layer) error {
+	n := len(children)
+	l.legs = make([]*leg, n)
+	placeholder := make([]error, n)
+	for i, c := range children {
+		lg := &leg{dev: c, state: legOK, refs: &sync.WaitGroup{}}
+		if spec, err, ok := block.IsFailed(c); ok {
+			lg.spec, placeholder[i] = spec, err
+			if err == nil {
+				placeholder[i] = errors.New("child failed to open")
+			}
+		} else {
+			lg.spec = specOf(c.Describe())
+		}
+		l.legs[i] = lg
+	}
+	var st sbState
+	if l.env.Create {
+		empty, err := isEmpty(l.meta)
+		if err != nil {
+			return fmt.Errorf("mirror metadata %s: %w", l.metaName, err)
+		}
+		if !empty {
+			return fmt.Errorf("mirror metadata %s already holds data (another mirror in this directory needs its own \"meta\" name)", l.metaName)
+		}
+		size := int64(-1)
+		for i, c := range children {
+			if placeholder[i] != nil {
+				return fmt.Errorf("leg %d: %w", i, placeholder[i])
+			}
+			if size < 0 || c.Size() < size {
+				size = c.Size()
+			}
+		}
+		if size <= 0 {
+			return fmt.Errorf("legs are empty (smallest is %d bytes)", size)
+		}
+		st = sbState{Version: formatV1, Region: l.region, Size: size, Legs: make([]string, n)}
+		for i := range st.Legs {
+			st.Legs[i] = legOK
+		}
+		payload, _ := json.Marshal(st)
+		sb, err := superblock.CreateFile(sbSection{l.meta}, sbSlot, payload)
+		if err != nil {
+			return fmt.Errorf("mirror metadata %s: %w", l.metaName, err)
+		}
+		l.sb = sb
+	} else {
+		sb, payload, err := superblock.OpenFile(sbSection{l.meta})
+		if err != nil {
+			return fmt.Errorf("mirror metadata %s (empty or corrupt): %w", l.metaName, err)
+		}
+		l.sb = sb
+		if st, err = decodeState(payload); err != nil {
+			return fmt.Errorf("mirror metadata %s: %w", l.metaName, err)
+		}
+		if st.Region != l.region {
+			return fmt.Errorf("mirror metadata %s: region is %d bytes, params say %d", l.metaName, st.Region, l.region)
+		}
+		if len(st.Legs) != n {
+			return fmt.Errorf("mirror metadata %s records %d legs, the spec has %d", l.metaName, len(st.Legs), n)
+		}
+	}
+	l.sbSize = st.Size
+	l.size.Store(st.Size)
+	l.nreg = (st.Size + l.region - 1) >> l.shift
+	k := int64(1 + n)
+	var err error
+	if l.intent, err = bitmap.OpenFile(interleaved{l.meta, 0, k}, l.nreg); err != nil {
+		return fmt.Errorf("mirror write-intent map: %w", err)
+	}
+	for i, lg := range l.legs {
+		if lg.stale, err = bitmap.OpenFile(interleaved{l.meta, int64(1 + i), k}, l.nreg); err != nil {
+			return fmt.Errorf("mirror leg %d stale map: %w", i, err)
+		}
+		lg.state = st.Legs[i]
+	}
+
+	// Reconcile the recorded states with what opened.
+	changed := false
+	for i, lg := range l.legs {
+		switch {
+		case placeholder[i] != nil:
+			if lg.state != legFailed {
+				l.log.Warn("mirror leg did not open; running degraded", "leg", i, "err", placeholder[i])
+				lg.state, changed = legFailed, true
+			}
+		case lg.state != legFailed && lg.dev.Size() < st.Size:
+			l.log.Warn("mirror leg is smaller than the mirror; marking it failed", "leg", i, "leg_size", lg.dev.Size(), "size", st.Size)
+			lg.state, changed = legFailed, true
+		case lg.state == legOK && lg.stale.NextSet(0) >= 0:
+			// Only a leg whose failure was being recorded when the machine
+			// stopped can be ok with stale regions: trust the stale map.
+			l.log.Warn("mirror leg is ok but has stale regions; rebuilding it", "leg", i)
+			lg.state, changed = legRebuilding, true
+		}
+	}
+	oks := 0
+	for _, lg := range l.legs {
+		if lg.state == legOK {
+			oks++
+		}
+	}
+	if oks == 0 {
+		return fmt.Errorf("mirror has no healthy leg (states %v)", l.states())
+	}
+	// Regions dirty at the crash: ok legs may differ there (resync them),
+	// and non-ok legs may have missed writes there (stale).
+	for r := l.intent.NextSet(0); r >= 0; r = l.intent.NextSet(r + 1) {
+		rs := &regionState{last: longAgo}
+		if oks > 1 {
+			rs.unsynced = true
+			l.unsynced++
+		}
+		l.dirty[r] = rs
+		for _, lg := range l.legs {
+			if lg.state != legOK {
+				lg.stale.Set(r)
+			}
+		}
+	}
+	var real []block.Layer
+	for i, lg := range l.legs {
+		if placeholder[i] == nil {
+			real = append(real, lg.dev)
+		}
+	}
+	l.caps = block.Combine(real)
+	// Trim is WriteZeroes on the legs (see the package comment).
+	l.caps.Trim = l.caps.WriteZeroes
+	l.caps.ReadOnly = l.caps.ReadOnly || l.readOnly
+	if changed {
+		l.stateVer++
+		if err := l.persist(); err != nil {
+			return err
+		}
+	}
+	if l.unsynced > 0 {
+		l.log.Info("mirror was not shut down cleanly; resynchronising dirty regions", "regions", l.unsynced)
+	}
+	return nil
+}
+
+// specOf rebuilds a spec from a layer's description (type, raw params and
+// children, which every layer reports).
+func specOf(n block.Node) block.Spec {
+	s := block.Spec{Type: n.Type, Params: n.Params}
+	for _, c := range n.Children {
+		s.Children = append(s.Children, specOf(c))
+	}
+	return s
+}
+
+func (l *Layer) states() []string {
+	out := make([]string, len(l.legs))
+	for i, lg := range l.legs {
+		out[i] = lg.state
+	}
+	return out
+}
+
+// persist writes the leg states and size to the superblock if they changed
+// since the last write. Callers must not hold mu.
+func (l *Layer) persist() error {
+	if l.readOnly {
+		return nil
+	}
+	l.sbMu.Lock()
+	defer l.sbMu.Unlock()
+	l.mu.Lock()
+	ver := l.stateVer
+	if ver == l.persisted {
+		l.mu.Unlock()
+		return nil
+	}
+	payload, err := json.Marshal(sbState{Version: formatV1, Region: l.region, Size: l.sbSize, Legs: l.states()})
+	l.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := l.sb.Write(payload); err != nil {
+		return fmt.Errorf("mirror: recording leg states: %w", err)
+	}
+	l.mu.Lock()
+	l.persisted = ver
+	l.mu.Unlock()
+	return nil
+}
+
+// failLeg marks leg i failed because dev failed with cause, unless it is
+// the last ok leg (then it stays ok and the caller returns the error). It
+// reports whether the leg is failed now. The caller persists (before
+// acknowledging anything the leg missed) and then releases its reference.
+func (l *Layer) failLeg(i int, dev block.Layer, cause error) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lg := l.legs[i]
+	if lg.dev != dev || lg.state == legFailed {
+		return true
+	}
+	if lg.state == legOK {
+		oks := 0
+		for _, o := range l.legs {
+			if o.state == legOK {
+				oks++
+			}
+		}
+		if oks == 1 {
+			l.log.Error("mirror's last healthy leg failed an operation; keeping it", "leg", i, "err", cause)
+			return false
+		}
+	}
+	l.log.Warn("mirror leg failed; running degraded", "leg", i, "was", lg.state, "err", cause)
+	l.setStateLocked(lg, legFailed)
+	// Any region with its intent bit set may have missed a write on it.
+	for r := range l.dirty {
+		lg.stale.Set(r)
+	}
+	return true
+}
+
+func (l *Layer) setStateLocked(lg *leg, state string) {
+	lg.state = state
+	lg.gen++
+	l.legsVer++
+	l.stateVer++
+}
+
+// acquireLocked takes a reference on leg i's device for an operation.
+func (l *Layer) acquireLocked(i int) target {
+	lg := l.legs[i]
+	lg.refs.Add(1)
+	return target{i: i, dev: lg.dev, refs: lg.refs}
+}
+
+func release(ts []target) {
+	for _, t := range ts {
+		t.refs.Done()
+	}
+}
+
+// receiversLocked references every leg that takes writes (ok, rebuilding).
+func (l *Layer) receiversLocked() []target {
+	var ts []target
+	for i, lg := range l.legs {
+		if lg.state != legFailed {
+			ts = append(ts, l.acquireLocked(i))
+		}
+	}
+	return ts
+}
+
+// sourceLocked is the lowest-numbered ok leg: the copy resyncs read from
+// and reads of unsynced regions use. There always is one (invariant 3).
+func (l *Layer) sourceLocked() int {
+	for i, lg := range l.legs {
+		if lg.state == legOK {
+			return i
+		}
+	}
+	return -1
+}
+
+func (l *Layer) regionRange(r int64) (off, n int64) {
+	off = r << l.shift
+	return off, min(l.region, l.size.Load()-off)
+}
+
+// usable fails operations on a closed layer.
+func (l *Layer) usable() error {
+	if l.closed.Load() {
+		return block.ErrClosed
+	}
+	return nil
+}
+
+// Size implements block.Device.
+func (l *Layer) Size() int64 { return l.size.Load() }
+
+// Capabilities implements block.Device: the legs' combined capabilities,
+// fixed at open (legs that failed to open are not counted).
+func (l *Layer) Capabilities() block.Capabilities { return l.caps }
+
+// Children implements block.Parent.
+func (l *Layer) Children() []block.Layer {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]block.Layer, len(l.legs))
+	for i, lg := range l.legs {
+		out[i] = lg.dev
+	}
+	return out
+}
+
+// NumCopies implements block.Copies.
+func (l *Layer) NumCopies() int { return len(l.legs) }
+
+// Describe implements block.Layer. A leg's node carries the mirror's view
+// of it when that is worse than the leg's own (a leg whose data is stale
+// reports failed or rebuilding even if its file is fine).
+func (l *Layer) Describe() block.Node {
+	l.mu.Lock()
+	devs := make([]block.Layer, len(l.legs))
+	states := l.states()
+	for i, lg := range l.legs {
+		devs[i] = lg.dev
+	}
+	l.mu.Unlock()
+	kids := make([]block.Node, len(devs))
+	healthy, degraded := 0, false
+	for i, d := range devs {
+		kids[i] = d.Describe()
+		switch {
+		case states[i] != legOK:
+			kids[i].State = states[i]
+			degraded = true
+		case kids[i].State == block.StateFailed:
+			degraded = true // its backing vanished while open
+		default:
+			healthy++
+			degraded = degraded || kids[i].State != block.StateOK
+		}
+	}
+	n := block.Node{Type: "mirror", Params: l.params, State: block.StateOK, Children: kids}
+	switch {
+	case healthy == 0:
+		n.State = block.StateFailed
+	case l.resyncing.Load():
+		n.State = block.StateRebuilding
+		pct := 0.0
+		if t := l.progTotal.Load(); t > 0 {
+			pct = 100 * float64(l.progDone.Load()) / float64(t)
+		}
+		n.Progress = &pct
+	case degraded:
+		n.State = block.StateDegraded
+	}
+	return n
+}
+
+// Resize implements block.Resizer: every leg taking writes grows first
+// (failed legs grow when Repair brings them back), then the maps, then the
+// size is recorded.
+func (l *Layer) Resize(n int64) error {
+	if err := l.usable(); err != nil {
+		return err
+	}
+	if l.readOnly {
+		return block.ErrReadOnly
+	}
+	l.structMu.Lock()
+	defer l.structMu.Unlock()
+	cur := l.size.Load()
+	if n < cur {
+		return fmt.Errorf("mirror resize: cannot shrink from %d to %d bytes", cur, n)
+	}
+	if n == cur {
+		return nil
+	}
+	l.mu.Lock()
+	ts := l.receiversLocked()
+	l.mu.Unlock()
+	defer release(ts)
+	for _, t := range ts {
+		if err := growLeg(t.dev, n); err != nil {
+			return fmt.Errorf("mirror resize leg %d: %w", t.i, err)
+		}
+	}
+	nreg := (n + l.region - 1) >> l.shift
+	if err := l.intent.Grow(nreg); err != nil {
+		return err
+	}
+	for _, lg := range l.legs {
+		if err := lg.stale.Grow(nreg); err != nil {
+			return err
+		}
+	}
+	l.mu.Lock()
+	l.nreg, l.sbSize = nreg, n
+	l.stateVer++
+	l.mu.Unlock()
+	if err := l.persist(); err != nil {
+		return fmt.Errorf("mirror resize: %w", err)
+	}
+	l.size.Store(n)
+	return nil
+}
+
+func growLeg(d block.Layer, n int64) error {
+	if d.Size() >= n {
+		return nil
+	}
+	r, ok := d.(block.Resizer)
+	if !ok {
+		return fmt.Errorf("a %s leg cannot grow", d.Describe().Type)
+	}
+	return r.Resize(n)
+}
+
+// Close implements block.Device: it stops any resync (which resumes on the
+// next open), flushes the legs and, when that succeeded, clears the
+// write-intent map so a clean shutdown needs no resync.
+func (l *Layer) Close() error {
+	if l.closed.Swap(true) {
+		return nil
+	}
+	l.bgCancel()
+	l.work <- struct{}{} // wait for a running resync or Repair to stop
+	l.bg.Wait()
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if !l.readOnly {
+		if err := l.flushAll(true); err != nil {
+			keep(err)
+		} else {
+			keep(l.intent.Sync())
+		}
+		for _, lg := range l.legs {
+			keep(lg.stale.Sync())
+		}
+	}
+	l.mu.Lock()
+	devs := make([]block.Layer, len(l.legs))
+	for i, lg := range l.legs {
+		devs[i] = lg.dev
+	}
+	l.mu.Unlock()
+	keep(l.meta.Close())
+	keep(block.CloseAll(devs))
+	return first
+}
