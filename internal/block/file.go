@@ -9,7 +9,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// File is a Device over one (normally sparse) file.
+// File is a Device over one (normally sparse) file. After Close every
+// operation fails with ErrClosed (the descriptor number may already belong
+// to another file: a late write must not land there).
 //
 // Durability: FUA writes use pwritev2(RWF_DSYNC), one system call; Flush is
 // fdatasync. Because every handle of a file shares the kernel's page cache
@@ -73,6 +75,9 @@ func (d *File) Capabilities() Capabilities {
 
 // ReadAt implements Device.
 func (d *File) ReadAt(p []byte, off int64) error {
+	if d.closed.Load() {
+		return ErrClosed
+	}
 	for len(p) > 0 {
 		n, err := unix.Pread(d.fd, p, off)
 		if err != nil {
@@ -92,6 +97,9 @@ func (d *File) ReadAt(p []byte, off int64) error {
 
 // WriteAt implements Device.
 func (d *File) WriteAt(p []byte, off int64, fua bool) error {
+	if d.closed.Load() {
+		return ErrClosed
+	}
 	if d.readOnly {
 		return ErrReadOnly
 	}
@@ -136,6 +144,9 @@ func (d *File) pwriteFlags(p []byte, off int64, flags int) error {
 // operations, hence fast. Without fallocate support it writes zeroes, or
 // with Fast refuses.
 func (d *File) WriteZeroes(off, length int64, f ZeroFlags) error {
+	if d.closed.Load() {
+		return ErrClosed
+	}
 	if d.readOnly {
 		return ErrReadOnly
 	}
@@ -172,6 +183,9 @@ func (d *File) writeZeroBuffers(off, length int64) error {
 
 // Trim implements Device by punching a hole.
 func (d *File) Trim(off, length int64, fua bool) error {
+	if d.closed.Load() {
+		return ErrClosed
+	}
 	if d.readOnly {
 		return ErrReadOnly
 	}
@@ -190,6 +204,9 @@ func (d *File) Trim(off, length int64, fua bool) error {
 
 // Flush implements Device.
 func (d *File) Flush() error {
+	if d.closed.Load() {
+		return ErrClosed
+	}
 	if d.readOnly {
 		return nil
 	}
@@ -201,6 +218,9 @@ func (d *File) Flush() error {
 
 // Extents implements Device with SEEK_DATA/SEEK_HOLE. Holes read as zero.
 func (d *File) Extents(off, length int64) ([]Extent, error) {
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
 	end := off + length
 	var out []Extent
 	for off < end && len(out) < 1024 {
