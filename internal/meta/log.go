@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 
@@ -51,8 +52,10 @@ func (c *slogCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 
 func (c *slogCore) Sync() error { return nil }
 
-// secretFields are etcd log fields that may quote keys or values.
-var secretFields = map[string]bool{"request": true, "response": true, "key": true, "range_begin": true, "range_end": true}
+// secretFields are etcd log fields that may quote keys or values; any
+// other field whose value mentions a basalt key is redacted too (etcd's
+// "request stats" warning quotes whole transactions under varying names).
+var secretFields = map[string]bool{"request": true, "response": true, "request content": true, "key": true, "range_begin": true, "range_end": true}
 
 func toAttrs(fields []zapcore.Field) []slog.Attr {
 	enc := zapcore.NewMapObjectEncoder()
@@ -61,7 +64,7 @@ func toAttrs(fields []zapcore.Field) []slog.Attr {
 	}
 	out := make([]slog.Attr, 0, len(enc.Fields))
 	for k, v := range enc.Fields {
-		if secretFields[k] {
+		if secretFields[k] || strings.Contains(fmt.Sprint(v), Prefix) {
 			// etcd quotes whole requests ("apply request took too long"):
 			// their keys include export secrets, which must never be logged.
 			v = "[redacted]"
