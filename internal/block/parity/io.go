@@ -440,17 +440,26 @@ func (l *Layer) flushAll() error {
 	return err
 }
 
-// writeStripe applies src to [lo, hi) of stripe s's data, retrying after a
-// leg failure (the stripe is then handled as degraded).
-func (l *Layer) writeStripe(s, lo, hi int64, src []byte, fua bool) error {
+// retry runs op until it succeeds, fails for a reason other than a leg, or
+// has seen every leg fail: each leg error marks that leg failed (persisted)
+// and op runs again, now treating the leg as missing — unless op reports the
+// data landed anyway. With locked, op runs under the mode lock and is
+// refused once the layer is closed.
+func (l *Layer) retry(locked bool, op func() (landed bool, err error)) error {
 	for try := 0; ; try++ {
-		l.mode.RLock()
-		if l.closed {
+		var landed bool
+		var err error
+		if locked {
+			l.mode.RLock()
+			if l.closed {
+				l.mode.RUnlock()
+				return block.ErrClosed
+			}
+			landed, err = op()
 			l.mode.RUnlock()
-			return block.ErrClosed
+		} else {
+			landed, err = op()
 		}
-		landed, err := l.updateStripe(s, lo, hi, src, fua)
-		l.mode.RUnlock()
 		le := asLegError(err)
 		if le == nil || try > l.n {
 			return err
@@ -462,6 +471,12 @@ func (l *Layer) writeStripe(s, lo, hi int64, src []byte, fua bool) error {
 			return nil
 		}
 	}
+}
+
+// writeStripe applies src to [lo, hi) of stripe s's data, retrying after a
+// leg failure (the stripe is then handled as degraded).
+func (l *Layer) writeStripe(s, lo, hi int64, src []byte, fua bool) error {
+	return l.retry(true, func() (bool, error) { return l.updateStripe(s, lo, hi, src, fua) })
 }
 
 func (l *Layer) updateStripe(s, lo, hi int64, src []byte, fua bool) (bool, error) {
@@ -746,22 +761,7 @@ func (l *Layer) ReadAt(p []byte, off int64) error {
 		return nil
 	}
 	// Each retry follows a leg newly marked failed; there are n legs.
-	for try := 0; ; try++ {
-		l.mode.RLock()
-		if l.closed {
-			l.mode.RUnlock()
-			return block.ErrClosed
-		}
-		err := l.readRange(p, off)
-		l.mode.RUnlock()
-		le := asLegError(err)
-		if le == nil || try > l.n {
-			return err
-		}
-		if ferr := l.markFailed(le); ferr != nil {
-			return ferr
-		}
-	}
+	return l.retry(true, func() (bool, error) { return false, l.readRange(p, off) })
 }
 
 func (l *Layer) readRange(p []byte, off int64) error {
@@ -938,47 +938,17 @@ func (l *Layer) zeroStripes(from, to int64, f block.ZeroFlags) error {
 	for s := from; s < to; {
 		e := min(to, s+zeroBatchStripes)
 		handled := false
-		for try := 0; ; try++ {
-			var landed bool
-			var err error
-			handled, landed, err = l.zeroBatch(s, e, f)
-			le := asLegError(err)
-			if le == nil || try > l.n {
-				if err != nil {
-					return err
-				}
-				break
-			}
-			if ferr := l.markFailed(le); ferr != nil {
-				return ferr
-			}
-			if landed {
-				handled = true
-				break
-			}
+		err := l.retry(false, func() (bool, error) {
+			h, landed, err := l.zeroBatch(s, e, f)
+			handled = h || landed && asLegError(err) != nil
+			return landed, err
+		})
+		if err != nil {
+			return err
 		}
 		for t := s; t < e && !handled; t++ {
-			for try := 0; ; try++ {
-				l.mode.RLock()
-				if l.closed {
-					l.mode.RUnlock()
-					return block.ErrClosed
-				}
-				landed, err := l.zeroStripe(t, f)
-				l.mode.RUnlock()
-				le := asLegError(err)
-				if le == nil || try > l.n {
-					if err != nil {
-						return err
-					}
-					break
-				}
-				if ferr := l.markFailed(le); ferr != nil {
-					return ferr
-				}
-				if landed {
-					break
-				}
+			if err := l.retry(true, func() (bool, error) { return l.zeroStripe(t, f) }); err != nil {
+				return err
 			}
 		}
 		s = e
