@@ -156,19 +156,36 @@ func find[T any](l block.Layer) (T, bool) {
 	return out, found
 }
 
-// Stack describes volume v's live layer tree (type, params, state,
-// progress, backing file paths). It opens the stack if this node has it
-// closed.
+// Stack describes volume v's layer tree (type, params, state, progress,
+// backing file paths): the live stack's if this node has it open, else
+// the stack opened read-only for the moment, so that describing a volume
+// never writes to it (another node may be serving it).
 func (s *Service) Stack(ctx context.Context, v *meta.Volume) (*block.Node, error) {
 	if len(v.Stack) == 0 || (v.Status != meta.StatusAvailable && v.Status != meta.StatusInUse && v.Status != meta.StatusExtending) {
 		return nil, nil
 	}
-	l, release, err := s.acquire(v)
+	s.liveMu.Lock()
+	ls := s.live[v.ID]
+	var n block.Node
+	if ls != nil {
+		n = ls.l.Describe()
+	}
+	s.liveMu.Unlock()
+	if ls != nil {
+		return &n, nil
+	}
+	spec, err := parseSpec(v.Stack)
 	if err != nil {
 		return nil, err
 	}
-	defer release()
-	n := l.Describe()
+	env := s.env(s.store.VolumeDir(v.ID))
+	env.ReadOnly = true
+	l, err := block.Build(env, spec)
+	if err != nil {
+		return nil, fmt.Errorf("describe volume %s: %w", v.ID, err)
+	}
+	defer l.Close()
+	n = l.Describe()
 	return &n, nil
 }
 
