@@ -40,7 +40,12 @@ export BASALT_ENDPOINT=https://127.0.0.1:$api BASALT_IDENTITY=$work/basalt/ident
 for _ in $(seq 100); do "$BIN" status >/dev/null 2>&1 && break; sleep 0.2; done
 vol=$("$BIN" -o json volume create --size "$SIZE" --name bench | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
 uri=$("$BIN" -o json attach "$vol" --host bench | python3 -c 'import json,sys; print(json.load(sys.stdin)["nbd_uri"])')
-file=$work/basalt/store/volumes/$vol.img
+# The standard type is cow -> file: the file layer's path is in the stack.
+file=$("$BIN" -o json volume show "$vol" | python3 -c '
+import json, sys
+def leaf(n):
+    return n.get("path") or next(p for c in n.get("children", []) for p in [leaf(c)] if p)
+print(leaf(json.load(sys.stdin)["stack"]))')
 # Fill the file so reads hit data, not holes (the same file serves all three).
 fio --name=fill --filename="$file" --rw=write --bs=1M --size="$SIZE" --ioengine=psync \
   --end_fsync=1 --refill_buffers --output=/dev/null
