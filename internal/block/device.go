@@ -71,4 +71,5 @@ var (
 	ErrReadOnly     = errors.New("device is read-only")
 	ErrOutOfRange   = errors.New("range beyond the end of the device")
 	ErrClosed       = errors.New("device is closed")
+	ErrUnlinked     = errors.New("backing file was removed while open; nothing written since is durable")
 )

@@ -105,7 +105,10 @@ func (d *File) WriteAt(p []byte, off int64, fua bool) error {
 	}
 	if fua && d.dsync.Load() {
 		err := d.pwriteFlags(p, off, unix.RWF_DSYNC)
-		if err == nil || !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) {
+		if err == nil {
+			return d.linked()
+		}
+		if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) {
 			return err
 		}
 		d.dsync.Store(false) // an old kernel or file system: write then sync
@@ -212,6 +215,20 @@ func (d *File) Flush() error {
 	}
 	if err := unix.Fdatasync(d.fd); err != nil {
 		return fmt.Errorf("flush: %w", err)
+	}
+	return d.linked()
+}
+
+// linked fails with ErrUnlinked once the file has no name left: writes to
+// it still succeed but vanish at Close, so nothing may be called durable
+// (a mirror then fails the leg instead of trusting it).
+func (d *File) linked() error {
+	var st unix.Stat_t
+	if err := unix.Fstat(d.fd, &st); err != nil {
+		return fmt.Errorf("flush: %w", err)
+	}
+	if st.Nlink == 0 {
+		return ErrUnlinked
 	}
 	return nil
 }
