@@ -13,39 +13,16 @@
 # time; for each job the servers take turns, round after round, and the
 # median round counts. Interleaving keeps a machine whose speed drifts
 # (shared hosts do) from favouring whichever server happens to run first.
-set -euo pipefail
-cd "$(dirname "$0")/.."
 RUNTIME=${RUNTIME:-8}
 ROUNDS=${ROUNDS:-3}
 SIZE=${SIZE:-1G}
-make -s build
-BIN=$PWD/bin/basalt
-work=$(mktemp -d /tmp/basalt-bench.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$(dirname "$0")/lib.sh"
 
-freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-# --- basalt: a node, a volume, an attachment -------------------------------
-api=$(freeport) nbd=$(freeport) ec=$(freeport) ep=$(freeport)
-"$BIN" server --data "$work/basalt" --api 127.0.0.1:$api --nbd 127.0.0.1:$nbd \
-  --etcd-client 127.0.0.1:$ec --etcd-peer 127.0.0.1:$ep --log-level warn >"$work/basalt.log" 2>&1 &
-pids+=($!)
-export BASALT_ENDPOINT=https://127.0.0.1:$api BASALT_IDENTITY=$work/basalt/identities/admin
-for _ in $(seq 100); do "$BIN" status >/dev/null 2>&1 && break; sleep 0.2; done
-vol=$("$BIN" -o json volume create --size "$SIZE" --name bench | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-uri=$("$BIN" -o json attach "$vol" --host bench | python3 -c 'import json,sys; print(json.load(sys.stdin)["nbd_uri"])')
+# --- basalt: a volume and an attachment -------------------------------------
+vol=$(vol_create bench "$SIZE")
+uri=$(vol_attach "$vol")
 # The standard type is cow -> file: the file layer's path is in the stack.
-file=$("$BIN" -o json volume show "$vol" | python3 -c '
-import json, sys
-def leaf(n):
-    return n.get("path") or next(p for c in n.get("children", []) for p in [leaf(c)] if p)
-print(leaf(json.load(sys.stdin)["stack"]))')
+file=$(vol_file "$vol")
 # Fill the file so reads hit data, not holes (the same file serves all three).
 fio --name=fill --filename="$file" --rw=write --bs=1M --size="$SIZE" --ioengine=psync \
   --end_fsync=1 --refill_buffers --output=/dev/null
