@@ -46,6 +46,21 @@ type Repairer interface {
 	Repair(ctx context.Context, p Progress) error
 }
 
+// ResyncCounter is implemented by Repairers that count what they copy onto
+// legs being brought back (by Repair, or by a resync the layer resumed on
+// its own when opened). TakeResynced returns the bytes of the device's
+// address space resynchronised since its previous call (or since the layer
+// was opened) and starts counting anew; a repair job reports the sum as
+// RepairReport.ResyncedBytes.
+type ResyncCounter interface {
+	TakeResynced() int64
+}
+
+// RepairReport is what a repair job did.
+type RepairReport struct {
+	ResyncedBytes int64 `json:"resynced_bytes"`
+}
+
 // Copies is implemented by redundant layers whose data can be read from
 // each copy separately, so a layer above that can tell good data from bad
 // (checksum) can pick a good copy and repair the others.

@@ -140,17 +140,27 @@ func (s *Service) job(ctx context.Context, l block.Layer, kind string, p block.P
 	case meta.JobRepair:
 		var err error
 		n := 0
+		var report *block.RepairReport
 		block.Walk(l, func(x block.Layer) bool {
 			if r, ok := x.(block.Repairer); ok {
 				n++
 				err = r.Repair(ctx, p)
+				if c, ok := x.(block.ResyncCounter); ok {
+					if report == nil {
+						report = &block.RepairReport{}
+					}
+					report.ResyncedBytes += c.TakeResynced()
+				}
 			}
 			return err == nil
 		})
 		if err == nil && n == 0 {
 			err = fmt.Errorf("no mirror or parity layer")
 		}
-		return nil, err
+		if report == nil {
+			return nil, err
+		}
+		return *report, err
 	case meta.JobScrub:
 		var total block.ScrubReport
 		var err error

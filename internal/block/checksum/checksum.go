@@ -13,17 +13,22 @@
 // # On-disk layout
 //
 // Checksums live in band, in the child, so that a snapshot or clone of the
-// child (cow below checksum) carries them. The child is a sequence of
-// groups; group g starts at child offset g × (4 KiB + 4 MiB):
+// child (cow below checksum) carries them. A group is 1024 data blocks
+// (4 MiB) and the table block covering them; 1024 groups make an extent,
+// stored as all its tables, then all its data:
 //
-//	group: table block (4 KiB) | data blocks 0..1023 (4 KiB each)
-//	table: 1024 entries, u32 big-endian; entry i covers data block i
-//	entry: CRC-32C(block) XOR CRC-32C(4096 zero bytes)
+//	extent: tables of groups 0..1023 (4 MiB) | data of groups 0..1023 (4 GiB)
+//	table:  1024 entries, u32 big-endian; entry i covers data block i
+//	entry:  CRC-32C(block) XOR CRC-32C(4096 zero bytes)
 //
-// Data offset d lives at child offset (d div 4 MiB) × (4 MiB + 4 KiB) +
-// 4 KiB + d mod 4 MiB. The child is ChildSize(size) = size + 4 KiB per
-// started group; the layer's size is derived from the child's alone
-// (DataSize), so a clone of the child needs nothing else. The last group
+// Data offset d lives at child offset (d div 4 GiB) × (4 MiB + 4 GiB) +
+// 4 MiB + d mod 4 GiB — congruent to d modulo 4 MiB, so a request aligned
+// to a stripe or block of the file system below stays aligned (tables in
+// front of each group shifted every write by 4 KiB, off the stripes and
+// off the page cache's large folios). The child is ChildSize(size) = size
+// + 4 MiB per started extent (sparse); the layer's size is derived from
+// the child's alone (DataSize), so a clone of the child needs nothing
+// else. The last group
 // may be partial; the device's last block may be shorter than 4 KiB and
 // is checksummed as if zero-padded to 4 KiB.
 //

@@ -132,16 +132,27 @@ func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
 
 // writeGroup writes p at off inside group g: data, then table.
 func (l *Layer) writeGroup(g, off int64, p []byte, fua bool) error {
+	end := off + int64(len(p))
+	s := l.spanOf(off, int64(len(p)))
+	aligned := s.start == off && s.stop == end
+	// Whole blocks: their entries are computed before the group is locked,
+	// so writers to one group overlap their CRCs with each other's I/O.
+	var entries []uint32
+	if aligned {
+		entries = make([]uint32, s.b1-s.b0)
+		for b := s.b0; b < s.b1; b++ {
+			lo := (b - s.b0) * BlockSize
+			entries[b-s.b0] = entryOf(p[lo:min(lo+BlockSize, int64(len(p)))])
+		}
+	}
 	st := l.groups[g]
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if err := l.reconcileStale(g, st); err != nil {
 		return err
 	}
-	end := off + int64(len(p))
-	s := l.spanOf(off, int64(len(p)))
 	buf := p
-	if s.start != off || s.stop != end {
+	if !aligned {
 		// Read-modify-write of the edge blocks, verified first so that a
 		// corrupt block is not laundered into one with a valid checksum.
 		buf = make([]byte, s.stop-s.start)
@@ -164,6 +175,10 @@ func (l *Layer) writeGroup(g, off int64, p []byte, fua bool) error {
 	}
 	nt := *t
 	for b := s.b0; b < s.b1; b++ {
+		if aligned {
+			nt[b%TableEntries] = entries[b-s.b0]
+			continue
+		}
 		lo := (b - s.b0) * BlockSize
 		nt[b%TableEntries] = entryOf(buf[lo:min(lo+BlockSize, int64(len(buf)))])
 	}
@@ -457,9 +472,19 @@ func (l *Layer) Resize(n int64) error {
 			return fmt.Errorf("checksum: resize: mark in flux: %w", err)
 		}
 	}
-	// The child bytes not in use before: from the old end, or from the
-	// first new group's table if the old child ended inside it.
-	zs := min(oldCS, tableOff(oldGroups))
+	// The child bytes not in use before: from the old end, and the tables
+	// of new groups in the old last extent's table area (never written,
+	// but zero them rather than trust that).
+	var zero [][2]int64 // child ranges [from, to)
+	if oldCS < cs {
+		zero = append(zero, [2]int64{oldCS, cs})
+	}
+	if ng := groupsFor(size); oldGroups < ng {
+		last := min(ng, oldGroups/ExtentGroups*ExtentGroups+ExtentGroups) - 1
+		if from, to := tableOff(oldGroups), min(tableOff(last)+BlockSize, oldCS); from < to {
+			zero = append(zero, [2]int64{from, to})
+		}
+	}
 	for g := oldGroups; g < groupsFor(size); g++ {
 		l.groups = append(l.groups, &groupState{marked: true})
 	}
@@ -470,10 +495,14 @@ func (l *Layer) Resize(n int64) error {
 	for g := first; g < int64(len(l.groups)); g++ {
 		l.groups[g].stale = true
 	}
-	if zs < cs {
+	if len(zero) > 0 {
 		var err error
 		if l.cc.WriteZeroes {
-			err = l.child.WriteZeroes(zs, cs-zs, block.ZeroFlags{})
+			for _, z := range zero {
+				if err = l.child.WriteZeroes(z[0], z[1]-z[0], block.ZeroFlags{}); err != nil {
+					break
+				}
+			}
 		} else {
 			// The child cannot zero: make the tables match whatever it
 			// grew with instead.

@@ -15,8 +15,16 @@ const (
 	TableEntries = BlockSize / 4
 	// GroupData is the number of data bytes in one group.
 	GroupData = TableEntries * BlockSize
-	// groupSpan is the number of child bytes one full group occupies.
-	groupSpan = BlockSize + GroupData
+	// ExtentGroups is the number of groups in one extent: their tables
+	// come first (ExtentTables bytes), then their data, so that data
+	// offsets keep their alignment in the child up to ExtentTables.
+	ExtentGroups = 1024
+	// ExtentTables is the size of an extent's table area (4 MiB).
+	ExtentTables = ExtentGroups * BlockSize
+	// ExtentData is the number of data bytes in one extent (4 GiB).
+	ExtentData = ExtentGroups * GroupData
+	// extentSpan is the number of child bytes one full extent occupies.
+	extentSpan = ExtentTables + ExtentData
 )
 
 var (
@@ -43,28 +51,33 @@ func entryOf(data []byte) uint32 {
 }
 
 // ChildSize is the size of the child a checksum layer of size bytes needs:
-// the data plus one table block per started group.
-func ChildSize(size int64) int64 { return size + groupsFor(size)*BlockSize }
+// the data plus a whole table area per started extent.
+func ChildSize(size int64) int64 {
+	return size + (size+ExtentData-1)/ExtentData*ExtentTables
+}
 
 // DataSize is the size a checksum layer presents over a child of
-// childSize bytes; DataSize(ChildSize(n)) == n for every n >= 0. Child
-// bytes after the last whole or partial data block are unused.
+// childSize bytes; DataSize(ChildSize(n)) == n for every n >= 0. A child
+// ending inside an extent's table area holds none of that extent's data.
 func DataSize(childSize int64) int64 {
-	g, r := childSize/groupSpan, childSize%groupSpan
-	return g*GroupData + max(0, r-BlockSize)
+	x, r := childSize/extentSpan, childSize%extentSpan
+	return x*ExtentData + max(0, r-ExtentTables)
 }
 
 // groupsFor is the number of groups holding size data bytes.
 func groupsFor(size int64) int64 { return (size + GroupData - 1) / GroupData }
 
 // tableOff is the child offset of group g's table block.
-func tableOff(g int64) int64 { return g * groupSpan }
+func tableOff(g int64) int64 {
+	return g/ExtentGroups*extentSpan + g%ExtentGroups*BlockSize
+}
 
 // dataOff is the child offset of data offset off. Data offsets inside one
-// group are contiguous in the child.
+// extent (hence inside one group) are contiguous in the child, and
+// dataOff(off) ≡ off modulo ExtentTables: a request aligned to 1 MiB (a
+// Lustre stripe, a GPFS block, a huge page) stays aligned below.
 func dataOff(off int64) int64 {
-	g := off / GroupData
-	return g*groupSpan + BlockSize + off%GroupData
+	return off/ExtentData*extentSpan + ExtentTables + off%ExtentData
 }
 
 // table is a group's checksum table, decoded. Tables handed out by the

@@ -9,7 +9,9 @@
 // dm-crypt's "plain64"), so sector n of a clone decrypts exactly like
 // sector n of its origin. Each volume has its own random 64-byte data key,
 // created on Env.Create and stored only wrapped by Env.Keys (the cluster's
-// key service); no plaintext key or plaintext data ever reaches the child.
+// key service); a clone (Env.Create with Env.Base) keeps its origin's key
+// and header, which its child carries. No plaintext key or plaintext data
+// ever reaches the child.
 // XTS is confidentiality only: it does not detect tampering with data
 // sectors (a `checksum` layer above does, if wanted).
 //
@@ -18,8 +20,8 @@
 // On-disk layout of the child (docs/formats.md):
 //
 //	[0, 8 KiB)      header: a package superblock with two 4 KiB slots
-//	[8 KiB, 64 KiB) reserved, zero
-//	[64 KiB, ...)   data area: logical sector n at 64 KiB + n×4096,
+//	[8 KiB, 4 MiB)  reserved, zero
+//	[4 MiB, ...)    data area: logical sector n at 4 MiB + n×4096,
 //	                the logical size rounded up to whole sectors
 //
 // The header payload (see header) holds the format version, cipher name,
@@ -123,8 +125,9 @@ type Layer struct {
 }
 
 // New builds a crypt layer: on env.Create it makes a data key, wraps it
-// with env.Keys and writes the header; otherwise it reads the header,
-// unwraps the key and checks it against the header's MAC.
+// with env.Keys and writes the header; otherwise — and for a clone
+// (env.Create with env.Base), growing the header's size to env.Size — it
+// reads the header, unwraps the key and checks it against the header's MAC.
 func New(env block.Env, raw json.RawMessage, children []block.Layer) (block.Layer, error) {
 	var p Params
 	if err := block.DecodeParams(raw, &p); err != nil {
@@ -140,9 +143,18 @@ func New(env block.Env, raw json.RawMessage, children []block.Layer) (block.Laye
 	l := &Layer{child: child, params: raw, caps: child.Capabilities()}
 	l.caps.ReadOnly = l.caps.ReadOnly || env.ReadOnly
 	var err error
-	if env.Create {
+	switch {
+	case env.Create && env.Base == "":
 		err = l.create(env)
-	} else {
+	case env.Create:
+		// A clone: the child (a cow top on the snapshot's image) already
+		// holds the origin's header, and its data is encrypted with the
+		// origin's key. Keep both; a new key would read it as garbage.
+		err = l.open(env)
+		if err == nil && env.Size > l.size.Load() {
+			err = l.Resize(env.Size) // a clone larger than its snapshot
+		}
+	default:
 		err = l.open(env)
 	}
 	if err != nil {

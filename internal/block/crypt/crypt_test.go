@@ -17,6 +17,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/block/blocktest"
+	"github.com/basalt-storage/basalt/internal/block/cow"
 	"github.com/basalt-storage/basalt/internal/block/fault"
 	_ "github.com/basalt-storage/basalt/internal/block/file"
 	_ "github.com/basalt-storage/basalt/internal/block/stripe"
@@ -143,7 +144,7 @@ func TestConformance(t *testing.T) {
 // TestNoPlaintextOnDisk writes a recognisable pattern everywhere, aligned
 // and not, and checks the backing file holds neither it nor the data key,
 // and that its data area is exactly the documented format (AES-256-XTS,
-// tweak = sector number, data at 64 KiB).
+// tweak = sector number, data at DataOffset).
 func TestNoPlaintextOnDisk(t *testing.T) {
 	keys := newKeys(t)
 	env := block.Env{Dir: t.TempDir(), Size: 2 << 20, Create: true, Keys: keys}
@@ -186,7 +187,7 @@ func TestNoPlaintextOnDisk(t *testing.T) {
 		}
 	}
 	if !bytes.Equal(img[headerArea:DataOffset], make([]byte, DataOffset-headerArea)) {
-		t.Fatal("reserved area [8 KiB, 64 KiB) is not zero")
+		t.Fatal("reserved area [8 KiB, DataOffset) is not zero")
 	}
 	c, err := xts.NewCipher(aes.NewCipher, key)
 	if err != nil {
@@ -984,5 +985,84 @@ func BenchmarkRead(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// TestCloneKeepsKey: crypt over cow, as the `encrypted` volume type has it.
+// A clone (Env.Create with Env.Base, the snapshot's image) is built over a
+// child that already holds the origin's header and ciphertext: it must
+// keep that key — a fresh one decrypts the origin's data to garbage — and
+// a clone larger than its snapshot grows the header's size. Clone and
+// origin stay independent afterwards, and both reopen.
+func TestCloneKeepsKey(t *testing.T) {
+	const cowSpec = `{"type":"crypt","children":[{"type":"cow","children":[{"type":"file","params":{"path":"d.img"}}]}]}`
+	root := t.TempDir()
+	keys := newKeys(t)
+	env := block.Env{Dir: filepath.Join(root, "vol"), Images: filepath.Join(root, "images"), Size: 1 << 20, Create: true, Keys: keys}
+	l, err := block.Build(env, blocktest.Spec(t, cowSpec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := pattern(300000, 9)
+	if err := l.WriteAt(data, 5000, false); err != nil {
+		t.Fatal(err)
+	}
+	img, err := l.(*Layer).child.(*cow.Layer).Snapshot("s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := pattern(300000, 10)
+	if err := l.WriteAt(other, 5000, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	if len(keys.seen) != 1 {
+		t.Fatalf("%d data keys made for one volume", len(keys.seen))
+	}
+
+	for _, size := range []int64{1 << 20, 3 << 20} {
+		cenv := env
+		cenv.Dir, cenv.Base, cenv.Size = filepath.Join(root, fmt.Sprint("clone", size)), img, size
+		c, err := block.Build(cenv, blocktest.Spec(t, cowSpec))
+		if err != nil {
+			t.Fatalf("clone of %d bytes: %v", size, err)
+		}
+		if c.Size() != size {
+			t.Errorf("clone of %d bytes has size %d", size, c.Size())
+		}
+		if got := mustRead(t, c, 5000, int64(len(data))); !bytes.Equal(got, data) {
+			t.Fatalf("clone of %d bytes does not read the snapshot's data", size)
+		}
+		if got := mustRead(t, c, 1<<20-4096, 4096); !bytes.Equal(got, make([]byte, 4096)) {
+			t.Errorf("clone of %d bytes: zeroes beyond the data read as something else", size)
+		}
+		if err := c.WriteAt(other[:8192], size-8192, true); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		cenv.Create = false
+		c, err = block.Build(cenv, blocktest.Spec(t, cowSpec))
+		if err != nil {
+			t.Fatalf("reopen clone of %d bytes: %v", size, err)
+		}
+		if c.Size() != size || !bytes.Equal(mustRead(t, c, 5000, int64(len(data))), data) || !bytes.Equal(mustRead(t, c, size-8192, 8192), other[:8192]) {
+			t.Errorf("reopened clone of %d bytes: size %d or data wrong", size, c.Size())
+		}
+		c.Close()
+	}
+	if len(keys.seen) != 1 {
+		t.Errorf("clones made %d new data keys", len(keys.seen)-1)
+	}
+	env.Create = false
+	l, err = block.Build(env, blocktest.Spec(t, cowSpec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if got := mustRead(t, l, 5000, int64(len(other))); !bytes.Equal(got, other) {
+		t.Error("the origin changed through its clones")
 	}
 }

@@ -23,9 +23,11 @@ const (
 	// headerArea is the part of the child the header adapter may touch.
 	headerArea = 2 * HeaderSlot
 	// DataOffset is where the data area starts in the child. The gap
-	// [8 KiB, 64 KiB) is reserved (zero, never written) so a later format
-	// can grow its header without moving data.
-	DataOffset = 64 << 10
+	// [8 KiB, 4 MiB) is reserved (zero, never written: sparse) so a later
+	// format can grow its header without moving data; 4 MiB keeps
+	// requests aligned to 1 MiB (Lustre stripes, GPFS blocks, huge pages)
+	// aligned in the child.
+	DataOffset = 4 << 20
 
 	formatVersion = 1
 	kindTag       = "BSLTCRYP"

@@ -160,6 +160,7 @@ type Layer struct {
 	progDone  atomic.Int64
 	progTotal atomic.Int64
 	copied    atomic.Int64 // bytes resynchronised since open
+	untaken   atomic.Int64 // bytes resynchronised since the last TakeResynced
 	// checkpointEvery is DefaultCheckpoint; tests lower it to make
 	// interruptions land between checkpoints.
 	checkpointEvery atomic.Int64
@@ -533,6 +534,11 @@ func (l *Layer) Children() []block.Layer {
 	}
 	return out
 }
+
+// TakeResynced implements block.ResyncCounter: bytes of the mirror copied
+// onto other legs (rebuilds, and resyncs of regions dirty at a crash)
+// since the previous call.
+func (l *Layer) TakeResynced() int64 { return l.untaken.Swap(0) }
 
 // NumCopies implements block.Copies.
 func (l *Layer) NumCopies() int { return len(l.legs) }

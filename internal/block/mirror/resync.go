@@ -439,6 +439,7 @@ func (l *Layer) copyTo(src target, dsts []target, off, n int64, buf []byte) (boo
 	release(dsts)
 	if srcErr == nil && len(dsts) > 0 {
 		l.copied.Add(n)
+		l.untaken.Add(n)
 	}
 	return failed, srcErr
 }

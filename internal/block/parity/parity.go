@@ -247,6 +247,7 @@ type Layer struct {
 	pairCond   *sync.Cond
 
 	lost       atomic.Int64  // lost chunks
+	untaken    atomic.Int64  // device bytes rebuilt since the last TakeResynced
 	cleanDelay time.Duration // see defaultCleanDelay; tests pin it
 	// batchStripes: stripes rebuilt per batch (about 8 MiB of chunks, at
 	// most 256: the batch's stripes are locked meanwhile).
@@ -660,6 +661,11 @@ func (l *Layer) Size() int64 { return l.size.Load() }
 
 // Capabilities implements block.Device.
 func (l *Layer) Capabilities() block.Capabilities { return l.caps }
+
+// TakeResynced implements block.ResyncCounter: bytes of the device whose
+// stripes were rebuilt (their chunk on the rebuilding leg reconstructed and
+// made durable) since the previous call.
+func (l *Layer) TakeResynced() int64 { return l.untaken.Swap(0) }
 
 // Children implements block.Parent.
 func (l *Layer) Children() []block.Layer {

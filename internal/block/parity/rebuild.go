@@ -442,6 +442,9 @@ func (l *Layer) rebuildBatch(cursor *int64) (int, error) {
 		}
 		return 0, err
 	}
+	for _, s := range batch {
+		l.untaken.Add(max(0, min(l.dsz, l.size.Load()-s*l.dsz)))
+	}
 	*cursor = batch[len(batch)-1] + 1
 	return len(batch), nil
 }
