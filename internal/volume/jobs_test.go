@@ -3,6 +3,7 @@ package volume
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -357,4 +358,42 @@ func TestSnapshotDuringFlatten(t *testing.T) {
 	}
 	e.sameVolume(s, c.ID, model, "volume snapshotted during its flatten")
 	cleanupAll(t, s, alice)
+}
+
+// TestRepairJobReport: a repair job reports how much it resynchronised
+// ({"resynced_bytes": N}): the whole volume onto a replacement leg, then
+// nothing when there is nothing to repair.
+func TestRepairJobReport(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	const size = 2 << 20
+	for _, typ := range []string{"mirrored", "parity"} {
+		v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: size, Type: typ})
+		if err != nil {
+			t.Fatal(err)
+		}
+		model := make([]byte, size)
+		e.fill(s, v.ID, model, 7, [2]int64{0, 1 << 20}, [2]int64{size - 8192, 8192})
+		if err := os.Remove(filepath.Join(e.st.ImagesDir(), e.top(v.ID), "leg1.img")); err != nil {
+			t.Fatal(err)
+		}
+		for i, want := range []int64{size, 0} {
+			if _, err := s.StartJob(ctx, alice, v.ID, meta.JobRepair); err != nil {
+				t.Fatal(err)
+			}
+			lj := e.waitJob(v.ID).LastJob
+			if lj == nil || lj.Kind != meta.JobRepair || lj.Error != "" {
+				t.Fatalf("%s repair %d: %+v", typ, i, lj)
+			}
+			b, _ := json.Marshal(lj.Report)
+			if got := string(b); got != `{"resynced_bytes":`+strconv.FormatInt(want, 10)+`}` {
+				t.Fatalf("%s repair %d: report %s, want resynced_bytes %d", typ, i, got, want)
+			}
+		}
+		e.sameVolume(s, v.ID, model, typ+" after repair")
+	}
+	cleanupAll(t, s, alice)
+	checkProvisioned(t)
 }

@@ -194,6 +194,9 @@ func TestLegReturnCopiesOnlyChangedRegions(t *testing.T) {
 	if total != changed || l.copied.Load() != changed {
 		t.Fatalf("repair copied %d bytes (progress total %d), want %d", l.copied.Load(), total, changed)
 	}
+	if got, again := l.TakeResynced(), l.TakeResynced(); got != changed || again != 0 {
+		t.Fatalf("TakeResynced: %d then %d, want %d then 0", got, again, changed)
+	}
 	checkCopies(t, l, model)
 }
 

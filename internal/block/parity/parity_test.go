@@ -339,6 +339,10 @@ func TestInterruptedRebuildResumes(t *testing.T) {
 	if d.State != block.StateRebuilding || d.Progress == nil || *d.Progress <= 0 || *d.Progress >= 100 {
 		t.Fatalf("after interrupting: %s %v (last %d)", d.State, d.Progress, last)
 	}
+	first := l.TakeResynced()
+	if first <= 0 || first >= l.Size() || l.TakeResynced() != 0 {
+		t.Fatalf("TakeResynced after an interrupted rebuild: %d of %d", first, l.Size())
+	}
 	// Writes during a rebuild: done and undone stripes alike.
 	randomOps(t, l, model, rng, 40)
 	mustRead(t, l, model, "mid-rebuild")
@@ -354,6 +358,11 @@ func TestInterruptedRebuildResumes(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	mustRead(t, l, model, "resumed rebuild")
+	// The resumed rebuild did only what the interrupted one left: every
+	// stripe was rebuilt exactly once over the two runs.
+	if second := l.TakeResynced(); first+second != l.Size() {
+		t.Fatalf("rebuilt %d bytes before the interruption and %d after, want %d in all", first, second, l.Size())
+	}
 	l.Close()
 	checkParity(t, env, n, chunk)
 	loseLeg(t, env, 2)

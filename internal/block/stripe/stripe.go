@@ -11,6 +11,7 @@ package stripe
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -79,10 +80,12 @@ type piece struct {
 	at       int64 // offset within the request
 }
 
-// split maps [off, off+n) to per-child pieces, in request order per child.
-func (l *Layer) split(off, n int64) map[int][]piece {
-	out := map[int][]piece{}
+// split maps [off, off+n) to per-child pieces (indexed by child), in
+// request order per child, and returns how many children are involved.
+func (l *Layer) split(off, n int64) ([][]piece, int) {
 	nc := int64(len(l.children))
+	out := make([][]piece, nc)
+	used := 0
 	at := int64(0)
 	for n > 0 {
 		k := off / l.chunk
@@ -94,45 +97,50 @@ func (l *Layer) split(off, n int64) map[int][]piece {
 		if last := len(ps) - 1; last >= 0 && ps[last].off+ps[last].len == coff && ps[last].at+ps[last].len == at {
 			ps[last].len += m // contiguous on the child and in the request
 		} else {
+			if len(ps) == 0 {
+				used++
+			}
 			ps = append(ps, piece{off: coff, len: m, at: at})
 		}
 		out[child] = ps
 		off, n, at = off+m, n-m, at+m
 	}
-	return out
+	return out, used
 }
 
 // each runs fn for every child's pieces, concurrently when more than one
-// child is involved, and returns the first error.
+// child is involved (the calling goroutine takes one child's share), and
+// returns the first error.
 func (l *Layer) each(off, n int64, fn func(c block.Layer, p piece) error) error {
-	parts := l.split(off, n)
-	if len(parts) == 1 {
-		for ci, ps := range parts {
-			for _, p := range ps {
-				if err := fn(l.children[ci], p); err != nil {
-					return err
-				}
+	parts, used := l.split(off, n)
+	run := func(ci int) error {
+		for _, p := range parts[ci] {
+			if err := fn(l.children[ci], p); err != nil {
+				return err
 			}
 		}
 		return nil
 	}
 	var wg sync.WaitGroup
-	errs := make(chan error, len(parts))
+	errs := make([]error, len(parts))
+	mine := -1
 	for ci, ps := range parts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for _, p := range ps {
-				if err := fn(l.children[ci], p); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
+		if len(ps) == 0 {
+			continue
+		}
+		if mine < 0 {
+			mine = ci
+			continue
+		}
+		wg.Go(func() { errs[ci] = run(ci) })
 	}
-	wg.Wait()
-	close(errs)
-	return <-errs
+	if mine >= 0 {
+		errs[mine] = run(mine)
+	}
+	if used > 1 {
+		wg.Wait()
+	}
+	return errors.Join(errs...)
 }
 
 // Size implements block.Device.
