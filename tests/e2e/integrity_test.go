@@ -189,7 +189,8 @@ func scrub(t *testing.T, c *Client, ref string) scrubReport {
 // correctly. While a client is connected, `volume show` reports the
 // checksum layer `degraded`. A scrub reports exactly one bad block and
 // none repaired (there is no copy to repair from), the block still fails
-// and the file is left as it is; the server log names the block's offset. After a server restart the block still fails with EIO (the
+// and the file is left as it is; the server log names the block's
+// offset. After a server restart the block still fails with EIO (the
 // detection lives in the on-disk tables, not in a cache). Rewriting the
 // block through NBD heals it, and a scrub then finds nothing bad.
 func TestChecksumDetectsFlippedBytes(t *testing.T) {
@@ -354,8 +355,10 @@ func TestChecksumOverMirrorRepairs(t *testing.T) {
 		t.Fatal("flipping bytes did not change a leg file")
 	}
 	a = admin.Attach("m", "hv1", "rw")
-	// The mirror spreads reads over its legs round-robin: two reads of a
-	// block reach both legs, so one of them meets the bad copy.
+	// The mirror spreads reads over its legs round-robin and nothing else
+	// reads meanwhile: two reads of a block in a row reach both legs, so
+	// one of them meets the bad copy (if none did, the legs would still
+	// differ below).
 	qemuIOGood(t, "reads of the blocks corrupt in one leg", a.NBDURI,
 		fmt.Sprintf("read -q -P 0x%02x %d 4k", 0x61+7, bad7), fmt.Sprintf("read -q -P 0x%02x %d 4k", 0x61+7, bad7),
 		fmt.Sprintf("read -q -P 0x%02x %d 4k", 0x61+3, bad3), fmt.Sprintf("read -q -P 0x%02x %d 4k", 0x61+3, bad3))
