@@ -639,6 +639,23 @@ func (s StackNode) Files() []string {
 	return out
 }
 
+// Find returns the first node of type typ in the tree, depth first (nil if
+// there is none, or s is nil).
+func (s *StackNode) Find(typ string) *StackNode {
+	if s == nil {
+		return nil
+	}
+	if s.Type == typ {
+		return s
+	}
+	for i := range s.Children {
+		if n := s.Children[i].Find(typ); n != nil {
+			return n
+		}
+	}
+	return nil
+}
+
 // Volume as the CLI prints it.
 type Volume struct {
 	ID             string            `json:"id"`

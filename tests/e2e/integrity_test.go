@@ -127,28 +127,12 @@ func flipBytes(t *testing.T, path string, offs ...int64) {
 	}
 }
 
-// stackLayer returns the first node of type typ in the tree, depth first.
-func stackLayer(s *StackNode, typ string) *StackNode {
-	if s == nil {
-		return nil
-	}
-	if s.Type == typ {
-		return s
-	}
-	for i := range s.Children {
-		if n := stackLayer(&s.Children[i], typ); n != nil {
-			return n
-		}
-	}
-	return nil
-}
-
 // layerState is the state of the first layer of type typ of volume ref's
 // live stack.
 func layerState(t *testing.T, c *Client, ref, typ string) string {
 	t.Helper()
 	v := c.Volume(ref)
-	n := stackLayer(v.Stack, typ)
+	n := v.Stack.Find(typ)
 	if n == nil {
 		t.Fatalf("volume %s has no %s layer: %+v", ref, typ, v.Stack)
 	}
@@ -364,7 +348,7 @@ func TestChecksumOverMirrorRepairs(t *testing.T) {
 		fmt.Sprintf("read -q -P 0x%02x %d 4k", 0x61+3, bad3), fmt.Sprintf("read -q -P 0x%02x %d 4k", 0x61+3, bad3))
 	qemuIOGood(t, "all data after read repair", a.NBDURI, all...)
 	v := admin.Volume("m")
-	if cs, mr := stackLayer(v.Stack, "checksum"), stackLayer(v.Stack, "mirror"); cs == nil || mr == nil || cs.State != "ok" || mr.State != "ok" {
+	if cs, mr := v.Stack.Find("checksum"), v.Stack.Find("mirror"); cs == nil || mr == nil || cs.State != "ok" || mr.State != "ok" {
 		t.Errorf("stack after read repair: %+v, want checksum and mirror ok", v.Stack)
 	}
 	admin.Detach(a.ID)

@@ -27,27 +27,11 @@ import (
 // ---------------------------------------------------------------------------
 // Helpers (prefixed red… to stay out of the other e2e files' way)
 
-// redLayer is the first node of type typ in the tree, depth first.
-func redLayer(s *StackNode, typ string) *StackNode {
-	if s == nil {
-		return nil
-	}
-	if s.Type == typ {
-		return s
-	}
-	for i := range s.Children {
-		if n := redLayer(&s.Children[i], typ); n != nil {
-			return n
-		}
-	}
-	return nil
-}
-
 // redShow runs `volume show` and returns the volume and its typ layer.
 func redShow(t *testing.T, c *Client, ref, typ string) (Volume, StackNode) {
 	t.Helper()
 	v := c.Volume(ref)
-	n := redLayer(v.Stack, typ)
+	n := v.Stack.Find(typ)
 	if n == nil {
 		t.Fatalf("volume %s has no %s layer in its stack: %+v", ref, typ, v.Stack)
 	}
@@ -617,7 +601,7 @@ func TestParityRebuildResumes(t *testing.T) {
 		// Only the live stack reports progress: `volume show` before the
 		// job has opened it describes a read-only open, which rebuilds
 		// nothing and reports 0.
-		if l := redLayer(v.Stack, "parity"); l != nil && l.State == "rebuilding" && l.Progress != nil && *l.Progress > 0 {
+		if l := v.Stack.Find("parity"); l != nil && l.State == "rebuilding" && l.Progress != nil && *l.Progress > 0 {
 			seen = append(seen, *l.Progress)
 		}
 		time.Sleep(20 * time.Millisecond)
