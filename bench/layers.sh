@@ -20,7 +20,8 @@
 # (IOPS and throughput, every job); stack4 <= 25 %.
 #
 # Every volume is filled first so reads hit data. For each job the stacks
-# take turns, round after round; the median round counts (see bench/nbd.sh).
+# take turns, round after round, in a rotating order, each after a sync;
+# the median round counts (see bench/nbd.sh).
 RUNTIME=${RUNTIME:-6}
 ROUNDS=${ROUNDS:-2}
 SIZE=${SIZE:-1G}
@@ -54,14 +55,20 @@ done
 
 jobs=("randread 4k 32" "randwrite 4k 32" "read 1M 8" "write 1M 8")
 results=$work/results
+read -ra order <<<"$LAYERS"
 for j in "${jobs[@]}"; do
   set -- $j
   for round in $(seq "$ROUNDS"); do
-    for l in $LAYERS; do
+    # Each run starts with no dirty pages left by the previous one (write
+    # back would be charged to whoever runs next), and the order rotates
+    # every round so that no stack always runs first.
+    for l in "${order[@]}"; do
+      sync
       fio --name="$1-$2" --ioengine=nbd --uri="${uris[$l]}" --rw="$1" --bs="$2" --iodepth="$3" \
         --size="$SIZE" --runtime="$RUNTIME" --time_based --ramp_time=2 --output-format=json \
         --output="$results.$l.$1-$2.$round.json" >/dev/null
     done
+    order=("${order[@]:1}" "${order[0]}")
   done
 done
 

@@ -22,8 +22,8 @@ trap cleanup EXIT
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 jsonfield() { python3 -c "import json,sys; print(json.load(sys.stdin)[\"$1\"])"; }
 
-api=$(freeport) nbd=$(freeport) ec=$(freeport) ep=$(freeport)
-"$BIN" server --data "$work/basalt" --api 127.0.0.1:$api --nbd 127.0.0.1:$nbd \
+api=$(freeport) nbd=$(freeport) s3=$(freeport) ec=$(freeport) ep=$(freeport)
+"$BIN" server --data "$work/basalt" --api 127.0.0.1:$api --nbd 127.0.0.1:$nbd --s3 127.0.0.1:$s3 \
   --etcd-client 127.0.0.1:$ec --etcd-peer 127.0.0.1:$ep --log-level warn >"$work/basalt.log" 2>&1 &
 pids+=($!)
 export BASALT_ENDPOINT=https://127.0.0.1:$api BASALT_IDENTITY=$work/basalt/identities/admin
