@@ -71,6 +71,10 @@ type Env struct {
 	// tests substitute files that fail at a chosen write (package fault).
 	MetaFS func(path string) (MetaFile, error)
 	Log    *slog.Logger
+	// ChildSpecs are the specs the layer's children were built from (set
+	// by Build for the layer's New only): a redundant layer rebuilds a
+	// failed child from its spec, whatever subtree it is.
+	ChildSpecs []Spec
 }
 
 // MetaFile is a layer metadata file: what package superblock and package
@@ -207,6 +211,7 @@ func build(env Env, s Spec) (Layer, error) {
 		return l, nil
 	}
 	cenv := env
+	cenv.ChildSpecs = nil
 	if env.Create && t.ChildSize != nil {
 		n, err := t.ChildSize(s.Params, env.Size, len(s.Children))
 		if err != nil {
@@ -227,7 +232,9 @@ func build(env Env, s Spec) (Layer, error) {
 		}
 		children = append(children, c)
 	}
-	l, err := t.New(env, s.Params, children)
+	lenv := env
+	lenv.ChildSpecs = s.Children
+	l, err := t.New(lenv, s.Params, children)
 	if err != nil {
 		CloseAll(children)
 		return nil, fmt.Errorf("layer %s: %w", s.Type, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/block/blocktest"
 	_ "github.com/basalt-storage/basalt/internal/block/file"
+	_ "github.com/basalt-storage/basalt/internal/block/throttle"
 )
 
 // mirrorSpec is a mirror over file legs named legs, with params.

@@ -210,6 +210,9 @@ func New(env block.Env, raw json.RawMessage, children []block.Layer) (block.Laye
 	if env.Create && env.ReadOnly {
 		return nil, errors.New("cannot create a mirror read-only")
 	}
+	if len(env.ChildSpecs) != len(children) {
+		return nil, errors.New("a mirror is built by block.Build (it needs its legs' specs to rebuild them)")
+	}
 	log := env.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -246,14 +249,12 @@ func (l *Layer) open(children []block.Layer) error {
 	l.legs = make([]*leg, n)
 	placeholder := make([]error, n)
 	for i, c := range children {
-		lg := &leg{dev: c, state: legOK, refs: &sync.WaitGroup{}}
-		if spec, err, ok := block.IsFailed(c); ok {
-			lg.spec, placeholder[i] = spec, err
+		lg := &leg{dev: c, state: legOK, refs: &sync.WaitGroup{}, spec: l.env.ChildSpecs[i]}
+		if _, err, ok := block.IsFailed(c); ok {
+			placeholder[i] = err
 			if err == nil {
 				placeholder[i] = errors.New("child failed to open")
 			}
-		} else {
-			lg.spec = specOf(c.Describe())
 		}
 		l.legs[i] = lg
 	}
@@ -382,16 +383,6 @@ func (l *Layer) open(children []block.Layer) error {
 		l.log.Info("mirror was not shut down cleanly; resynchronising dirty regions", "regions", l.unsynced)
 	}
 	return nil
-}
-
-// specOf rebuilds a spec from a layer's description (type, raw params and
-// children, which every layer reports).
-func specOf(n block.Node) block.Spec {
-	s := block.Spec{Type: n.Type, Params: n.Params}
-	for _, c := range n.Children {
-		s.Children = append(s.Children, specOf(c))
-	}
-	return s
 }
 
 func (l *Layer) states() []string {

@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -834,4 +835,38 @@ func TestAckNeedsAHealthyLeg(t *testing.T) {
 		t.Fatalf("states %v", got)
 	}
 	sa.write.Store(false)
+}
+
+// A leg that is a subtree (here throttle → file) and vanishes while open is
+// rebuilt from the spec it was built with, parameters and all.
+func TestRepairRebuildsSubtreeLegFromItsSpec(t *testing.T) {
+	dir := t.TempDir()
+	env := block.Env{Dir: dir, Size: 4 << 20, Create: true}
+	spec := `{"type":"mirror","children":[
+		{"type":"throttle","params":{"iops":100000},"children":[{"type":"file","params":{"path":"a.img"}}]},
+		{"type":"file","params":{"path":"b.img"}}]}`
+	l := openMirror(t, env, spec)
+	defer mustClose(t, l)
+	data := bytes.Repeat([]byte("subtree!"), 512)
+	if err := l.WriteAt(data, 8192, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "a.img")); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Repair(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	leg := l.Describe().Children[0]
+	if leg.Type != "throttle" || !strings.Contains(string(leg.Params), `"iops":100000`) ||
+		len(leg.Children) != 1 || leg.Children[0].Type != "file" || leg.State != block.StateOK {
+		t.Fatalf("rebuilt leg: %+v", leg)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "a.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[8192:8192+len(data)], data) {
+		t.Fatal("rebuilt leg lacks the data")
+	}
 }

@@ -275,6 +275,9 @@ func New(env block.Env, raw json.RawMessage, children []block.Layer) (block.Laye
 	if n < 3 || n > maxLegs {
 		return nil, fmt.Errorf("parity takes 3 to %d legs, not %d", maxLegs, n)
 	}
+	if len(env.ChildSpecs) != n {
+		return nil, errors.New("a parity layer is built by block.Build (it needs its legs' specs to rebuild them)")
+	}
 	enc, err := reedsolomon.New(n-1, 1, reedsolomon.WithFastOneParityMatrix())
 	if err != nil {
 		return nil, fmt.Errorf("parity code: %w", err)

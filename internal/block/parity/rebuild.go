@@ -210,11 +210,8 @@ func (l *Layer) prepareRebuild() (bool, error) {
 	}
 	f := failed[0]
 	old := l.children[f]
-	spec, _, placeholder := block.IsFailed(old)
-	if !placeholder {
-		spec = specOf(old.Describe())
-	}
-	c, err := l.reopenLeg(f, spec)
+	_, _, placeholder := block.IsFailed(old)
+	c, err := l.reopenLeg(f, l.env.ChildSpecs[f])
 	if err != nil {
 		return false, err
 	}
@@ -273,15 +270,6 @@ func (l *Layer) reopenLeg(f int, spec block.Spec) (block.Layer, error) {
 		}
 	}
 	return c, nil
-}
-
-// specOf turns a live layer's description back into its spec.
-func specOf(n block.Node) block.Spec {
-	s := block.Spec{Type: n.Type, Params: n.Params}
-	for _, c := range n.Children {
-		s.Children = append(s.Children, specOf(c))
-	}
-	return s
 }
 
 // startRebuild starts the rebuild in the background unless it runs
