@@ -3,8 +3,10 @@ package block
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -88,6 +90,8 @@ type MetaFile interface {
 
 // OpenMeta opens the metadata file name (relative to Dir), creating it
 // empty if it does not exist. Layers open every metadata file through it.
+// A read-only Env never creates or changes anything: the file is opened
+// read-only, and a missing one reads as empty.
 func (env Env) OpenMeta(name string) (MetaFile, error) {
 	path := name
 	if !filepath.IsAbs(path) {
@@ -95,6 +99,16 @@ func (env Env) OpenMeta(name string) (MetaFile, error) {
 	}
 	if env.MetaFS != nil {
 		return env.MetaFS(path)
+	}
+	if env.ReadOnly {
+		f, err := os.Open(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return emptyMeta{}, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("metadata file: %w", err)
+		}
+		return f, nil
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
@@ -105,6 +119,14 @@ func (env Env) OpenMeta(name string) (MetaFile, error) {
 	}
 	return f, nil
 }
+
+// emptyMeta is a missing metadata file opened read-only: empty, unwritable.
+type emptyMeta struct{}
+
+func (emptyMeta) ReadAt([]byte, int64) (int, error)  { return 0, io.EOF }
+func (emptyMeta) WriteAt([]byte, int64) (int, error) { return 0, ErrReadOnly }
+func (emptyMeta) Sync() error                        { return nil }
+func (emptyMeta) Close() error                       { return nil }
 
 // Factory builds a layer from its parameters and built children.
 type Factory func(env Env, params json.RawMessage, children []Layer) (Layer, error)
