@@ -37,4 +37,17 @@ if ((${#missing[@]})); then
     $SUDO pkill -x etcd >/dev/null 2>&1 || true
   fi
 fi
+# S3 clients the object store's e2e tests drive (PyPI; Debian's packages as
+# the fallback where pip is missing).
+if ! command -v aws >/dev/null 2>&1 || ! python3 -c 'import boto3' >/dev/null 2>&1; then
+  echo "deps: installing awscli and boto3"
+  if python3 -m pip --version >/dev/null 2>&1; then
+    python3 -m pip install --quiet awscli boto3
+  else
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get install -y -qq --no-install-recommends awscli python3-boto3 >/dev/null
+  fi
+  hash -r
+fi
 command -v go >/dev/null || { echo "deps: Go is required (https://go.dev/dl/)" >&2; exit 1; }

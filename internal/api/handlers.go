@@ -25,6 +25,7 @@ func (s *Server) createUser(w http.ResponseWriter, r *http.Request, c volume.Cal
 	writeJSON(w, http.StatusCreated, CreateUserResponse{User: userOut(u), Identity: Identity{
 		CAPEM: string(id.CAPEM), CertPEM: string(id.CertPEM), KeyPEM: string(id.KeyPEM),
 		AccessKeyID: id.AccessKeyID, SecretAccessKey: id.SecretAccessKey,
+		S3Endpoint: id.S3Endpoint, S3Region: id.S3Region,
 	}})
 	return nil
 }

@@ -79,6 +79,8 @@ type Identity struct {
 	KeyPEM          string `json:"key_pem"`
 	AccessKeyID     string `json:"access_key_id"`
 	SecretAccessKey string `json:"secret_access_key"`
+	S3Endpoint      string `json:"s3_endpoint,omitempty"`
+	S3Region        string `json:"s3_region,omitempty"`
 }
 
 // CreateUserResponse is the answer to POST /v1/users.

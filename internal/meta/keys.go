@@ -19,6 +19,7 @@ const (
 	prefixAttach   = Prefix + "attachments/"
 	prefixExports  = Prefix + "exports/"
 	prefixTypes    = Prefix + "types/"
+	prefixBuckets  = Prefix + "buckets/"
 )
 
 func userKey(name string) string     { return prefixUsers + name }
@@ -28,6 +29,7 @@ func snapshotKey(id string) string   { return prefixSnaps + id }
 func attachmentKey(id string) string { return prefixAttach + id }
 func exportKey(name string) string   { return prefixExports + name }
 func typeKey(name string) string     { return prefixTypes + name }
+func bucketKey(name string) string   { return prefixBuckets + name }
 
 // Name kinds for ClaimName.
 const (

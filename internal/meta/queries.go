@@ -209,6 +209,23 @@ func (s *Store) VolumeTypes(ctx context.Context) ([]*VolumeType, error) {
 	return list(ctx, s, prefixTypes, func() *VolumeType { return &VolumeType{} })
 }
 
+// Bucket returns a bucket, or a NotFound error.
+func (s *Store) Bucket(ctx context.Context, name string) (*Bucket, error) {
+	b := &Bucket{}
+	if err := s.get(ctx, bucketKey(name), b); err != nil {
+		if errors.Is(err, errAbsent) {
+			return nil, errs.NotFound("bucket", name)
+		}
+		return nil, err
+	}
+	return b, nil
+}
+
+// Buckets lists every bucket by name.
+func (s *Store) Buckets(ctx context.Context) ([]*Bucket, error) {
+	return list(ctx, s, prefixBuckets, func() *Bucket { return &Bucket{} })
+}
+
 type caRecord struct {
 	Schema  int    `json:"schema"`
 	CertPEM string `json:"cert_pem"`

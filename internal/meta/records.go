@@ -156,6 +156,20 @@ type VolumeType struct {
 	CreatedAt   time.Time       `json:"created_at"`
 }
 
+// Bucket is an S3 bucket's record (internal/objects keeps the objects,
+// as files under STORE/buckets/<name>/).
+type Bucket struct {
+	Schema int    `json:"schema"`
+	Name   string `json:"name"`
+	// OwnerID is the owning user's record ID (a user deleted and created
+	// again does not inherit buckets); Owner its name when created.
+	OwnerID     string    `json:"owner_id"`
+	Owner       string    `json:"owner"`
+	OwnerAccess string    `json:"owner_access"`
+	Versioning  string    `json:"versioning,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
 // Cluster identifies the metadata cluster.
 type Cluster struct {
 	Schema    int       `json:"schema"`
@@ -179,6 +193,7 @@ func (s *Snapshot) schema() int   { return s.Schema }
 func (c *Cluster) schema() int    { return c.Schema }
 func (a *Attachment) schema() int { return a.Schema }
 func (t *VolumeType) schema() int { return t.Schema }
+func (b *Bucket) schema() int     { return b.Schema }
 
 func encode(r any) string {
 	b, err := json.Marshal(r)

@@ -144,6 +144,25 @@ func (tx *Tx) PutVolumeType(t *VolumeType) {
 // DeleteVolumeType removes a volume type.
 func (tx *Tx) DeleteVolumeType(name string) { tx.stm.Del(typeKey(name)) }
 
+// Bucket reads a bucket; nil when absent.
+func (tx *Tx) Bucket(name string) (*Bucket, error) {
+	b := &Bucket{}
+	ok, err := txGet(tx, bucketKey(name), b)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// PutBucket writes a bucket.
+func (tx *Tx) PutBucket(b *Bucket) {
+	b.Schema = SchemaVersion
+	tx.stm.Put(bucketKey(b.Name), encode(b))
+}
+
+// DeleteBucket removes a bucket.
+func (tx *Tx) DeleteBucket(name string) { tx.stm.Del(bucketKey(name)) }
+
 // NameOwner returns the id holding a name, or "".
 func (tx *Tx) NameOwner(kind, owner, name string) string {
 	return tx.stm.Get(nameKey(kind, owner, name))

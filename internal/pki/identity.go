@@ -19,6 +19,9 @@ type Identity struct {
 	CAPEM, CertPEM, KeyPEM []byte
 	AccessKeyID            string
 	SecretAccessKey        string
+	// S3Endpoint is the gateway's URL (AWS_ENDPOINT_URL in s3.env), with
+	// S3Region the region requests are signed for.
+	S3Endpoint, S3Region string
 }
 
 // Write stores the identity in dir (created 0700; key and s3.env 0600).
@@ -27,6 +30,12 @@ func (id *Identity) Write(dir string) error {
 		return fmt.Errorf("create identity dir: %w", err)
 	}
 	env := fmt.Sprintf("AWS_ACCESS_KEY_ID=%s\nAWS_SECRET_ACCESS_KEY=%s\n", id.AccessKeyID, id.SecretAccessKey)
+	if id.S3Endpoint != "" {
+		env += "AWS_ENDPOINT_URL=" + id.S3Endpoint + "\n"
+	}
+	if id.S3Region != "" {
+		env += "AWS_REGION=" + id.S3Region + "\nAWS_DEFAULT_REGION=" + id.S3Region + "\n"
+	}
 	for _, f := range []struct {
 		name string
 		data []byte
@@ -75,6 +84,10 @@ func LoadIdentity(dir string) (*Identity, error) {
 				id.AccessKeyID = v
 			case "AWS_SECRET_ACCESS_KEY":
 				id.SecretAccessKey = v
+			case "AWS_ENDPOINT_URL":
+				id.S3Endpoint = v
+			case "AWS_REGION":
+				id.S3Region = v
 			}
 		}
 	}

@@ -36,6 +36,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/store"
 	"github.com/basalt-storage/basalt/internal/user"
 	"github.com/basalt-storage/basalt/internal/volume"
+	"github.com/versity/versitygw/s3api"
 )
 
 // Version is the build's version, set by the Makefile.
@@ -46,7 +47,7 @@ type Config struct {
 	Data  string
 	Store string
 	API   string
-	S3    string // reserved for the S3 gateway
+	S3    string // S3 listen address
 	NBD   string
 	// NBDInsecure allows NBD without TLS on a non-loopback address.
 	NBDInsecure   bool
@@ -75,6 +76,7 @@ type Node struct {
 	store     *store.Store
 	nbd       *nbd.Server
 	nbdURI    string // scheme://host:port/ without the export name
+	s3        *s3api.S3ApiServer
 	cancel    context.CancelFunc
 	AdminDir  string
 }
@@ -112,6 +114,7 @@ func (n *Node) start(ctx context.Context) error {
 		return err
 	}
 	n.users = user.New(n.meta, ca)
+	n.users.SetS3(n.s3URL(), s3Region)
 	if n.AdminDir, err = filepath.Abs(filepath.Join(cfg.Data, "identities", user.Admin)); err != nil {
 		return err
 	}
@@ -138,6 +141,9 @@ func (n *Node) start(ctx context.Context) error {
 		return err
 	}
 	if err := n.startNBD(ca, cert); err != nil {
+		return err
+	}
+	if err := n.startS3(); err != nil {
 		return err
 	}
 	n.api = api.New(api.Deps{
@@ -337,6 +343,11 @@ func (n *Node) Close() {
 	}
 	if n.nbd != nil {
 		n.nbd.Close()
+	}
+	if n.s3 != nil {
+		if err := n.s3.ShutDown(); err != nil {
+			n.log.Warn("s3 server shutdown", "err", err)
+		}
 	}
 	if n.cancel != nil {
 		n.cancel()

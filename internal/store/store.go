@@ -8,6 +8,9 @@
 //	STORE/images/<image>/    a copy-on-write image: its own layer stack's
 //	                         files (data.img, legs...), alloc.map, image.sb
 //	STORE/tmp/               scratch (health checks, type validation)
+//	STORE/buckets/<bucket>/  S3 objects as plain files (package objects)
+//	STORE/objects/           the object store's own scratch: uploads being
+//	                         written, multipart parts, metadata sidecars
 //
 // Which images are live is decided by package cow (Collect); this package
 // only names places and answers for the file system as a whole.
@@ -32,7 +35,7 @@ func Open(root string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, d := range []string{"volumes", "images", "tmp"} {
+	for _, d := range []string{"volumes", "images", "tmp", "buckets", "objects"} {
 		if err := os.MkdirAll(filepath.Join(abs, d), 0o755); err != nil {
 			return nil, fmt.Errorf("store %s: %w", abs, err)
 		}
@@ -48,6 +51,13 @@ func (s *Store) ImagesDir() string { return filepath.Join(s.Root, "images") }
 
 // TempDir is scratch space on the store's file system.
 func (s *Store) TempDir() string { return filepath.Join(s.Root, "tmp") }
+
+// BucketsDir holds one directory per S3 bucket.
+func (s *Store) BucketsDir() string { return filepath.Join(s.Root, "buckets") }
+
+// ObjectsDir is the object store's scratch, on the same file system as
+// the buckets so that finished uploads are renamed into place.
+func (s *Store) ObjectsDir() string { return filepath.Join(s.Root, "objects") }
 
 // RemoveVolume deletes volume id's stack directory; a missing one is not an
 // error (deletes are retried).

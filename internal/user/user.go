@@ -33,12 +33,16 @@ const Admin = "admin"
 
 // Service is the user service of one node.
 type Service struct {
-	meta *meta.Store
-	ca   *pki.CA
+	meta                 *meta.Store
+	ca                   *pki.CA
+	s3Endpoint, s3Region string
 }
 
 // New makes a user service that issues certificates from ca.
 func New(m *meta.Store, ca *pki.CA) *Service { return &Service{meta: m, ca: ca} }
+
+// SetS3 sets the S3 endpoint and region written into new identities.
+func (s *Service) SetS3(endpoint, region string) { s.s3Endpoint, s.s3Region = endpoint, region }
 
 // NameRE is the user name grammar: POSIX-portable, usable as a CN and in keys.
 var NameRE = regexp.MustCompile(`^[a-z_][a-z0-9_.-]{0,31}$`)
@@ -84,7 +88,7 @@ func (s *Service) Create(ctx context.Context, sp Spec) (*meta.User, *pki.Identit
 		return nil, nil, err
 	}
 	return u, &pki.Identity{CAPEM: s.ca.CertPEM, CertPEM: is.CertPEM, KeyPEM: is.KeyPEM,
-		AccessKeyID: u.AccessKeyID, SecretAccessKey: u.SecretKey}, nil
+		AccessKeyID: u.AccessKeyID, SecretAccessKey: u.SecretKey, S3Endpoint: s.s3Endpoint, S3Region: s.s3Region}, nil
 }
 
 // IssueIdentity issues a new certificate for an existing user (used to give a
@@ -99,7 +103,7 @@ func (s *Service) IssueIdentity(ctx context.Context, name string) (*pki.Identity
 		return nil, err
 	}
 	return &pki.Identity{CAPEM: s.ca.CertPEM, CertPEM: is.CertPEM, KeyPEM: is.KeyPEM,
-		AccessKeyID: u.AccessKeyID, SecretAccessKey: u.SecretKey}, nil
+		AccessKeyID: u.AccessKeyID, SecretAccessKey: u.SecretKey, S3Endpoint: s.s3Endpoint, S3Region: s.s3Region}, nil
 }
 
 // Get returns a user.

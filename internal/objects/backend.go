@@ -1,0 +1,244 @@
+package objects
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/versity/versitygw/auth"
+	"github.com/versity/versitygw/backend"
+	"github.com/versity/versitygw/s3err"
+)
+
+// Config configures a Backend.
+type Config struct {
+	// Root holds one directory per bucket; Work is basalt's scratch
+	// space. Both must be on one file system (objects are renamed from
+	// Work/tmp into Root/<bucket>).
+	Root, Work string
+	// Buckets keeps the bucket records.
+	Buckets BucketStore
+	// Log receives the backend's own messages; nil discards them.
+	Log *slog.Logger
+	// Sidecar forces sidecar metadata even where user xattrs work
+	// (tests, or file systems whose xattrs are unreliable).
+	Sidecar bool
+	// AccessOf, if set, returns a user's current access key id. It
+	// names a bucket's owner to s3api when someone other than the
+	// owner asks (the owner's own requests need no lookup); without it
+	// the key recorded at CreateBucket is used.
+	AccessOf func(ctx context.Context, user string) (string, error)
+}
+
+// Backend is basalt's backend.Backend: objects are plain files under
+// Config.Root (see the package comment and docs/objects.md). Methods not
+// implemented here answer NotImplemented (backend.BackendUnsupported).
+type Backend struct {
+	backend.BackendUnsupported
+
+	root, work string
+	tmp        string   // Work/tmp
+	tmpDir     *os.File // Work/tmp, for renameat
+	uploads    string   // Work/uploads
+	buckets    BucketStore
+	meta       metaStore
+	log        *slog.Logger
+	accessOf   func(ctx context.Context, user string) (string, error)
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// staleTemp is the age after which New removes leftovers in Work/tmp
+// (another gateway may be writing the younger ones).
+const staleTemp = 24 * time.Hour
+
+// New opens a backend over cfg.Root and cfg.Work, creating the
+// directories it needs, and chooses xattr or sidecar metadata.
+func New(cfg Config) (*Backend, error) {
+	if cfg.Root == "" || cfg.Work == "" {
+		return nil, errors.New("objects: Root and Work are required")
+	}
+	if cfg.Buckets == nil {
+		return nil, errors.New("objects: a BucketStore is required")
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	root, err := filepath.Abs(cfg.Root)
+	if err != nil {
+		return nil, err
+	}
+	work, err := filepath.Abs(cfg.Work)
+	if err != nil {
+		return nil, err
+	}
+	if within(work, root) || within(root, work) {
+		return nil, fmt.Errorf("objects: Root %s and Work %s must not contain each other", root, work)
+	}
+	for _, d := range []string{root, work, filepath.Join(work, "tmp"), filepath.Join(work, "uploads"),
+		filepath.Join(work, "sidecar"), filepath.Join(work, "locks")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("objects: %w", err)
+		}
+	}
+	var rst, wst syscall.Stat_t
+	if err := syscall.Stat(root, &rst); err != nil {
+		return nil, fmt.Errorf("objects: %w", err)
+	}
+	if err := syscall.Stat(work, &wst); err != nil {
+		return nil, fmt.Errorf("objects: %w", err)
+	}
+	if rst.Dev != wst.Dev {
+		return nil, fmt.Errorf("objects: Root %s and Work %s are on different file systems", root, work)
+	}
+	b := &Backend{
+		root:     root,
+		work:     work,
+		tmp:      filepath.Join(work, "tmp"),
+		uploads:  filepath.Join(work, "uploads"),
+		buckets:  cfg.Buckets,
+		log:      log,
+		accessOf: cfg.AccessOf,
+	}
+	xattrs, err := probeXattr(b.tmp)
+	if err != nil {
+		return nil, fmt.Errorf("objects: probe xattrs: %w", err)
+	}
+	if xattrs && !cfg.Sidecar {
+		b.meta = xattrMeta{}
+	} else {
+		b.meta = &sidecarMeta{dir: filepath.Join(work, "sidecar"), locks: filepath.Join(work, "locks"), tmp: b.tmp}
+	}
+	log.Info("object store", "root", root, "work", work, "metadata", b.meta.kind(), "xattrs", xattrs)
+	b.tmpDir, err = os.Open(b.tmp)
+	if err != nil {
+		return nil, fmt.Errorf("objects: %w", err)
+	}
+	b.cleanTemp()
+	return b, nil
+}
+
+// MetadataKind is "xattr" or "sidecar": where object records are kept.
+func (b *Backend) MetadataKind() string { return b.meta.kind() }
+
+// within reports whether p is dir or below it.
+func within(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, dir+string(filepath.Separator))
+}
+
+// cleanTemp removes temp files older than staleTemp (crashed uploads).
+func (b *Backend) cleanTemp() {
+	ents, err := os.ReadDir(b.tmp)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		info, err := e.Info()
+		if err == nil && time.Since(info.ModTime()) > staleTemp {
+			b.log.Info("removing stale temp file", "file", filepath.Join(b.tmp, e.Name()))
+			os.Remove(filepath.Join(b.tmp, e.Name()))
+		}
+	}
+}
+
+func (b *Backend) String() string { return "basalt" }
+
+// Shutdown releases the backend's descriptors.
+func (b *Backend) Shutdown() {
+	if b.tmpDir != nil {
+		b.tmpDir.Close()
+	}
+}
+
+// bucketDir is Root/<bucket>; bucket must have passed checkBucketName.
+func (b *Backend) bucketDir(bucket string) string { return filepath.Join(b.root, bucket) }
+
+// openBucket opens Root/<bucket> as an os.Root: every path below is
+// resolved inside it (symbolic links may not leave it).
+func (b *Backend) openBucket(bucket string) (*os.Root, error) {
+	if err := checkBucketName(bucket); err != nil {
+		return nil, err
+	}
+	r, err := os.OpenRoot(b.bucketDir(bucket))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, s3err.GetAPIError(s3err.ErrNoSuchBucket)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open bucket %s: %w", bucket, err)
+	}
+	return r, nil
+}
+
+// caller is the account making the request, and the basalt user name
+// the lead's IAM puts into Account.Arn as "user/<name>" (the access key
+// id when there is none, e.g. for the root account).
+func caller(ctx context.Context) (acct auth.Account, user string, ok bool) {
+	acct, ok = ctx.Value("account").(auth.Account)
+	if !ok {
+		return acct, "", false
+	}
+	return acct, userOf(acct), true
+}
+
+func userOf(acct auth.Account) string {
+	if name := AccountUser(acct); name != "" {
+		return name
+	}
+	return acct.Access
+}
+
+// errModified is the error for an object whose file was changed behind
+// S3 (docs/objects.md): HTTP 409, code ObjectModifiedOutsideS3.
+func errModified(bucket, key, why string) error {
+	return s3err.APIError{
+		Code: "ObjectModifiedOutsideS3",
+		Description: fmt.Sprintf("The object %s/%s was modified outside S3 and is not served: %s. "+
+			"Export the file again to accept its new content.", bucket, key, why),
+		HTTPStatusCode: http.StatusConflict,
+	}
+}
+
+// errUnexportedFile: a write would replace a file someone put into the
+// bucket directly, which is not an object and may be nobody's copy but
+// this one.
+func errUnexportedFile(bucket, key string) error {
+	return s3err.APIError{
+		Code: "KeyHoldsUnexportedFile",
+		Description: fmt.Sprintf("%s/%s is a file written directly into the bucket, not an object; "+
+			"export it (basalt object export) or remove it before writing this key over S3.", bucket, key),
+		HTTPStatusCode: http.StatusConflict,
+	}
+}
+
+func metadataTooLarge(n int) error {
+	return s3err.APIError{
+		Code:           "MetadataTooLarge",
+		Description:    fmt.Sprintf("The object's metadata (%d bytes as stored) does not fit in the file system's extended attributes.", n),
+		HTTPStatusCode: http.StatusBadRequest,
+	}
+}
+
+func errNoSuchKey() error    { return s3err.GetAPIError(s3err.ErrNoSuchKey) }
+func errNoSuchBucket() error { return s3err.GetAPIError(s3err.ErrNoSuchBucket) }
+
+// str dereferences an optional string and copies it: fiber's strings
+// point into reused request buffers, and anything kept must be a copy.
+func str(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return strings.Clone(*p)
+}
+
+// bufPool holds copy buffers.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}

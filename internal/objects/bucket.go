@@ -1,0 +1,276 @@
+package objects
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/versity/versitygw/auth"
+	"github.com/versity/versitygw/s3err"
+	"github.com/versity/versitygw/s3response"
+)
+
+// record returns bucket's record, NoSuchBucket if there is none.
+func (b *Backend) record(ctx context.Context, bucket string) (*Bucket, error) {
+	if err := checkBucketName(bucket); err != nil {
+		return nil, err
+	}
+	rec, err := b.buckets.Bucket(ctx, bucket)
+	if errors.Is(err, ErrNoSuchBucket) {
+		return nil, errNoSuchBucket()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", bucket, err)
+	}
+	return rec, nil
+}
+
+// CreateBucket records the bucket (owner: the caller, or the owner s3api
+// chose) in the BucketStore, then creates Root/<bucket>. The defaultACL
+// is not kept: GetBucketAcl derives the ACL from the record.
+func (b *Backend) CreateBucket(ctx context.Context, in *s3.CreateBucketInput, _ []byte) error {
+	bucket := str(in.Bucket)
+	if err := checkBucketName(bucket); err != nil {
+		return err
+	}
+	owner, ok := ctx.Value("bucket-owner").(auth.Account)
+	if !ok {
+		if owner, _, ok = caller(ctx); !ok {
+			return s3err.GetAPIError(s3err.ErrAccessDenied)
+		}
+	}
+	rec := Bucket{Name: bucket, Owner: userOf(owner), OwnerAccess: strings.Clone(owner.Access), CreatedAt: time.Now().UTC()}
+	if err := b.buckets.CreateBucket(ctx, rec); err != nil {
+		if !errors.Is(err, ErrBucketExists) {
+			return fmt.Errorf("record bucket %s: %w", bucket, err)
+		}
+		if old, gerr := b.buckets.Bucket(ctx, bucket); gerr == nil && old.Owner == rec.Owner {
+			return s3err.GetAPIError(s3err.ErrBucketAlreadyOwnedByYou)
+		}
+		return s3err.GetAPIError(s3err.ErrBucketAlreadyExists)
+	}
+	dir := b.bucketDir(bucket)
+	err := os.Mkdir(dir, 0o755)
+	if errors.Is(err, fs.ErrExist) {
+		// A directory made by hand becomes the bucket; its files stay
+		// invisible until exported.
+		fi, serr := os.Lstat(dir)
+		if serr == nil && fi.IsDir() {
+			err = nil
+			b.log.Info("bucket adopts an existing directory", "bucket", bucket, "dir", dir)
+		}
+	}
+	if err == nil {
+		err = syncDir(b.root)
+	}
+	if err != nil {
+		_ = b.buckets.DeleteBucket(context.WithoutCancel(ctx), bucket)
+		return fmt.Errorf("create bucket directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// HeadBucket answers for a recorded bucket whose directory exists.
+func (b *Backend) HeadBucket(ctx context.Context, in *s3.HeadBucketInput) (*s3.HeadBucketOutput, error) {
+	bucket := str(in.Bucket)
+	if _, err := b.record(ctx, bucket); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(b.bucketDir(bucket)); err != nil {
+		return nil, fmt.Errorf("bucket %s is recorded but its directory is missing: %w", bucket, err)
+	}
+	return &s3.HeadBucketOutput{}, nil
+}
+
+// ListBuckets lists the caller's buckets (every bucket for an admin),
+// by name, with prefix and continuation.
+func (b *Backend) ListBuckets(ctx context.Context, in s3response.ListBucketsInput) (s3response.ListAllMyBucketsResult, error) {
+	recs, err := b.buckets.Buckets(ctx)
+	if err != nil {
+		return s3response.ListAllMyBucketsResult{}, fmt.Errorf("list buckets: %w", err)
+	}
+	_, user, _ := caller(ctx)
+	slices.SortFunc(recs, func(x, y Bucket) int { return strings.Compare(x.Name, y.Name) })
+	out := s3response.ListAllMyBucketsResult{
+		Owner:  s3response.CanonicalUser{ID: in.Owner},
+		Prefix: in.Prefix,
+	}
+	for _, rec := range recs {
+		if !in.IsAdmin && rec.Owner != user && rec.OwnerAccess != in.Owner {
+			continue
+		}
+		if !strings.HasPrefix(rec.Name, in.Prefix) || rec.Name <= in.ContinuationToken {
+			continue
+		}
+		if in.MaxBuckets > 0 && len(out.Buckets.Bucket) == int(in.MaxBuckets) {
+			out.ContinuationToken = out.Buckets.Bucket[len(out.Buckets.Bucket)-1].Name
+			break
+		}
+		out.Buckets.Bucket = append(out.Buckets.Bucket, s3response.ListAllMyBucketsEntry{
+			Name: rec.Name, CreationDate: rec.CreatedAt,
+		})
+	}
+	return out, nil
+}
+
+// ListBucketsAndOwners lists every bucket with its owner's access key.
+func (b *Backend) ListBucketsAndOwners(ctx context.Context) ([]s3response.Bucket, error) {
+	recs, err := b.buckets.Buckets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]s3response.Bucket, 0, len(recs))
+	for _, rec := range recs {
+		out = append(out, s3response.Bucket{Name: rec.Name, Owner: rec.OwnerAccess})
+	}
+	return out, nil
+}
+
+// DeleteBucket removes an empty bucket: BucketNotEmpty while it holds
+// objects, or files that are not (yet) objects.
+func (b *Backend) DeleteBucket(ctx context.Context, bucket string) error {
+	bucket = strings.Clone(bucket)
+	if _, err := b.record(ctx, bucket); err != nil {
+		return err
+	}
+	r, err := b.openBucket(bucket)
+	if err != nil && !isNoSuchBucket(err) {
+		return err
+	}
+	if err == nil {
+		visible, err := b.hasObjects(ctx, r, bucket, ".")
+		r.Close()
+		if err != nil {
+			return err
+		}
+		if visible {
+			return s3err.GetAPIError(s3err.ErrBucketNotEmpty)
+		}
+		if err := removeEmptyTree(b.bucketDir(bucket)); err != nil {
+			return s3err.APIError{
+				Code: "BucketNotEmpty",
+				Description: fmt.Sprintf("The bucket directory %s holds files that are not S3 objects; "+
+					"export or remove them first.", b.bucketDir(bucket)),
+				HTTPStatusCode: http.StatusConflict,
+			}
+		}
+		if err := syncDir(b.root); err != nil {
+			return err
+		}
+	}
+	if err := b.buckets.DeleteBucket(ctx, bucket); err != nil && !errors.Is(err, ErrNoSuchBucket) {
+		return fmt.Errorf("delete bucket record %s: %w", bucket, err)
+	}
+	os.RemoveAll(filepath.Join(b.uploads, bucket))
+	os.RemoveAll(filepath.Join(b.work, "sidecar", bucket))
+	return nil
+}
+
+func isNoSuchBucket(err error) bool { return s3code(err) == "NoSuchBucket" }
+
+// removeEmptyTree removes dir if it holds nothing but empty directories.
+func removeEmptyTree(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if e.Type()&fs.ModeType != fs.ModeDir {
+			return fmt.Errorf("%s is not empty", dir)
+		}
+		if err := removeEmptyTree(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return os.Remove(dir)
+}
+
+// aclJSON is versitygw's stored ACL (auth.ACL) for an owner with full control.
+func aclJSON(owner string) ([]byte, error) {
+	return json.Marshal(auth.ACL{
+		Owner: owner,
+		Grantees: []auth.Grantee{{
+			Permission: auth.PermissionFullControl, Access: owner, Type: types.TypeCanonicalUser,
+		}},
+	})
+}
+
+// GetBucketAcl synthesises the ACL s3api checks ownership with: the
+// owner's access key id, full control. The owner's own requests name
+// the owner by the key they are signed with, so key rotation needs no
+// record update.
+func (b *Backend) GetBucketAcl(ctx context.Context, in *s3.GetBucketAclInput) ([]byte, error) {
+	rec, err := b.record(ctx, str(in.Bucket))
+	if err != nil {
+		return nil, err
+	}
+	owner := rec.OwnerAccess
+	if acct, user, ok := caller(ctx); ok && user == rec.Owner {
+		owner = acct.Access
+	} else if b.accessOf != nil {
+		if a, err := b.accessOf(ctx, rec.Owner); err == nil && a != "" {
+			owner = a
+		}
+	}
+	return aclJSON(owner)
+}
+
+// GetBucketPolicy: basalt buckets have no policies.
+func (b *Backend) GetBucketPolicy(ctx context.Context, bucket string) ([]byte, error) {
+	return nil, s3err.GetAPIError(s3err.ErrNoSuchBucketPolicy)
+}
+
+// GetObjectLockConfiguration: object lock is not supported.
+func (b *Backend) GetObjectLockConfiguration(ctx context.Context, bucket string) ([]byte, error) {
+	return nil, s3err.GetAPIError(s3err.ErrObjectLockConfigurationNotFound)
+}
+
+// GetBucketCors: no CORS configurations.
+func (b *Backend) GetBucketCors(ctx context.Context, bucket string) ([]byte, error) {
+	return nil, s3err.GetAPIError(s3err.ErrNoSuchCORSConfiguration)
+}
+
+// GetBucketVersioning reports the status kept in the bucket record.
+func (b *Backend) GetBucketVersioning(ctx context.Context, bucket string) (s3response.GetBucketVersioningOutput, error) {
+	rec, err := b.record(ctx, bucket)
+	if err != nil {
+		return s3response.GetBucketVersioningOutput{}, err
+	}
+	var out s3response.GetBucketVersioningOutput
+	if rec.Versioning != "" {
+		st := types.BucketVersioningStatus(rec.Versioning)
+		out.Status = &st
+	}
+	return out, nil
+}
+
+// PutBucketVersioning records the status. Versions themselves are not
+// kept yet (docs/objects.md).
+func (b *Backend) PutBucketVersioning(ctx context.Context, bucket string, status types.BucketVersioningStatus) error {
+	bucket = strings.Clone(bucket)
+	if _, err := b.record(ctx, bucket); err != nil {
+		return err
+	}
+	switch status {
+	case types.BucketVersioningStatusEnabled, types.BucketVersioningStatusSuspended:
+	default:
+		return s3err.GetAPIError(s3err.ErrMalformedXML)
+	}
+	if err := b.buckets.SetVersioning(ctx, bucket, string(status)); err != nil {
+		if errors.Is(err, ErrNoSuchBucket) {
+			return errNoSuchBucket()
+		}
+		return fmt.Errorf("set versioning of %s: %w", bucket, err)
+	}
+	return nil
+}

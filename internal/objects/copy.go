@@ -1,0 +1,138 @@
+package objects
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/versity/versitygw/backend"
+	"github.com/versity/versitygw/s3err"
+	"github.com/versity/versitygw/s3response"
+	"golang.org/x/sys/unix"
+)
+
+// copyFile copies n bytes of src (from offset 0) into the empty file
+// dst: a reflink (FICLONE) where the file system shares extents,
+// otherwise copy_file_range (os.File.ReadFrom), otherwise read/write.
+func copyFile(dst, src *os.File, n int64) error {
+	var cerr, serr error
+	err := rawFd(dst, func(d int) {
+		serr = rawFd(src, func(s int) { cerr = unix.IoctlFileClone(d, s) })
+	})
+	if err == nil && serr == nil && cerr == nil {
+		return nil
+	}
+	if _, err := src.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	if _, err := dst.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	if err := dst.Truncate(0); err != nil {
+		return err
+	}
+	written, err := io.CopyN(dst, src, n)
+	if err != nil {
+		return fmt.Errorf("copy: %w (%d of %d bytes)", err, written, n)
+	}
+	return nil
+}
+
+// CopyObject copies an object within the store (same file system):
+// source checked like a GET, data cloned or copied into Work/tmp, then
+// published like a PUT. The copy keeps the source's ETag and checksum.
+func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput) (s3response.CopyObjectOutput, error) {
+	dstBucket, dstKey := str(in.Bucket), str(in.Key)
+	srcBucket, srcKey, srcVersion, err := backend.ParseCopySource(str(in.CopySource))
+	if err != nil {
+		return s3response.CopyObjectOutput{}, err
+	}
+	if err := readKey(srcKey); err != nil {
+		return s3response.CopyObjectOutput{}, err
+	}
+	if err := checkKey(dstKey); err != nil {
+		return s3response.CopyObjectOutput{}, err
+	}
+	if err := checkVersion(srcBucket, srcKey, &srcVersion); err != nil {
+		return s3response.CopyObjectOutput{}, err
+	}
+	replace := in.MetadataDirective == types.MetadataDirectiveReplace
+	if srcBucket == dstBucket && srcKey == dstKey && !replace {
+		return s3response.CopyObjectOutput{}, s3err.GetAPIError(s3err.ErrInvalidCopyDest)
+	}
+	sr, err := b.openBucket(srcBucket)
+	if err != nil {
+		return s3response.CopyObjectOutput{}, err
+	}
+	defer sr.Close()
+	dr := sr
+	if dstBucket != srcBucket {
+		if dr, err = b.openBucket(dstBucket); err != nil {
+			return s3response.CopyObjectOutput{}, err
+		}
+		defer dr.Close()
+	}
+	src, err := b.openObject(sr, srcBucket, srcKey)
+	if err != nil {
+		return s3response.CopyObjectOutput{}, err
+	}
+	defer src.f.Close()
+	if err := backend.EvaluatePreconditions(src.m.ETag, src.m.mtime().Truncate(time.Second), backend.PreConditions{
+		IfMatch: in.CopySourceIfMatch, IfNoneMatch: in.CopySourceIfNoneMatch,
+		IfModSince: in.CopySourceIfModifiedSince, IfUnmodeSince: in.CopySourceIfUnmodifiedSince,
+	}); err != nil {
+		return s3response.CopyObjectOutput{}, err
+	}
+	tmp, err := b.createTemp()
+	if err != nil {
+		return s3response.CopyObjectOutput{}, err
+	}
+	rc := &received{f: tmp}
+	defer rc.close()
+	if err := copyFile(tmp, src.f, src.m.Size); err != nil {
+		return s3response.CopyObjectOutput{}, fmt.Errorf("copy %s/%s: %w", srcBucket, srcKey, err)
+	}
+	// The source must not have changed while it was copied.
+	if fi, err := src.f.Stat(); err != nil {
+		return s3response.CopyObjectOutput{}, err
+	} else if why := src.m.differs(fi.Sys().(*syscall.Stat_t)); why != "" {
+		return s3response.CopyObjectOutput{}, errModified(srcBucket, srcKey, why)
+	}
+	fi, err := tmp.Stat()
+	if err != nil {
+		return s3response.CopyObjectOutput{}, err
+	}
+	rc.st = fi.Sys().(*syscall.Stat_t)
+	m := *src.m
+	m.Key = ""
+	if replace {
+		m.ContentType = str(in.ContentType)
+		m.ContentEncoding = str(in.ContentEncoding)
+		m.ContentDisposition = str(in.ContentDisposition)
+		m.ContentLanguage = str(in.ContentLanguage)
+		m.CacheControl = str(in.CacheControl)
+		m.Expires = str(in.Expires)
+		m.UserMeta = cloneMeta(in.Metadata)
+	}
+	if err := b.finish(rc, &m); err != nil {
+		return s3response.CopyObjectOutput{}, err
+	}
+	if err := b.publish(dr, dstBucket, dstKey, tmp, &m); err != nil {
+		return s3response.CopyObjectOutput{}, err
+	}
+	rc.published = true
+	mtime := m.mtime().UTC().Truncate(time.Second)
+	res := &s3response.CopyObjectResult{ETag: ptr(m.ETag), LastModified: &mtime}
+	if m.Checksum != nil {
+		f := m.Checksum.fields()
+		res.ChecksumCRC32, res.ChecksumCRC32C, res.ChecksumSHA1, res.ChecksumSHA256 = f.CRC32, f.CRC32C, f.SHA1, f.SHA256
+		res.ChecksumCRC64NVME, res.ChecksumSHA512, res.ChecksumMD5 = f.CRC64NVME, f.SHA512, f.MD5
+		res.ChecksumXXHASH64, res.ChecksumXXHASH3, res.ChecksumXXHASH128 = f.XXHASH64, f.XXHASH3, f.XXHASH128
+		res.ChecksumType = m.Checksum.Type
+	}
+	return s3response.CopyObjectOutput{CopyObjectResult: res}, nil
+}

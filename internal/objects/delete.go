@@ -1,0 +1,121 @@
+package objects
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/versity/versitygw/backend"
+	"github.com/versity/versitygw/s3err"
+	"github.com/versity/versitygw/s3response"
+)
+
+// deleteObject removes bucket/key inside r. Deleting a key that is not an
+// object (no file, a file without basalt metadata, or an invalid key)
+// succeeds and changes nothing, as in S3. An object changed behind S3 is deleted.
+func (b *Backend) deleteObject(r *os.Root, bucket, key string, pre *backend.ObjectDeletePreconditions) error {
+	if checkKey(key) != nil {
+		return nil // not an object: nothing to delete
+	}
+	o, why, err := b.inspect(r, bucket, key)
+	if isNoSuchKey(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	o.f.Close()
+	if pre != nil && (pre.IfMatch != nil || pre.IfMatchLastModTime != nil || pre.IfMatchSize != nil) {
+		if why != "" {
+			return errModified(bucket, key, why)
+		}
+		if err := backend.EvaluateObjectDeletePreconditions(o.m.ETag, o.m.mtime(), o.m.Size, *pre); err != nil {
+			return err
+		}
+	}
+	dir, _ := splitKey(key)
+	err = b.meta.remove(bucket, key, func() error {
+		err := r.Remove(key)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("delete %s/%s: %w", bucket, key, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := syncIn(r, dir); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+		return err
+	}
+	pruneDirs(r, dir)
+	return nil
+}
+
+// DeleteObject deletes one object.
+func (b *Backend) DeleteObject(ctx context.Context, in *s3.DeleteObjectInput) (*s3.DeleteObjectOutput, error) {
+	bucket, key := str(in.Bucket), str(in.Key)
+	if err := checkVersion(bucket, key, in.VersionId); err != nil {
+		return nil, err
+	}
+	r, err := b.openBucket(bucket)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	var mt *time.Time
+	if in.IfMatchLastModifiedTime != nil {
+		mt = in.IfMatchLastModifiedTime
+	}
+	var ifMatch *string
+	if in.IfMatch != nil && *in.IfMatch != "" {
+		ifMatch = in.IfMatch
+	}
+	err = b.deleteObject(r, bucket, key, &backend.ObjectDeletePreconditions{
+		IfMatch: ifMatch, IfMatchLastModTime: mt, IfMatchSize: in.IfMatchSize})
+	if err != nil {
+		return nil, err
+	}
+	return &s3.DeleteObjectOutput{}, nil
+}
+
+// DeleteObjects deletes several objects, reporting each.
+func (b *Backend) DeleteObjects(ctx context.Context, in *s3.DeleteObjectsInput) (s3response.DeleteResult, error) {
+	bucket := str(in.Bucket)
+	r, err := b.openBucket(bucket)
+	if err != nil {
+		return s3response.DeleteResult{}, err
+	}
+	defer r.Close()
+	var res s3response.DeleteResult
+	if in.Delete == nil {
+		return res, nil
+	}
+	for _, obj := range in.Delete.Objects {
+		key := str(obj.Key)
+		err := checkVersion(bucket, key, obj.VersionId)
+		if err == nil {
+			err = b.deleteObject(r, bucket, key, nil)
+		}
+		if err == nil {
+			res.Deleted = append(res.Deleted, types.DeletedObject{Key: &key})
+			continue
+		}
+		code, msg := "InternalError", err.Error()
+		var se s3err.S3Error
+		if errors.As(err, &se) {
+			code, msg = se.BaseError().Code, se.BaseError().Description
+		}
+		res.Error = append(res.Error, types.Error{Key: &key, Code: &code, Message: &msg})
+	}
+	return res, nil
+}
+
+// trimQuotes strips the quotes of an ETag.
+func trimQuotes(s string) string { return strings.Trim(s, `"`) }

@@ -1,0 +1,187 @@
+package objects
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path"
+	"path/filepath"
+	"syscall"
+
+	"github.com/versity/versitygw/s3err"
+	"golang.org/x/sys/unix"
+)
+
+// createTemp creates a file in Work/tmp for an object being written.
+func (b *Backend) createTemp() (*os.File, error) {
+	f, err := os.CreateTemp(b.tmp, "obj-*")
+	if err != nil {
+		return nil, fmt.Errorf("create temp file: %w", err)
+	}
+	if err := f.Chmod(0o644); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, err
+	}
+	return f, nil
+}
+
+// discard closes and removes a temp file.
+func discard(f *os.File) {
+	f.Close()
+	os.Remove(f.Name())
+}
+
+// splitKey returns key's directory ("." for none) and base name.
+func splitKey(key string) (dir, base string) {
+	dir, base = path.Split(key)
+	if dir == "" {
+		return ".", base
+	}
+	return dir[:len(dir)-1], base
+}
+
+func errParentIsFile(bucket, key string) error {
+	return s3err.APIError{
+		Code: "ObjectParentIsFile",
+		Description: fmt.Sprintf("Cannot store %s/%s: a prefix of the key is a file (an object and a \"directory\" "+
+			"of the same name cannot both exist here).", bucket, key),
+		HTTPStatusCode: http.StatusConflict,
+	}
+}
+
+func errKeyIsDirectory(bucket, key string) error {
+	return s3err.APIError{
+		Code: "ExistingObjectIsDirectory",
+		Description: fmt.Sprintf("Cannot store %s/%s: the key names a directory (other objects have it as a prefix).",
+			bucket, key),
+		HTTPStatusCode: http.StatusConflict,
+	}
+}
+
+// mkdirs creates dir and its missing ancestors inside r, and fsyncs
+// the parent of every directory it creates.
+func mkdirs(r *os.Root, bucket, key, dir string) error {
+	if dir == "." {
+		return nil
+	}
+	if fi, err := r.Stat(dir); err == nil {
+		if !fi.IsDir() {
+			return errParentIsFile(bucket, key)
+		}
+		return nil
+	}
+	var created []string
+	cur := ""
+	for i := 0; i <= len(dir); i++ {
+		if i < len(dir) && dir[i] != '/' {
+			continue
+		}
+		cur = dir[:i]
+		err := r.Mkdir(cur, 0o755)
+		switch {
+		case err == nil:
+			created = append(created, cur)
+		case errors.Is(err, fs.ErrExist):
+		case errors.Is(err, syscall.ENOTDIR):
+			return errParentIsFile(bucket, key)
+		default:
+			return fmt.Errorf("create directory %s in bucket %s: %w", cur, bucket, err)
+		}
+	}
+	if fi, err := r.Stat(dir); err != nil || !fi.IsDir() {
+		return errParentIsFile(bucket, key)
+	}
+	for _, d := range created {
+		if err := syncIn(r, path.Dir(d)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// syncIn fsyncs directory dir inside r.
+func syncIn(r *os.Root, dir string) error {
+	d, err := r.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// publish renames the temp file tmp (in Work/tmp) to bucket/key inside r
+// through m (which publishes the metadata record with it) and fsyncs the
+// directory. tmp must be synced.
+func (b *Backend) publish(r *os.Root, bucket, key string, tmp *os.File, m *objectMeta) error {
+	dir, base := splitKey(key)
+	if err := mkdirs(r, bucket, key, dir); err != nil {
+		return err
+	}
+	parent, err := r.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if errors.Is(err, syscall.ENOTDIR) {
+		return errParentIsFile(bucket, key)
+	}
+	if err != nil {
+		return fmt.Errorf("open directory of %s/%s: %w", bucket, key, err)
+	}
+	defer parent.Close()
+	if err := b.refuseUnexported(r, bucket, key); err != nil {
+		return err
+	}
+	tmpName := filepath.Base(tmp.Name())
+	err = b.meta.commit(bucket, key, m, func() error {
+		var rerr, perr error
+		err := rawFd(b.tmpDir, func(from int) {
+			perr = rawFd(parent, func(to int) { rerr = unix.Renameat(from, tmpName, to, base) })
+		})
+		err = errors.Join(err, perr, rerr)
+		switch {
+		case errors.Is(err, syscall.EISDIR) || errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST):
+			return errKeyIsDirectory(bucket, key)
+		case err != nil:
+			return fmt.Errorf("publish %s/%s: %w", bucket, key, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return parent.Sync()
+}
+
+// refuseUnexported fails when bucket/key is a regular file without basalt
+// metadata: S3 writes never replace what users put there directly.
+func (b *Backend) refuseUnexported(r *os.Root, bucket, key string) error {
+	fi, err := r.Lstat(key)
+	if err != nil || !fi.Mode().IsRegular() {
+		return nil // nothing there, or something the rename refuses anyway
+	}
+	o, err := b.openRecorded(r, bucket, key)
+	if err == nil {
+		o.f.Close()
+		return nil
+	}
+	if isNoSuchKey(err) {
+		return errUnexportedFile(bucket, key)
+	}
+	return err
+}
+
+// pruneDirs removes the now empty directories from dir up to (not
+// including) the bucket directory, fsyncing each parent.
+func pruneDirs(r *os.Root, dir string) {
+	for dir != "." && dir != "" {
+		fi, err := r.Lstat(dir)
+		if err != nil || !fi.IsDir() {
+			return
+		}
+		if err := r.Remove(dir); err != nil {
+			return
+		}
+		dir = path.Dir(dir)
+		_ = syncIn(r, dir)
+	}
+}

@@ -1,0 +1,285 @@
+package objects
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/versity/versitygw/backend"
+	"github.com/versity/versitygw/s3err"
+)
+
+// object is an open, verified object file.
+type object struct {
+	f  *os.File
+	m  *objectMeta
+	st *syscall.Stat_t
+}
+
+func isNoSuchKey(err error) bool { return s3code(err) == "NoSuchKey" }
+
+// s3code is the S3 error code of err, "" if it is not an S3 error.
+func s3code(err error) string {
+	var se s3err.S3Error
+	if errors.As(err, &se) {
+		return se.BaseError().Code
+	}
+	return ""
+}
+
+// openObject opens bucket/key inside r and checks it: a regular file with
+// basalt metadata (else NoSuchKey) whose stat matches the record (else
+// ObjectModifiedOutsideS3).
+func (b *Backend) openObject(r *os.Root, bucket, key string) (*object, error) {
+	o, why, err := b.inspect(r, bucket, key)
+	if err != nil {
+		return nil, err
+	}
+	if why != "" {
+		o.f.Close()
+		return nil, errModified(bucket, key, why)
+	}
+	return o, nil
+}
+
+// inspect opens bucket/key and its record, and says how the file differs
+// from the record ("" if it does not).
+func (b *Backend) inspect(r *os.Root, bucket, key string) (*object, string, error) {
+	o, err := b.openRecorded(r, bucket, key)
+	if err != nil {
+		return nil, "", err
+	}
+	why := o.m.differs(o.st)
+	if why == "" {
+		return o, "", nil
+	}
+	if _, ok := b.meta.(xattrMeta); ok {
+		return o, why, nil
+	}
+	// A sidecar commit may have been caught between its two steps:
+	// look again while no commit of this key is in progress.
+	o.f.Close()
+	err = b.meta.stable(bucket, key, func() error {
+		o, err = b.openRecorded(r, bucket, key)
+		if err == nil {
+			why = o.m.differs(o.st)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return o, why, nil
+}
+
+// openRecorded opens bucket/key and reads its record, without comparing
+// the two.
+func (b *Backend) openRecorded(r *os.Root, bucket, key string) (*object, error) {
+	// O_NONBLOCK: a FIFO dropped into the bucket must not block the open.
+	f, err := r.OpenFile(key, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.ELOOP) ||
+			isEscape(err) {
+			return nil, errNoSuchKey()
+		}
+		return nil, fmt.Errorf("open %s/%s: %w", bucket, key, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, errNoSuchKey()
+	}
+	m, err := b.meta.read(f, bucket, key)
+	if err != nil {
+		f.Close()
+		if errors.Is(err, errNoMeta) {
+			return nil, errNoSuchKey()
+		}
+		return nil, err
+	}
+	return &object{f: f, m: m, st: fi.Sys().(*syscall.Stat_t)}, nil
+}
+
+// isEscape: os.Root refused a path (a symbolic link leaving the bucket).
+func isEscape(err error) bool {
+	var pe *fs.PathError
+	return errors.As(err, &pe) && pe.Err != nil && pe.Err.Error() == "path escapes from parent"
+}
+
+// checkVersion refuses version ids other than "null" (versioned storage
+// is not implemented yet).
+func checkVersion(bucket, key string, v *string) error {
+	if v == nil || *v == "" || *v == "null" {
+		return nil
+	}
+	return s3err.GetNoSuchVersionErr(key, *v)
+}
+
+// part returns the byte range of part n (1-based) of o and the part count.
+func (o *object) part(n int32) (start, length int64, count int32, err error) {
+	if len(o.m.Parts) == 0 {
+		if n != 1 {
+			return 0, 0, 1, s3err.GetInvalidPartNumberRangeErr(1, n)
+		}
+		return 0, o.m.Size, 1, nil
+	}
+	count = int32(len(o.m.Parts))
+	if n < 1 || n > count {
+		return 0, 0, count, s3err.GetInvalidPartNumberRangeErr(count, n)
+	}
+	if n > 1 {
+		start = o.m.Parts[n-2]
+	}
+	return start, o.m.Parts[n-1] - start, count, nil
+}
+
+// GetObject serves an object from its file; a whole object is the file
+// itself (sent with sendfile), a range a section of it.
+func (b *Backend) GetObject(ctx context.Context, in *s3.GetObjectInput) (*s3.GetObjectOutput, error) {
+	bucket, key := str(in.Bucket), str(in.Key)
+	if err := readKey(key); err != nil {
+		return nil, err
+	}
+	if err := checkVersion(bucket, key, in.VersionId); err != nil {
+		return nil, err
+	}
+	r, err := b.openBucket(bucket)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	o, err := b.openObject(r, bucket, key)
+	if err != nil {
+		return nil, err
+	}
+	out, start, length, err := o.describe(in.Range, in.PartNumber, in.ChecksumMode, backend.PreConditions{
+		IfMatch: in.IfMatch, IfNoneMatch: in.IfNoneMatch, IfModSince: in.IfModifiedSince, IfUnmodeSince: in.IfUnmodifiedSince})
+	if err != nil {
+		o.f.Close()
+		return nil, err
+	}
+	if start == 0 && length == o.m.Size {
+		out.Body = o.f
+	} else {
+		out.Body = &backend.FileSectionReadCloser{R: io.NewSectionReader(o.f, start, length), F: o.f}
+	}
+	return out, nil
+}
+
+// HeadObject describes an object (checking its file like GetObject).
+func (b *Backend) HeadObject(ctx context.Context, in *s3.HeadObjectInput) (*s3.HeadObjectOutput, error) {
+	bucket, key := str(in.Bucket), str(in.Key)
+	if err := readKey(key); err != nil {
+		return nil, err
+	}
+	if err := checkVersion(bucket, key, in.VersionId); err != nil {
+		return nil, err
+	}
+	r, err := b.openBucket(bucket)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	o, err := b.openObject(r, bucket, key)
+	if err != nil {
+		return nil, err
+	}
+	defer o.f.Close()
+	out, _, _, err := o.describe(in.Range, in.PartNumber, in.ChecksumMode, backend.PreConditions{
+		IfMatch: in.IfMatch, IfNoneMatch: in.IfNoneMatch, IfModSince: in.IfModifiedSince, IfUnmodeSince: in.IfUnmodifiedSince})
+	if err != nil {
+		return nil, err
+	}
+	return &s3.HeadObjectOutput{
+		ETag: out.ETag, ContentLength: out.ContentLength, ContentRange: out.ContentRange,
+		ContentType: out.ContentType, ContentEncoding: out.ContentEncoding, ContentDisposition: out.ContentDisposition,
+		ContentLanguage: out.ContentLanguage, CacheControl: out.CacheControl, ExpiresString: out.ExpiresString,
+		LastModified: out.LastModified, Metadata: out.Metadata, AcceptRanges: out.AcceptRanges,
+		PartsCount: out.PartsCount, StorageClass: out.StorageClass, ChecksumType: out.ChecksumType,
+		ChecksumCRC32: out.ChecksumCRC32, ChecksumCRC32C: out.ChecksumCRC32C, ChecksumSHA1: out.ChecksumSHA1,
+		ChecksumSHA256: out.ChecksumSHA256, ChecksumCRC64NVME: out.ChecksumCRC64NVME,
+		ChecksumSHA512: out.ChecksumSHA512, ChecksumMD5: out.ChecksumMD5, ChecksumXXHASH64: out.ChecksumXXHASH64,
+		ChecksumXXHASH3: out.ChecksumXXHASH3, ChecksumXXHASH128: out.ChecksumXXHASH128,
+	}, nil
+}
+
+// describe evaluates preconditions, range and part number, and returns the
+// response fields (Body unset) with the byte range to send.
+func (o *object) describe(rng *string, partNumber *int32, mode types.ChecksumMode, pre backend.PreConditions) (*s3.GetObjectOutput, int64, int64, error) {
+	m := o.m
+	mtime := m.mtime().UTC().Truncate(time.Second)
+	if err := backend.EvaluatePreconditions(m.ETag, mtime, pre); err != nil {
+		return nil, 0, 0, err
+	}
+	out := &s3.GetObjectOutput{
+		ETag:          ptr(m.ETag),
+		LastModified:  &mtime,
+		AcceptRanges:  ptr("bytes"),
+		ContentType:   optional(m.ContentType),
+		Metadata:      m.UserMeta,
+		CacheControl:  optional(m.CacheControl),
+		ExpiresString: optional(m.Expires),
+	}
+	out.ContentEncoding = optional(m.ContentEncoding)
+	out.ContentDisposition = optional(m.ContentDisposition)
+	out.ContentLanguage = optional(m.ContentLanguage)
+	start, length := int64(0), m.Size
+	whole := true
+	switch {
+	case partNumber != nil:
+		var count int32
+		var err error
+		start, length, count, err = o.part(*partNumber)
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		out.PartsCount = &count
+		if len(m.Parts) > 0 {
+			whole = false
+			out.ContentRange = ptr(fmt.Sprintf("bytes %d-%d/%d", start, start+length-1, m.Size))
+		}
+	case rng != nil && *rng != "":
+		s, l, valid, err := backend.ParseObjectRange(m.Size, *rng)
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		if valid {
+			start, length, whole = s, l, false
+			out.ContentRange = ptr(fmt.Sprintf("bytes %d-%d/%d", start, start+length-1, m.Size))
+		}
+	}
+	out.ContentLength = &length
+	if len(m.Parts) > 0 && out.PartsCount == nil {
+		n := int32(len(m.Parts))
+		out.PartsCount = &n
+	}
+	if mode == types.ChecksumModeEnabled && whole && m.Checksum != nil {
+		f := m.Checksum.fields()
+		out.ChecksumCRC32, out.ChecksumCRC32C, out.ChecksumSHA1 = f.CRC32, f.CRC32C, f.SHA1
+		out.ChecksumSHA256, out.ChecksumCRC64NVME, out.ChecksumSHA512 = f.SHA256, f.CRC64NVME, f.SHA512
+		out.ChecksumMD5, out.ChecksumXXHASH64 = f.MD5, f.XXHASH64
+		out.ChecksumXXHASH3, out.ChecksumXXHASH128 = f.XXHASH3, f.XXHASH128
+		out.ChecksumType = m.Checksum.Type
+	}
+	return out, start, length, nil
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}

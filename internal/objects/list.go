@@ -1,0 +1,178 @@
+package objects
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/versity/versitygw/backend"
+	"github.com/versity/versitygw/s3err"
+	"github.com/versity/versitygw/s3response"
+)
+
+// storageClassModified flags, in listings, an object whose file was
+// changed behind S3: the entry shows the file's current size and mtime
+// and no ETag (docs/objects.md).
+const storageClassModified types.ObjectStorageClass = "MODIFIED_OUTSIDE_S3"
+
+// listEntry is backend.Walk's GetObjFunc: regular files with a valid key
+// and basalt metadata are objects; everything else is skipped.
+func (b *Backend) listEntry(r *os.Root, bucket string) backend.GetObjFunc {
+	return func(p string, d fs.DirEntry) (s3response.Object, error) {
+		if !d.Type().IsRegular() || checkKey(p) != nil {
+			return s3response.Object{}, backend.ErrSkipObj
+		}
+		o, why, err := b.inspect(r, bucket, p)
+		if err != nil {
+			if !isNoSuchKey(err) {
+				b.log.Warn("listing skips a file", "bucket", bucket, "key", p, "err", err)
+			}
+			return s3response.Object{}, backend.ErrSkipObj
+		}
+		defer o.f.Close()
+		key := p
+		if why != "" {
+			size, mtime := o.st.Size, time.Unix(0, o.st.Mtim.Nano()).UTC()
+			return s3response.Object{Key: &key, Size: &size, LastModified: &mtime, StorageClass: storageClassModified}, nil
+		}
+		size, mtime := o.m.Size, o.m.mtime().UTC()
+		etag := o.m.ETag
+		obj := s3response.Object{Key: &key, ETag: &etag, Size: &size, LastModified: &mtime,
+			StorageClass: types.ObjectStorageClassStandard}
+		if o.m.Checksum != nil {
+			obj.ChecksumAlgorithm = []types.ChecksumAlgorithm{o.m.Checksum.Algorithm}
+			obj.ChecksumType = o.m.Checksum.Type
+		}
+		return obj, nil
+	}
+}
+
+// listFS is a bucket's fs.FS for backend.Walk: a directory that cannot be
+// read (permissions, a symbolic link leaving the bucket) lists as empty
+// instead of failing the whole listing.
+type listFS struct {
+	fs.FS
+	log *slog.Logger
+}
+
+func (l listFS) ReadDir(name string) ([]fs.DirEntry, error) {
+	ents, err := fs.ReadDir(l.FS, name)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+		l.log.Warn("listing skips a directory", "dir", name, "err", err)
+		return nil, nil
+	}
+	return ents, err
+}
+
+// walk lists bucket with backend.Walk over the bucket directory (inside
+// an os.Root), then drops the common prefixes that hold no object (made
+// only of directories or files that are not exported).
+func (b *Backend) walk(ctx context.Context, bucket, prefix, delim, marker string, max int32) (backend.WalkResults, error) {
+	r, err := b.openBucket(bucket)
+	if err != nil {
+		return backend.WalkResults{}, err
+	}
+	defer r.Close()
+	fsys := listFS{r.FS(), b.log}
+	get := b.listEntry(r, bucket)
+	res, err := backend.Walk(ctx, fsys, prefix, delim, marker, max, get, nil)
+	if err != nil {
+		return backend.WalkResults{}, err
+	}
+	cps := res.CommonPrefixes[:0]
+	for _, cp := range res.CommonPrefixes {
+		sub, err := backend.Walk(ctx, fsys, *cp.Prefix, "", "", 1, get, nil)
+		if err != nil {
+			return backend.WalkResults{}, err
+		}
+		if len(sub.Objects) > 0 {
+			cps = append(cps, cp)
+		}
+	}
+	res.CommonPrefixes = cps
+	return res, nil
+}
+
+// hasObjects reports whether dir (inside r, "." for the bucket) holds at
+// least one object.
+func (b *Backend) hasObjects(ctx context.Context, r *os.Root, bucket, dir string) (bool, error) {
+	prefix := ""
+	if dir != "." {
+		prefix = dir + "/"
+	}
+	res, err := backend.Walk(ctx, listFS{r.FS(), b.log}, prefix, "", "", 1, b.listEntry(r, bucket), nil)
+	if err != nil {
+		return false, err
+	}
+	return len(res.Objects) > 0, nil
+}
+
+func maxKeys(p *int32) int32 {
+	if p == nil || *p < 0 {
+		return 1000
+	}
+	return min(*p, 1000)
+}
+
+// ListObjects lists a bucket (version 1: marker).
+func (b *Backend) ListObjects(ctx context.Context, in *s3.ListObjectsInput) (s3response.ListObjectsResult, error) {
+	bucket, prefix, delim, marker := str(in.Bucket), str(in.Prefix), str(in.Delimiter), str(in.Marker)
+	max := maxKeys(in.MaxKeys)
+	res, err := b.walk(ctx, bucket, prefix, delim, marker, max)
+	if err != nil {
+		return s3response.ListObjectsResult{}, err
+	}
+	out := s3response.ListObjectsResult{
+		Name: &bucket, Prefix: &prefix, Marker: &marker, Delimiter: &delim, MaxKeys: &max,
+		IsTruncated: &res.Truncated, Contents: res.Objects, CommonPrefixes: res.CommonPrefixes,
+	}
+	if res.Truncated {
+		out.NextMarker = &res.NextMarker
+	}
+	return out, nil
+}
+
+// ListObjectsV2 lists a bucket (version 2: an opaque continuation token,
+// the base64 of the last key or common prefix returned).
+func (b *Backend) ListObjectsV2(ctx context.Context, in *s3.ListObjectsV2Input) (s3response.ListObjectsV2Result, error) {
+	bucket, prefix, delim := str(in.Bucket), str(in.Prefix), str(in.Delimiter)
+	token, startAfter := str(in.ContinuationToken), str(in.StartAfter)
+	marker := startAfter
+	if token != "" {
+		m, err := base64.RawURLEncoding.DecodeString(token)
+		if err != nil {
+			return s3response.ListObjectsV2Result{}, s3err.APIError{Code: "InvalidArgument",
+				Description: "The continuation token provided is incorrect", HTTPStatusCode: http.StatusBadRequest}
+		}
+		marker = max(string(m), startAfter)
+	}
+	maxk := maxKeys(in.MaxKeys)
+	res, err := b.walk(ctx, bucket, prefix, delim, marker, maxk)
+	if err != nil {
+		return s3response.ListObjectsV2Result{}, err
+	}
+	count := int32(len(res.Objects) + len(res.CommonPrefixes))
+	out := s3response.ListObjectsV2Result{
+		Name: &bucket, Prefix: &prefix, Delimiter: &delim, MaxKeys: &maxk, KeyCount: &count,
+		IsTruncated: &res.Truncated, Contents: res.Objects, CommonPrefixes: res.CommonPrefixes,
+	}
+	if startAfter != "" {
+		out.StartAfter = &startAfter
+	}
+	if token != "" {
+		out.ContinuationToken = &token
+	}
+	if res.Truncated {
+		next := base64.RawURLEncoding.EncodeToString([]byte(res.NextMarker))
+		out.NextContinuationToken = &next
+	}
+	return out, nil
+}

@@ -1,0 +1,353 @@
+package objects
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"golang.org/x/sys/unix"
+)
+
+// objectMeta is an object's metadata record: JSON in the xattr
+// xattrName on the object's file, or in a sidecar file under
+// Work/sidecar where the file system has no user xattrs.
+//
+// Size, MtimeNs and Inode are the file's stat when the object was
+// written; a file whose stat differs was changed behind S3.
+type objectMeta struct {
+	ETag    string `json:"etag"` // quoted, as S3 sends it
+	Size    int64  `json:"size"`
+	MtimeNs int64  `json:"mtime_ns"`
+	Inode   uint64 `json:"inode"`
+
+	ContentType        string            `json:"content_type,omitempty"`
+	ContentEncoding    string            `json:"content_encoding,omitempty"`
+	ContentDisposition string            `json:"content_disposition,omitempty"`
+	ContentLanguage    string            `json:"content_language,omitempty"`
+	CacheControl       string            `json:"cache_control,omitempty"`
+	Expires            string            `json:"expires,omitempty"`
+	UserMeta           map[string]string `json:"meta,omitempty"`
+	Checksum           *checksum         `json:"checksum,omitempty"`
+	// Parts are the end offsets of a multipart object's parts.
+	Parts []int64 `json:"parts,omitempty"`
+	// Key is set in sidecar records only (they are found by a hash of
+	// the key; the key guards against a mix-up).
+	Key string `json:"key,omitempty"`
+}
+
+// checksum is an object's (or a part's) stored S3 checksum.
+type checksum struct {
+	Algorithm types.ChecksumAlgorithm `json:"algorithm"`
+	Type      types.ChecksumType      `json:"type,omitempty"`
+	Value     string                  `json:"value"` // base64, as S3 sends it
+}
+
+// xattrName is the one xattr basalt keeps on an object file.
+const xattrName = "user.basalt.object"
+
+// errNoMeta: the file has no basalt metadata (it is not an object).
+var errNoMeta = errors.New("no basalt object metadata")
+
+func (m *objectMeta) mtime() time.Time { return time.Unix(0, m.MtimeNs) }
+
+// setStat records the stat of the file that will hold the object.
+func (m *objectMeta) setStat(st *syscall.Stat_t) {
+	m.Size = st.Size
+	m.MtimeNs = st.Mtim.Nano()
+	m.Inode = st.Ino
+}
+
+// differs says how the file's stat differs from the record, "" if it
+// does not.
+func (m *objectMeta) differs(st *syscall.Stat_t) string {
+	switch {
+	case st.Ino != m.Inode:
+		return fmt.Sprintf("the file was replaced (inode %d, recorded %d)", st.Ino, m.Inode)
+	case st.Size != m.Size:
+		return fmt.Sprintf("the file's size is %d bytes, recorded %d", st.Size, m.Size)
+	case st.Mtim.Nano() != m.MtimeNs:
+		return fmt.Sprintf("the file was modified at %s, recorded %s",
+			time.Unix(0, st.Mtim.Nano()).UTC().Format(time.RFC3339Nano), m.mtime().UTC().Format(time.RFC3339Nano))
+	}
+	return ""
+}
+
+// metaStore keeps object records: xattrMeta or sidecarMeta.
+type metaStore interface {
+	kind() string
+	// read returns the record of the object file f, opened as
+	// bucket/key; errNoMeta if it has none.
+	read(f *os.File, bucket, key string) (*objectMeta, error)
+	// attach gives the unpublished temp file f its record (before the
+	// file is synced).
+	attach(f *os.File, m *objectMeta) error
+	// commit publishes m for bucket/key around rename, which puts the
+	// file in place.
+	commit(bucket, key string, m *objectMeta, rename func() error) error
+	// remove deletes bucket/key's record around del, which deletes the file.
+	remove(bucket, key string, del func() error) error
+	// stable runs fn with no commit or remove of bucket/key in progress
+	// (fn re-reads what may have been caught between the two steps of a
+	// sidecar commit).
+	stable(bucket, key string, fn func() error) error
+}
+
+// xattrMeta keeps the record in one xattr on the file, so the record
+// and the bytes are published by the same rename.
+type xattrMeta struct{}
+
+func (xattrMeta) kind() string { return "xattr" }
+
+func (xattrMeta) read(f *os.File, _, _ string) (*objectMeta, error) {
+	data, err := fgetxattr(f, xattrName)
+	if err != nil {
+		return nil, err
+	}
+	var m objectMeta
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("object metadata of %s: %w", f.Name(), err)
+	}
+	return &m, nil
+}
+
+func (xattrMeta) attach(f *os.File, m *objectMeta) error {
+	data, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = rawFd(f, func(fd int) { serr = unix.Fsetxattr(fd, xattrName, data, 0) })
+	if err == nil {
+		err = serr
+	}
+	if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.ERANGE) {
+		return metadataTooLarge(len(data))
+	}
+	if err != nil {
+		return fmt.Errorf("set metadata xattr: %w", err)
+	}
+	return nil
+}
+
+func (xattrMeta) commit(_, _ string, _ *objectMeta, rename func() error) error { return rename() }
+func (xattrMeta) remove(_, _ string, del func() error) error                   { return del() }
+func (xattrMeta) stable(_, _ string, fn func() error) error                    { return fn() }
+
+// fgetxattr reads an xattr of f; errNoMeta if it is not set.
+func fgetxattr(f *os.File, name string) ([]byte, error) {
+	buf := make([]byte, 1024)
+	for {
+		var n int
+		var gerr error
+		if err := rawFd(f, func(fd int) { n, gerr = unix.Fgetxattr(fd, name, buf) }); err != nil {
+			return nil, err
+		}
+		switch {
+		case gerr == nil:
+			return buf[:n], nil
+		case errors.Is(gerr, unix.ENODATA) || errors.Is(gerr, unix.ENOTSUP):
+			return nil, errNoMeta
+		case errors.Is(gerr, unix.ERANGE) && len(buf) < 1<<20:
+			buf = make([]byte, 4*len(buf))
+		default:
+			return nil, fmt.Errorf("read metadata xattr of %s: %w", f.Name(), gerr)
+		}
+	}
+}
+
+// sidecarMeta keeps records as files Work/sidecar/<bucket>/<h[:2]>/<h>
+// (h the SHA-256 of the key, in hex). A commit writes the record, then
+// renames the data into place, both under an exclusive lock of
+// Work/locks/<shard>; readers that find a record not matching the file
+// look again under a shared lock.
+type sidecarMeta struct {
+	dir   string // Work/sidecar
+	locks string // Work/locks
+	tmp   string // Work/tmp
+}
+
+func (s *sidecarMeta) kind() string { return "sidecar" }
+
+func (s *sidecarMeta) path(bucket, key string) string {
+	sum := sha256.Sum256([]byte(key))
+	h := hex.EncodeToString(sum[:])
+	return filepath.Join(s.dir, bucket, h[:2], h+".json")
+}
+
+func (s *sidecarMeta) read(_ *os.File, bucket, key string) (*objectMeta, error) {
+	data, err := os.ReadFile(s.path(bucket, key))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, errNoMeta
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read sidecar metadata: %w", err)
+	}
+	var m objectMeta
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("sidecar metadata of %s/%s: %w", bucket, key, err)
+	}
+	if m.Key != key {
+		return nil, errNoMeta
+	}
+	return &m, nil
+}
+
+func (s *sidecarMeta) attach(*os.File, *objectMeta) error { return nil }
+
+// lock takes the shard lock of bucket/key (how: unix.LOCK_EX or LOCK_SH).
+// flock locks belong to the open file description, so goroutines of one
+// process exclude each other as well as other gateways.
+func (s *sidecarMeta) lock(bucket, key string, how int) (func(), error) {
+	h := sha256.Sum256([]byte(bucket + "/" + key))
+	name := filepath.Join(s.locks, hex.EncodeToString(h[:1]))
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock: %w", err)
+	}
+	var lerr error
+	if err := rawFd(f, func(fd int) {
+		for {
+			if lerr = unix.Flock(fd, how); lerr != unix.EINTR {
+				return
+			}
+		}
+	}); err != nil || lerr != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", name, errors.Join(err, lerr))
+	}
+	return func() { f.Close() }, nil
+}
+
+func (s *sidecarMeta) commit(bucket, key string, m *objectMeta, rename func() error) error {
+	rec := *m
+	rec.Key = key
+	data, err := json.Marshal(&rec)
+	if err != nil {
+		return err
+	}
+	unlock, err := s.lock(bucket, key, unix.LOCK_EX)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	p := s.path(bucket, key)
+	old, oerr := os.ReadFile(p)
+	if err := writeFileSync(s.tmp, p, data); err != nil {
+		return fmt.Errorf("write sidecar metadata: %w", err)
+	}
+	if err := rename(); err != nil {
+		// Put the old record back: the old file is still in place.
+		if oerr == nil {
+			_ = writeFileSync(s.tmp, p, old)
+		} else {
+			_ = os.Remove(p)
+		}
+		return err
+	}
+	return nil
+}
+
+func (s *sidecarMeta) remove(bucket, key string, del func() error) error {
+	unlock, err := s.lock(bucket, key, unix.LOCK_EX)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := del(); err != nil {
+		return err
+	}
+	p := s.path(bucket, key)
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove sidecar metadata: %w", err)
+	}
+	return syncDir(filepath.Dir(p))
+}
+
+func (s *sidecarMeta) stable(bucket, key string, fn func() error) error {
+	unlock, err := s.lock(bucket, key, unix.LOCK_SH)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return fn()
+}
+
+// writeFileSync writes data to path durably and atomically: a temp file
+// in tmpDir, fsync, rename, fsync of path's directory (created if
+// missing).
+func writeFileSync(tmpDir, path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(tmpDir, "meta-*")
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// syncDir fsyncs a directory given by path.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// probeXattr reports whether user xattrs can be set in dir (a temp file
+// is created and removed).
+func probeXattr(dir string) (bool, error) {
+	f, err := os.CreateTemp(dir, "xattr-probe-*")
+	if err != nil {
+		return false, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	var serr error
+	if err := rawFd(f, func(fd int) { serr = unix.Fsetxattr(fd, "user.basalt.probe", []byte("1"), 0) }); err != nil {
+		return false, err
+	}
+	if serr != nil {
+		if errors.Is(serr, unix.ENOTSUP) || errors.Is(serr, unix.EPERM) || errors.Is(serr, unix.EACCES) {
+			return false, nil
+		}
+		return false, serr
+	}
+	v, err := fgetxattr(f, "user.basalt.probe")
+	if err != nil {
+		return false, nil
+	}
+	return string(v) == "1", nil
+}
+
+// rawFd runs fn with f's descriptor.
+func rawFd(f *os.File, fn func(fd int)) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Control(func(fd uintptr) { fn(int(fd)) })
+}

@@ -1,0 +1,103 @@
+package objects
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
+)
+
+// MetaBuckets is the BucketStore of a basalt cluster: bucket records in the
+// metadata store, shared by every gateway.
+type MetaBuckets struct {
+	Meta *meta.Store
+}
+
+// CreateBucket implements BucketStore. The owner must be an existing user;
+// the record keeps that user's ID, so a user deleted and created again
+// under the same name does not inherit the old buckets.
+func (m MetaBuckets) CreateBucket(ctx context.Context, b Bucket) error {
+	return m.Meta.Update(ctx, func(tx *meta.Tx) error {
+		cur, err := tx.Bucket(b.Name)
+		if err != nil {
+			return err
+		}
+		if cur != nil {
+			return ErrBucketExists
+		}
+		u, err := tx.User(b.Owner)
+		if err != nil {
+			return err
+		}
+		if u == nil {
+			return fmt.Errorf("create bucket %s: owner %w", b.Name, errs.NotFound("user", b.Owner))
+		}
+		tx.PutBucket(&meta.Bucket{Name: b.Name, OwnerID: u.ID, Owner: b.Owner,
+			OwnerAccess: b.OwnerAccess, Versioning: b.Versioning, CreatedAt: b.CreatedAt})
+		return nil
+	})
+}
+
+func fromMeta(r *meta.Bucket) *Bucket {
+	return &Bucket{Name: r.Name, Owner: r.Owner, OwnerAccess: r.OwnerAccess,
+		CreatedAt: r.CreatedAt, Versioning: r.Versioning}
+}
+
+// Bucket implements BucketStore.
+func (m MetaBuckets) Bucket(ctx context.Context, name string) (*Bucket, error) {
+	r, err := m.Meta.Bucket(ctx, name)
+	if errs.IsCode(err, errs.CodeNotFound) {
+		return nil, ErrNoSuchBucket
+	}
+	if err != nil {
+		return nil, err
+	}
+	return fromMeta(r), nil
+}
+
+// Buckets implements BucketStore.
+func (m MetaBuckets) Buckets(ctx context.Context) ([]Bucket, error) {
+	rs, err := m.Meta.Buckets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Bucket, len(rs))
+	for i, r := range rs {
+		out[i] = *fromMeta(r)
+	}
+	return out, nil
+}
+
+// DeleteBucket implements BucketStore.
+func (m MetaBuckets) DeleteBucket(ctx context.Context, name string) error {
+	return m.Meta.Update(ctx, func(tx *meta.Tx) error {
+		cur, err := tx.Bucket(name)
+		if err != nil {
+			return err
+		}
+		if cur == nil {
+			return ErrNoSuchBucket
+		}
+		tx.DeleteBucket(name)
+		return nil
+	})
+}
+
+// SetVersioning implements BucketStore.
+func (m MetaBuckets) SetVersioning(ctx context.Context, name, status string) error {
+	return m.Meta.Update(ctx, func(tx *meta.Tx) error {
+		cur, err := tx.Bucket(name)
+		if err != nil {
+			return err
+		}
+		if cur == nil {
+			return ErrNoSuchBucket
+		}
+		cur.Versioning = status
+		tx.PutBucket(cur)
+		return nil
+	})
+}
+
+var _ BucketStore = MetaBuckets{}

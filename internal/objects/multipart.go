@@ -1,0 +1,570 @@
+package objects
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/versity/versitygw/backend"
+	"github.com/versity/versitygw/s3api/utils"
+	"github.com/versity/versitygw/s3err"
+	"github.com/versity/versitygw/s3response"
+)
+
+// Multipart uploads live in Work/uploads/<bucket>/<uploadId>/:
+//
+//	info.json        the upload (key, initiator, metadata, checksum)
+//	<n>.json         part n's record (data file, ETag, size, checksum);
+//	                 renaming it into place publishes the part
+//	<n>.<random>     part n's bytes
+//
+// Complete concatenates the parts into a temp file in Work/tmp and
+// publishes it like a PUT; then the upload directory is removed.
+
+type uploadInfo struct {
+	Bucket            string                  `json:"bucket"`
+	Key               string                  `json:"key"`
+	Initiated         time.Time               `json:"initiated"`
+	Initiator         string                  `json:"initiator"` // access key id
+	Owner             string                  `json:"owner"`     // user
+	Meta              objectMeta              `json:"meta"`      // content type, user metadata
+	ChecksumAlgorithm types.ChecksumAlgorithm `json:"checksum_algorithm,omitempty"`
+	ChecksumType      types.ChecksumType      `json:"checksum_type,omitempty"`
+}
+
+type partRecord struct {
+	Number   int32     `json:"number"`
+	File     string    `json:"file"`
+	ETag     string    `json:"etag"` // quoted
+	Size     int64     `json:"size"`
+	Checksum *checksum `json:"checksum,omitempty"`
+	Modified time.Time `json:"modified"`
+}
+
+// newUploadID returns a random UUID (version 4): s3api's lister expects
+// upload ids to parse as UUIDs.
+func newUploadID() string {
+	var u [16]byte
+	rand.Read(u[:])
+	u[6] = u[6]&0x0f | 0x40
+	u[8] = u[8]&0x3f | 0x80
+	h := hex.EncodeToString(u[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// validUploadID: 36 characters of lowercase hex and dashes in UUID form
+// (an upload id becomes a directory name).
+func validUploadID(id string) bool {
+	if len(id) != 36 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func (b *Backend) uploadDir(bucket, id string) string { return filepath.Join(b.uploads, bucket, id) }
+
+// upload reads upload id of bucket/key; NoSuchUpload if there is none
+// (or it belongs to another key).
+func (b *Backend) upload(bucket, key, id string) (*uploadInfo, string, error) {
+	if err := checkBucketName(bucket); err != nil {
+		return nil, "", err
+	}
+	if !validUploadID(id) {
+		return nil, "", s3err.GetNoSuchUploadErr(id)
+	}
+	dir := b.uploadDir(bucket, id)
+	data, err := os.ReadFile(filepath.Join(dir, "info.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, "", s3err.GetNoSuchUploadErr(id)
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("upload %s: %w", id, err)
+	}
+	var info uploadInfo
+	if err := json.Unmarshal(data, &info); err != nil {
+		return nil, "", fmt.Errorf("upload %s: %w", id, err)
+	}
+	if info.Bucket != bucket || info.Key != key {
+		return nil, "", s3err.GetNoSuchUploadErr(id)
+	}
+	return &info, dir, nil
+}
+
+// CreateMultipartUpload starts an upload.
+func (b *Backend) CreateMultipartUpload(ctx context.Context, in s3response.CreateMultipartUploadInput) (s3response.InitiateMultipartUploadResult, error) {
+	bucket, key := str(in.Bucket), str(in.Key)
+	if err := checkKey(key); err != nil {
+		return s3response.InitiateMultipartUploadResult{}, err
+	}
+	r, err := b.openBucket(bucket)
+	if err != nil {
+		return s3response.InitiateMultipartUploadResult{}, err
+	}
+	r.Close()
+	acct, user, _ := caller(ctx)
+	info := uploadInfo{
+		Bucket: bucket, Key: key, Initiated: time.Now().UTC(), Initiator: strings.Clone(acct.Access), Owner: user,
+		Meta: objectMeta{
+			ContentType: str(in.ContentType), ContentEncoding: str(in.ContentEncoding),
+			ContentDisposition: str(in.ContentDisposition), ContentLanguage: str(in.ContentLanguage),
+			CacheControl: str(in.CacheControl), Expires: str(in.Expires), UserMeta: cloneMeta(in.Metadata),
+		},
+		ChecksumAlgorithm: types.ChecksumAlgorithm(strings.Clone(string(in.ChecksumAlgorithm))),
+		ChecksumType:      types.ChecksumType(strings.Clone(string(in.ChecksumType))),
+	}
+	if info.ChecksumAlgorithm != "" && info.ChecksumType == "" {
+		info.ChecksumType = types.ChecksumTypeComposite
+		if info.ChecksumAlgorithm == types.ChecksumAlgorithmCrc64nvme {
+			info.ChecksumType = types.ChecksumTypeFullObject
+		}
+	}
+	if info.ChecksumType == types.ChecksumTypeFullObject && !utils.IsChecksumComposable(info.ChecksumAlgorithm) {
+		return s3response.InitiateMultipartUploadResult{}, s3err.GetChecksumSchemaMismatchErr(info.ChecksumAlgorithm, info.ChecksumType)
+	}
+	id := newUploadID()
+	dir := b.uploadDir(bucket, id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return s3response.InitiateMultipartUploadResult{}, fmt.Errorf("create upload: %w", err)
+	}
+	data, err := json.Marshal(&info)
+	if err == nil {
+		err = writeFileSync(b.tmp, filepath.Join(dir, "info.json"), data)
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return s3response.InitiateMultipartUploadResult{}, fmt.Errorf("create upload: %w", err)
+	}
+	return s3response.InitiateMultipartUploadResult{Bucket: bucket, Key: key, UploadId: id}, nil
+}
+
+// UploadPart stores part n: bytes to Work/tmp, fsync, rename into the
+// upload directory, then the part record.
+func (b *Backend) UploadPart(ctx context.Context, in *s3.UploadPartInput) (*s3.UploadPartOutput, error) {
+	bucket, key, id := str(in.Bucket), str(in.Key), str(in.UploadId)
+	info, dir, err := b.upload(bucket, key, id)
+	if err != nil {
+		return nil, err
+	}
+	if in.PartNumber == nil || *in.PartNumber < 1 || *in.PartNumber > 10000 {
+		return nil, s3err.GetInvalidArgumentErr(s3err.InvalidArgPartNumber, "")
+	}
+	n := *in.PartNumber
+	rc, err := b.receive(in.Body, in.ContentLength, in.ChecksumAlgorithm, checksumFields{
+		in.ChecksumCRC32, in.ChecksumCRC32C, in.ChecksumSHA1, in.ChecksumSHA256, in.ChecksumCRC64NVME,
+		in.ChecksumSHA512, in.ChecksumMD5, in.ChecksumXXHASH64, in.ChecksumXXHASH3, in.ChecksumXXHASH128})
+	if err != nil {
+		return nil, err
+	}
+	defer rc.close()
+	if info.ChecksumAlgorithm != "" && rc.sum != nil && rc.sum.Algorithm != info.ChecksumAlgorithm {
+		return nil, s3err.GetChecksumTypeMismatchErr(info.ChecksumAlgorithm, rc.sum.Algorithm)
+	}
+	if err := rc.f.Sync(); err != nil {
+		return nil, err
+	}
+	var rnd [6]byte
+	rand.Read(rnd[:])
+	file := fmt.Sprintf("%d.%s", n, hex.EncodeToString(rnd[:]))
+	if err := os.Rename(rc.f.Name(), filepath.Join(dir, file)); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, s3err.GetNoSuchUploadErr(id) // aborted meanwhile
+		}
+		return nil, err
+	}
+	rc.published = true
+	if rc.sum != nil {
+		rc.sum.Type = info.ChecksumType
+	}
+	rec := partRecord{Number: n, File: file, ETag: `"` + rc.md5 + `"`, Size: rc.size, Checksum: rc.sum,
+		Modified: time.Now().UTC()}
+	old, _ := readPart(dir, n)
+	data, err := json.Marshal(&rec)
+	if err == nil {
+		err = writeFileSync(b.tmp, filepath.Join(dir, fmt.Sprintf("%d.json", n)), data)
+	}
+	if err != nil {
+		os.Remove(filepath.Join(dir, file))
+		return nil, fmt.Errorf("record part %d: %w", n, err)
+	}
+	if old != nil && old.File != file {
+		os.Remove(filepath.Join(dir, old.File))
+	}
+	out := &s3.UploadPartOutput{ETag: ptr(rec.ETag)}
+	if rc.sum != nil {
+		f := rc.sum.fields()
+		out.ChecksumCRC32, out.ChecksumCRC32C, out.ChecksumSHA1, out.ChecksumSHA256 = f.CRC32, f.CRC32C, f.SHA1, f.SHA256
+		out.ChecksumCRC64NVME, out.ChecksumSHA512, out.ChecksumMD5 = f.CRC64NVME, f.SHA512, f.MD5
+		out.ChecksumXXHASH64, out.ChecksumXXHASH3, out.ChecksumXXHASH128 = f.XXHASH64, f.XXHASH3, f.XXHASH128
+	}
+	return out, nil
+}
+
+func readPart(dir string, n int32) (*partRecord, error) {
+	data, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("%d.json", n)))
+	if err != nil {
+		return nil, err
+	}
+	var rec partRecord
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return nil, err
+	}
+	return &rec, nil
+}
+
+// parts returns the upload's part records by number.
+func parts(dir string) ([]partRecord, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []partRecord
+	for _, e := range ents {
+		num, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || num == "info" {
+			continue
+		}
+		n, err := strconv.ParseInt(num, 10, 32)
+		if err != nil {
+			continue
+		}
+		rec, err := readPart(dir, int32(n))
+		if err != nil {
+			continue
+		}
+		out = append(out, *rec)
+	}
+	slices.SortFunc(out, func(x, y partRecord) int { return int(x.Number - y.Number) })
+	return out, nil
+}
+
+// AbortMultipartUpload removes an upload and its parts.
+func (b *Backend) AbortMultipartUpload(ctx context.Context, in *s3.AbortMultipartUploadInput) error {
+	bucket, key, id := str(in.Bucket), str(in.Key), str(in.UploadId)
+	info, dir, err := b.upload(bucket, key, id)
+	if err != nil {
+		return err
+	}
+	if t := in.IfMatchInitiatedTime; t != nil && t.Unix() != info.Initiated.Unix() {
+		return s3err.GetPreconditionFailedErr(s3err.ConditionIfMatchInitiatedTime)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("abort upload %s: %w", id, err)
+	}
+	return nil
+}
+
+// ListParts lists an upload's parts.
+func (b *Backend) ListParts(ctx context.Context, in *s3.ListPartsInput) (s3response.ListPartsResult, error) {
+	bucket, key, id := str(in.Bucket), str(in.Key), str(in.UploadId)
+	info, dir, err := b.upload(bucket, key, id)
+	if err != nil {
+		return s3response.ListPartsResult{}, err
+	}
+	marker := 0
+	if in.PartNumberMarker != nil && *in.PartNumberMarker != "" {
+		if marker, err = strconv.Atoi(*in.PartNumberMarker); err != nil || marker < 0 {
+			return s3response.ListPartsResult{}, s3err.APIError{Code: "InvalidArgument",
+				Description: "Part number marker must be a non-negative integer", HTTPStatusCode: http.StatusBadRequest}
+		}
+	}
+	maxParts := 1000
+	if in.MaxParts != nil && *in.MaxParts >= 0 {
+		maxParts = min(int(*in.MaxParts), 1000)
+	}
+	all, err := parts(dir)
+	if err != nil {
+		return s3response.ListPartsResult{}, err
+	}
+	out := s3response.ListPartsResult{
+		Bucket: bucket, Key: key, UploadID: id, PartNumberMarker: marker, MaxParts: maxParts,
+		ChecksumAlgorithm: info.ChecksumAlgorithm, ChecksumType: info.ChecksumType,
+		Initiator:    s3response.Initiator{ID: info.Initiator, DisplayName: info.Owner},
+		Owner:        s3response.Owner{ID: info.Initiator, DisplayName: info.Owner},
+		StorageClass: types.StorageClassStandard,
+	}
+	for _, p := range all {
+		if int(p.Number) <= marker {
+			continue
+		}
+		if len(out.Parts) == maxParts {
+			out.IsTruncated = true
+			break
+		}
+		part := s3response.Part{PartNumber: int(p.Number), LastModified: p.Modified, ETag: p.ETag, Size: p.Size}
+		f := p.Checksum.fields()
+		part.ChecksumCRC32, part.ChecksumCRC32C, part.ChecksumSHA1, part.ChecksumSHA256 = f.CRC32, f.CRC32C, f.SHA1, f.SHA256
+		part.ChecksumCRC64NVME, part.ChecksumSHA512, part.ChecksumMD5 = f.CRC64NVME, f.SHA512, f.MD5
+		part.ChecksumXXHASH64, part.ChecksumXXHASH3, part.ChecksumXXHASH128 = f.XXHASH64, f.XXHASH3, f.XXHASH128
+		out.Parts = append(out.Parts, part)
+		out.NextPartNumberMarker = int(p.Number)
+	}
+	return out, nil
+}
+
+// ListMultipartUploads lists a bucket's uploads (backend.ListMultipartUploads
+// pages them).
+func (b *Backend) ListMultipartUploads(ctx context.Context, in *s3.ListMultipartUploadsInput) (s3response.ListMultipartUploadsResult, error) {
+	bucket := str(in.Bucket)
+	prefix, delim, keyMarker, idMarker := str(in.Prefix), str(in.Delimiter), str(in.KeyMarker), str(in.UploadIdMarker)
+	r, err := b.openBucket(bucket)
+	if err != nil {
+		return s3response.ListMultipartUploadsResult{}, err
+	}
+	r.Close()
+	maxUploads := 1000
+	if in.MaxUploads != nil && *in.MaxUploads >= 0 {
+		maxUploads = min(int(*in.MaxUploads), 1000)
+	}
+	ents, err := os.ReadDir(filepath.Join(b.uploads, bucket))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return s3response.ListMultipartUploadsResult{}, err
+	}
+	var ups []s3response.Upload
+	for _, e := range ents {
+		if !e.IsDir() || !validUploadID(e.Name()) {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(b.uploads, bucket, e.Name(), "info.json"))
+		if err != nil {
+			continue
+		}
+		var info uploadInfo
+		if json.Unmarshal(data, &info) != nil || info.Bucket != bucket {
+			continue
+		}
+		if !strings.HasPrefix(info.Key, prefix) {
+			continue
+		}
+		// With an upload-id marker the marker key's own uploads are
+		// listed after that id; without one, listing starts after the key.
+		if keyMarker != "" && (info.Key < keyMarker || info.Key == keyMarker && idMarker == "") {
+			continue
+		}
+		ups = append(ups, s3response.Upload{
+			Key: info.Key, UploadID: e.Name(), StorageClass: types.StorageClassStandard, Initiated: info.Initiated,
+			Initiator:         s3response.Initiator{ID: info.Initiator, DisplayName: info.Owner},
+			Owner:             s3response.Owner{ID: info.Initiator, DisplayName: info.Owner},
+			ChecksumAlgorithm: info.ChecksumAlgorithm, ChecksumType: info.ChecksumType,
+		})
+	}
+	slices.SortStableFunc(ups, func(x, y s3response.Upload) int {
+		if c := strings.Compare(x.Key, y.Key); c != 0 {
+			return c
+		}
+		if c := x.Initiated.Compare(y.Initiated); c != 0 {
+			return c
+		}
+		return strings.Compare(x.UploadID, y.UploadID)
+	})
+	page, err := backend.ListMultipartUploads(ups, prefix, delim, keyMarker, idMarker, maxUploads)
+	if err != nil {
+		return s3response.ListMultipartUploadsResult{}, err
+	}
+	return s3response.ListMultipartUploadsResult{
+		Bucket: bucket, KeyMarker: keyMarker, UploadIDMarker: idMarker, Delimiter: delim, Prefix: prefix,
+		MaxUploads: maxUploads, IsTruncated: page.IsTruncated, NextKeyMarker: page.NextKeyMarker,
+		NextUploadIDMarker: page.NextUploadIDMarker, Uploads: page.Uploads, CommonPrefixes: page.CommonPrefixes,
+	}, nil
+}
+
+// CompleteMultipartUpload checks the part list (ascending, known parts
+// with matching ETags, all but the last at least 5 MiB), concatenates the
+// parts into a temp file (copy_file_range where possible), syncs it and
+// publishes it like a PUT; the ETag follows S3's multipart rule.
+func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMultipartUploadInput) (s3response.CompleteMultipartUploadResult, string, error) {
+	var none s3response.CompleteMultipartUploadResult
+	bucket, key, id := str(in.Bucket), str(in.Key), str(in.UploadId)
+	if err := checkKey(key); err != nil {
+		return none, "", err
+	}
+	info, dir, err := b.upload(bucket, key, id)
+	if err != nil {
+		return none, "", err
+	}
+	r, err := b.openBucket(bucket)
+	if err != nil {
+		return none, "", err
+	}
+	defer r.Close()
+	if in.MultipartUpload == nil || len(in.MultipartUpload.Parts) == 0 {
+		return none, "", s3err.GetAPIError(s3err.ErrMalformedXML)
+	}
+	if in.IfMatch != nil || in.IfNoneMatch != nil {
+		if err := b.putPreconditions(r, bucket, key, in.IfMatch, in.IfNoneMatch); err != nil {
+			return none, "", err
+		}
+	}
+	want := in.MultipartUpload.Parts
+	last := int32(0)
+	for _, p := range want {
+		if p.PartNumber == nil || p.ETag == nil {
+			return none, "", s3err.GetAPIError(s3err.ErrMalformedXML)
+		}
+		if *p.PartNumber <= last {
+			return none, "", s3err.GetAPIError(s3err.ErrInvalidPartOrder)
+		}
+		last = *p.PartNumber
+	}
+	recs := make([]*partRecord, len(want))
+	var total int64
+	ends := make([]int64, len(want))
+	for i, p := range want {
+		n := *p.PartNumber
+		rec, err := readPart(dir, n)
+		if err != nil || trimQuotes(rec.ETag) != trimQuotes(*p.ETag) {
+			return none, "", s3err.GetInvalidPartErr(id, n, *p.ETag)
+		}
+		if i < len(want)-1 && rec.Size < backend.MinPartSize {
+			return none, "", s3err.GetEntityTooSmallErr(rec.Size, backend.MinPartSize)
+		}
+		recs[i] = rec
+		total += rec.Size
+		ends[i] = total
+	}
+	if in.MpuObjectSize != nil && *in.MpuObjectSize != total {
+		return none, "", s3err.GetIncorrectMpObjectSizeErr(total, *in.MpuObjectSize)
+	}
+	etag, err := backend.ComputeMultipartETagFromPartETags(want)
+	if err != nil {
+		return none, "", err
+	}
+	sum, err := multipartChecksum(info, recs, checksumFields{
+		in.ChecksumCRC32, in.ChecksumCRC32C, in.ChecksumSHA1, in.ChecksumSHA256, in.ChecksumCRC64NVME,
+		in.ChecksumSHA512, in.ChecksumMD5, in.ChecksumXXHASH64, in.ChecksumXXHASH3, in.ChecksumXXHASH128})
+	if err != nil {
+		return none, "", err
+	}
+	tmp, err := b.createTemp()
+	if err != nil {
+		return none, "", err
+	}
+	rc := &received{f: tmp}
+	defer rc.close()
+	for _, rec := range recs {
+		if err := appendFile(tmp, filepath.Join(dir, rec.File), rec.Size); err != nil {
+			return none, "", fmt.Errorf("complete upload %s: part %d: %w", id, rec.Number, err)
+		}
+	}
+	fi, err := tmp.Stat()
+	if err != nil {
+		return none, "", err
+	}
+	rc.st = fi.Sys().(*syscall.Stat_t)
+	m := info.Meta
+	m.ETag = etag
+	m.Checksum = sum
+	m.Parts = ends
+	if err := b.finish(rc, &m); err != nil {
+		return none, "", err
+	}
+	if err := b.publish(r, bucket, key, tmp, &m); err != nil {
+		return none, "", err
+	}
+	rc.published = true
+	if err := os.RemoveAll(dir); err != nil {
+		b.log.Warn("remove completed upload", "upload", id, "err", err)
+	}
+	res := s3response.CompleteMultipartUploadResult{Bucket: &bucket, Key: &key, ETag: &etag}
+	if sum != nil {
+		f := sum.fields()
+		res.ChecksumCRC32, res.ChecksumCRC32C, res.ChecksumSHA1, res.ChecksumSHA256 = f.CRC32, f.CRC32C, f.SHA1, f.SHA256
+		res.ChecksumCRC64NVME, res.ChecksumSHA512, res.ChecksumMD5 = f.CRC64NVME, f.SHA512, f.MD5
+		res.ChecksumXXHASH64, res.ChecksumXXHASH3, res.ChecksumXXHASH128 = f.XXHASH64, f.XXHASH3, f.XXHASH128
+		res.ChecksumType = &sum.Type
+	}
+	return res, "", nil
+}
+
+// appendFile appends the n bytes of file name to dst.
+func appendFile(dst *os.File, name string, n int64) error {
+	src, err := os.Open(name)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	written, err := dst.ReadFrom(&io.LimitedReader{R: src, N: n})
+	if err != nil {
+		return err
+	}
+	if written != n {
+		return fmt.Errorf("part file %s has %d bytes, recorded %d", name, written, n)
+	}
+	return nil
+}
+
+// multipartChecksum computes the whole object's checksum from the parts'
+// (COMPOSITE: checksum of the part checksums, "-N"; FULL_OBJECT: CRCs
+// combined), and compares it with the one the client sent, if any. No
+// checksum without an algorithm given at creation or with a part that
+// has none.
+func multipartChecksum(info *uploadInfo, recs []*partRecord, sent checksumFields) (*checksum, error) {
+	algo := info.ChecksumAlgorithm
+	if algo == "" {
+		return nil, nil
+	}
+	for _, rec := range recs {
+		if rec.Checksum == nil || rec.Checksum.Algorithm != algo {
+			return nil, nil
+		}
+	}
+	var value string
+	switch info.ChecksumType {
+	case types.ChecksumTypeFullObject:
+		value = recs[0].Checksum.Value
+		for _, rec := range recs[1:] {
+			v, err := utils.AddCRCChecksum(algo, value, rec.Checksum.Value, rec.Size)
+			if err != nil {
+				return nil, fmt.Errorf("combine part checksums: %w", err)
+			}
+			value = v
+		}
+	default:
+		cr, err := utils.NewCompositeChecksumReader(utils.HashType(strings.ToLower(string(algo))))
+		if err != nil {
+			return nil, s3err.GetAPIError(s3err.ErrInvalidChecksumAlgorithm)
+		}
+		for _, rec := range recs {
+			if err := cr.Process(rec.Checksum.Value); err != nil {
+				return nil, s3err.GetChecksumBadDigestErr(algo)
+			}
+		}
+		value = fmt.Sprintf("%s-%d", cr.Sum(), len(recs))
+	}
+	if a, v := sent.pick(); a != "" {
+		if a != algo {
+			return nil, s3err.GetChecksumTypeMismatchErr(algo, a)
+		}
+		if v != value {
+			return nil, s3err.GetChecksumBadDigestErr(algo)
+		}
+	}
+	return &checksum{Algorithm: algo, Type: info.ChecksumType, Value: value}, nil
+}
