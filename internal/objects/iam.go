@@ -14,12 +14,15 @@ import (
 
 // IAM is versitygw's auth.IAMService over basalt's users: the users of
 // `basalt user create` use S3 at once with the keys in their s3.env, and
-// deleting a user revokes their keys on every node, because every request
-// resolves its access key in the metadata store (no cache to go stale).
+// deleting a user revokes their keys on every node within the latency of
+// an etcd watch (Users mirrors the records; a miss asks the store).
 // Accounts are managed with the basalt CLI only; S3 admin calls are
 // refused.
 type IAM struct {
 	Meta *meta.Store
+	// Users, if set, answers lookups without a round trip (the store is
+	// asked on a miss: a user created a moment ago on another node).
+	Users *meta.Mirror[*meta.User]
 }
 
 // userArn prefixes the basalt user name carried in Account.Arn, which
@@ -45,6 +48,11 @@ const lookupTimeout = 5 * time.Second
 // admins are S3 admins (every bucket); other users may create buckets and
 // use their own (RoleUserPlus). A user mapped to a uid/gid carries them.
 func (i *IAM) GetUserAccount(access string) (auth.Account, error) {
+	if i.Users != nil {
+		if u, ok := i.Users.Get(access); ok {
+			return account(u), nil
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
 	defer cancel()
 	u, err := i.Meta.UserByAccessKey(ctx, access)

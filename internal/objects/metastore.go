@@ -9,9 +9,13 @@ import (
 )
 
 // MetaBuckets is the BucketStore of a basalt cluster: bucket records in the
-// metadata store, shared by every gateway.
+// metadata store, shared by every gateway. Lookups (one per S3 request:
+// ownership) are answered from Mirror when it has the bucket, and from the
+// store otherwise, so a bucket created through another node a moment ago
+// is found.
 type MetaBuckets struct {
-	Meta *meta.Store
+	Meta   *meta.Store
+	Mirror *meta.Mirror[*meta.Bucket] // optional
 }
 
 // CreateBucket implements BucketStore. The owner must be an existing user;
@@ -46,6 +50,11 @@ func fromMeta(r *meta.Bucket) *Bucket {
 
 // Bucket implements BucketStore.
 func (m MetaBuckets) Bucket(ctx context.Context, name string) (*Bucket, error) {
+	if m.Mirror != nil {
+		if r, ok := m.Mirror.Get(name); ok {
+			return fromMeta(r), nil
+		}
+	}
 	r, err := m.Meta.Bucket(ctx, name)
 	if errs.IsCode(err, errs.CodeNotFound) {
 		return nil, ErrNoSuchBucket

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -33,9 +34,14 @@ func (n *Node) s3URL() string {
 // protocol layer, basalt's backend (package objects) and basalt's users
 // as IAM. Every node serves it; all state is in etcd and the store.
 func (n *Node) startS3() error {
+	// Every request resolves its access key and its bucket's owner: from
+	// node-local mirrors of those records, not from the etcd leader.
+	ctx, cancel := context.WithCancel(context.Background())
+	n.s3Stop = cancel
 	be, err := objects.New(objects.Config{
 		Root: n.store.BucketsDir(), Work: n.store.ObjectsDir(),
-		Buckets: objects.MetaBuckets{Meta: n.meta}, Log: n.log.With("component", "s3"),
+		Buckets: objects.MetaBuckets{Meta: n.meta, Mirror: n.meta.MirrorBuckets(ctx)},
+		Log:     n.log.With("component", "s3"),
 	})
 	if err != nil {
 		return fmt.Errorf("object store: %w", err)
@@ -44,7 +50,7 @@ func (n *Node) startS3() error {
 	// admins through IAM instead, so root gets a key nobody knows.
 	root := middlewares.RootUserConfig{Access: "basalt-root-" + randomID(), Secret: randomID() + randomID() + randomID()}
 	listening := make(chan struct{})
-	srv, err := s3api.New(be, root, s3Region, &objects.IAM{Meta: n.meta}, nil, nil, nil, nil,
+	srv, err := s3api.New(be, root, s3Region, &objects.IAM{Meta: n.meta, Users: n.meta.MirrorUsersByAccessKey(ctx)}, nil, nil, nil, nil,
 		s3api.WithConcurrencyLimiter(65536, 4096),
 		s3api.WithKeepAlive(),
 		s3api.WithQuiet(),

@@ -77,6 +77,7 @@ type Node struct {
 	nbd       *nbd.Server
 	nbdURI    string // scheme://host:port/ without the export name
 	s3        *s3api.S3ApiServer
+	s3Stop    context.CancelFunc // ends the S3 gateway's metadata mirrors
 	cancel    context.CancelFunc
 	AdminDir  string
 }
@@ -348,6 +349,9 @@ func (n *Node) Close() {
 		if err := n.s3.ShutDown(); err != nil {
 			n.log.Warn("s3 server shutdown", "err", err)
 		}
+	}
+	if n.s3Stop != nil {
+		n.s3Stop()
 	}
 	if n.cancel != nil {
 		n.cancel()

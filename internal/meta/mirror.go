@@ -1,0 +1,130 @@
+package meta
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Mirror is a node-local copy of every record under one prefix, indexed by
+// a key of the caller's choosing, kept current by an etcd watch: hot paths
+// that resolve a record per request (S3 access keys, bucket owners) read
+// it without a round trip to the leader.
+//
+// A Mirror lags the store by the watch's latency (milliseconds). Callers
+// treat a hit as current and a miss as "ask the store": a record created a
+// moment ago on another node is found there, and one deleted a moment ago
+// may still be served from here for that long.
+//
+// Invariant: after the first successful list, the map equals the prefix
+// as of the last revision applied; a broken watch (compaction, leader
+// loss) relists from scratch.
+type Mirror[T versioned] struct {
+	s      *Store
+	prefix string
+	mk     func() T
+	index  func(T) string
+	mu     sync.RWMutex
+	byKey  map[string]T // etcd key → record
+	byIdx  map[string]T // index(record) → record
+	synced bool
+}
+
+// Get returns the record whose index is idx; ok is false when the mirror
+// has no such record or is not synced yet.
+func (m *Mirror[T]) Get(idx string) (r T, ok bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	r, ok = m.byIdx[idx]
+	return r, ok && m.synced
+}
+
+// run lists and watches until ctx ends.
+func (m *Mirror[T]) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		rev, err := m.load(ctx)
+		if err == nil {
+			m.watch(ctx, rev)
+		}
+		m.mu.Lock()
+		m.synced = false
+		m.mu.Unlock()
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (m *Mirror[T]) load(ctx context.Context) (int64, error) {
+	lctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, err := m.s.cli.Get(lctx, m.prefix, clientv3.WithPrefix())
+	if err != nil {
+		return 0, err
+	}
+	byKey, byIdx := map[string]T{}, map[string]T{}
+	for _, kv := range resp.Kvs {
+		r := m.mk()
+		if decode(string(kv.Key), kv.Value, r) != nil {
+			continue // a corrupt record is reported by the direct reads
+		}
+		byKey[string(kv.Key)] = r
+		if idx := m.index(r); idx != "" {
+			byIdx[idx] = r
+		}
+	}
+	m.mu.Lock()
+	m.byKey, m.byIdx, m.synced = byKey, byIdx, true
+	m.mu.Unlock()
+	return resp.Header.Revision, nil
+}
+
+func (m *Mirror[T]) watch(ctx context.Context, rev int64) {
+	wch := m.s.cli.Watch(clientv3.WithRequireLeader(ctx), m.prefix, clientv3.WithPrefix(),
+		clientv3.WithRev(rev+1), clientv3.WithPrevKV())
+	for resp := range wch {
+		if resp.Err() != nil {
+			return
+		}
+		m.mu.Lock()
+		for _, ev := range resp.Events {
+			key := string(ev.Kv.Key)
+			if old, ok := m.byKey[key]; ok {
+				delete(m.byIdx, m.index(old))
+				delete(m.byKey, key)
+			}
+			if ev.Type == clientv3.EventTypePut {
+				r := m.mk()
+				if decode(key, ev.Kv.Value, r) == nil {
+					m.byKey[key] = r
+					if idx := m.index(r); idx != "" {
+						m.byIdx[idx] = r
+					}
+				}
+			}
+		}
+		m.mu.Unlock()
+	}
+}
+
+// MirrorBuckets mirrors the bucket records, by name, until ctx ends.
+func (s *Store) MirrorBuckets(ctx context.Context) *Mirror[*Bucket] {
+	return startMirror(ctx, s, prefixBuckets, func() *Bucket { return &Bucket{} },
+		func(b *Bucket) string { return b.Name })
+}
+
+// MirrorUsersByAccessKey mirrors the users, by S3 access key id, until ctx
+// ends.
+func (s *Store) MirrorUsersByAccessKey(ctx context.Context) *Mirror[*User] {
+	return startMirror(ctx, s, prefixUsers, func() *User { return &User{} },
+		func(u *User) string { return u.AccessKeyID })
+}
+
+func startMirror[T versioned](ctx context.Context, s *Store, prefix string, mk func() T, index func(T) string) *Mirror[T] {
+	m := &Mirror[T]{s: s, prefix: prefix, mk: mk, index: index}
+	go m.run(ctx)
+	return m
+}
