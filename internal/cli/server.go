@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/objects"
 	"github.com/basalt-storage/basalt/internal/server"
 	"github.com/basalt-storage/basalt/internal/size"
 	"github.com/basalt-storage/basalt/internal/volume"
@@ -69,6 +70,7 @@ command line wins over the environment, which wins over the file.`,
 	f.StringVar(&cfg.Store, "store", "", "data root on the shared file system (default DATA/store)")
 	f.StringVar(&cfg.API, "api", ":8443", "control API listen address (HTTPS, mTLS)")
 	f.StringVar(&cfg.S3, "s3", "127.0.0.1:9000", "S3 listen address (HTTP with SigV4; no TLS yet, hence loopback by default)")
+	f.StringVar(&cfg.S3TrustFile, "s3-trust-file", objects.DefaultTrustFile, "where a uid vouches for the S3 user mapped to it ({home}: its home directory, {uid}: its number); see docs/objects.md")
 	f.StringVar(&cfg.NBD, "nbd", "127.0.0.1:10809", "NBD listen address; beyond loopback, clients must use TLS (nbds://) unless --nbd-insecure")
 	f.BoolVar(&cfg.NBDInsecure, "nbd-insecure", false, "allow NBD without TLS on a non-loopback --nbd address")
 	f.StringVar(&cfg.EtcdClient, "etcd-client", "127.0.0.1:2379", "embedded etcd client listen address")

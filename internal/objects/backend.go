@@ -37,6 +37,10 @@ type Config struct {
 	// owner asks (the owner's own requests need no lookup); without it
 	// the key recorded at CreateBucket is used.
 	AccessOf func(ctx context.Context, user string) (string, error)
+	// TrustFile is where a user mapped to a uid proves holding it: a
+	// path template, "{home}" being the uid's home directory (default
+	// "{home}/.basalt-s3"; "{uid}" is also replaced). See identity.go.
+	TrustFile string
 }
 
 // Backend is basalt's backend.Backend: objects are plain files under
@@ -53,6 +57,7 @@ type Backend struct {
 	meta       metaStore
 	log        *slog.Logger
 	accessOf   func(ctx context.Context, user string) (string, error)
+	trustFile  string
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -102,13 +107,17 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("objects: Root %s and Work %s are on different file systems", root, work)
 	}
 	b := &Backend{
-		root:     root,
-		work:     work,
-		tmp:      filepath.Join(work, "tmp"),
-		uploads:  filepath.Join(work, "uploads"),
-		buckets:  cfg.Buckets,
-		log:      log,
-		accessOf: cfg.AccessOf,
+		root:      root,
+		work:      work,
+		tmp:       filepath.Join(work, "tmp"),
+		uploads:   filepath.Join(work, "uploads"),
+		buckets:   cfg.Buckets,
+		log:       log,
+		accessOf:  cfg.AccessOf,
+		trustFile: cfg.TrustFile,
+	}
+	if b.trustFile == "" {
+		b.trustFile = DefaultTrustFile
 	}
 	xattrs, err := probeXattr(b.tmp)
 	if err != nil {

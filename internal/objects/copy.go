@@ -121,6 +121,9 @@ func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput)
 	if err := b.finish(rc, &m); err != nil {
 		return s3response.CopyObjectOutput{}, err
 	}
+	if err := b.giveToWriter(ctx, tmp); err != nil {
+		return s3response.CopyObjectOutput{}, err
+	}
 	if err := b.publish(dr, dstBucket, dstKey, tmp, &m); err != nil {
 		return s3response.CopyObjectOutput{}, err
 	}

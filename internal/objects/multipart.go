@@ -485,6 +485,9 @@ func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMu
 	if err := b.finish(rc, &m); err != nil {
 		return none, "", err
 	}
+	if err := b.giveToWriter(ctx, tmp); err != nil {
+		return none, "", err
+	}
 	if err := b.publish(r, bucket, key, tmp, &m); err != nil {
 		return none, "", err
 	}

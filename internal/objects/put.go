@@ -217,6 +217,9 @@ func (b *Backend) PutObject(ctx context.Context, in s3response.PutObjectInput) (
 	if err := b.finish(rc, m); err != nil {
 		return s3response.PutObjectOutput{}, err
 	}
+	if err := b.giveToWriter(ctx, rc.f); err != nil {
+		return s3response.PutObjectOutput{}, err
+	}
 	if err := b.publish(r, bucket, key, rc.f, m); err != nil {
 		return s3response.PutObjectOutput{}, err
 	}

@@ -144,6 +144,7 @@ type env struct {
 	alice, bob      *s3.Client
 	admin           *s3.Client
 	aliceKey        string
+	iam             testIAM // the accounts; tests may change them
 }
 
 func freeAddr(t *testing.T) string {
@@ -190,14 +191,14 @@ func newEnvTLS(t *testing.T, sidecar, useTLS bool) *env {
 		t.Fatal(err)
 	}
 	e.be = be
-	iam := testIAM{
+	e.iam = testIAM{
 		"AKALICE": {Access: "AKALICE", Secret: "alice-secret", Role: auth.RoleUserPlus, Arn: "user/alice"},
 		"AKBOB":   {Access: "AKBOB", Secret: "bob-secret", Role: auth.RoleUserPlus, Arn: "user/bob"},
 	}
 	addr := freeAddr(t)
 	ready := make(chan struct{})
 	var once sync.Once
-	srv, err := s3api.New(be, middlewares.RootUserConfig{Access: "AKROOT", Secret: "root-secret"}, "us-east-1", iam,
+	srv, err := s3api.New(be, middlewares.RootUserConfig{Access: "AKROOT", Secret: "root-secret"}, "us-east-1", e.iam,
 		nil, nil, nil, nil,
 		s3api.WithConcurrencyLimiter(1000, 1000), s3api.WithKeepAlive(), s3api.WithDisableACL(), s3api.WithQuiet(),
 		s3api.WithOnListen(func() { once.Do(func() { close(ready) }) }))

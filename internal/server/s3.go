@@ -41,7 +41,7 @@ func (n *Node) startS3() error {
 	be, err := objects.New(objects.Config{
 		Root: n.store.BucketsDir(), Work: n.store.ObjectsDir(),
 		Buckets: objects.MetaBuckets{Meta: n.meta, Mirror: n.meta.MirrorBuckets(ctx)},
-		Log:     n.log.With("component", "s3"),
+		Log:     n.log.With("component", "s3"), TrustFile: n.cfg.S3TrustFile,
 	})
 	if err != nil {
 		return fmt.Errorf("object store: %w", err)

@@ -48,7 +48,10 @@ type Config struct {
 	Store string
 	API   string
 	S3    string // S3 listen address
-	NBD   string
+	// S3TrustFile is where a uid vouches for the S3 user mapped to it
+	// (objects.Config.TrustFile; empty: the default).
+	S3TrustFile string
+	NBD         string
 	// NBDInsecure allows NBD without TLS on a non-loopback address.
 	NBDInsecure   bool
 	EtcdClient    string

@@ -1,0 +1,103 @@
+package objects
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/versity/versitygw/auth"
+)
+
+// Cluster identity (pWalrus): an admin may map a basalt user to a uid and
+// gid (`basalt user create --uid --gid`), and the objects that user writes
+// over S3 then belong to that uid on the file system, as if they had
+// written them directly. An admin's word is not enough, though: the
+// mapping is trusted only while the uid itself vouches for it, with a
+// trust file that holds the user's access key id and that nobody but the
+// uid (or root) can write. Whoever controls the uid's files agrees to
+// receive that S3 user's objects; nobody else can make the gateway give
+// files to a uid.
+
+// DefaultTrustFile is the trust file's path template: "{home}" is the
+// uid's home directory (from the passwd database), "{uid}" the number.
+const DefaultTrustFile = "{home}/.basalt-s3"
+
+// maxTrustFile bounds how much of a trust file is read.
+const maxTrustFile = 64 << 10
+
+// trustPath is the trust file of uid, or "" if its template names a home
+// directory the uid does not have.
+func (b *Backend) trustPath(uid int) string {
+	p := strings.ReplaceAll(b.trustFile, "{uid}", strconv.Itoa(uid))
+	if strings.Contains(p, "{home}") {
+		u, err := user.LookupId(strconv.Itoa(uid))
+		if err != nil || u.HomeDir == "" {
+			return ""
+		}
+		p = strings.ReplaceAll(p, "{home}", u.HomeDir)
+	}
+	return p
+}
+
+// trusted reports whether acct's uid mapping may be used now, and if not,
+// why (for the log).
+func (b *Backend) trusted(acct auth.Account) (bool, string) {
+	uid := acct.UserID
+	path := b.trustPath(uid)
+	if path == "" {
+		return false, fmt.Sprintf("uid %d has no home directory for %s", uid, b.trustFile)
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return false, fmt.Sprintf("no trust file: %v", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return false, err.Error()
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.Mode().IsRegular():
+		return false, path + " is not a regular file"
+	case int(st.Uid) != uid && st.Uid != 0:
+		return false, fmt.Sprintf("%s belongs to uid %d, not %d", path, st.Uid, uid)
+	case fi.Mode().Perm()&0o022 != 0:
+		return false, fmt.Sprintf("%s is writable by others (mode %v)", path, fi.Mode().Perm())
+	}
+	sc := bufio.NewScanner(io.LimitReader(f, maxTrustFile))
+	for sc.Scan() {
+		if strings.TrimSpace(sc.Text()) == acct.Access {
+			return true, ""
+		}
+	}
+	return false, fmt.Sprintf("%s does not hold the access key id", path)
+}
+
+// giveToWriter makes f (an object about to be published) belong to the
+// writing user's uid and gid when the user is mapped and the mapping is
+// trusted; otherwise f keeps the gateway's ownership.
+func (b *Backend) giveToWriter(ctx context.Context, f *os.File) error {
+	acct, _, ok := caller(ctx)
+	if !ok || acct.UserID <= 0 { // unmapped (never chown to root)
+		return nil
+	}
+	if ok, why := b.trusted(acct); !ok {
+		b.log.Info("uid mapping not trusted; object stays the gateway's", "user", userOf(acct), "uid", acct.UserID, "why", why)
+		return nil
+	}
+	gid := acct.GroupID
+	if gid <= 0 {
+		gid = -1 // unchanged
+	}
+	if err := f.Chown(acct.UserID, gid); err != nil {
+		return fmt.Errorf("give the object to uid %d: %w", acct.UserID, err)
+	}
+	return nil
+}

@@ -1,0 +1,112 @@
+package objects
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+)
+
+// owner is the uid and gid of a file.
+func owner(t *testing.T, path string) (int, int) {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	return int(st.Uid), int(st.Gid)
+}
+
+// A mapped user's objects belong to their uid only while the uid's trust
+// file holds their access key and nobody else can write it.
+func TestObjectsGoToTheTrustedUID(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("giving files to another uid needs root") // CI runs as root
+	}
+	e := newEnv(t, false)
+	const uid, gid = 4242, 4343
+	a := e.iam["AKALICE"]
+	a.UserID, a.GroupID = uid, gid
+	e.iam["AKALICE"] = a
+	e.be.trustFile = filepath.Join(e.dir, "trust-{uid}")
+	trust := filepath.Join(e.dir, "trust-4242")
+	if _, err := e.alice.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String("mine")}); err != nil {
+		t.Fatal(err)
+	}
+	file := func(key string) string { return filepath.Join(e.root, "mine", key) }
+
+	cases := []struct {
+		name    string
+		setup   func()
+		trusted bool
+	}{
+		{"no trust file", func() {}, false},
+		{"trust file with the key", func() {
+			must(t, os.WriteFile(trust, []byte("# basalt\n  AKALICE \n"), 0o600))
+			must(t, os.Chown(trust, uid, gid))
+		}, true},
+		{"writable by the group", func() { must(t, os.Chmod(trust, 0o620)) }, false},
+		{"owned by another uid", func() {
+			must(t, os.Chmod(trust, 0o600))
+			must(t, os.Chown(trust, 5555, gid))
+		}, false},
+		{"owned by root", func() { must(t, os.Chown(trust, 0, 0)) }, true},
+		{"without the key", func() { must(t, os.WriteFile(trust, []byte("AKBOB\n"), 0o600)) }, false},
+		{"a symlink to a good file", func() {
+			good := filepath.Join(e.dir, "good")
+			must(t, os.WriteFile(good, []byte("AKALICE\n"), 0o600))
+			must(t, os.Remove(trust))
+			must(t, os.Symlink(good, trust))
+		}, false},
+	}
+	for i, c := range cases {
+		c.setup()
+		key := "obj" + string(rune('a'+i))
+		put(t, e.alice, "mine", key, c.name)
+		u, g := owner(t, file(key))
+		if c.trusted && (u != uid || g != gid) || !c.trusted && u != 0 {
+			t.Errorf("%s: object owned by %d:%d (trusted=%v)", c.name, u, g, c.trusted)
+		}
+	}
+
+	// Copies and completed multipart uploads are writes too.
+	must(t, os.Remove(trust))
+	must(t, os.WriteFile(trust, []byte("AKALICE\n"), 0o600))
+	if _, err := e.alice.CopyObject(ctx, &s3.CopyObjectInput{Bucket: aws.String("mine"), Key: aws.String("copy"),
+		CopySource: aws.String("mine/obja")}); err != nil {
+		t.Fatal(err)
+	}
+	if u, g := owner(t, file("copy")); u != uid || g != gid {
+		t.Errorf("copy owned by %d:%d", u, g)
+	}
+	up, err := e.alice.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String("mine"), Key: aws.String("mp")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	part, err := e.alice.UploadPart(ctx, &s3.UploadPartInput{Bucket: aws.String("mine"), Key: aws.String("mp"),
+		UploadId: up.UploadId, PartNumber: aws.Int32(1), Body: strings.NewReader("only part")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.alice.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{Bucket: aws.String("mine"),
+		Key: aws.String("mp"), UploadId: up.UploadId, MultipartUpload: &types.CompletedMultipartUpload{
+			Parts: []types.CompletedPart{{ETag: part.ETag, PartNumber: aws.Int32(1)}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if u, g := owner(t, file("mp")); u != uid || g != gid {
+		t.Errorf("multipart object owned by %d:%d", u, g)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
