@@ -83,8 +83,10 @@ func (m *Mirror[T]) load(ctx context.Context) (int64, error) {
 }
 
 func (m *Mirror[T]) watch(ctx context.Context, rev int64) {
+	// WithRequireLeader: a member cut off from the leader ends the watch,
+	// so the mirror stops answering (synced false) instead of going stale.
 	wch := m.s.cli.Watch(clientv3.WithRequireLeader(ctx), m.prefix, clientv3.WithPrefix(),
-		clientv3.WithRev(rev+1), clientv3.WithPrevKV())
+		clientv3.WithRev(rev+1))
 	for resp := range wch {
 		if resp.Err() != nil {
 			return
