@@ -55,7 +55,7 @@ func (n *Node) startS3() error {
 		s3api.WithKeepAlive(),
 		s3api.WithQuiet(),
 		s3api.WithDisableACL(),
-		s3api.WithHealth("/healthz"),
+		s3api.WithHealth("/healthz"), // for load balancers; no bucket can be named healthz
 		s3api.WithOnListen(func() { close(listening) }),
 	)
 	if err != nil {
@@ -71,5 +71,10 @@ func (n *Node) startS3() error {
 		return errors.New("s3 server did not start listening within 30s")
 	}
 	n.s3 = srv
+	go func() {
+		if err := <-failed; err != nil {
+			n.log.Error("s3 server stopped", "err", err)
+		}
+	}()
 	return nil
 }
