@@ -149,6 +149,7 @@ func (b *Backend) DeleteBucket(ctx context.Context, bucket string) error {
 	}
 	if err == nil {
 		visible, err := b.hasObjects(ctx, r, bucket, ".")
+		visible = visible || hasVersions(r)
 		r.Close()
 		if err != nil {
 			return err
@@ -254,8 +255,8 @@ func (b *Backend) GetBucketVersioning(ctx context.Context, bucket string) (s3res
 	return out, nil
 }
 
-// PutBucketVersioning records the status. Versions themselves are not
-// kept yet (docs/objects.md).
+// PutBucketVersioning records the status; writes and deletes follow it
+// (versions.go).
 func (b *Backend) PutBucketVersioning(ctx context.Context, bucket string, status types.BucketVersioningStatus) error {
 	bucket = strings.Clone(bucket)
 	if _, err := b.record(ctx, bucket); err != nil {

@@ -57,11 +57,8 @@ func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput)
 	if err := checkKey(dstKey); err != nil {
 		return s3response.CopyObjectOutput{}, err
 	}
-	if err := checkVersion(srcBucket, srcKey, &srcVersion); err != nil {
-		return s3response.CopyObjectOutput{}, err
-	}
 	replace := in.MetadataDirective == types.MetadataDirectiveReplace
-	if srcBucket == dstBucket && srcKey == dstKey && !replace {
+	if srcBucket == dstBucket && srcKey == dstKey && !replace && srcVersion == "" {
 		return s3response.CopyObjectOutput{}, s3err.GetAPIError(s3err.ErrInvalidCopyDest)
 	}
 	sr, err := b.openBucket(srcBucket)
@@ -76,7 +73,11 @@ func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput)
 		}
 		defer dr.Close()
 	}
-	src, err := b.openObject(sr, srcBucket, srcKey)
+	status, err := b.versioning(ctx, dstBucket)
+	if err != nil {
+		return s3response.CopyObjectOutput{}, err
+	}
+	src, err := b.openVersion(sr, srcBucket, srcKey, srcVersion)
 	if err != nil {
 		return s3response.CopyObjectOutput{}, err
 	}
@@ -109,6 +110,7 @@ func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput)
 	rc.st = fi.Sys().(*syscall.Stat_t)
 	m := *src.m
 	m.Key = ""
+	m.VersionID = writeVersion(status)
 	if replace {
 		m.ContentType = str(in.ContentType)
 		m.ContentEncoding = str(in.ContentEncoding)
@@ -124,7 +126,7 @@ func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput)
 	if err := b.giveToWriter(ctx, tmp); err != nil {
 		return s3response.CopyObjectOutput{}, err
 	}
-	if err := b.publish(dr, dstBucket, dstKey, tmp, &m); err != nil {
+	if err := b.publishWrite(dr, dstBucket, dstKey, tmp, &m, status); err != nil {
 		return s3response.CopyObjectOutput{}, err
 	}
 	rc.published = true
@@ -137,5 +139,12 @@ func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput)
 		res.ChecksumXXHASH64, res.ChecksumXXHASH3, res.ChecksumXXHASH128 = f.XXHASH64, f.XXHASH3, f.XXHASH128
 		res.ChecksumType = m.Checksum.Type
 	}
-	return s3response.CopyObjectOutput{CopyObjectResult: res}, nil
+	out := s3response.CopyObjectOutput{CopyObjectResult: res}
+	if srcVersion != "" {
+		out.CopySourceVersionId = ptr(srcVersion)
+	}
+	if status != "" {
+		out.VersionId = ptr(showVersion(m.VersionID))
+	}
+	return out, nil
 }

@@ -61,7 +61,8 @@ func (b *Backend) deleteObject(r *os.Root, bucket, key string, pre *backend.Obje
 // DeleteObject deletes one object.
 func (b *Backend) DeleteObject(ctx context.Context, in *s3.DeleteObjectInput) (*s3.DeleteObjectOutput, error) {
 	bucket, key := str(in.Bucket), str(in.Key)
-	if err := checkVersion(bucket, key, in.VersionId); err != nil {
+	status, err := b.versioning(ctx, bucket)
+	if err != nil {
 		return nil, err
 	}
 	r, err := b.openBucket(bucket)
@@ -77,17 +78,28 @@ func (b *Backend) DeleteObject(ctx context.Context, in *s3.DeleteObjectInput) (*
 	if in.IfMatch != nil && *in.IfMatch != "" {
 		ifMatch = in.IfMatch
 	}
-	err = b.deleteObject(r, bucket, key, &backend.ObjectDeletePreconditions{
+	vid, marker, err := b.deleteVersioned(r, bucket, key, str(in.VersionId), status, &backend.ObjectDeletePreconditions{
 		IfMatch: ifMatch, IfMatchLastModTime: mt, IfMatchSize: in.IfMatchSize})
 	if err != nil {
 		return nil, err
 	}
-	return &s3.DeleteObjectOutput{}, nil
+	out := &s3.DeleteObjectOutput{}
+	if vid != "" {
+		out.VersionId = &vid
+	}
+	if marker {
+		out.DeleteMarker = &marker
+	}
+	return out, nil
 }
 
 // DeleteObjects deletes several objects, reporting each.
 func (b *Backend) DeleteObjects(ctx context.Context, in *s3.DeleteObjectsInput) (s3response.DeleteResult, error) {
 	bucket := str(in.Bucket)
+	status, err := b.versioning(ctx, bucket)
+	if err != nil {
+		return s3response.DeleteResult{}, err
+	}
 	r, err := b.openBucket(bucket)
 	if err != nil {
 		return s3response.DeleteResult{}, err
@@ -99,12 +111,18 @@ func (b *Backend) DeleteObjects(ctx context.Context, in *s3.DeleteObjectsInput) 
 	}
 	for _, obj := range in.Delete.Objects {
 		key := str(obj.Key)
-		err := checkVersion(bucket, key, obj.VersionId)
+		vid, marker, err := b.deleteVersioned(r, bucket, key, str(obj.VersionId), status, nil)
 		if err == nil {
-			err = b.deleteObject(r, bucket, key, nil)
-		}
-		if err == nil {
-			res.Deleted = append(res.Deleted, types.DeletedObject{Key: &key})
+			d := types.DeletedObject{Key: &key}
+			switch {
+			case marker && obj.VersionId == nil:
+				d.DeleteMarker, d.DeleteMarkerVersionId = &marker, &vid
+			case marker:
+				d.DeleteMarker, d.VersionId = &marker, &vid
+			case vid != "":
+				d.VersionId = &vid
+			}
+			res.Deleted = append(res.Deleted, d)
 			continue
 		}
 		code, msg := "InternalError", err.Error()

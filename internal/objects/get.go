@@ -117,15 +117,6 @@ func isEscape(err error) bool {
 	return errors.As(err, &pe) && pe.Err != nil && pe.Err.Error() == "path escapes from parent"
 }
 
-// checkVersion refuses version ids other than "null" (versioned storage
-// is not implemented yet).
-func checkVersion(bucket, key string, v *string) error {
-	if v == nil || *v == "" || *v == "null" {
-		return nil
-	}
-	return s3err.GetNoSuchVersionErr(key, *v)
-}
-
 // part returns the byte range of part n (1-based) of o and the part count.
 func (o *object) part(n int32) (start, length int64, count int32, err error) {
 	if len(o.m.Parts) == 0 {
@@ -151,15 +142,12 @@ func (b *Backend) GetObject(ctx context.Context, in *s3.GetObjectInput) (*s3.Get
 	if err := readKey(key); err != nil {
 		return nil, err
 	}
-	if err := checkVersion(bucket, key, in.VersionId); err != nil {
-		return nil, err
-	}
 	r, err := b.openBucket(bucket)
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	o, err := b.openObject(r, bucket, key)
+	o, err := b.openVersion(r, bucket, key, str(in.VersionId))
 	if err != nil {
 		return nil, err
 	}
@@ -183,15 +171,12 @@ func (b *Backend) HeadObject(ctx context.Context, in *s3.HeadObjectInput) (*s3.H
 	if err := readKey(key); err != nil {
 		return nil, err
 	}
-	if err := checkVersion(bucket, key, in.VersionId); err != nil {
-		return nil, err
-	}
 	r, err := b.openBucket(bucket)
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	o, err := b.openObject(r, bucket, key)
+	o, err := b.openVersion(r, bucket, key, str(in.VersionId))
 	if err != nil {
 		return nil, err
 	}
@@ -211,6 +196,7 @@ func (b *Backend) HeadObject(ctx context.Context, in *s3.HeadObjectInput) (*s3.H
 		ChecksumSHA256: out.ChecksumSHA256, ChecksumCRC64NVME: out.ChecksumCRC64NVME,
 		ChecksumSHA512: out.ChecksumSHA512, ChecksumMD5: out.ChecksumMD5, ChecksumXXHASH64: out.ChecksumXXHASH64,
 		ChecksumXXHASH3: out.ChecksumXXHASH3, ChecksumXXHASH128: out.ChecksumXXHASH128,
+		VersionId: out.VersionId,
 	}, nil
 }
 
@@ -230,6 +216,9 @@ func (o *object) describe(rng *string, partNumber *int32, mode types.ChecksumMod
 		Metadata:      m.UserMeta,
 		CacheControl:  optional(m.CacheControl),
 		ExpiresString: optional(m.Expires),
+	}
+	if m.VersionID != "" {
+		out.VersionId = ptr(m.VersionID)
 	}
 	out.ContentEncoding = optional(m.ContentEncoding)
 	out.ContentDisposition = optional(m.ContentDisposition)

@@ -83,13 +83,13 @@ func (b *Backend) walk(ctx context.Context, bucket, prefix, delim, marker string
 	defer r.Close()
 	fsys := listFS{r.FS(), b.log}
 	get := b.listEntry(r, bucket)
-	res, err := backend.Walk(ctx, fsys, prefix, delim, marker, max, get, nil)
+	res, err := backend.Walk(ctx, fsys, prefix, delim, marker, max, get, []string{versionsDir})
 	if err != nil {
 		return backend.WalkResults{}, err
 	}
 	cps := res.CommonPrefixes[:0]
 	for _, cp := range res.CommonPrefixes {
-		sub, err := backend.Walk(ctx, fsys, *cp.Prefix, "", "", 1, get, nil)
+		sub, err := backend.Walk(ctx, fsys, *cp.Prefix, "", "", 1, get, []string{versionsDir})
 		if err != nil {
 			return backend.WalkResults{}, err
 		}
@@ -108,7 +108,7 @@ func (b *Backend) hasObjects(ctx context.Context, r *os.Root, bucket, dir string
 	if dir != "." {
 		prefix = dir + "/"
 	}
-	res, err := backend.Walk(ctx, listFS{r.FS(), b.log}, prefix, "", "", 1, b.listEntry(r, bucket), nil)
+	res, err := backend.Walk(ctx, listFS{r.FS(), b.log}, prefix, "", "", 1, b.listEntry(r, bucket), []string{versionsDir})
 	if err != nil {
 		return false, err
 	}

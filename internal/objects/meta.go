@@ -37,6 +37,9 @@ type objectMeta struct {
 	Checksum           *checksum         `json:"checksum,omitempty"`
 	// Parts are the end offsets of a multipart object's parts.
 	Parts []int64 `json:"parts,omitempty"`
+	// VersionID is the object's version id ("" for the null version);
+	// see versions.go.
+	VersionID string `json:"version_id,omitempty"`
 	// Key is set in sidecar records only (they are found by a hash of
 	// the key; the key guards against a mix-up).
 	Key string `json:"key,omitempty"`

@@ -417,6 +417,10 @@ func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMu
 	if in.MultipartUpload == nil || len(in.MultipartUpload.Parts) == 0 {
 		return none, "", s3err.GetAPIError(s3err.ErrMalformedXML)
 	}
+	status, err := b.versioning(ctx, bucket)
+	if err != nil {
+		return none, "", err
+	}
 	if in.IfMatch != nil || in.IfNoneMatch != nil {
 		if err := b.putPreconditions(r, bucket, key, in.IfMatch, in.IfNoneMatch); err != nil {
 			return none, "", err
@@ -482,13 +486,14 @@ func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMu
 	m.ETag = etag
 	m.Checksum = sum
 	m.Parts = ends
+	m.VersionID = writeVersion(status)
 	if err := b.finish(rc, &m); err != nil {
 		return none, "", err
 	}
 	if err := b.giveToWriter(ctx, tmp); err != nil {
 		return none, "", err
 	}
-	if err := b.publish(r, bucket, key, tmp, &m); err != nil {
+	if err := b.publishWrite(r, bucket, key, tmp, &m, status); err != nil {
 		return none, "", err
 	}
 	rc.published = true
@@ -502,6 +507,9 @@ func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMu
 		res.ChecksumCRC64NVME, res.ChecksumSHA512, res.ChecksumMD5 = f.CRC64NVME, f.SHA512, f.MD5
 		res.ChecksumXXHASH64, res.ChecksumXXHASH3, res.ChecksumXXHASH128 = f.XXHASH64, f.XXHASH3, f.XXHASH128
 		res.ChecksumType = &sum.Type
+	}
+	if status != "" {
+		return res, showVersion(m.VersionID), nil
 	}
 	return res, "", nil
 }

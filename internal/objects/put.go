@@ -191,6 +191,10 @@ func (b *Backend) PutObject(ctx context.Context, in s3response.PutObjectInput) (
 		return s3response.PutObjectOutput{}, err
 	}
 	defer r.Close()
+	status, err := b.versioning(ctx, bucket)
+	if err != nil {
+		return s3response.PutObjectOutput{}, err
+	}
 	if in.IfMatch != nil || in.IfNoneMatch != nil {
 		if err := b.putPreconditions(r, bucket, key, in.IfMatch, in.IfNoneMatch); err != nil {
 			return s3response.PutObjectOutput{}, err
@@ -213,6 +217,7 @@ func (b *Backend) PutObject(ctx context.Context, in s3response.PutObjectInput) (
 		Expires:            str(in.Expires),
 		UserMeta:           cloneMeta(in.Metadata),
 		Checksum:           rc.sum,
+		VersionID:          writeVersion(status),
 	}
 	if err := b.finish(rc, m); err != nil {
 		return s3response.PutObjectOutput{}, err
@@ -220,12 +225,15 @@ func (b *Backend) PutObject(ctx context.Context, in s3response.PutObjectInput) (
 	if err := b.giveToWriter(ctx, rc.f); err != nil {
 		return s3response.PutObjectOutput{}, err
 	}
-	if err := b.publish(r, bucket, key, rc.f, m); err != nil {
+	if err := b.publishWrite(r, bucket, key, rc.f, m, status); err != nil {
 		return s3response.PutObjectOutput{}, err
 	}
 	rc.published = true
 	size := m.Size
 	out := s3response.PutObjectOutput{ETag: m.ETag, Size: &size}
+	if status != "" {
+		out.VersionID = showVersion(m.VersionID)
+	}
 	if m.Checksum != nil {
 		f := m.Checksum.fields()
 		out.ChecksumCRC32, out.ChecksumCRC32C, out.ChecksumSHA1, out.ChecksumSHA256 = f.CRC32, f.CRC32C, f.SHA1, f.SHA256

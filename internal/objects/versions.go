@@ -1,0 +1,746 @@
+package objects
+
+// Bucket versioning (docs/objects.md, "Versioning"). The current version
+// of bucket/key is the file <bucket>/<key>, as without versioning; its
+// record carries its version id ("" = the null version). Non-current
+// versions are ordinary files <bucket>/.basalt-versions/<key>/<id>, each
+// with its own record (the xattr travels with the inode; in sidecar mode
+// the record is kept under the pseudo-key ".basalt-versions/<key>/<id>").
+// Delete markers are empty files .basalt-versions/<key>/<id>.delete-marker.
+// Writes and deletes of one key in a versioned bucket are serialised by
+// a flock on Work/locks/v<shard> (across gateways too).
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/versity/versitygw/backend"
+	"github.com/versity/versitygw/s3err"
+	"github.com/versity/versitygw/s3response"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// versionsDir holds the non-current versions, below the bucket directory.
+	versionsDir = ".basalt-versions"
+	// markerSuffix ends the name of a delete marker's file.
+	markerSuffix = ".delete-marker"
+	// nullVersion is the id S3 shows for the null version (and the name
+	// of its file).
+	nullVersion = "null"
+	// versionIDLen: 16 hex digits of UnixNano, 8 random hex digits.
+	versionIDLen = 24
+
+	statusEnabled   = string(types.BucketVersioningStatusEnabled)
+	statusSuspended = string(types.BucketVersioningStatusSuspended)
+)
+
+// newVersionID returns a version id; ids sort chronologically as strings.
+func newVersionID() string {
+	var r [4]byte
+	_, _ = rand.Read(r[:])
+	return fmt.Sprintf("%016x%s", time.Now().UnixNano(), hex.EncodeToString(r[:]))
+}
+
+// validVersionID: "null" or an id of newVersionID's form.
+func validVersionID(v string) bool {
+	if v == nullVersion {
+		return true
+	}
+	if len(v) != versionIDLen {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if !(v[i] >= '0' && v[i] <= '9' || v[i] >= 'a' && v[i] <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func errInvalidVersion(v string) error {
+	return s3err.APIError{Code: "InvalidArgument", Description: fmt.Sprintf("Invalid version id specified: %q", v),
+		HTTPStatusCode: http.StatusBadRequest}
+}
+
+// showVersion is the id as S3 shows it ("null" for "").
+func showVersion(v string) string {
+	if v == "" {
+		return nullVersion
+	}
+	return v
+}
+
+// versionFile is the path (inside the bucket) of version vid of key.
+func versionFile(key, vid string) string {
+	return versionsDir + "/" + key + "/" + showVersion(vid)
+}
+
+// markerFile is the path of delete marker vid of key.
+func markerFile(key, vid string) string { return versionFile(key, vid) + markerSuffix }
+
+// versioning returns the bucket's versioning status ("", Enabled, Suspended).
+func (b *Backend) versioning(ctx context.Context, bucket string) (string, error) {
+	rec, err := b.record(ctx, bucket)
+	if err != nil {
+		return "", err
+	}
+	return rec.Versioning, nil
+}
+
+// writeVersion returns the version id a write gets under status.
+func writeVersion(status string) string {
+	if status == statusEnabled {
+		return newVersionID()
+	}
+	return ""
+}
+
+// versionLock serialises the versioned writes and deletes of bucket/key.
+func (b *Backend) versionLock(bucket, key string) (func(), error) {
+	h := sha256.Sum256([]byte(bucket + "/" + key))
+	name := filepath.Join(b.work, "locks", "v"+hex.EncodeToString(h[:1]))
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock: %w", err)
+	}
+	var lerr error
+	if err := rawFd(f, func(fd int) {
+		for {
+			if lerr = unix.Flock(fd, unix.LOCK_EX); lerr != unix.EINTR {
+				return
+			}
+		}
+	}); err != nil || lerr != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", name, errors.Join(err, lerr))
+	}
+	return func() { f.Close() }, nil
+}
+
+// publishWrite publishes tmp (record m attached) as bucket/key like
+// publish; with versioning on (status not ""), the current object is
+// first hard-linked to its version file (unless it is the null version
+// and status is Suspended: then it is replaced), and with Suspended an
+// older null version is removed once the new object is in place.
+func (b *Backend) publishWrite(r *os.Root, bucket, key string, tmp *os.File, m *objectMeta, status string) error {
+	if status == "" {
+		return b.publish(r, bucket, key, tmp, m)
+	}
+	unlock, err := b.versionLock(bucket, key)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	kept, err := b.keepCurrent(r, bucket, key, status == statusSuspended)
+	if err != nil {
+		return err
+	}
+	if err := b.publish(r, bucket, key, tmp, m); err != nil {
+		if kept != "" {
+			_ = b.removeVersionFile(r, bucket, kept)
+		}
+		return err
+	}
+	if status == statusSuspended {
+		return b.removeNull(r, bucket, key)
+	}
+	return nil
+}
+
+// keepCurrent hard-links the current object bucket/key (if there is one)
+// to its version file and returns that path; nothing if the current
+// object is the null version and replaceNull is set.
+func (b *Backend) keepCurrent(r *os.Root, bucket, key string, replaceNull bool) (string, error) {
+	o, err := b.openRecorded(r, bucket, key)
+	if isNoSuchKey(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	o.f.Close()
+	if replaceNull && o.m.VersionID == "" {
+		return "", nil
+	}
+	vpath := versionFile(key, o.m.VersionID)
+	dir := path.Dir(vpath)
+	if err := mkdirs(r, bucket, vpath, dir); err != nil {
+		return "", fmt.Errorf("keep version of %s/%s: %w", bucket, key, err)
+	}
+	rec := *o.m
+	rec.Key = ""
+	err = b.meta.commit(bucket, vpath, &rec, func() error {
+		err := r.Link(key, vpath)
+		if errors.Is(err, fs.ErrExist) {
+			// A stale file of the same version (an earlier null version).
+			if err = r.Remove(vpath); err == nil {
+				err = r.Link(key, vpath)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("keep version of %s/%s: %w", bucket, key, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	return vpath, syncIn(r, dir)
+}
+
+// removeVersionFile removes a version file (and its record) or a delete
+// marker, then the empty directories above it.
+func (b *Backend) removeVersionFile(r *os.Root, bucket, vpath string) error {
+	del := func() error {
+		if err := r.Remove(vpath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove %s/%s: %w", bucket, vpath, err)
+		}
+		return nil
+	}
+	var err error
+	if strings.HasSuffix(vpath, markerSuffix) {
+		err = del()
+	} else {
+		err = b.meta.remove(bucket, vpath, del)
+	}
+	if err != nil {
+		return err
+	}
+	dir := path.Dir(vpath)
+	_ = syncIn(r, dir)
+	pruneDirs(r, dir)
+	return nil
+}
+
+// removeNull removes the non-current null version and null delete marker of key.
+func (b *Backend) removeNull(r *os.Root, bucket, key string) error {
+	for _, p := range []string{versionFile(key, ""), markerFile(key, "")} {
+		if _, err := r.Lstat(p); err == nil {
+			if err := b.removeVersionFile(r, bucket, p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// addMarker creates the delete marker vid of key.
+func (b *Backend) addMarker(r *os.Root, bucket, key, vid string) error {
+	p := markerFile(key, vid)
+	dir := path.Dir(p)
+	if err := mkdirs(r, bucket, p, dir); err != nil {
+		return err
+	}
+	f, err := r.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("create delete marker %s/%s: %w", bucket, p, err)
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return syncIn(r, dir)
+}
+
+// deleteVersioned is DeleteObject on a bucket with versioning status
+// status, or with a version id (vid, "" for none). It returns the version
+// id to answer and whether it is a delete marker.
+func (b *Backend) deleteVersioned(r *os.Root, bucket, key, vid, status string, pre *backend.ObjectDeletePreconditions) (string, bool, error) {
+	if vid == "" && status == "" {
+		return "", false, b.deleteObject(r, bucket, key, pre)
+	}
+	if vid != "" && !validVersionID(vid) {
+		return "", false, errInvalidVersion(vid)
+	}
+	if checkKey(key) != nil {
+		return "", false, nil // not an object: nothing to delete
+	}
+	unlock, err := b.versionLock(bucket, key)
+	if err != nil {
+		return "", false, err
+	}
+	defer unlock()
+	if vid == "" {
+		// A delete marker becomes the latest version.
+		kept, err := b.keepCurrent(r, bucket, key, status == statusSuspended)
+		if err != nil {
+			return "", false, err
+		}
+		if err := b.deleteObject(r, bucket, key, pre); err != nil {
+			if kept != "" {
+				_ = b.removeVersionFile(r, bucket, kept)
+			}
+			return "", false, err
+		}
+		mid := ""
+		if status == statusSuspended {
+			if err := b.removeNull(r, bucket, key); err != nil {
+				return "", false, err
+			}
+		} else {
+			mid = newVersionID()
+		}
+		if err := b.addMarker(r, bucket, key, mid); err != nil {
+			return "", false, err
+		}
+		return showVersion(mid), true, nil
+	}
+	// A given version: the current object, a version file or a marker.
+	want := vid
+	if want == nullVersion {
+		want = ""
+	}
+	marker := false
+	if o, err := b.openRecorded(r, bucket, key); err == nil {
+		o.f.Close()
+		if o.m.VersionID == want {
+			if err := b.deleteObject(r, bucket, key, pre); err != nil {
+				return "", false, err
+			}
+			return vid, false, b.promote(r, bucket, key)
+		}
+	} else if !isNoSuchKey(err) {
+		return "", false, err
+	}
+	p := versionFile(key, want)
+	if _, err := r.Lstat(p); err != nil {
+		p = markerFile(key, want)
+		if _, err := r.Lstat(p); err != nil {
+			return vid, false, nil // no such version: nothing to delete (S3)
+		}
+		marker = true
+	}
+	if err := b.removeVersionFile(r, bucket, p); err != nil {
+		return "", false, err
+	}
+	return vid, marker, b.promote(r, bucket, key)
+}
+
+// promote makes the newest remaining version of key the current object
+// when there is no current object and that version is not a delete marker.
+func (b *Backend) promote(r *os.Root, bucket, key string) error {
+	if _, err := r.Lstat(key); err == nil {
+		return nil
+	}
+	vs, err := b.versionsOf(r, key)
+	if err != nil || len(vs) == 0 || vs[0].marker {
+		return err
+	}
+	vpath := versionFile(key, vs[0].id)
+	o, err := b.openRecorded(r, bucket, vpath)
+	if err != nil {
+		if isNoSuchKey(err) {
+			return nil // not a version basalt wrote: left alone
+		}
+		return err
+	}
+	o.f.Close()
+	dir, _ := splitKey(key)
+	if err := mkdirs(r, bucket, key, dir); err != nil {
+		return err
+	}
+	rec := *o.m
+	rec.Key = ""
+	err = b.meta.commit(bucket, key, &rec, func() error {
+		if err := r.Rename(vpath, key); err != nil {
+			return fmt.Errorf("restore %s/%s: %w", bucket, vpath, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	// The version's own record (sidecar) is no longer needed.
+	if err := b.meta.remove(bucket, vpath, func() error { return nil }); err != nil {
+		return err
+	}
+	if err := syncIn(r, dir); err != nil {
+		return err
+	}
+	vdir := path.Dir(vpath)
+	_ = syncIn(r, vdir)
+	pruneDirs(r, vdir)
+	return nil
+}
+
+// versionEntry is one file in .basalt-versions/<key>/.
+type versionEntry struct {
+	id     string // "" for null
+	marker bool
+	stamp  int64 // ns: from the id, or the file's (record's) mtime for null
+}
+
+// versionStamp orders versions: the time in the id, or mtime for null.
+func versionStamp(id string, mtime int64) int64 {
+	if id == "" {
+		return mtime
+	}
+	n, err := strconv.ParseUint(id[:16], 16, 64)
+	if err != nil {
+		return 0
+	}
+	return int64(n)
+}
+
+// versionsOf lists the non-current versions and delete markers of key,
+// newest first.
+func (b *Backend) versionsOf(r *os.Root, key string) ([]versionEntry, error) {
+	ents, err := fs.ReadDir(r.FS(), versionsDir+"/"+key)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []versionEntry
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		name := e.Name()
+		v := versionEntry{}
+		if strings.HasSuffix(name, markerSuffix) {
+			v.marker = true
+			name = strings.TrimSuffix(name, markerSuffix)
+		}
+		if !validVersionID(name) {
+			continue
+		}
+		if name != nullVersion {
+			v.id = name
+		}
+		var mtime int64
+		if v.id == "" {
+			if fi, err := e.Info(); err == nil {
+				mtime = fi.Sys().(*syscall.Stat_t).Mtim.Nano()
+			}
+		}
+		v.stamp = versionStamp(v.id, mtime)
+		out = append(out, v)
+	}
+	sortVersions(out)
+	return out, nil
+}
+
+func sortVersions(vs []versionEntry) {
+	slices.SortStableFunc(vs, func(a, b versionEntry) int {
+		if a.stamp != b.stamp {
+			if a.stamp > b.stamp {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(b.id, a.id)
+	})
+}
+
+// openVersion opens version vid ("" for the current object) of
+// bucket/key, checked like openObject.
+func (b *Backend) openVersion(r *os.Root, bucket, key, vid string) (*object, error) {
+	if vid == "" {
+		return b.openObject(r, bucket, key)
+	}
+	if !validVersionID(vid) {
+		return nil, errInvalidVersion(vid)
+	}
+	want := vid
+	if want == nullVersion {
+		want = ""
+	}
+	o, why, err := b.inspect(r, bucket, key)
+	if err == nil {
+		if o.m.VersionID == want {
+			if why != "" {
+				o.f.Close()
+				return nil, errModified(bucket, key, why)
+			}
+			return o, nil
+		}
+		o.f.Close()
+	} else if !isNoSuchKey(err) {
+		return nil, err
+	}
+	o, err = b.openObject(r, bucket, versionFile(key, want))
+	if err == nil {
+		return o, nil
+	}
+	if !isNoSuchKey(err) {
+		return nil, err
+	}
+	if _, merr := r.Lstat(markerFile(key, want)); merr == nil {
+		return nil, s3err.GetAPIError(s3err.ErrMethodNotAllowed)
+	}
+	return nil, s3err.GetNoSuchVersionErr(key, vid)
+}
+
+// ListObjectVersions lists the current objects (IsLatest), their
+// versions newest first, and delete markers, by key. It reads every key
+// under the prefix before answering a page.
+func (b *Backend) ListObjectVersions(ctx context.Context, in *s3.ListObjectVersionsInput) (s3response.ListVersionsResult, error) {
+	bucket, prefix, delim := str(in.Bucket), str(in.Prefix), str(in.Delimiter)
+	keyMarker, vidMarker := str(in.KeyMarker), str(in.VersionIdMarker)
+	maxk := maxKeys(in.MaxKeys)
+	r, err := b.openBucket(bucket)
+	if err != nil {
+		return s3response.ListVersionsResult{}, err
+	}
+	defer r.Close()
+	keys, err := b.versionedKeys(ctx, r, prefix)
+	if err != nil {
+		return s3response.ListVersionsResult{}, err
+	}
+	out := s3response.ListVersionsResult{Name: &bucket, Prefix: &prefix, Delimiter: &delim, MaxKeys: &maxk,
+		KeyMarker: &keyMarker, VersionIdMarker: &vidMarker}
+	truncated := false
+	count := int32(0)
+	lastKey, lastVid := "", ""
+	seenCP := map[string]bool{}
+	full := func() bool { return count >= maxk }
+	for _, key := range keys {
+		if delim != "" && keyMarker != "" && strings.HasSuffix(keyMarker, delim) && strings.HasPrefix(key, keyMarker) {
+			continue // inside a common prefix already returned
+		}
+		if keyMarker != "" && (key < keyMarker || key == keyMarker && vidMarker == "") {
+			continue
+		}
+		if delim != "" {
+			if i := strings.Index(key[len(prefix):], delim); i >= 0 {
+				cp := key[:len(prefix)+i+len(delim)]
+				if seenCP[cp] {
+					continue
+				}
+				if full() {
+					truncated = true
+					break
+				}
+				seenCP[cp] = true
+				out.CommonPrefixes = append(out.CommonPrefixes, types.CommonPrefix{Prefix: ptr(cp)})
+				count++
+				lastKey, lastVid = cp, ""
+				continue
+			}
+		}
+		vers, err := b.keyVersions(r, bucket, key)
+		if err != nil {
+			return s3response.ListVersionsResult{}, err
+		}
+		skipping := key == keyMarker && vidMarker != ""
+		for _, v := range vers {
+			if skipping {
+				if v.ver != nil && *v.ver.VersionId == vidMarker || v.mark != nil && *v.mark.VersionId == vidMarker {
+					skipping = false
+				}
+				continue
+			}
+			if full() {
+				truncated = true
+				break
+			}
+			if v.ver != nil {
+				out.Versions = append(out.Versions, *v.ver)
+				lastVid = *v.ver.VersionId
+			} else {
+				out.DeleteMarkers = append(out.DeleteMarkers, *v.mark)
+				lastVid = *v.mark.VersionId
+			}
+			lastKey = key
+			count++
+		}
+		if truncated {
+			break
+		}
+	}
+	out.IsTruncated = &truncated
+	if truncated {
+		out.NextKeyMarker = ptr(lastKey)
+		if lastVid != "" {
+			out.NextVersionIdMarker = ptr(lastVid)
+		}
+	}
+	return out, nil
+}
+
+// listedVersion is a version or a delete marker of a listing.
+type listedVersion struct {
+	ver  *s3response.ObjectVersion
+	mark *types.DeleteMarkerEntry
+}
+
+// keyVersions returns key's current object and versions, newest first,
+// the first one marked IsLatest.
+func (b *Backend) keyVersions(r *os.Root, bucket, key string) ([]listedVersion, error) {
+	var out []listedVersion
+	k := key
+	describe := func(p, vid string) *s3response.ObjectVersion {
+		o, why, err := b.inspect(r, bucket, p)
+		if err != nil {
+			if !isNoSuchKey(err) {
+				b.log.Warn("version listing skips a file", "bucket", bucket, "path", p, "err", err)
+			}
+			return nil
+		}
+		defer o.f.Close()
+		f := false
+		v := &s3response.ObjectVersion{Key: &k, VersionId: ptr(showVersion(vid)), IsLatest: &f}
+		if why != "" {
+			size, mtime := o.st.Size, time.Unix(0, o.st.Mtim.Nano()).UTC()
+			v.Size, v.LastModified = &size, &mtime
+			v.StorageClass = types.ObjectVersionStorageClass(storageClassModified)
+			return v
+		}
+		size, mtime := o.m.Size, o.m.mtime().UTC()
+		v.Size, v.LastModified, v.ETag = &size, &mtime, ptr(o.m.ETag)
+		v.StorageClass = types.ObjectVersionStorageClassStandard
+		if o.m.Checksum != nil {
+			v.ChecksumAlgorithm = []types.ChecksumAlgorithm{o.m.Checksum.Algorithm}
+			v.ChecksumType = o.m.Checksum.Type
+		}
+		return v
+	}
+	if o, err := b.openRecorded(r, bucket, key); err == nil {
+		o.f.Close()
+		if v := describe(key, o.m.VersionID); v != nil {
+			out = append(out, listedVersion{ver: v})
+		}
+	}
+	vs, err := b.versionsOf(r, key)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range vs {
+		if e.marker {
+			f := false
+			m := &types.DeleteMarkerEntry{Key: &k, VersionId: ptr(showVersion(e.id)), IsLatest: &f}
+			if fi, err := r.Lstat(markerFile(key, e.id)); err == nil {
+				t := fi.ModTime().UTC()
+				m.LastModified = &t
+			}
+			out = append(out, listedVersion{mark: m})
+			continue
+		}
+		if v := describe(versionFile(key, e.id), e.id); v != nil {
+			out = append(out, listedVersion{ver: v})
+		}
+	}
+	if len(out) > 0 {
+		t := true
+		if out[0].ver != nil {
+			out[0].ver.IsLatest = &t
+		} else {
+			out[0].mark.IsLatest = &t
+		}
+	}
+	return out, nil
+}
+
+// versionedKeys returns, sorted, the keys under prefix that have a
+// current object or a version file.
+func (b *Backend) versionedKeys(ctx context.Context, r *os.Root, prefix string) ([]string, error) {
+	set := map[string]bool{}
+	fsys := r.FS()
+	// compatible: a directory d (a key prefix) may hold keys under prefix.
+	compatible := func(d string) bool {
+		d += "/"
+		return strings.HasPrefix(prefix, d) || strings.HasPrefix(d, prefix)
+	}
+	walk := func(base string, add func(p string, d fs.DirEntry)) error {
+		err := fs.WalkDir(fsys, base, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				if p == base && errors.Is(err, fs.ErrNotExist) {
+					return fs.SkipAll
+				}
+				b.log.Warn("version listing skips a directory", "path", p, "err", err)
+				return nil
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			rel := p
+			if base != "." {
+				rel = strings.TrimPrefix(strings.TrimPrefix(p, base), "/")
+			}
+			if d.IsDir() {
+				if p == base {
+					return nil
+				}
+				if base == "." && strings.HasPrefix(d.Name(), reservedPrefix) {
+					return fs.SkipDir
+				}
+				if !compatible(rel) {
+					return fs.SkipDir
+				}
+				return nil
+			}
+			add(rel, d)
+			return nil
+		})
+		return err
+	}
+	err := walk(".", func(p string, d fs.DirEntry) {
+		if d.Type().IsRegular() && strings.HasPrefix(p, prefix) && checkKey(p) == nil {
+			set[p] = true
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = walk(versionsDir, func(p string, d fs.DirEntry) {
+		if !d.Type().IsRegular() {
+			return
+		}
+		key, name := path.Split(p)
+		key = strings.TrimSuffix(key, "/")
+		if !validVersionID(strings.TrimSuffix(name, markerSuffix)) || key == "" {
+			return
+		}
+		if strings.HasPrefix(key, prefix) && checkKey(key) == nil {
+			set[key] = true
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	keys := make([]string, 0, len(set))
+	for k := range set {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys, nil
+}
+
+// hasVersions reports whether the bucket holds any non-current version
+// or delete marker.
+func hasVersions(r *os.Root) bool {
+	found := false
+	_ = fs.WalkDir(r.FS(), versionsDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if !d.IsDir() {
+			found = true
+			return fs.SkipAll
+		}
+		return nil
+	})
+	return found
+}

@@ -1,0 +1,496 @@
+package objects
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+)
+
+func TestVersioning(t *testing.T) {
+	for _, mode := range []string{"xattr", "sidecar"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t, mode == "sidecar")
+			if e.be.MetadataKind() != mode {
+				t.Fatalf("metadata %s, want %s", e.be.MetadataKind(), mode)
+			}
+			t.Run("Enabled", e.testVersionsEnabled)
+			t.Run("Suspended", e.testVersionsSuspended)
+			t.Run("Unversioned", e.testVersionsOff)
+			t.Run("CopyMultipart", e.testVersionsCopyMultipart)
+			t.Run("ListPages", e.testVersionsList)
+			t.Run("Changed", e.testVersionsChanged)
+			t.Run("Concurrent", e.testVersionsConcurrent)
+			if left := files(t, filepath.Join(e.work, "tmp")); len(left) != 0 {
+				t.Errorf("temp files left in Work/tmp: %v", left)
+			}
+		})
+	}
+}
+
+func setVersioning(t *testing.T, c *s3.Client, bucket string, st types.BucketVersioningStatus) {
+	t.Helper()
+	_, err := c.PutBucketVersioning(ctx, &s3.PutBucketVersioningInput{Bucket: &bucket,
+		VersioningConfiguration: &types.VersioningConfiguration{Status: st}})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func getVersion(t *testing.T, c *s3.Client, bucket, key, vid string) (string, error) {
+	t.Helper()
+	out, err := c.GetObject(ctx, &s3.GetObjectInput{Bucket: &bucket, Key: &key, VersionId: &vid})
+	if err != nil {
+		return "", err
+	}
+	defer out.Body.Close()
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(out.Body); err != nil {
+		t.Fatal(err)
+	}
+	if aws.ToString(out.VersionId) != vid && !(vid == "null" && out.VersionId == nil) {
+		t.Errorf("get %s?versionId=%s answered version %q", key, vid, aws.ToString(out.VersionId))
+	}
+	return buf.String(), nil
+}
+
+func delVersion(t *testing.T, c *s3.Client, bucket, key, vid string) *s3.DeleteObjectOutput {
+	t.Helper()
+	in := &s3.DeleteObjectInput{Bucket: &bucket, Key: &key}
+	if vid != "" {
+		in.VersionId = &vid
+	}
+	out, err := c.DeleteObject(ctx, in)
+	if err != nil {
+		t.Fatalf("delete %s?versionId=%s: %v", key, vid, err)
+	}
+	return out
+}
+
+// versions lists the versions of bucket as "key@id[*]" (* = IsLatest,
+// "key@id!" for delete markers) in the listing's order (keys ascending,
+// newest first within a key).
+func versions(t *testing.T, c *s3.Client, bucket, prefix string, max int32) []string {
+	t.Helper()
+	var out []string
+	in := &s3.ListObjectVersionsInput{Bucket: &bucket, Prefix: &prefix, MaxKeys: &max}
+	for pages := 0; ; pages++ {
+		if pages > 100 {
+			t.Fatal("ListObjectVersions does not end")
+		}
+		page, err := c.ListObjectVersions(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type ent struct {
+			key, s string
+		}
+		var ents []ent
+		for _, v := range page.Versions {
+			s := *v.Key + "@" + *v.VersionId
+			if aws.ToBool(v.IsLatest) {
+				s += "*"
+			}
+			ents = append(ents, ent{*v.Key, s})
+		}
+		for _, m := range page.DeleteMarkers {
+			s := *m.Key + "@" + *m.VersionId + "!"
+			if aws.ToBool(m.IsLatest) {
+				s += "*"
+			}
+			ents = append(ents, ent{*m.Key, s})
+		}
+		if int32(len(ents)) > max {
+			t.Fatalf("page of %d entries, max %d", len(ents), max)
+		}
+		// Versions and markers come in separate lists: order by key,
+		// then by id descending (ids are chronological).
+		slices.SortStableFunc(ents, func(a, b ent) int {
+			if a.key != b.key {
+				return strings.Compare(a.key, b.key)
+			}
+			ia := strings.TrimRight(a.s[len(a.key)+1:], "*!")
+			ib := strings.TrimRight(b.s[len(b.key)+1:], "*!")
+			return strings.Compare(ib, ia)
+		})
+		for _, e := range ents {
+			out = append(out, e.s)
+		}
+		if !aws.ToBool(page.IsTruncated) {
+			return out
+		}
+		in.KeyMarker, in.VersionIdMarker = page.NextKeyMarker, page.NextVersionIdMarker
+	}
+}
+
+func (e *env) testVersionsEnabled(t *testing.T) {
+	c, bk := e.alice, "ver-on"
+	mkBucket(t, c, bk)
+	setVersioning(t, c, bk, types.BucketVersioningStatusEnabled)
+	v1 := aws.ToString(put(t, c, bk, "dir/k", "one").VersionId)
+	v2 := aws.ToString(put(t, c, bk, "dir/k", "two").VersionId)
+	if !validVersionID(v1) || !validVersionID(v2) || v1 == "null" || v2 <= v1 {
+		t.Fatalf("version ids %q %q", v1, v2)
+	}
+	if got := get(t, c, bk, "dir/k"); got != "two" {
+		t.Fatalf("current %q", got)
+	}
+	for vid, want := range map[string]string{v1: "one", v2: "two"} {
+		if got, err := getVersion(t, c, bk, "dir/k", vid); err != nil || got != want {
+			t.Fatalf("version %s: %q %v", vid, got, err)
+		}
+	}
+	h, err := c.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(bk), Key: aws.String("dir/k"), VersionId: &v1})
+	if err != nil || aws.ToInt64(h.ContentLength) != 3 || aws.ToString(h.VersionId) != v1 {
+		t.Fatalf("head v1: %+v %v", h, err)
+	}
+	// The old version is an ordinary file with the old bytes.
+	vfile := filepath.Join(e.root, bk, ".basalt-versions", "dir/k", v1)
+	if b, err := os.ReadFile(vfile); err != nil || string(b) != "one" {
+		t.Fatalf("version file: %q %v", b, err)
+	}
+	if got := keys(t, c, bk, "", 1000); !slices.Equal(got, []string{"dir/k"}) {
+		t.Fatalf("list %v", got)
+	}
+	lo, err := c.ListObjects(ctx, &s3.ListObjectsInput{Bucket: aws.String(bk), Delimiter: aws.String("/")})
+	if err != nil || len(lo.Contents) != 0 || len(lo.CommonPrefixes) != 1 || *lo.CommonPrefixes[0].Prefix != "dir/" {
+		t.Fatalf("list with delimiter: %+v %v", lo, err)
+	}
+	_, err = c.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bk), Key: aws.String(".basalt-versions/dir/k/" + v1)})
+	wantCode(t, err, "NoSuchKey")
+	if got := versions(t, c, bk, "", 1000); !slices.Equal(got, []string{"dir/k@" + v2 + "*", "dir/k@" + v1}) {
+		t.Fatalf("versions %v", got)
+	}
+	// DELETE: a delete marker.
+	d := delVersion(t, c, bk, "dir/k", "")
+	if !aws.ToBool(d.DeleteMarker) || !validVersionID(aws.ToString(d.VersionId)) {
+		t.Fatalf("delete: %+v", d)
+	}
+	m := *d.VersionId
+	if _, err := os.Stat(filepath.Join(e.root, bk, ".basalt-versions", "dir/k", m+".delete-marker")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bk), Key: aws.String("dir/k")})
+	wantCode(t, err, "NoSuchKey")
+	_, err = getVersion(t, c, bk, "dir/k", m)
+	wantCode(t, err, "MethodNotAllowed")
+	if got := keys(t, c, bk, "", 1000); len(got) != 0 {
+		t.Fatalf("list after delete %v", got)
+	}
+	if got := versions(t, c, bk, "", 1000); !slices.Equal(got, []string{"dir/k@" + m + "!*", "dir/k@" + v2, "dir/k@" + v1}) {
+		t.Fatalf("versions %v", got)
+	}
+	// Old versions still readable; a bucket with versions is not empty.
+	if got, err := getVersion(t, c, bk, "dir/k", v2); err != nil || got != "two" {
+		t.Fatalf("v2 after delete: %q %v", got, err)
+	}
+	_, err = c.DeleteBucket(ctx, &s3.DeleteBucketInput{Bucket: aws.String(bk)})
+	wantCode(t, err, "BucketNotEmpty")
+	// Removing the marker brings v2 back.
+	d = delVersion(t, c, bk, "dir/k", m)
+	if !aws.ToBool(d.DeleteMarker) || aws.ToString(d.VersionId) != m {
+		t.Fatalf("delete marker: %+v", d)
+	}
+	if got := get(t, c, bk, "dir/k"); got != "two" {
+		t.Fatalf("after removing the marker %q", got)
+	}
+	// Removing the current version promotes the previous one.
+	delVersion(t, c, bk, "dir/k", v2)
+	if got := get(t, c, bk, "dir/k"); got != "one" {
+		t.Fatalf("after removing v2 %q", got)
+	}
+	if got := versions(t, c, bk, "", 1000); !slices.Equal(got, []string{"dir/k@" + v1 + "*"}) {
+		t.Fatalf("versions %v", got)
+	}
+	_, err = getVersion(t, c, bk, "dir/k", v2)
+	wantCode(t, err, "NoSuchVersion")
+	_, err = getVersion(t, c, bk, "dir/k", "bogus")
+	wantCode(t, err, "InvalidArgument")
+	delVersion(t, c, bk, "dir/k", v1)
+	if got := versions(t, c, bk, "", 1000); len(got) != 0 {
+		t.Fatalf("versions %v", got)
+	}
+	if left := files(t, filepath.Join(e.root, bk)); len(left) != 0 {
+		t.Fatalf("files left: %v", left)
+	}
+	if _, err := os.Stat(filepath.Join(e.root, bk, ".basalt-versions")); !os.IsNotExist(err) {
+		t.Fatalf(".basalt-versions not pruned: %v", err)
+	}
+	if sc := filepath.Join(e.work, "sidecar", bk); e.be.MetadataKind() == "sidecar" {
+		if left := files(t, sc); len(left) != 0 {
+			t.Fatalf("sidecar records left: %v", left)
+		}
+	}
+	// DeleteObjects: without a version id a marker, with one that version.
+	v3 := aws.ToString(put(t, c, bk, "x", "three").VersionId)
+	put(t, c, bk, "x", "four")
+	dr, err := c.DeleteObjects(ctx, &s3.DeleteObjectsInput{Bucket: aws.String(bk), Delete: &types.Delete{
+		Objects: []types.ObjectIdentifier{{Key: aws.String("x"), VersionId: &v3}, {Key: aws.String("x")}}}})
+	if err != nil || len(dr.Errors) != 0 || len(dr.Deleted) != 2 {
+		t.Fatalf("delete objects: %+v %v", dr, err)
+	}
+	if got := versions(t, c, bk, "", 1000); len(got) != 2 || !strings.HasSuffix(got[0], "!*") {
+		t.Fatalf("versions %v", got)
+	}
+	_, err = c.DeleteBucket(ctx, &s3.DeleteBucketInput{Bucket: aws.String(bk)})
+	wantCode(t, err, "BucketNotEmpty")
+}
+
+func (e *env) testVersionsSuspended(t *testing.T) {
+	c, bk := e.alice, "ver-susp"
+	mkBucket(t, c, bk)
+	// Written before versioning: the null version, kept when enabled.
+	put(t, c, bk, "k", "null-1")
+	setVersioning(t, c, bk, types.BucketVersioningStatusEnabled)
+	v1 := aws.ToString(put(t, c, bk, "k", "v1").VersionId)
+	if got, err := getVersion(t, c, bk, "k", "null"); err != nil || got != "null-1" {
+		t.Fatalf("null version: %q %v", got, err)
+	}
+	setVersioning(t, c, bk, types.BucketVersioningStatusSuspended)
+	if vid := aws.ToString(put(t, c, bk, "k", "null-2").VersionId); vid != "null" {
+		t.Fatalf("suspended put: version %q", vid)
+	}
+	// The new null version replaced the old one; v1 was kept.
+	if got, err := getVersion(t, c, bk, "k", "null"); err != nil || got != "null-2" {
+		t.Fatalf("null version: %q %v", got, err)
+	}
+	if got, err := getVersion(t, c, bk, "k", v1); err != nil || got != "v1" {
+		t.Fatalf("v1: %q %v", got, err)
+	}
+	put(t, c, bk, "k", "null-3")
+	if got := versions(t, c, bk, "", 1000); !slices.Equal(got, []string{"k@" + v1, "k@null*"}) {
+		// null sorts by time, not by id: check the set and IsLatest.
+		if len(got) != 2 || !slices.Contains(got, "k@null*") || !slices.Contains(got, "k@"+v1) {
+			t.Fatalf("versions %v", got)
+		}
+	}
+	// Suspended DELETE: a null delete marker replaces the null version.
+	d := delVersion(t, c, bk, "k", "")
+	if !aws.ToBool(d.DeleteMarker) || aws.ToString(d.VersionId) != "null" {
+		t.Fatalf("delete: %+v", d)
+	}
+	_, err := getVersion(t, c, bk, "k", "null")
+	wantCode(t, err, "MethodNotAllowed")
+	if got, err := getVersion(t, c, bk, "k", v1); err != nil || got != "v1" {
+		t.Fatalf("v1: %q %v", got, err)
+	}
+	// Removing the null marker promotes v1.
+	delVersion(t, c, bk, "k", "null")
+	if got := get(t, c, bk, "k"); got != "v1" {
+		t.Fatalf("after removing the null marker %q", got)
+	}
+}
+
+func (e *env) testVersionsOff(t *testing.T) {
+	c, bk := e.alice, "ver-off"
+	mkBucket(t, c, bk)
+	if vid := put(t, c, bk, "k", "a").VersionId; vid != nil {
+		t.Fatalf("unversioned put answered version %q", *vid)
+	}
+	if got, err := getVersion(t, c, bk, "k", "null"); err != nil || got != "a" {
+		t.Fatalf("null version: %q %v", got, err)
+	}
+	_, err := getVersion(t, c, bk, "k", newVersionID())
+	wantCode(t, err, "NoSuchVersion")
+	put(t, c, bk, "k", "b")
+	if _, err := os.Stat(filepath.Join(e.root, bk, ".basalt-versions")); !os.IsNotExist(err) {
+		t.Fatalf("unversioned bucket keeps versions: %v", err)
+	}
+	if got := versions(t, c, bk, "", 1000); !slices.Equal(got, []string{"k@null*"}) {
+		t.Fatalf("versions %v", got)
+	}
+	d := delVersion(t, c, bk, "k", "")
+	if d.DeleteMarker != nil {
+		t.Fatalf("unversioned delete made a marker: %+v", d)
+	}
+	if got := versions(t, c, bk, "", 1000); len(got) != 0 {
+		t.Fatalf("versions %v", got)
+	}
+	if _, err := c.DeleteBucket(ctx, &s3.DeleteBucketInput{Bucket: aws.String(bk)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *env) testVersionsCopyMultipart(t *testing.T) {
+	c, bk := e.alice, "ver-copy"
+	mkBucket(t, c, bk)
+	setVersioning(t, c, bk, types.BucketVersioningStatusEnabled)
+	v1 := aws.ToString(put(t, c, bk, "k", "old").VersionId)
+	put(t, c, bk, "k", "new")
+	// Restore v1 by copying it onto the key.
+	cp, err := c.CopyObject(ctx, &s3.CopyObjectInput{Bucket: aws.String(bk), Key: aws.String("k"),
+		CopySource: aws.String(bk + "/k?versionId=" + v1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := get(t, c, bk, "k"); got != "old" {
+		t.Fatalf("after copy %q", got)
+	}
+	if n := len(versions(t, c, bk, "k", 1000)); n != 3 {
+		t.Fatalf("%d versions after copy, want 3", n)
+	}
+	if aws.ToString(cp.VersionId) == "" || aws.ToString(cp.VersionId) == v1 {
+		t.Fatalf("copy version %q", aws.ToString(cp.VersionId))
+	}
+	// A completed multipart upload keeps the previous version too.
+	up, err := c.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String(bk), Key: aws.String("k")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pt, err := c.UploadPart(ctx, &s3.UploadPartInput{Bucket: aws.String(bk), Key: aws.String("k"), UploadId: up.UploadId,
+		PartNumber: aws.Int32(1), Body: strings.NewReader("multi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, err := c.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{Bucket: aws.String(bk),
+		Key: aws.String("k"), UploadId: up.UploadId, MultipartUpload: &types.CompletedMultipartUpload{
+			Parts: []types.CompletedPart{{PartNumber: aws.Int32(1), ETag: pt.ETag}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !validVersionID(aws.ToString(done.VersionId)) {
+		t.Fatalf("multipart version %q", aws.ToString(done.VersionId))
+	}
+	if got := get(t, c, bk, "k"); got != "multi" {
+		t.Fatalf("after multipart %q", got)
+	}
+	if got, err := getVersion(t, c, bk, "k", *cp.VersionId); err != nil || got != "old" {
+		t.Fatalf("copy version: %q %v", got, err)
+	}
+	if n := len(versions(t, c, bk, "k", 1000)); n != 4 {
+		t.Fatalf("%d versions after multipart, want 4", n)
+	}
+}
+
+func (e *env) testVersionsList(t *testing.T) {
+	c, bk := e.alice, "ver-list"
+	mkBucket(t, c, bk)
+	setVersioning(t, c, bk, types.BucketVersioningStatusEnabled)
+	for _, k := range []string{"a", "b/1", "b/2", "c"} {
+		put(t, c, bk, k, k+"-1")
+		put(t, c, bk, k, k+"-2")
+	}
+	delVersion(t, c, bk, "c", "")
+	all := versions(t, c, bk, "", 1000)
+	if len(all) != 9 {
+		t.Fatalf("versions %v", all)
+	}
+	for _, max := range []int32{1, 2, 4} {
+		if got := versions(t, c, bk, "", max); !slices.Equal(got, all) {
+			t.Fatalf("pages of %d: %v, want %v", max, got, all)
+		}
+	}
+	if got := versions(t, c, bk, "b/", 1000); len(got) != 4 || !strings.HasPrefix(got[0], "b/1@") {
+		t.Fatalf("prefix b/: %v", got)
+	}
+	out, err := c.ListObjectVersions(ctx, &s3.ListObjectVersionsInput{Bucket: aws.String(bk), Delimiter: aws.String("/")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.CommonPrefixes) != 1 || *out.CommonPrefixes[0].Prefix != "b/" || len(out.Versions) != 4 ||
+		len(out.DeleteMarkers) != 1 {
+		t.Fatalf("delimiter: %d prefixes, %d versions, %d markers", len(out.CommonPrefixes), len(out.Versions),
+			len(out.DeleteMarkers))
+	}
+	// Paging with a delimiter: a, b/, c.
+	var seen []string
+	in := &s3.ListObjectVersionsInput{Bucket: aws.String(bk), Delimiter: aws.String("/"), MaxKeys: aws.Int32(1)}
+	for range 20 {
+		p, err := c.ListObjectVersions(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cp := range p.CommonPrefixes {
+			seen = append(seen, *cp.Prefix)
+		}
+		for _, v := range p.Versions {
+			seen = append(seen, *v.Key)
+		}
+		for _, m := range p.DeleteMarkers {
+			seen = append(seen, *m.Key+"!")
+		}
+		if !aws.ToBool(p.IsTruncated) {
+			break
+		}
+		in.KeyMarker, in.VersionIdMarker = p.NextKeyMarker, p.NextVersionIdMarker
+	}
+	if want := []string{"a", "a", "b/", "c!", "c", "c"}; !slices.Equal(seen, want) {
+		t.Fatalf("paged with delimiter: %v, want %v", seen, want)
+	}
+}
+
+func (e *env) testVersionsChanged(t *testing.T) {
+	c, bk := e.alice, "ver-changed"
+	mkBucket(t, c, bk)
+	setVersioning(t, c, bk, types.BucketVersioningStatusEnabled)
+	v1 := aws.ToString(put(t, c, bk, "k", "original").VersionId)
+	put(t, c, bk, "k", "second")
+	vfile := filepath.Join(e.root, bk, ".basalt-versions", "k", v1)
+	f, err := os.OpenFile(vfile, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString("!")
+	f.Close()
+	_, err = getVersion(t, c, bk, "k", v1)
+	wantCode(t, err, "ObjectModifiedOutsideS3")
+	out, err := c.ListObjectVersions(ctx, &s3.ListObjectVersionsInput{Bucket: aws.String(bk)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flagged := false
+	for _, v := range out.Versions {
+		if *v.VersionId == v1 {
+			flagged = string(v.StorageClass) == string(storageClassModified) && v.ETag == nil
+		}
+	}
+	if !flagged {
+		t.Fatalf("changed version not flagged: %+v", out.Versions)
+	}
+	// The current one is unaffected, and the changed version can be deleted.
+	if got := get(t, c, bk, "k"); got != "second" {
+		t.Fatalf("current %q", got)
+	}
+	delVersion(t, c, bk, "k", v1)
+	if _, err := os.Stat(vfile); !os.IsNotExist(err) {
+		t.Fatalf("version file still there: %v", err)
+	}
+}
+
+// Concurrent versioned PUTs of one key: every write is kept as a version.
+func (e *env) testVersionsConcurrent(t *testing.T) {
+	c, bk := e.alice, "ver-conc"
+	mkBucket(t, c, bk)
+	setVersioning(t, c, bk, types.BucketVersioningStatusEnabled)
+	const n = 16
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			out, err := c.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bk), Key: aws.String("k"),
+				Body: strings.NewReader(fmt.Sprint("body-", i))})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ids[i] = aws.ToString(out.VersionId)
+		})
+	}
+	wg.Wait()
+	for i, vid := range ids {
+		if got, err := getVersion(t, c, bk, "k", vid); err != nil || got != fmt.Sprint("body-", i) {
+			t.Errorf("version %d (%s): %q %v", i, vid, got, err)
+		}
+	}
+	if got := versions(t, c, bk, "", 1000); len(got) != n {
+		t.Fatalf("%d versions, want %d: %v", len(got), n, got)
+	}
+}
