@@ -13,6 +13,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
+	"github.com/basalt-storage/basalt/internal/objects"
 	"github.com/basalt-storage/basalt/internal/user"
 	"github.com/basalt-storage/basalt/internal/volume"
 )
@@ -29,6 +30,11 @@ type Deps struct {
 	// NBDURI renders the URI a client uses for an export name.
 	NBDURI func(export string) string
 	Log    *slog.Logger
+	// Objects is the node's object store and Bucket reads a bucket's
+	// record (owner id) from the metadata store, for the /v1/objects
+	// endpoints (objects.go); without both they answer 503.
+	Objects *objects.Backend
+	Bucket  func(ctx context.Context, name string) (*meta.Bucket, error)
 }
 
 // Server is the control API of one node.
@@ -70,6 +76,11 @@ func New(d Deps) *Server {
 	s.route("GET /v1/attachments", s.listAttachments)
 	s.route("GET /v1/attachments/{id}", s.showAttachment)
 	s.route("DELETE /v1/attachments/{id}", s.detach)
+	s.route("GET /v1/objects/root", s.objectsRoot)
+	s.route("GET /v1/objects/path", s.objectPath)
+	s.route("POST /v1/objects/export", s.exportObjects())
+	s.route("POST /v1/objects/unexport", s.unexportObjects())
+	s.route("GET /v1/objects/verify", s.verifyObjects)
 	return s
 }
 

@@ -46,6 +46,7 @@ func (n *Node) startS3() error {
 	if err != nil {
 		return fmt.Errorf("object store: %w", err)
 	}
+	n.objects = be
 	// versitygw's root account bypasses every check; basalt admins are S3
 	// admins through IAM instead, so root gets a key nobody knows.
 	root := middlewares.RootUserConfig{Access: "basalt-root-" + randomID(), Secret: randomID() + randomID() + randomID()}

@@ -32,6 +32,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/keys"
 	"github.com/basalt-storage/basalt/internal/meta"
 	"github.com/basalt-storage/basalt/internal/nbd"
+	"github.com/basalt-storage/basalt/internal/objects"
 	"github.com/basalt-storage/basalt/internal/pki"
 	"github.com/basalt-storage/basalt/internal/store"
 	"github.com/basalt-storage/basalt/internal/user"
@@ -80,6 +81,7 @@ type Node struct {
 	nbd       *nbd.Server
 	nbdURI    string // scheme://host:port/ without the export name
 	s3        *s3api.S3ApiServer
+	objects   *objects.Backend
 	s3Stop    context.CancelFunc // ends the S3 gateway's metadata mirrors
 	cancel    context.CancelFunc
 	AdminDir  string
@@ -153,6 +155,7 @@ func (n *Node) start(ctx context.Context) error {
 	n.api = api.New(api.Deps{
 		Volumes: n.volumes, Users: n.users, Status: n.status, Healthy: n.meta.Health,
 		Defrag: n.meta.Defrag, Log: log, NBDURI: func(export string) string { return n.nbdURI + export },
+		Objects: n.objects, Bucket: n.meta.Bucket,
 	})
 	ln, err := net.Listen("tcp", cfg.API)
 	if err != nil {
