@@ -189,7 +189,7 @@ func (b *Backend) openBucket(bucket string) (*os.Root, error) {
 }
 
 // caller is the account making the request, and the basalt user name
-// the lead's IAM puts into Account.Arn as "user/<name>" (the access key
+// IAM puts into Account.Arn as "user/<name>" (AccountUser; the access key
 // id when there is none, e.g. for the root account).
 func caller(ctx context.Context) (acct auth.Account, user string, ok bool) {
 	acct, ok = ctx.Value("account").(auth.Account)
