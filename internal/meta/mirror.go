@@ -125,6 +125,12 @@ func (s *Store) MirrorUsersByAccessKey(ctx context.Context) *Mirror[*User] {
 		func(u *User) string { return u.AccessKeyID })
 }
 
+// MirrorUsersByName mirrors the users, by name, until ctx ends.
+func (s *Store) MirrorUsersByName(ctx context.Context) *Mirror[*User] {
+	return startMirror(ctx, s, prefixUsers, func() *User { return &User{} },
+		func(u *User) string { return u.Name })
+}
+
 func startMirror[T versioned](ctx context.Context, s *Store, prefix string, mk func() T, index func(T) string) *Mirror[T] {
 	m := &Mirror[T]{s: s, prefix: prefix, mk: mk, index: index}
 	go m.run(ctx)

@@ -16,7 +16,13 @@ import (
 type MetaBuckets struct {
 	Meta   *meta.Store
 	Mirror *meta.Mirror[*meta.Bucket] // optional
+	Users  *meta.Mirror[*meta.User]   // optional, by name
 }
+
+// staleOwner replaces the owner of a bucket whose owning user was deleted
+// (and perhaps created again under the same name, with a new ID): no
+// user's name, so only admins reach the bucket, as with volumes.
+const staleOwner = "(deleted user)"
 
 // CreateBucket implements BucketStore. The owner must be an existing user;
 // the record keeps that user's ID, so a user deleted and created again
@@ -50,19 +56,49 @@ func fromMeta(r *meta.Bucket) *Bucket {
 
 // Bucket implements BucketStore.
 func (m MetaBuckets) Bucket(ctx context.Context, name string) (*Bucket, error) {
+	r, ok := (*meta.Bucket)(nil), false
 	if m.Mirror != nil {
-		if r, ok := m.Mirror.Get(name); ok {
-			return fromMeta(r), nil
+		r, ok = m.Mirror.Get(name)
+	}
+	if !ok {
+		var err error
+		r, err = m.Meta.Bucket(ctx, name)
+		if errs.IsCode(err, errs.CodeNotFound) {
+			return nil, ErrNoSuchBucket
+		}
+		if err != nil {
+			return nil, err
 		}
 	}
-	r, err := m.Meta.Bucket(ctx, name)
-	if errs.IsCode(err, errs.CodeNotFound) {
-		return nil, ErrNoSuchBucket
-	}
+	return m.owned(ctx, r)
+}
+
+// owned converts a record, naming its owner only while the owning user
+// still exists (the same ID under that name).
+func (m MetaBuckets) owned(ctx context.Context, r *meta.Bucket) (*Bucket, error) {
+	b := fromMeta(r)
+	current, err := m.user(ctx, r.Owner)
 	if err != nil {
 		return nil, err
 	}
-	return fromMeta(r), nil
+	if current == nil || current.ID != r.OwnerID {
+		b.Owner, b.OwnerAccess = staleOwner, ""
+	}
+	return b, nil
+}
+
+// user is the current record of the user called name (nil if none).
+func (m MetaBuckets) user(ctx context.Context, name string) (*meta.User, error) {
+	if m.Users != nil {
+		if u, ok := m.Users.Get(name); ok {
+			return u, nil
+		}
+	}
+	u, err := m.Meta.User(ctx, name)
+	if errs.IsCode(err, errs.CodeNotFound) {
+		return nil, nil
+	}
+	return u, err
 }
 
 // Buckets implements BucketStore.
@@ -73,7 +109,11 @@ func (m MetaBuckets) Buckets(ctx context.Context) ([]Bucket, error) {
 	}
 	out := make([]Bucket, len(rs))
 	for i, r := range rs {
-		out[i] = *fromMeta(r)
+		b, err := m.owned(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = *b
 	}
 	return out, nil
 }

@@ -235,4 +235,13 @@ func TestS3TwoGateways(t *testing.T) {
 	admin.OK(nil, "user", "delete", "alice")
 	alice2.AWSFail("InvalidAccessKeyId", "s3", "ls", "s3://shared")
 	alice.AWSFail("InvalidAccessKeyId", "s3", "ls", "s3://shared")
+
+	// A new user with the old name does not inherit the old user's buckets
+	// (as with volumes: ownership is by user ID).
+	newAlice := n2.S3User(n2.As(n1.AdminDir()).CreateUser("alice"))
+	newAlice.AWSFail("AccessDenied", "s3", "ls", "s3://shared")
+	newAlice.On(n1).AWSFail("AccessDenied", "s3", "cp", filepath.Join(dir, "in0"), "s3://shared/again")
+	if ls := newAlice.AWSOK("s3", "ls"); strings.Contains(ls, "shared") {
+		t.Fatalf("the new alice lists the old alice's bucket: %q", ls)
+	}
 }
