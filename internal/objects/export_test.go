@@ -85,25 +85,17 @@ func rewriteKeepingStat(t *testing.T, p string, off int64, data string) {
 }
 
 func TestExport(t *testing.T) {
-	for _, mode := range []string{"xattr", "sidecar"} {
-		t.Run(mode, func(t *testing.T) {
-			e := newEnv(t, mode == "sidecar")
-			if e.be.MetadataKind() != mode {
-				t.Fatalf("metadata %s, want %s", e.be.MetadataKind(), mode)
-			}
-			mkBucket(t, e.alice, "exp")
-			t.Run("Lifecycle", e.testExportLifecycle)
-			t.Run("Errors", e.testExportErrors)
-			t.Run("KeepsMetadata", e.testExportKeepsMetadata)
-			t.Run("VerifyContent", e.testVerifyContent)
-			t.Run("VerifyMultipart", e.testVerifyMultipart)
-			t.Run("Missing", e.testExportMissing)
-			t.Run("Path", e.testObjectPath)
-			if left := files(t, filepath.Join(e.work, "tmp")); len(left) != 0 {
-				t.Errorf("temp files left in Work/tmp: %v", left)
-			}
-		})
-	}
+	inBothModes(t, func(t *testing.T, e *env, mode string) {
+		mkBucket(t, e.alice, "exp")
+		t.Run("Lifecycle", e.testExportLifecycle)
+		t.Run("Errors", e.testExportErrors)
+		t.Run("KeepsMetadata", e.testExportKeepsMetadata)
+		t.Run("VerifyContent", e.testVerifyContent)
+		t.Run("VerifyMultipart", e.testVerifyMultipart)
+		t.Run("Missing", e.testExportMissing)
+		t.Run("Path", e.testObjectPath)
+		noTempLeft(t, e)
+	})
 }
 
 // A file written into the bucket directory: invisible, exported, served,

@@ -80,26 +80,18 @@ func keys(t *testing.T, c *s3.Client, bucket, prefix string, max int32) []string
 }
 
 func TestS3(t *testing.T) {
-	for _, mode := range []string{"xattr", "sidecar"} {
-		t.Run(mode, func(t *testing.T) {
-			e := newEnv(t, mode == "sidecar")
-			if e.be.MetadataKind() != mode {
-				t.Fatalf("metadata %s, want %s", e.be.MetadataKind(), mode)
-			}
-			t.Run("Buckets", e.testBuckets)
-			t.Run("Objects", e.testObjects)
-			t.Run("ChangedBehindS3", e.testChanged)
-			t.Run("Invisible", e.testInvisible)
-			t.Run("List", e.testList)
-			t.Run("BadKeys", e.testBadKeys)
-			t.Run("Multipart", e.testMultipart)
-			t.Run("Copy", e.testCopy)
-			t.Run("DeleteBucket", e.testDeleteBucket)
-			if left := files(t, filepath.Join(e.work, "tmp")); len(left) != 0 {
-				t.Errorf("temp files left in Work/tmp: %v", left)
-			}
-		})
-	}
+	inBothModes(t, func(t *testing.T, e *env, mode string) {
+		t.Run("Buckets", e.testBuckets)
+		t.Run("Objects", e.testObjects)
+		t.Run("ChangedBehindS3", e.testChanged)
+		t.Run("Invisible", e.testInvisible)
+		t.Run("List", e.testList)
+		t.Run("BadKeys", e.testBadKeys)
+		t.Run("Multipart", e.testMultipart)
+		t.Run("Copy", e.testCopy)
+		t.Run("DeleteBucket", e.testDeleteBucket)
+		noTempLeft(t, e)
+	})
 }
 
 func (e *env) testBuckets(t *testing.T) {
@@ -722,94 +714,88 @@ func (e *env) testDeleteBucket(t *testing.T) {
 // ObjectModifiedOutsideS3 (in sidecar mode the record and the file are
 // published in two steps).
 func TestConcurrentPuts(t *testing.T) {
-	for _, mode := range []string{"xattr", "sidecar"} {
-		t.Run(mode, func(t *testing.T) {
-			e := newEnv(t, mode == "sidecar")
-			mkBucket(t, e.alice, "race")
-			put(t, e.alice, "race", "k", strings.Repeat("0", 1000))
-			stop := make(chan struct{})
-			errs := make(chan error, 16)
-			var writers, readers sync.WaitGroup
-			for w := range 3 {
-				writers.Add(1)
-				go func() {
-					defer writers.Done()
-					for i := range 15 {
-						body := strings.Repeat(fmt.Sprint(w), 1000+100*i+w)
-						if _, err := e.alice.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String("race"), Key: aws.String("k"),
-							Body: strings.NewReader(body)}); err != nil {
-							errs <- err
-							return
-						}
+	inBothModes(t, func(t *testing.T, e *env, mode string) {
+		mkBucket(t, e.alice, "race")
+		put(t, e.alice, "race", "k", strings.Repeat("0", 1000))
+		stop := make(chan struct{})
+		errs := make(chan error, 16)
+		var writers, readers sync.WaitGroup
+		for w := range 3 {
+			writers.Add(1)
+			go func() {
+				defer writers.Done()
+				for i := range 15 {
+					body := strings.Repeat(fmt.Sprint(w), 1000+100*i+w)
+					if _, err := e.alice.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String("race"), Key: aws.String("k"),
+						Body: strings.NewReader(body)}); err != nil {
+						errs <- err
+						return
 					}
-				}()
-			}
-			for range 3 {
-				readers.Add(1)
-				go func() {
-					defer readers.Done()
-					for {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						out, err := e.alice.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("race"), Key: aws.String("k")})
-						if err != nil {
-							errs <- err
-							return
-						}
-						b, err := io.ReadAll(out.Body)
-						out.Body.Close()
-						if err != nil {
-							errs <- err
-							return
-						}
-						if `"`+md5hex(string(b))+`"` != *out.ETag || strings.Trim(string(b), string(b[:1])) != "" {
-							errs <- fmt.Errorf("read %d mixed or mismatched bytes (etag %s)", len(b), *out.ETag)
-							return
-						}
+				}
+			}()
+		}
+		for range 3 {
+			readers.Add(1)
+			go func() {
+				defer readers.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
 					}
-				}()
-			}
-			writers.Wait()
-			close(stop)
-			readers.Wait()
-			close(errs)
-			for err := range errs {
-				t.Error(err)
-			}
-		})
-	}
+					out, err := e.alice.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("race"), Key: aws.String("k")})
+					if err != nil {
+						errs <- err
+						return
+					}
+					b, err := io.ReadAll(out.Body)
+					out.Body.Close()
+					if err != nil {
+						errs <- err
+						return
+					}
+					if `"`+md5hex(string(b))+`"` != *out.ETag || strings.Trim(string(b), string(b[:1])) != "" {
+						errs <- fmt.Errorf("read %d mixed or mismatched bytes (etag %s)", len(b), *out.ETag)
+						return
+					}
+				}
+			}()
+		}
+		writers.Wait()
+		close(stop)
+		readers.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	})
 }
 
 // TestMetadataPlacement: the record is one xattr on the file, or a
 // sidecar file in Work/sidecar; nothing else is added to the bucket.
 func TestMetadataPlacement(t *testing.T) {
-	for _, mode := range []string{"xattr", "sidecar"} {
-		t.Run(mode, func(t *testing.T) {
-			e := newEnv(t, mode == "sidecar")
-			mkBucket(t, e.alice, "place")
-			put(t, e.alice, "place", "a/b", "data")
-			p := filepath.Join(e.root, "place", "a", "b")
-			buf := make([]byte, 4096)
-			n, err := unix.Getxattr(p, xattrName, buf)
-			side := files(t, filepath.Join(e.work, "sidecar"))
-			switch mode {
-			case "xattr":
-				if err != nil || !strings.Contains(string(buf[:n]), md5hex("data")) || len(side) != 0 {
-					t.Errorf("xattr %q %v, sidecar files %v", buf[:max(n, 0)], err, side)
-				}
-			case "sidecar":
-				if err == nil || len(side) != 1 {
-					t.Errorf("xattr set (%v) or sidecar files %v", err, side)
-				}
+	inBothModes(t, func(t *testing.T, e *env, mode string) {
+		mkBucket(t, e.alice, "place")
+		put(t, e.alice, "place", "a/b", "data")
+		p := filepath.Join(e.root, "place", "a", "b")
+		buf := make([]byte, 4096)
+		n, err := unix.Getxattr(p, xattrName, buf)
+		side := files(t, filepath.Join(e.work, "sidecar"))
+		switch mode {
+		case "xattr":
+			if err != nil || !strings.Contains(string(buf[:n]), md5hex("data")) || len(side) != 0 {
+				t.Errorf("xattr %q %v, sidecar files %v", buf[:max(n, 0)], err, side)
 			}
-			if got := files(t, filepath.Join(e.root, "place")); !slices.Equal(got, []string{"a/b"}) {
-				t.Errorf("bucket holds %v", got)
+		case "sidecar":
+			if err == nil || len(side) != 1 {
+				t.Errorf("xattr set (%v) or sidecar files %v", err, side)
 			}
-		})
-	}
+		}
+		if got := files(t, filepath.Join(e.root, "place")); !slices.Equal(got, []string{"a/b"}) {
+			t.Errorf("bucket holds %v", got)
+		}
+	})
 }
 
 func TestNewChecks(t *testing.T) {

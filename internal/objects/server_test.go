@@ -236,6 +236,28 @@ func newEnvTLS(t *testing.T, sidecar, useTLS bool) *env {
 	return e
 }
 
+// inBothModes runs fn as one subtest per metadata mode ("xattr",
+// "sidecar"), each on a fresh env that really uses that mode.
+func inBothModes(t *testing.T, fn func(t *testing.T, e *env, mode string)) {
+	for _, mode := range []string{"xattr", "sidecar"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t, mode == "sidecar")
+			if e.be.MetadataKind() != mode {
+				t.Fatalf("metadata %s, want %s", e.be.MetadataKind(), mode)
+			}
+			fn(t, e, mode)
+		})
+	}
+}
+
+// noTempLeft fails if an upload left a file in Work/tmp.
+func noTempLeft(t *testing.T, e *env) {
+	t.Helper()
+	if left := files(t, filepath.Join(e.work, "tmp")); len(left) != 0 {
+		t.Errorf("temp files left in Work/tmp: %v", left)
+	}
+}
+
 // selfSigned makes a certificate for 127.0.0.1.
 func selfSigned(t *testing.T) tls.Certificate {
 	t.Helper()

@@ -16,24 +16,16 @@ import (
 )
 
 func TestVersioning(t *testing.T) {
-	for _, mode := range []string{"xattr", "sidecar"} {
-		t.Run(mode, func(t *testing.T) {
-			e := newEnv(t, mode == "sidecar")
-			if e.be.MetadataKind() != mode {
-				t.Fatalf("metadata %s, want %s", e.be.MetadataKind(), mode)
-			}
-			t.Run("Enabled", e.testVersionsEnabled)
-			t.Run("Suspended", e.testVersionsSuspended)
-			t.Run("Unversioned", e.testVersionsOff)
-			t.Run("CopyMultipart", e.testVersionsCopyMultipart)
-			t.Run("ListPages", e.testVersionsList)
-			t.Run("Changed", e.testVersionsChanged)
-			t.Run("Concurrent", e.testVersionsConcurrent)
-			if left := files(t, filepath.Join(e.work, "tmp")); len(left) != 0 {
-				t.Errorf("temp files left in Work/tmp: %v", left)
-			}
-		})
-	}
+	inBothModes(t, func(t *testing.T, e *env, mode string) {
+		t.Run("Enabled", e.testVersionsEnabled)
+		t.Run("Suspended", e.testVersionsSuspended)
+		t.Run("Unversioned", e.testVersionsOff)
+		t.Run("CopyMultipart", e.testVersionsCopyMultipart)
+		t.Run("ListPages", e.testVersionsList)
+		t.Run("Changed", e.testVersionsChanged)
+		t.Run("Concurrent", e.testVersionsConcurrent)
+		noTempLeft(t, e)
+	})
 }
 
 func setVersioning(t *testing.T, c *s3.Client, bucket string, st types.BucketVersioningStatus) {
