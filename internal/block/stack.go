@@ -65,7 +65,9 @@ type Env struct {
 	// volume of a store (cow).
 	Images string
 	// Base, on Create, is the image a new cow top starts from: a clone of
-	// the snapshot that froze it. Empty: a new, empty volume.
+	// the snapshot that froze it. Empty: a new, empty volume. With
+	// ReadOnly (and not Create) it is the image to open instead of the
+	// volume's top: a snapshot, read in place.
 	Base string
 	// Keys wraps data keys (crypt); nil when the cluster has none.
 	Keys Keys

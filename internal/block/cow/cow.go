@@ -263,22 +263,27 @@ func chunks(size, chunk int64) int64 { return (size + chunk - 1) / chunk }
 
 func (l *Layer) imageDir(id string) string { return filepath.Join(l.env.Images, id) }
 
-// open reads cow.sb and opens the chain, top read-write and bases
-// read-only, and builds the owner table.
+// open reads cow.sb (or, read-only with Env.Base, takes that image as the
+// top) and opens the chain, top read-write and bases read-only, and builds
+// the owner table.
 func (l *Layer) open() error {
-	f, err := l.env.OpenMeta(volFile)
-	if err != nil {
-		return err
-	}
-	sb, payload, err := superblock.OpenFile(f)
-	if err != nil {
-		f.Close()
-		return fmt.Errorf("%s: %w", volFile, err)
-	}
-	l.vsb = sb
 	var vm volMeta
-	if err := json.Unmarshal(payload, &vm); err != nil || vm.Top == "" {
-		return fmt.Errorf("%s: bad payload: %v", volFile, err)
+	if l.env.ReadOnly && l.env.Base != "" {
+		vm.Top = l.env.Base // a snapshot's image, read in place
+	} else {
+		f, err := l.env.OpenMeta(volFile)
+		if err != nil {
+			return err
+		}
+		sb, payload, err := superblock.OpenFile(f)
+		if err != nil {
+			f.Close()
+			return fmt.Errorf("%s: %w", volFile, err)
+		}
+		l.vsb = sb
+		if err := json.Unmarshal(payload, &vm); err != nil || vm.Top == "" {
+			return fmt.Errorf("%s: bad payload: %v", volFile, err)
+		}
 	}
 	// Walk from the top to the root, then number the images root first.
 	var chain []*image
