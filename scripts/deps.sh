@@ -17,6 +17,7 @@ declare -A need=(
   [fusermount3]=fuse3
   [fuse2fs]=fuse2fs
   [mkfs.ext4]=e2fsprogs
+  [mkfs.xfs]=xfsprogs    # an XFS store: reflinks between volumes and objects (e2e)
   [rclone]=rclone        # rclone sync/check against the S3 gateway (e2e)
 )
 

@@ -50,11 +50,23 @@ func ParseCreateVolume(body []byte) (volume.CreateVolume, error) {
 	if err := decode(body, &r); err != nil {
 		return volume.CreateVolume{}, err
 	}
-	if r.Size == 0 && r.FromSnapshot == "" {
-		return volume.CreateVolume{}, errs.Invalid(errs.CodeInvalidSize, "size is required (e.g. \"10GiB\") unless from_snapshot is given")
+	if r.Size == 0 && r.FromSnapshot == "" && r.FromObject == "" {
+		return volume.CreateVolume{}, errs.Invalid(errs.CodeInvalidSize, "size is required (e.g. \"10GiB\") unless from_snapshot or from_object is given")
 	}
 	return volume.CreateVolume{Name: r.Name, SizeBytes: int64(r.Size), Type: r.Type,
-		FromSnapshot: r.FromSnapshot, Multiattach: r.Multiattach, ClientToken: r.ClientToken}, nil
+		FromSnapshot: r.FromSnapshot, FromObject: r.FromObject, Multiattach: r.Multiattach, ClientToken: r.ClientToken}, nil
+}
+
+// ParseExportSnapshot decodes POST /v1/snapshots/{id}/export.
+func ParseExportSnapshot(body []byte) (ExportSnapshotRequest, error) {
+	var r ExportSnapshotRequest
+	if err := decode(body, &r); err != nil {
+		return r, err
+	}
+	if r.To == "" {
+		return r, errs.Invalid(errs.CodeInvalidRequest, "to is required: the object to write, s3://BUCKET/KEY")
+	}
+	return r, nil
 }
 
 // ParseExtendVolume decodes POST /v1/volumes/{id}/extend.

@@ -226,7 +226,7 @@ func progressOut(j *meta.Job) *Progress {
 	if j == nil {
 		return nil
 	}
-	p := &Progress{Job: j.Kind, Done: j.Done, Total: j.Total}
+	p := &Progress{Job: j.Kind, Done: j.Done, Total: j.Total, Phase: j.Phase, Object: j.Object}
 	if j.Total > 0 {
 		p.Percent = float64(int(float64(j.Done)/float64(j.Total)*1000)) / 10
 	}
@@ -236,10 +236,8 @@ func progressOut(j *meta.Job) *Progress {
 func (s *Server) volumeOut(v *meta.Volume, as []*meta.Attachment) Volume {
 	out := Volume{ID: v.ID, Name: v.Name, SizeBytes: v.SizeBytes, Status: v.Status, StatusMessage: v.StatusMessage,
 		Type: v.Type, Owner: v.Owner, Multiattach: v.Multiattach, SourceSnapshot: v.SourceSnapshot,
-		CreatedAt: v.CreatedAt, Attachments: []Attachment{}, Progress: progressOut(v.Job)}
-	if j := v.LastJob; j != nil {
-		out.LastJob = &JobResult{Job: j.Kind, Error: j.Error, Report: j.Report, FinishedAt: j.Finished}
-	}
+		SourceObject: v.SourceObject, CreatedAt: v.CreatedAt, Attachments: []Attachment{},
+		Progress: progressOut(v.Job), LastJob: resultOut(v.LastJob)}
 	for _, a := range as {
 		out.Attachments = append(out.Attachments, s.attachmentOut(a))
 	}
@@ -298,9 +296,34 @@ func (s *Server) detach(w http.ResponseWriter, r *http.Request, c volume.Caller)
 	return nil
 }
 
+func resultOut(j *meta.JobResult) *JobResult {
+	if j == nil {
+		return nil
+	}
+	return &JobResult{Job: j.Kind, Error: j.Error, Report: j.Report, FinishedAt: j.Finished}
+}
+
 func snapshotOut(sn *meta.Snapshot) Snapshot {
 	return Snapshot{ID: sn.ID, Name: sn.Name, VolumeID: sn.VolumeID, SizeBytes: sn.SizeBytes, Status: sn.Status,
-		StatusMessage: sn.StatusMessage, Owner: sn.Owner, CreatedAt: sn.CreatedAt}
+		StatusMessage: sn.StatusMessage, Owner: sn.Owner, CreatedAt: sn.CreatedAt,
+		Progress: progressOut(sn.Job), LastJob: resultOut(sn.LastJob)}
+}
+
+func (s *Server) exportSnapshot(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	body, err := readBody(r.Body)
+	if err != nil {
+		return err
+	}
+	req, err := ParseExportSnapshot(body)
+	if err != nil {
+		return err
+	}
+	sn, err := s.d.Volumes.ExportSnapshot(r.Context(), c, r.PathValue("id"), req.To)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, snapshotOut(sn))
+	return nil
 }
 
 func (s *Server) volumeJob(kind string) handler {

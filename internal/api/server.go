@@ -72,6 +72,7 @@ func New(d Deps) *Server {
 	s.route("GET /v1/snapshots", s.listSnapshots)
 	s.route("GET /v1/snapshots/{id}", s.showSnapshot)
 	s.route("DELETE /v1/snapshots/{id}", s.deleteSnapshot)
+	s.route("POST /v1/snapshots/{id}/export", s.exportSnapshot)
 	s.route("POST /v1/attachments", s.attach)
 	s.route("GET /v1/attachments", s.listAttachments)
 	s.route("GET /v1/attachments/{id}", s.showAttachment)

@@ -95,8 +95,17 @@ type CreateVolumeRequest struct {
 	Size         Size   `json:"size,omitempty"`
 	Type         string `json:"type,omitempty"`
 	FromSnapshot string `json:"from_snapshot,omitempty"`
-	Multiattach  bool   `json:"multiattach,omitempty"`
-	ClientToken  string `json:"client_token,omitempty"`
+	// FromObject is s3://BUCKET/KEY: a raw image the volume is filled
+	// from (the caller's bucket); size defaults to the object's.
+	FromObject  string `json:"from_object,omitempty"`
+	Multiattach bool   `json:"multiattach,omitempty"`
+	ClientToken string `json:"client_token,omitempty"`
+}
+
+// ExportSnapshotRequest is POST /v1/snapshots/{id}/export.
+type ExportSnapshotRequest struct {
+	// To is s3://BUCKET/KEY, in a bucket the caller owns.
+	To string `json:"to"`
 }
 
 // ExtendVolumeRequest is POST /v1/volumes/{id}/extend.
@@ -120,13 +129,17 @@ type AttachRequest struct {
 
 // Progress of a running job.
 type Progress struct {
-	Job     string  `json:"job"` // flatten, repair, scrub
+	Job     string  `json:"job"` // flatten, repair, scrub, export, import
 	Done    int64   `json:"done"`
 	Total   int64   `json:"total"`
 	Percent float64 `json:"percent"`
+	// Phase is the step of a job of several (export: copy, checksum).
+	Phase string `json:"phase,omitempty"`
+	// Object is the s3:// URL an export writes or an import reads.
+	Object string `json:"object,omitempty"`
 }
 
-// JobResult is how a volume's last job ended.
+// JobResult is how a volume's or snapshot's last job ended.
 type JobResult struct {
 	Job        string    `json:"job"`
 	Error      string    `json:"error,omitempty"`
@@ -172,6 +185,7 @@ type Volume struct {
 	Owner          string       `json:"owner"`
 	Multiattach    bool         `json:"multiattach"`
 	SourceSnapshot string       `json:"source_snapshot"`
+	SourceObject   string       `json:"source_object,omitempty"`
 	CreatedAt      time.Time    `json:"created_at"`
 	Attachments    []Attachment `json:"attachments"`
 	// Progress is the running job's (flatten, repair, scrub).
@@ -191,6 +205,9 @@ type Snapshot struct {
 	StatusMessage string    `json:"status_message,omitempty"`
 	Owner         string    `json:"owner"`
 	CreatedAt     time.Time `json:"created_at"`
+	// Progress is a running export's; LastJob how the last one ended.
+	Progress *Progress  `json:"progress,omitempty"`
+	LastJob  *JobResult `json:"last_job,omitempty"`
 }
 
 // Status is GET /v1/status: this node's view of itself and the cluster.

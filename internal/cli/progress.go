@@ -23,7 +23,7 @@ func (b *progressBar) draw(p *api.Progress) {
 	const width = 30
 	filled := int(p.Percent / 100 * width)
 	filled = max(0, min(width, filled))
-	fmt.Fprintf(b.w, "\r%s [%s%s] %5.1f%% ", p.Job, strings.Repeat("#", filled), strings.Repeat(".", width-filled), p.Percent)
+	fmt.Fprintf(b.w, "\r%s [%s%s] %5.1f%% ", jobName(p), strings.Repeat("#", filled), strings.Repeat(".", width-filled), p.Percent)
 	b.drawn = true
 }
 
@@ -31,4 +31,24 @@ func (b *progressBar) done() {
 	if b.drawn {
 		fmt.Fprintln(b.w)
 	}
+}
+
+// jobName is a job with its phase, if it has several: "export (copy)".
+func jobName(p *api.Progress) string {
+	if p.Phase == "" {
+		return p.Job
+	}
+	return p.Job + " (" + p.Phase + ")"
+}
+
+// progressLine prints a running job in a show table.
+func progressLine(w io.Writer, p *api.Progress) {
+	if p == nil {
+		return
+	}
+	fmt.Fprintf(w, "job:\t%s %.1f%%", jobName(p), p.Percent)
+	if p.Object != "" {
+		fmt.Fprintf(w, " (%s)", p.Object)
+	}
+	fmt.Fprintln(w)
 }

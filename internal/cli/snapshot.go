@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/api"
+	"github.com/basalt-storage/basalt/internal/client"
+	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/size"
 	"github.com/spf13/cobra"
 )
@@ -80,8 +82,56 @@ func snapshotCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(create, list, show, del)
+	var to string
+	var wait bool
+	export := &cobra.Command{
+		Use:   "export SNAPSHOT --to s3://BUCKET/KEY [--wait]",
+		Short: "write a snapshot as a raw image object (a job; reflinked where the file system can)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if to == "" {
+				return errs.Invalid(errs.CodeInvalidRequest, "--to s3://BUCKET/KEY is required")
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			sn, err := c.ExportSnapshot(ctx(), args[0], api.ExportSnapshotRequest{To: to})
+			if err != nil {
+				return err
+			}
+			if wait {
+				if sn, err = waitExport(g, c, sn.ID); err != nil {
+					return err
+				}
+			}
+			return g.emit(sn, func(w *tabwriter.Writer) { snapshotTable(w, sn) })
+		},
+	}
+	export.Flags().StringVar(&to, "to", "", "the object to write, s3://BUCKET/KEY (a bucket of yours)")
+	export.Flags().BoolVar(&wait, "wait", false, "wait until the export ends, showing progress; fail if it fails")
+	cmd.AddCommand(create, list, show, del, export)
 	return cmd
+}
+
+// waitExport polls until the snapshot's export ends, drawing progress.
+func waitExport(g *globals, c *client.Client, id string) (*api.Snapshot, error) {
+	bar := newProgressBar(g.stderr)
+	for {
+		sn, err := c.Snapshot(ctx(), id)
+		if err != nil {
+			return nil, err
+		}
+		if sn.Progress == nil {
+			bar.done()
+			if j := sn.LastJob; j != nil && j.Error != "" {
+				return sn, errs.New(errs.KindInternal, "JobFailed", "export of snapshot %s failed: %s", sn.ID, j.Error)
+			}
+			return sn, nil
+		}
+		bar.draw(sn.Progress)
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 func snapshotTable(w *tabwriter.Writer, s *api.Snapshot) {
@@ -90,4 +140,12 @@ func snapshotTable(w *tabwriter.Writer, s *api.Snapshot) {
 		fmt.Fprintf(w, "message:\t%s\n", s.StatusMessage)
 	}
 	fmt.Fprintf(w, "owner:\t%s\ncreated:\t%s\n", s.Owner, s.CreatedAt.Format(time.RFC3339))
+	progressLine(w, s.Progress)
+	if j := s.LastJob; j != nil {
+		outcome := "ok"
+		if j.Error != "" {
+			outcome = "failed: " + j.Error
+		}
+		fmt.Fprintf(w, "last job:\t%s %s (%s)\n", j.Job, outcome, j.FinishedAt.Format(time.RFC3339))
+	}
 }

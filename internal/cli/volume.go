@@ -27,13 +27,14 @@ func volumeCmd(g *globals) *cobra.Command {
 	cmd := group("volume", "manage block volumes")
 	var req api.CreateVolumeRequest
 	var sz string
+	var wait bool
 	create := &cobra.Command{
-		Use:   "create --size SIZE [--name N] [--type T] [--from-snapshot ID] [--multiattach]",
-		Short: "create a volume (empty, or from a snapshot)",
+		Use:   "create --size SIZE [--name N] [--type T] [--from-snapshot ID | --from-object s3://B/K [--wait]] [--multiattach]",
+		Short: "create a volume (empty, from a snapshot, or from a raw image object)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if sz == "" && req.FromSnapshot == "" {
-				return errs.Invalid(errs.CodeInvalidSize, "--size is required (e.g. 10GiB) unless --from-snapshot is given")
+			if sz == "" && req.FromSnapshot == "" && req.FromObject == "" {
+				return errs.Invalid(errs.CodeInvalidSize, "--size is required (e.g. 10GiB) unless --from-snapshot or --from-object is given")
 			}
 			if sz != "" {
 				n, err := parseSize(sz)
@@ -50,6 +51,11 @@ func volumeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if wait && v.Progress != nil {
+				if v, err = waitJob(g, c, v.ID); err != nil {
+					return err
+				}
+			}
 			return g.emit(v, func(w *tabwriter.Writer) { volumeTable(w, v) })
 		},
 	}
@@ -58,6 +64,8 @@ func volumeCmd(g *globals) *cobra.Command {
 	f.StringVar(&req.Name, "name", "", "name, unique among your volumes")
 	f.StringVar(&req.Type, "type", "", "volume type (default standard)")
 	f.StringVar(&req.FromSnapshot, "from-snapshot", "", "create from this snapshot (id or name)")
+	f.StringVar(&req.FromObject, "from-object", "", "fill from this raw image object, s3://BUCKET/KEY (size: the object's)")
+	f.BoolVar(&wait, "wait", false, "with --from-object: wait until the volume is filled, showing progress")
 	f.BoolVar(&req.Multiattach, "multiattach", false, "allow several read-write attachments")
 	f.StringVar(&req.ClientToken, "client-token", "", "idempotency token: repeating a create with it returns the first result")
 
@@ -170,8 +178,9 @@ func volumeTable(w *tabwriter.Writer, v *api.Volume) {
 	if v.StatusMessage != "" {
 		fmt.Fprintf(w, "message:\t%s\n", v.StatusMessage)
 	}
-	if v.Progress != nil {
-		fmt.Fprintf(w, "job:\t%s %.1f%%\n", v.Progress.Job, v.Progress.Percent)
+	progressLine(w, v.Progress)
+	if v.SourceObject != "" {
+		fmt.Fprintf(w, "from object:\t%s\n", v.SourceObject)
 	}
 	if j := v.LastJob; j != nil {
 		outcome := "ok"
@@ -235,6 +244,9 @@ func waitJob(g *globals, c *client.Client, id string) (*api.Volume, error) {
 			bar.done()
 			if j := v.LastJob; j != nil && j.Error != "" {
 				return v, errs.New(errs.KindInternal, "JobFailed", "%s of volume %s failed: %s", j.Job, v.ID, j.Error)
+			}
+			if v.Status == "error" {
+				return v, errs.New(errs.KindInternal, "VolumeFailed", "volume %s failed: %s", v.ID, v.StatusMessage)
 			}
 			return v, nil
 		}

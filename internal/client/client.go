@@ -198,6 +198,12 @@ func (c *Client) Snapshot(ctx context.Context, ref string) (*api.Snapshot, error
 	return &out, c.do(ctx, "GET", "/v1/snapshots/"+url.PathEscape(ref), nil, &out)
 }
 
+// ExportSnapshot starts writing a snapshot into an object.
+func (c *Client) ExportSnapshot(ctx context.Context, ref string, r api.ExportSnapshotRequest) (*api.Snapshot, error) {
+	var out api.Snapshot
+	return &out, c.do(ctx, "POST", "/v1/snapshots/"+url.PathEscape(ref)+"/export", r, &out)
+}
+
 // DeleteSnapshot deletes a snapshot.
 func (c *Client) DeleteSnapshot(ctx context.Context, ref string) error {
 	return c.do(ctx, "DELETE", "/v1/snapshots/"+url.PathEscape(ref), nil, nil)

@@ -39,11 +39,16 @@ type User struct {
 // Job is a long-running piece of a workflow (a copy), persisted so that a
 // restarted node resumes it and a reader can show progress.
 type Job struct {
-	Kind      string    `json:"kind"`  // JobFlatten, JobRepair, JobScrub
+	Kind      string    `json:"kind"`  // JobFlatten, JobRepair, JobScrub, JobExport, JobImport
 	Node      string    `json:"node"`  // the node running it
 	Done      int64     `json:"done"`  // progress, in units of the job's total
 	Total     int64     `json:"total"` // 0 while unknown
 	StartedAt time.Time `json:"started_at"`
+	// Phase names the step a job of several is in (export: "copy",
+	// then "checksum").
+	Phase string `json:"phase,omitempty"`
+	// Object is the s3://bucket/key an export writes or an import reads.
+	Object string `json:"object,omitempty"`
 }
 
 // Job kinds: long operations on a volume's layer stack.
@@ -51,6 +56,8 @@ const (
 	JobFlatten = "flatten" // copy every chunk of the chain into the top
 	JobRepair  = "repair"  // resynchronise failed legs of mirror/parity layers
 	JobScrub   = "scrub"   // verify every block (checksum layers)
+	JobExport  = "export"  // write a snapshot into an object (on the snapshot)
+	JobImport  = "import"  // fill a new volume from an object (status creating)
 )
 
 // Volume is a block volume record.
@@ -70,7 +77,9 @@ type Volume struct {
 	Stack          json.RawMessage `json:"stack_spec,omitempty"`
 	Multiattach    bool            `json:"multiattach"`
 	SourceSnapshot string          `json:"source_snapshot,omitempty"`
-	ClientToken    string          `json:"client_token,omitempty"`
+	// SourceObject is the s3://bucket/key the volume was made from.
+	SourceObject string `json:"source_object,omitempty"`
+	ClientToken  string `json:"client_token,omitempty"`
 	// TokenParams fingerprints the create request made with ClientToken, so
 	// that a replay with other parameters is refused.
 	TokenParams string    `json:"token_params,omitempty"`
@@ -136,6 +145,10 @@ type Snapshot struct {
 	// Cloning lists volumes being created from this snapshot; while
 	// non-empty the snapshot (and so its image) may not be deleted.
 	Cloning []string `json:"cloning,omitempty"`
+	// Job is a running export; while set the snapshot may not be
+	// deleted. LastJob is how the last one ended.
+	Job     *Job       `json:"job,omitempty"`
+	LastJob *JobResult `json:"last_job,omitempty"`
 }
 
 // JobResult is how a job ended.

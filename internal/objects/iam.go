@@ -50,7 +50,7 @@ const lookupTimeout = 5 * time.Second
 func (i *IAM) GetUserAccount(access string) (auth.Account, error) {
 	if i.Users != nil {
 		if u, ok := i.Users.Get(access); ok {
-			return account(u), nil
+			return Account(u), nil
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
@@ -62,10 +62,11 @@ func (i *IAM) GetUserAccount(access string) (auth.Account, error) {
 		}
 		return auth.Account{}, err
 	}
-	return account(u), nil
+	return Account(u), nil
 }
 
-func account(u *meta.User) auth.Account {
+// Account is user u as an S3 account: keys, role, uid mapping.
+func Account(u *meta.User) auth.Account {
 	a := auth.Account{Access: u.AccessKeyID, Secret: u.SecretKey, Role: auth.RoleUserPlus, Arn: userArn + u.Name}
 	if u.Admin {
 		a.Role = auth.RoleAdmin
@@ -105,7 +106,7 @@ func (i *IAM) ListUserAccounts() ([]auth.Account, error) {
 	out := make([]auth.Account, 0, len(us))
 	for _, u := range us {
 		if u.AccessKeyID != "" {
-			out = append(out, account(u))
+			out = append(out, Account(u))
 		}
 	}
 	return out, nil

@@ -84,8 +84,14 @@ func (b *Backend) trusted(acct auth.Account) (bool, string) {
 // writing user's uid and gid when the user is mapped and the mapping is
 // trusted; otherwise f keeps the gateway's ownership.
 func (b *Backend) giveToWriter(ctx context.Context, f *os.File) error {
-	acct, _, ok := caller(ctx)
-	if !ok || acct.UserID <= 0 { // unmapped (never chown to root)
+	acct, _, _ := caller(ctx)
+	return b.giveTo(acct, f)
+}
+
+// giveTo makes f belong to acct's uid and gid when acct is mapped to a uid
+// and the mapping is trusted.
+func (b *Backend) giveTo(acct auth.Account, f *os.File) error {
+	if acct.UserID <= 0 { // unmapped, or no account (never chown to root)
 		return nil
 	}
 	if ok, why := b.trusted(acct); !ok {

@@ -139,17 +139,21 @@ func (n *Node) start(ctx context.Context) error {
 	if grace == 0 {
 		grace = -1 // explicitly none (the service's zero means the default)
 	}
+	if err := n.startS3(); err != nil {
+		return err
+	}
+	var objs volume.Objects
+	if n.objects != nil {
+		objs = n.objects
+	}
 	n.volumes = volume.New(n.meta, n.store, volume.Config{
 		Node: n.cfg.Name, Overcommit: cfg.Overcommit, Keys: wrapper, ImageGrace: grace,
-		AdoptAll: n.meta.Embedded(),
+		AdoptAll: n.meta.Embedded(), Objects: objs,
 	}, log)
 	if err := n.volumes.Start(ctx); err != nil {
 		return err
 	}
 	if err := n.startNBD(ca, cert); err != nil {
-		return err
-	}
-	if err := n.startS3(); err != nil {
 		return err
 	}
 	n.api = api.New(api.Deps{

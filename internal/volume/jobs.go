@@ -184,14 +184,10 @@ func (s *Service) job(ctx context.Context, l block.Layer, kind string, p block.P
 	return nil, fmt.Errorf("unknown job %q", kind)
 }
 
-// progress persists a job's progress at most once per progressEvery.
+// progress persists a volume job's progress at most once per
+// progressEvery.
 func (s *Service) progress(ctx context.Context, id string) block.Progress {
-	last := time.Now()
-	return func(done, total int64) {
-		if time.Since(last) < progressEvery && done != total {
-			return
-		}
-		last = time.Now()
+	return throttled(func(done, total int64) {
 		err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 			cur, err := tx.Volume(id)
 			if err != nil || cur == nil || cur.Job == nil {
@@ -204,5 +200,5 @@ func (s *Service) progress(ctx context.Context, id string) block.Progress {
 		if err != nil && ctx.Err() == nil {
 			s.log.Warn("cannot persist job progress", "err", err)
 		}
-	}
+	})
 }

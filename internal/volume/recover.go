@@ -22,6 +22,10 @@ func (s *Service) Start(ctx context.Context) error {
 		var err error
 		switch v.Status {
 		case meta.StatusCreating:
+			if v.SourceObject != "" {
+				s.startImport(v.ID) // long: in the background, as at create
+				continue
+			}
 			_, err = s.finishCreate(ctx, v.ID)
 		case meta.StatusExtending:
 			_, err = s.finishExtend(ctx, v.ID)
@@ -55,8 +59,14 @@ func (s *Service) Start(ctx context.Context) error {
 	}
 	// Jobs last: a snapshot interrupted on a volume with a flatten job
 	// is finished before the flatten can change the chain under it.
+	for _, sn := range snaps {
+		if sn.Job != nil && sn.Status == meta.StatusAvailable && s.mine(sn.Job.Node) {
+			s.logFor("snapshot", sn.ID).Info("resuming export", "to", sn.Job.Object)
+			s.startExport(sn.ID)
+		}
+	}
 	for _, v := range vols {
-		if v.Job != nil && s.mine(v.Job.Node) {
+		if v.Job != nil && v.Status != meta.StatusCreating && s.mine(v.Job.Node) {
 			s.logFor("volume", v.ID).Info("resuming job", "job", v.Job.Kind)
 			s.startJob(v.ID)
 		}

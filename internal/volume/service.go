@@ -93,6 +93,9 @@ type Config struct {
 	// AdoptAll makes Start resume workflows recorded by any node, not only
 	// this one: right for a single-member cluster where no other node exists.
 	AdoptAll bool
+	// Objects is the object store snapshots are exported to and volumes
+	// made from (bridge.go); nil: this node serves none.
+	Objects Objects
 }
 
 // DefaultOvercommit is the default thin-provisioning ratio.

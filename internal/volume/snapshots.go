@@ -248,6 +248,9 @@ func (s *Service) DeleteSnapshot(ctx context.Context, c Caller, ref string) erro
 		if len(cur.Cloning) > 0 {
 			return errs.Conflict(errs.CodeSnapshotInUse, "volume %s is being created from snapshot %s; delete it when that finishes", cur.Cloning[0], cur.ID)
 		}
+		if cur.Job != nil {
+			return errs.Conflict(errs.CodeSnapshotInUse, "snapshot %s is being exported to %s; delete it when that finishes", cur.ID, cur.Job.Object)
+		}
 		tx.ReleaseName(meta.NameSnapshot, cur.OwnerID, cur.Name, cur.ID)
 		tx.DeleteToken(meta.NameSnapshot, cur.OwnerID, cur.ClientToken)
 		cur.Status, cur.Node, cur.UpdatedAt = meta.StatusDeleting, s.cfg.Node, now()

@@ -19,13 +19,15 @@ type CreateVolume struct {
 	SizeBytes    int64 // 0 with FromSnapshot: the snapshot's size
 	Type         string
 	FromSnapshot string // id or name
+	FromObject   string // s3://BUCKET/KEY: a raw image (bridge.go)
 	Multiattach  bool
 	ClientToken  string
 }
 
 // CreateVolume creates a volume: empty, or with FromSnapshot a clone of a
-// snapshot. Both are O(1) (a new copy-on-write image), so both are
-// synchronous.
+// snapshot — both O(1) (a new copy-on-write image), so synchronous — or
+// with FromObject filled from an object, which takes time: the volume is
+// returned creating, with an import job, and becomes available when done.
 func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) (*meta.Volume, error) {
 	if err := checkName(req.Name); err != nil {
 		return nil, err
@@ -33,7 +35,10 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 	if err := checkToken(req.ClientToken); err != nil {
 		return nil, err
 	}
-	if req.SizeBytes < 0 || (req.SizeBytes == 0 && req.FromSnapshot == "") {
+	if req.FromSnapshot != "" && req.FromObject != "" {
+		return nil, errs.Invalid(errs.CodeInvalidRequest, "from_snapshot and from_object exclude each other")
+	}
+	if req.SizeBytes < 0 || (req.SizeBytes == 0 && req.FromSnapshot == "" && req.FromObject == "") {
 		return nil, errs.Invalid(errs.CodeInvalidSize, "size must be greater than zero")
 	}
 	if req.SizeBytes > size.Max {
@@ -61,6 +66,12 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		}
 		req.Type, stack = src.Type, src.Stack
 	} else {
+		if req.FromObject != "" {
+			var err error
+			if req.SizeBytes, err = s.checkImport(ctx, c, req.FromObject, req.SizeBytes); err != nil {
+				return nil, err
+			}
+		}
 		if req.Type == "" {
 			req.Type = DefaultType
 		}
@@ -81,10 +92,14 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		ClientToken: req.ClientToken, CreatedAt: t, UpdatedAt: t, Node: s.cfg.Node,
 	}
 	if req.ClientToken != "" {
-		v.TokenParams = fingerprint(req.Name, req.SizeBytes, req.Type, req.FromSnapshot, req.Multiattach)
+		v.TokenParams = fingerprint(req.Name, req.SizeBytes, req.Type, req.FromSnapshot, req.Multiattach, req.FromObject)
 	}
 	if src != nil {
 		v.SourceSnapshot = src.ID
+	}
+	if req.FromObject != "" {
+		v.SourceObject = req.FromObject
+		v.Job = &meta.Job{Kind: meta.JobImport, Node: s.cfg.Node, StartedAt: t, Object: req.FromObject}
 	}
 	var replay *meta.Volume
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
@@ -131,12 +146,18 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 	if replay != nil {
 		return replay, nil
 	}
-	s.logFor("volume", v.ID).Info("volume create", "owner", v.Owner, "size", v.SizeBytes, "type", v.Type, "from", v.SourceSnapshot)
+	s.logFor("volume", v.ID).Info("volume create", "owner", v.Owner, "size", v.SizeBytes, "type", v.Type,
+		"from", v.SourceSnapshot, "from_object", v.SourceObject)
+	if v.SourceObject != "" {
+		s.startImport(v.ID)
+		return v, nil
+	}
 	return s.finishCreate(ctx, v.ID)
 }
 
 // finishCreate builds the volume's stack (on its snapshot's image for a
-// clone) and marks the volume available.
+// clone; filled from its object for an import) and marks the volume
+// available.
 func (s *Service) finishCreate(ctx context.Context, id string) (*meta.Volume, error) {
 	v, err := s.meta.Volume(ctx, id)
 	if err != nil {
@@ -157,8 +178,22 @@ func (s *Service) finishCreate(ctx context.Context, id string) (*meta.Volume, er
 	if err != nil {
 		return nil, s.failVolume(ctx, id, err)
 	}
+	var imported *meta.JobResult
+	if v.SourceObject != "" {
+		rep, err := s.importObject(ctx, v)
+		if ctx.Err() != nil {
+			return nil, ctx.Err() // shutdown: Start imports again
+		}
+		if err != nil {
+			return nil, s.failVolume(ctx, id, fmt.Errorf("import %s: %w", v.SourceObject, err))
+		}
+		imported = &meta.JobResult{Kind: meta.JobImport, Report: rep, Finished: now()}
+	}
 	out, err := s.transitionVolume(ctx, id, meta.StatusCreating, func(v *meta.Volume) {
 		v.Status = resting(v)
+		if imported != nil {
+			v.Job, v.LastJob = nil, imported
+		}
 	}, func(tx *meta.Tx, v *meta.Volume) error {
 		return dropFromSnapshot(tx, v.SourceSnapshot, v.ID)
 	})
@@ -210,6 +245,9 @@ func (s *Service) failVolume(ctx context.Context, id string, cause error) error 
 		if v.Status == meta.StatusCreating {
 			if err := dropFromSnapshot(tx, v.SourceSnapshot, id); err != nil {
 				return err
+			}
+			if v.Job != nil && v.Job.Kind == meta.JobImport {
+				v.Job, v.LastJob = nil, &meta.JobResult{Kind: meta.JobImport, Error: cause.Error(), Finished: now()}
 			}
 		}
 		v.Status, v.StatusMessage, v.Node, v.UpdatedAt = meta.StatusError, cause.Error(), "", now()

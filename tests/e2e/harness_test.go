@@ -607,6 +607,8 @@ type Progress struct {
 	Done    int64   `json:"done"`
 	Total   int64   `json:"total"`
 	Percent float64 `json:"percent"`
+	Phase   string  `json:"phase"`
+	Object  string  `json:"object"`
 }
 
 // JobResult is how a volume's last job ended.
@@ -667,6 +669,7 @@ type Volume struct {
 	Owner          string            `json:"owner"`
 	Multiattach    bool              `json:"multiattach"`
 	SourceSnapshot string            `json:"source_snapshot"`
+	SourceObject   string            `json:"source_object"`
 	CreatedAt      string            `json:"created_at"`
 	Attachments    []json.RawMessage `json:"attachments"`
 	Progress       *Progress         `json:"progress"`
@@ -676,14 +679,16 @@ type Volume struct {
 
 // Snapshot as the CLI prints it.
 type Snapshot struct {
-	ID            string `json:"id"`
-	Name          string `json:"name"`
-	VolumeID      string `json:"volume_id"`
-	SizeBytes     int64  `json:"size_bytes"`
-	Status        string `json:"status"`
-	StatusMessage string `json:"status_message"`
-	Owner         string `json:"owner"`
-	CreatedAt     string `json:"created_at"`
+	ID            string     `json:"id"`
+	Name          string     `json:"name"`
+	VolumeID      string     `json:"volume_id"`
+	SizeBytes     int64      `json:"size_bytes"`
+	Status        string     `json:"status"`
+	StatusMessage string     `json:"status_message"`
+	Owner         string     `json:"owner"`
+	CreatedAt     string     `json:"created_at"`
+	Progress      *Progress  `json:"progress"`
+	LastJob       *JobResult `json:"last_job"`
 }
 
 // VolumeType as the CLI prints it.

@@ -1,0 +1,335 @@
+package volume
+
+// The bridge between volumes and objects: a snapshot exported as a raw
+// image object (`snapshot export SNAP --to s3://B/K`), a volume made from
+// one (`volume create --from-object s3://B/K`). Both are jobs with
+// progress, recorded on the snapshot (Job) or on the creating volume, and
+// resumed by Start after a restart. Data moves with block.CopyOut and
+// block.CopyIn: file to file in the kernel (by reflink where the file
+// system shares blocks) when the stack is cow over files, through the
+// layers otherwise (crypt decrypts, checksum verifies). Either way the
+// object and the volume are independent files afterwards: a write through
+// one never changes the other.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
+	"github.com/basalt-storage/basalt/internal/objects"
+	"github.com/versity/versitygw/auth"
+)
+
+// Objects is the object store of the bridge (objects.Backend).
+type Objects interface {
+	PutImage(ctx context.Context, in objects.ImageInput) (objects.ObjectInfo, error)
+	OpenImage(ctx context.Context, bucket, key string) (*os.File, objects.ObjectInfo, error)
+}
+
+// CodeObjectStoreUnavailable: this node serves no object store (503).
+const CodeObjectStoreUnavailable = "ObjectStoreUnavailable"
+
+// ExportReport is an export job's report.
+type ExportReport struct {
+	Object string `json:"object"`
+	ETag   string `json:"etag"`
+	Size   int64  `json:"size_bytes"`
+	block.CopyReport
+}
+
+// ImportReport is an import job's report.
+type ImportReport struct {
+	Object string `json:"object"`
+	ETag   string `json:"etag"`
+	block.CopyReport
+}
+
+func (s *Service) objectStore() (Objects, error) {
+	if s.cfg.Objects == nil {
+		return nil, errs.New(errs.KindUnavailable, CodeObjectStoreUnavailable, "this node serves no object store")
+	}
+	return s.cfg.Objects, nil
+}
+
+// ownBucket parses an s3:// URL and checks that c may use its bucket:
+// the owner (by user id) or an administrator.
+func (s *Service) ownBucket(ctx context.Context, c Caller, url string) (bucket, key string, err error) {
+	bucket, key, err = objects.ParseURL(url)
+	if err != nil {
+		return "", "", err
+	}
+	b, err := s.meta.Bucket(ctx, bucket)
+	if errs.IsCode(err, errs.CodeNotFound) {
+		return "", "", errs.New(errs.KindNotFound, objects.CodeNoSuchBucket, "bucket %q does not exist", bucket)
+	}
+	if err != nil {
+		return "", "", err
+	}
+	if !c.Admin && b.OwnerID != c.ID {
+		return "", "", errs.New(errs.KindForbidden, "AccessDenied", "bucket %q belongs to another user", bucket)
+	}
+	return bucket, key, nil
+}
+
+// ExportSnapshot starts writing snapshot ref into the object at url
+// (s3://BUCKET/KEY, a bucket the caller owns) and returns the snapshot
+// with the job recorded. The snapshot cannot be deleted meanwhile.
+func (s *Service) ExportSnapshot(ctx context.Context, c Caller, ref, url string) (*meta.Snapshot, error) {
+	if _, err := s.objectStore(); err != nil {
+		return nil, err
+	}
+	sn, err := s.resolveSnapshot(ctx, c, ref)
+	if err != nil {
+		return nil, err
+	}
+	if _, _, err := s.ownBucket(ctx, c, url); err != nil {
+		return nil, err
+	}
+	var out *meta.Snapshot
+	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
+		cur, err := tx.Snapshot(sn.ID)
+		if err != nil {
+			return err
+		}
+		if cur == nil {
+			return errs.NotFound("snapshot", ref)
+		}
+		if cur.Status != meta.StatusAvailable {
+			return errs.Conflict(errs.CodeSnapshotNotReady, "snapshot %s is %s; only an available snapshot can be exported", cur.ID, cur.Status)
+		}
+		if cur.Job != nil {
+			return errs.Conflict(errs.CodeSnapshotInUse, "snapshot %s is already being exported to %s", cur.ID, cur.Job.Object)
+		}
+		cur.Job = &meta.Job{Kind: meta.JobExport, Node: s.cfg.Node, StartedAt: now(), Object: url, Total: cur.SizeBytes, Phase: "copy"}
+		cur.UpdatedAt = now()
+		tx.PutSnapshot(cur)
+		out = cur
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.logFor("snapshot", sn.ID).Info("export started", "to", url)
+	s.startExport(sn.ID)
+	return out, nil
+}
+
+func (s *Service) startExport(id string) {
+	s.jobs.Add(1)
+	go func() {
+		defer s.jobs.Done()
+		s.runExport(s.ctx, id)
+	}()
+}
+
+func (s *Service) runExport(ctx context.Context, id string) {
+	log := s.logFor("snapshot", id)
+	sn, err := s.meta.Snapshot(ctx, id)
+	if err != nil || sn.Job == nil {
+		log.Error("export: cannot read record", "err", err)
+		return
+	}
+	start := time.Now()
+	report, err := s.export(ctx, sn)
+	if ctx.Err() != nil {
+		return // interrupted by shutdown: run again at next start
+	}
+	res := &meta.JobResult{Kind: meta.JobExport, Report: report, Finished: now()}
+	if err != nil {
+		res.Error = err.Error()
+	}
+	uerr := s.meta.Update(context.Background(), func(tx *meta.Tx) error {
+		cur, err := tx.Snapshot(id)
+		if err != nil || cur == nil {
+			return err
+		}
+		cur.Job, cur.LastJob, cur.UpdatedAt = nil, res, now()
+		tx.PutSnapshot(cur)
+		return nil
+	})
+	if uerr != nil {
+		log.Error("cannot record export outcome", "err", uerr)
+	}
+	if err != nil {
+		log.Error("export failed", "to", sn.Job.Object, "err", err)
+		return
+	}
+	log.Info("export done", "to", sn.Job.Object, "took", time.Since(start).String(), "report", report)
+}
+
+// export reads the snapshot's image in place (read-only, through its
+// volume's stack) into a new object.
+func (s *Service) export(ctx context.Context, sn *meta.Snapshot) (*ExportReport, error) {
+	o, err := s.objectStore()
+	if err != nil {
+		return nil, err
+	}
+	bucket, key, err := objects.ParseURL(sn.Job.Object)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := parseSpec(sn.Stack)
+	if err != nil {
+		return nil, err
+	}
+	// Layer metadata above cow belongs to the volume's present, not to
+	// the snapshot: an empty directory gives every such layer none.
+	dir, err := os.MkdirTemp("", "basalt-export-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	env := s.env(dir)
+	env.ReadOnly, env.Base, env.Size = true, sn.Image, sn.SizeBytes
+	l, err := block.Build(env, spec)
+	if err != nil {
+		return nil, fmt.Errorf("open snapshot %s: %w", sn.ID, err)
+	}
+	defer l.Close()
+	writer, err := s.account(ctx, sn.Owner)
+	if err != nil {
+		return nil, err
+	}
+	rep := &ExportReport{Object: sn.Job.Object, Size: sn.SizeBytes}
+	oi, err := o.PutImage(ctx, objects.ImageInput{
+		Bucket: bucket, Key: key, Writer: writer, ContentType: "application/octet-stream",
+		Metadata: map[string]string{"basalt-snapshot": sn.ID, "basalt-volume": sn.VolumeID},
+		Fill: func(f *os.File) error {
+			var err error
+			rep.CopyReport, err = block.CopyOut(l, f, sn.SizeBytes, s.snapshotProgress(ctx, sn.ID, "copy"))
+			return err
+		},
+		Progress: s.snapshotProgress(ctx, sn.ID, "checksum"),
+	})
+	if err != nil {
+		return rep, err
+	}
+	rep.ETag = oi.ETag
+	return rep, nil
+}
+
+// account is user name's S3 account, for the uid its objects are given;
+// a user deleted since has none (the file stays the server's).
+func (s *Service) account(ctx context.Context, name string) (auth.Account, error) {
+	u, err := s.meta.User(ctx, name)
+	if errs.IsCode(err, errs.CodeNotFound) {
+		return auth.Account{}, nil
+	}
+	if err != nil {
+		return auth.Account{}, err
+	}
+	return objects.Account(u), nil
+}
+
+// snapshotProgress persists an export's progress at most once per
+// progressEvery.
+func (s *Service) snapshotProgress(ctx context.Context, id, phase string) block.Progress {
+	return throttled(func(done, total int64) {
+		err := s.meta.Update(ctx, func(tx *meta.Tx) error {
+			cur, err := tx.Snapshot(id)
+			if err != nil || cur == nil || cur.Job == nil {
+				return err
+			}
+			cur.Job.Done, cur.Job.Total, cur.Job.Phase = done, total, phase
+			tx.PutSnapshot(cur)
+			return nil
+		})
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("cannot persist export progress", "err", err)
+		}
+	})
+}
+
+// throttled calls save at most once per progressEvery, and at the end.
+func throttled(save block.Progress) block.Progress {
+	var last time.Time
+	return func(done, total int64) {
+		if time.Since(last) < progressEvery && done != total {
+			return
+		}
+		last = time.Now()
+		save(done, total)
+	}
+}
+
+// checkImport validates a create from an object: the caller's bucket, an
+// object that is valid now, and the volume's size (0: the object's,
+// rounded up to 512 bytes). It returns the size.
+func (s *Service) checkImport(ctx context.Context, c Caller, url string, size int64) (int64, error) {
+	o, err := s.objectStore()
+	if err != nil {
+		return 0, err
+	}
+	bucket, key, err := s.ownBucket(ctx, c, url)
+	if err != nil {
+		return 0, err
+	}
+	f, oi, err := o.OpenImage(ctx, bucket, key)
+	if err != nil {
+		return 0, err
+	}
+	f.Close()
+	if oi.Size == 0 {
+		return 0, errs.Invalid(errs.CodeInvalidSize, "object %s is empty; a volume needs at least 512 bytes", url)
+	}
+	if size == 0 {
+		size = (oi.Size + 511) &^ 511
+	}
+	if size < oi.Size {
+		return 0, errs.Invalid(errs.CodeInvalidSize, "size %d is smaller than object %s (%d bytes)", size, url, oi.Size)
+	}
+	return size, nil
+}
+
+// startImport finishes creating a volume from an object in the
+// background (the copy takes time; the volume shows it as a job).
+func (s *Service) startImport(id string) {
+	s.jobs.Add(1)
+	go func() {
+		defer s.jobs.Done()
+		if _, err := s.finishCreate(s.ctx, id); err != nil && s.ctx.Err() == nil {
+			s.logFor("volume", id).Error("create from object failed", "err", err)
+		}
+	}()
+}
+
+// importObject fills v's new stack from its source object.
+func (s *Service) importObject(ctx context.Context, v *meta.Volume) (*ImportReport, error) {
+	o, err := s.objectStore()
+	if err != nil {
+		return nil, err
+	}
+	bucket, key, err := objects.ParseURL(v.SourceObject)
+	if err != nil {
+		return nil, err
+	}
+	f, oi, err := o.OpenImage(ctx, bucket, key)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if oi.Size > v.SizeBytes {
+		return nil, fmt.Errorf("object %s has grown to %d bytes, beyond the volume's %d", v.SourceObject, oi.Size, v.SizeBytes)
+	}
+	l, release, err := s.acquire(v)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	var dev block.Device = l
+	if e, ok := l.(*exact); ok {
+		dev = e.Layer // the stack itself, with its FileCopier if it has one
+	}
+	rep := &ImportReport{Object: v.SourceObject, ETag: oi.ETag}
+	rep.CopyReport, err = block.CopyIn(dev, f, oi.Size, s.progress(ctx, v.ID))
+	if err != nil {
+		return rep, err
+	}
+	// A PUT replaces the file by a rename (the descriptor keeps the old
+	// one); only a write in place behind S3 can change what was read.
+	return rep, objects.StillSame(f, oi)
+}
