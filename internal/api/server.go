@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/cluster"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
 	"github.com/basalt-storage/basalt/internal/objects"
@@ -35,6 +36,9 @@ type Deps struct {
 	// endpoints (objects.go); without both they answer 503.
 	Objects *objects.Backend
 	Bucket  func(ctx context.Context, name string) (*meta.Bucket, error)
+	// Cluster is membership (nodes.go); CACert the cluster CA (PEM).
+	Cluster *cluster.Service
+	CACert  []byte
 }
 
 // Server is the control API of one node.
@@ -49,9 +53,14 @@ func New(d Deps) *Server {
 	s := &Server{d: d, mux: http.NewServeMux()}
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /v1/openapi.json", s.openapi)
+	s.mux.HandleFunc("GET /v1/cluster/ca", s.clusterCA)
+	s.mux.HandleFunc("POST /v1/nodes/join", s.join)
 	s.mux.HandleFunc("/", s.noRoute)
 	s.route("GET /v1/status", s.status)
 	s.route("POST /v1/meta/defrag", s.admin(s.defrag))
+	s.route("GET /v1/nodes", s.admin(s.listNodes))
+	s.route("DELETE /v1/nodes/{name}", s.admin(s.removeNode))
+	s.route("POST /v1/nodes/join-token", s.admin(s.joinToken))
 	s.route("POST /v1/users", s.admin(s.createUser))
 	s.route("GET /v1/users", s.admin(s.listUsers))
 	s.route("GET /v1/users/{name}", s.showUser)

@@ -64,7 +64,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	root.AddCommand(serverCmd(g), statusCmd(g), userCmd(g), volumeCmd(g), snapshotCmd(g), typeCmd(g),
 		attachCmd(g), detachCmd(g), attachmentCmd(g), metaCmd(g), versionCmd(g))
-	root.AddCommand(objectCmd(g))
+	root.AddCommand(objectCmd(g), nodeCmd(g))
 	err := root.Execute()
 	if err == nil {
 		return 0

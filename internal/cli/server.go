@@ -49,6 +49,17 @@ command line wins over the environment, which wins over the file.`,
 			if cfg.Overcommit <= 0 {
 				return usageErr("--overcommit must be greater than 0")
 			}
+			if cfg.Voters != 1 && cfg.Voters != 3 && cfg.Voters != 5 {
+				return usageErr("--voters must be 1, 3 or 5 (an even number of voters tolerates no more failures than one less)")
+			}
+			if cfg.Join != "" {
+				if cfg.JoinToken == "" {
+					cfg.JoinIdentity = g.identity
+				}
+				if (cfg.JoinIdentity == "") == (cfg.JoinToken == "") {
+					return usageErr("--join needs exactly one of --identity DIR (an admin identity) or --join-token TOKEN")
+				}
+			}
 			for _, e := range endpoints {
 				for _, p := range strings.Split(e, ",") {
 					if p = strings.TrimSpace(p); p != "" {
@@ -82,6 +93,9 @@ command line wins over the environment, which wins over the file.`,
 	f.DurationVar(&cfg.ImageGrace, "image-grace", volume.DefaultImageGrace, "spare unreferenced copy-on-write images younger than this from collection (other nodes may be creating them)")
 	f.StringVar(&metaQuota, "meta-quota", "", "embedded etcd space quota (default 4GiB)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&cfg.Join, "join", "", "join the cluster of this node (its API URL, https://HOST:8443), authenticated by --identity (an admin identity) or --join-token; see docs/cluster.md")
+	f.StringVar(&cfg.JoinToken, "join-token", "", "a token from `basalt node join-token`, for --join")
+	f.IntVar(&cfg.Voters, "voters", 3, "voting metadata members a new cluster grows to as nodes join (1, 3 or 5; later nodes are etcd clients)")
 	return cmd
 }
 
@@ -137,7 +151,10 @@ basalt node %q is ready: https://%s
 Admin identity: %s
 Try:  BASALT_IDENTITY=%s basalt status
 `, n.Name(), n.APIAddr(), n.AdminDir, n.AdminDir)
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case <-n.Removed():
+	}
 	log.Info("shutting down")
 	n.Close()
 	log.Info("stopped")

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/api"
+	"github.com/basalt-storage/basalt/internal/cluster"
 	"github.com/basalt-storage/basalt/internal/errs"
 )
 
@@ -196,6 +197,23 @@ func (c *Client) Snapshots(ctx context.Context, volume string) ([]api.Snapshot, 
 func (c *Client) Snapshot(ctx context.Context, ref string) (*api.Snapshot, error) {
 	var out api.Snapshot
 	return &out, c.do(ctx, "GET", "/v1/snapshots/"+url.PathEscape(ref), nil, &out)
+}
+
+// Nodes lists the cluster's nodes.
+func (c *Client) Nodes(ctx context.Context) ([]cluster.NodeInfo, error) {
+	var out []cluster.NodeInfo
+	return out, c.do(ctx, "GET", "/v1/nodes", nil, &out)
+}
+
+// RemoveNode takes a node out of the cluster.
+func (c *Client) RemoveNode(ctx context.Context, name string) error {
+	return c.do(ctx, "DELETE", "/v1/nodes/"+url.PathEscape(name), nil, nil)
+}
+
+// JoinToken issues a join token.
+func (c *Client) JoinToken(ctx context.Context, r api.JoinTokenRequest) (*api.JoinToken, error) {
+	var out api.JoinToken
+	return &out, c.do(ctx, "POST", "/v1/nodes/join-token", r, &out)
 }
 
 // ExportSnapshot starts writing a snapshot into an object.

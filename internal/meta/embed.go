@@ -30,6 +30,11 @@ type EmbedConfig struct {
 	QuotaBytes int64
 	// CompactionRetention is how much history periodic auto-compaction keeps.
 	CompactionRetention time.Duration
+	// InitialCluster, when set, makes the member join an existing cluster
+	// (as the learner it was added as): "name=peerURL,..." of every
+	// member, itself included. Empty: a new single-member cluster. Once
+	// the member has data in Dir, etcd ignores both.
+	InitialCluster string
 }
 
 // DefaultQuotaBytes is the embedded member's space quota (etcd recommends at
@@ -50,6 +55,10 @@ func startEmbedded(c EmbedConfig, log *slog.Logger) (*embed.Etcd, string, error)
 	cfg.AdvertisePeerUrls = []url.URL{advertised(peerURL, c.AdvertiseHost)}
 	cfg.InitialCluster = cfg.InitialClusterFromName(c.Name)
 	cfg.ClusterState = embed.ClusterStateFlagNew
+	if c.InitialCluster != "" {
+		cfg.InitialCluster = c.InitialCluster
+		cfg.ClusterState = embed.ClusterStateFlagExisting
+	}
 	cfg.InitialClusterToken = "basalt"
 	cfg.ListenMetricsUrls = nil
 	tls := transport.TLSInfo{CertFile: c.CertFile, KeyFile: c.KeyFile, TrustedCAFile: c.CAFile, ClientCertAuth: true}

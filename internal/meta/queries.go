@@ -154,10 +154,10 @@ func (s *Store) Provisioned(ctx context.Context) (int64, error) {
 // Bootstrap records the cluster identity once and returns it, together with
 // the cluster CA: the stored one, or ca (PEM cert and key) when none is
 // stored yet. Racing first starts agree on one CA.
-func (s *Store) Bootstrap(ctx context.Context, clusterID string, caCert, caKey []byte) (*Cluster, []byte, []byte, error) {
+func (s *Store) Bootstrap(ctx context.Context, clusterID string, voters int, caCert, caKey []byte) (*Cluster, []byte, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	c := &Cluster{Schema: SchemaVersion, ID: clusterID, CreatedAt: time.Now().UTC()}
+	c := &Cluster{Schema: SchemaVersion, ID: clusterID, CreatedAt: time.Now().UTC(), Voters: voters}
 	ca := encode(&caRecord{Schema: SchemaVersion, CertPEM: string(caCert), KeyPEM: string(caKey)})
 	_, err := s.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(keyCluster), "=", 0)).

@@ -188,6 +188,10 @@ type Cluster struct {
 	Schema    int       `json:"schema"`
 	ID        string    `json:"id"`
 	CreatedAt time.Time `json:"created_at"`
+	// Voters is how many voting etcd members the cluster grows to as
+	// nodes join (odd: 3 tolerates one failure, 5 two); nodes beyond run
+	// as etcd clients. 0 in records older than the field: 3.
+	Voters int `json:"voters,omitempty"`
 }
 
 // OwnedBy and Created let callers treat the records users own alike.

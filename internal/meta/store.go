@@ -19,7 +19,9 @@ import (
 
 // Config chooses between the embedded member and an external cluster.
 type Config struct {
-	// Endpoints of an external etcd cluster; empty means run Embed.
+	// Endpoints of an external etcd cluster; empty means run Embed. With
+	// Embed.InitialCluster (a member joining a cluster) they are the
+	// voters this node talks to until its own member is promoted.
 	Endpoints []string
 	// TLS for external endpoints (nil: plain http or system roots).
 	ExternalTLS *tls.Config
@@ -33,6 +35,8 @@ type Store struct {
 	cli      *clientv3.Client
 	embedded *embed.Etcd
 	log      *slog.Logger
+	q        quorum
+	closed   chan struct{} // closed by Close
 }
 
 // requestTimeout bounds every metadata call so that losing quorum fails
@@ -41,20 +45,24 @@ const requestTimeout = 10 * time.Second
 
 // Open starts the embedded member (unless Endpoints are given) and connects.
 func Open(ctx context.Context, c Config, log *slog.Logger) (*Store, error) {
-	s := &Store{log: log}
+	s := &Store{log: log, closed: make(chan struct{})}
 	endpoints := c.Endpoints
 	tlsCfg := c.ExternalTLS
-	if len(endpoints) == 0 {
+	if len(endpoints) == 0 || c.Embed.InitialCluster != "" {
 		e, url, err := startEmbedded(c.Embed, log)
 		if err != nil {
 			return nil, err
 		}
 		s.embedded = e
-		endpoints = []string{url}
+		if len(endpoints) == 0 {
+			endpoints = []string{url}
+		}
 		tlsCfg = c.ClientTLS
 	}
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:            endpoints,
+		Endpoints: endpoints,
+		// Follow membership changes (promotions, removals, new voters).
+		AutoSyncInterval:     30 * time.Second,
 		DialTimeout:          5 * time.Second,
 		DialKeepAliveTime:    5 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
@@ -86,6 +94,11 @@ func Open(ctx context.Context, c Config, log *slog.Logger) (*Store, error) {
 
 // Close disconnects and stops the embedded member, if any.
 func (s *Store) Close() {
+	select {
+	case <-s.closed:
+	default:
+		close(s.closed)
+	}
 	if s.cli != nil {
 		s.cli.Close()
 	}
@@ -181,12 +194,22 @@ func wrap(op string, err error) error {
 	if _, ok := errs.As(err); ok {
 		return err
 	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, rpctypes.ErrNoLeader) ||
-		errors.Is(err, rpctypes.ErrTimeout) || errors.Is(err, rpctypes.ErrGRPCNoSpace) ||
-		strings.Contains(err.Error(), "connection") || errors.Is(err, context.Canceled) {
+	if errors.Is(err, rpctypes.ErrGRPCNoSpace) || errors.Is(err, context.Canceled) {
 		return errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable, "metadata %s failed: %v", op, err)
 	}
+	if unavailable(err) {
+		return errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
+			"metadata %s failed: no quorum of the metadata cluster answered (%v); writes resume when a majority of the voters is up", op, err)
+	}
 	return fmt.Errorf("metadata %s: %w", op, err)
+}
+
+// unavailable reports whether err means no quorum (or no member) answered.
+func unavailable(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, rpctypes.ErrNoLeader) ||
+		errors.Is(err, rpctypes.ErrTimeout) || errors.Is(err, rpctypes.ErrGRPCNoLeader) ||
+		errors.Is(err, rpctypes.ErrGRPCTimeout) || errors.Is(err, rpctypes.ErrTimeoutDueToLeaderFail) ||
+		errors.Is(err, rpctypes.ErrTimeoutDueToConnectionLost) || strings.Contains(err.Error(), "connection")
 }
 
 func zapNop() *zap.Logger { return zap.NewNop() }

@@ -269,7 +269,7 @@ func TestBootstrap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c1, cert1, key1, err := s.Bootstrap(ctx, "cluster-one", ca1.CertPEM, ca1.KeyPEM)
+	c1, cert1, key1, err := s.Bootstrap(ctx, "cluster-one", 3, ca1.CertPEM, ca1.KeyPEM)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +279,7 @@ func TestBootstrap(t *testing.T) {
 	if !bytes.Equal(cert1, ca1.CertPEM) || !bytes.Equal(key1, ca1.KeyPEM) {
 		t.Fatal("first bootstrap did not return its own CA")
 	}
-	c2, cert2, key2, err := s.Bootstrap(ctx, "cluster-two", ca2.CertPEM, ca2.KeyPEM)
+	c2, cert2, key2, err := s.Bootstrap(ctx, "cluster-two", 3, ca2.CertPEM, ca2.KeyPEM)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +314,7 @@ func TestBootstrap(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, cert, key, err := s.Bootstrap(ctx, "race-"+string(rune('a'+i)), cas[i].CertPEM, cas[i].KeyPEM)
+			c, cert, key, err := s.Bootstrap(ctx, "race-"+string(rune('a'+i)), 3, cas[i].CertPEM, cas[i].KeyPEM)
 			res[i] = result{err: err, cert: cert, key: key}
 			if c != nil {
 				res[i].id = c.ID

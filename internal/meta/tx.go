@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -21,11 +22,14 @@ type Tx struct {
 // Update runs fn in a serializable transaction, retrying on conflict. An
 // error returned by fn aborts the transaction and is returned as is.
 func (s *Store) Update(ctx context.Context, fn func(*Tx) error) error {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	tctx, cancel := context.WithTimeout(ctx, s.writeTimeout())
 	defer cancel()
 	_, err := concurrency.NewSTM(s.cli, func(stm concurrency.STM) error {
 		return fn(&Tx{stm: stm})
-	}, concurrency.WithAbortContext(ctx))
+	}, concurrency.WithAbortContext(tctx))
+	if err != nil && ctx.Err() == nil && unavailable(err) {
+		s.quorumLost()
+	}
 	return wrap("update", err)
 }
 
@@ -237,13 +241,46 @@ func (tx *Tx) Provision(delta, limit int64) error {
 	return nil
 }
 
+// linearTimeout bounds a linearizable read before read falls back to the
+// local copy: long enough for a leader election, short enough that reads
+// keep answering while the cluster has no quorum.
+const linearTimeout = 3 * time.Second
+
+// read is a linearizable Get — it sees every write acknowledged anywhere
+// before it, so a record created through one node is visible through
+// every other at once — unless no quorum answers in time: then it is
+// answered from the local member's copy (serializable), which may miss
+// the latest writes but keeps reads working while writes cannot.
+func (s *Store) read(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	var err error
+	if !s.q.lost.Load() {
+		lctx, cancel := context.WithTimeout(ctx, linearTimeout)
+		var resp *clientv3.GetResponse
+		resp, err = s.cli.Get(lctx, key, opts...)
+		cancel()
+		if err == nil || ctx.Err() != nil || !unavailable(err) {
+			return resp, err
+		}
+		s.quorumLost()
+	}
+	sctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, serr := s.cli.Get(sctx, key, append(opts, clientv3.WithSerializable())...)
+	if serr != nil {
+		if err == nil {
+			err = serr
+		}
+		return nil, err
+	}
+	s.log.Debug("metadata read served from the local copy: no quorum", "key", key, "err", err)
+	return resp, nil
+}
+
 // errAbsent marks a Get of a missing record.
 var errAbsent = errors.New("absent")
 
 func (s *Store) get(ctx context.Context, key string, r versioned) error {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	resp, err := s.cli.Get(ctx, key)
+	resp, err := s.read(ctx, key)
 	if err != nil {
 		return wrap("get", err)
 	}
@@ -254,9 +291,7 @@ func (s *Store) get(ctx context.Context, key string, r versioned) error {
 }
 
 func list[T versioned](ctx context.Context, s *Store, prefix string, mk func() T) ([]T, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	resp, err := s.read(ctx, prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
 	if err != nil {
 		return nil, wrap("list", err)
 	}

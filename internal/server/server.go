@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/api"
+	"github.com/basalt-storage/basalt/internal/cluster"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/keys"
 	"github.com/basalt-storage/basalt/internal/meta"
@@ -63,6 +64,11 @@ type Config struct {
 	Overcommit    float64
 	ImageGrace    time.Duration
 	MetaQuota     int64
+	// Join is a running node's API URL: join its cluster (membership.go),
+	// authenticated by the admin identity in JoinIdentity or by JoinToken.
+	Join, JoinIdentity, JoinToken string
+	// Voters is how many voters a new cluster grows to (3 or 5).
+	Voters int
 }
 
 // Node is a running basalt node.
@@ -84,12 +90,16 @@ type Node struct {
 	objects   *objects.Backend
 	s3Stop    context.CancelFunc // ends the S3 gateway's metadata mirrors
 	cancel    context.CancelFunc
+	cluster   *cluster.Service
+	removed   chan struct{}
+	// stopBelonging ends registration upkeep (liveness, promotion).
+	stopBelonging context.CancelFunc
 	AdminDir  string
 }
 
 // Start brings a node up and returns once it serves. Stop it with Close.
 func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Node, error) {
-	n := &Node{cfg: cfg, log: log, started: time.Now().UTC()}
+	n := &Node{cfg: cfg, log: log, started: time.Now().UTC(), removed: make(chan struct{})}
 	if err := n.start(ctx); err != nil {
 		n.Close()
 		return nil, err
@@ -112,10 +122,15 @@ func (n *Node) start(ctx context.Context) error {
 		return fmt.Errorf("data dir: %w", err)
 	}
 	pkiDir := filepath.Join(cfg.Data, "pki")
-	ca, cert, err := n.openMeta(ctx, pkiDir)
+	joined, err := n.join(ctx, pkiDir)
 	if err != nil {
 		return err
 	}
+	ca, cert, err := n.openMeta(ctx, pkiDir, joined)
+	if err != nil {
+		return err
+	}
+	n.cluster = cluster.New(n.meta, ca, n.cfg.Name, log)
 	if n.store, err = store.Open(n.cfg.Store); err != nil {
 		return err
 	}
@@ -148,7 +163,7 @@ func (n *Node) start(ctx context.Context) error {
 	}
 	n.volumes = volume.New(n.meta, n.store, volume.Config{
 		Node: n.cfg.Name, Overcommit: cfg.Overcommit, Keys: wrapper, ImageGrace: grace,
-		AdoptAll: n.meta.Embedded(), Objects: objs,
+		AdoptAll: n.single(ctx), Objects: objs,
 	}, log)
 	if err := n.volumes.Start(ctx); err != nil {
 		return err
@@ -159,7 +174,7 @@ func (n *Node) start(ctx context.Context) error {
 	n.api = api.New(api.Deps{
 		Volumes: n.volumes, Users: n.users, Status: n.status, Healthy: n.meta.Health,
 		Defrag: n.meta.Defrag, Log: log, NBDURI: func(export string) string { return n.nbdURI + export },
-		Objects: n.objects, Bucket: n.meta.Bucket,
+		Objects: n.objects, Bucket: n.meta.Bucket, Cluster: n.cluster, CACert: ca.CertPEM,
 	})
 	ln, err := net.Listen("tcp", cfg.API)
 	if err != nil {
@@ -177,6 +192,11 @@ func (n *Node) start(ctx context.Context) error {
 			log.Error("api server stopped", "err", err)
 		}
 	}()
+	bg, cancel := context.WithCancel(context.Background())
+	n.stopBelonging = cancel
+	if err := n.belong(bg, joined); err != nil {
+		return err
+	}
 	n.api.SetReady(true)
 	log.Info("node ready", "name", n.cfg.Name, "api", "https://"+n.apiAddr, "store", n.store.Root,
 		"admin_identity", n.AdminDir, "cluster", n.clusterID)
@@ -233,10 +253,14 @@ func (n *Node) startNBD(ca *pki.CA, cert tls.Certificate) error {
 // CA. With the embedded member the local CA comes first (etcd's own TLS
 // needs it); with an external cluster the CA stored there wins, so every
 // node sharing it trusts the same users.
-func (n *Node) openMeta(ctx context.Context, pkiDir string) (*pki.CA, tls.Certificate, error) {
+func (n *Node) openMeta(ctx context.Context, pkiDir string, joined *joinState) (*pki.CA, tls.Certificate, error) {
 	var ca *pki.CA
 	var err error
-	if len(n.cfg.MetaEndpoints) == 0 {
+	if joined != nil {
+		if ca, err = pki.LoadCA(filepath.Join(pkiDir, "ca.pem"), filepath.Join(pkiDir, "ca-key.pem")); err != nil {
+			return nil, tls.Certificate{}, fmt.Errorf("the cluster CA this node joined with: %w", err)
+		}
+	} else if len(n.cfg.MetaEndpoints) == 0 {
 		if ca, err = pki.LoadOrCreateCA(pkiDir); err != nil {
 			return nil, tls.Certificate{}, err
 		}
@@ -250,7 +274,7 @@ func (n *Node) openMeta(ctx context.Context, pkiDir string) (*pki.CA, tls.Certif
 		return nil, tls.Certificate{}, err
 	}
 	clientTLS := &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
-	n.meta, err = meta.Open(ctx, meta.Config{
+	n.meta, err = meta.Open(ctx, n.metaConfig(meta.Config{
 		Endpoints: n.cfg.MetaEndpoints,
 		ClientTLS: clientTLS,
 		Embed: meta.EmbedConfig{
@@ -259,11 +283,15 @@ func (n *Node) openMeta(ctx context.Context, pkiDir string) (*pki.CA, tls.Certif
 			CertFile: filepath.Join(pkiDir, "server.pem"), KeyFile: filepath.Join(pkiDir, "server-key.pem"),
 			CAFile: filepath.Join(pkiDir, "ca.pem"), QuotaBytes: n.cfg.MetaQuota,
 		},
-	}, n.log)
+	}, joined), n.log)
 	if err != nil {
 		return nil, tls.Certificate{}, err
 	}
-	cl, certPEM, keyPEM, err := n.meta.Bootstrap(ctx, randomID(), ca.CertPEM, ca.KeyPEM)
+	voters := n.cfg.Voters
+	if voters == 0 {
+		voters = 3
+	}
+	cl, certPEM, keyPEM, err := n.meta.Bootstrap(ctx, randomID(), voters, ca.CertPEM, ca.KeyPEM)
 	if err != nil {
 		return nil, tls.Certificate{}, err
 	}
@@ -277,7 +305,7 @@ func (n *Node) openMeta(ctx context.Context, pkiDir string) (*pki.CA, tls.Certif
 		}
 		return ca, cert, nil
 	}
-	if n.meta.Embedded() {
+	if n.meta.Embedded() || joined != nil {
 		return nil, tls.Certificate{}, fmt.Errorf("%s holds a different CA than the metadata in %s; restore the pki directory that belongs to this data", pkiDir, filepath.Join(n.cfg.Data, "meta"))
 	}
 	// Adopt the cluster's CA.
@@ -346,6 +374,9 @@ func (n *Node) APIAddr() string { return n.apiAddr }
 func (n *Node) Close() {
 	if n.api != nil {
 		n.api.SetReady(false)
+	}
+	if n.stopBelonging != nil {
+		n.stopBelonging() // revokes the liveness lease: others see us go at once
 	}
 	if n.http != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

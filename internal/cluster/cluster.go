@@ -1,0 +1,391 @@
+// Package cluster is basalt's membership: nodes joining a running cluster,
+// the node list with roles and health, node removal and join tokens.
+//
+// A cluster starts as one node (the first `basalt server`, whose embedded
+// etcd member is the only voter). `basalt server --join https://PEER:8443`
+// asks any node to let a new one in (Join, on the serving side; Enter, on
+// the joining side). Joins are serialized by a lock in etcd. While the
+// cluster has fewer voters than its target (Cluster.Voters: 3, or 5), the
+// new node's member is added as a learner — it catches up without counting
+// towards quorum — and promotes itself once etcd says it is in sync; beyond
+// the target, the node runs no member and is an etcd client of the voters.
+// Voter counts stay odd once grown: 2 or 4 voters tolerate no more failures
+// than 1 or 3 (a majority of 2 is 2), they only cost latency.
+//
+// Invariants:
+//   - at most one join is in flight (the lock; etcd also refuses a second
+//     learner);
+//   - a join is idempotent: the same name and peer URL asked again (a node
+//     that crashed mid-join) gets the same answer, never a second member;
+//   - every node has a nodes/<name> record; alive/<name> exists while the
+//     node keeps its lease, so health needs no probe of the node itself.
+//
+// Callers: the API (join, node list/remove, join tokens) and the server
+// package (a joining node, and every node's registration).
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
+	"github.com/basalt-storage/basalt/internal/pki"
+)
+
+// Error codes of membership calls. Stable: add, never rename.
+const (
+	CodeNodeExists      = "NodeExists"       // 409: a member of that name has another peer URL
+	CodeJoinTokenBad    = "InvalidJoinToken" // 401: unknown or expired join token
+	CodeExternalMeta    = "ExternalMetadata" // 409: the cluster runs on an external etcd
+	CodeNodeIsSelf      = "NodeIsSelf"       // 409: a node cannot remove itself
+	CodeLastVoter       = "LastVoter"        // 409: removing the only voter
+	CodeJoinInProgress  = meta.CodeJoinInProgress
+	DefaultJoinTokenTTL = 24 * time.Hour
+)
+
+// JoinRequest is what a joining node tells about itself.
+type JoinRequest struct {
+	Name string `json:"name"`
+	// Peer and Client are the URLs its etcd member would use (advertised).
+	Peer   string `json:"peer"`
+	Client string `json:"client"`
+	API    string `json:"api"`
+	S3     string `json:"s3,omitempty"`
+	NBD    string `json:"nbd,omitempty"`
+}
+
+// JoinResponse is what a joining node needs to start.
+type JoinResponse struct {
+	ClusterID string `json:"cluster_id"`
+	// Role is learner (start a member, then promote it) or client.
+	Role string `json:"role"`
+	// InitialCluster is etcd's "name=peerURL,..." of every member,
+	// the joining node included (learner only).
+	InitialCluster string `json:"initial_cluster,omitempty"`
+	// Endpoints are the voters' etcd client URLs.
+	Endpoints []string `json:"endpoints"`
+	// The cluster CA, certificate and key: every node issues its own
+	// certificate and user identities with it.
+	CACert string `json:"ca_cert"`
+	CAKey  string `json:"ca_key"`
+}
+
+// NodeInfo is a node as `basalt node list` shows it.
+type NodeInfo struct {
+	Name   string `json:"name"`
+	Role   string `json:"role"`   // voter, learner, client
+	Health string `json:"health"` // healthy, unhealthy
+	API    string `json:"api"`
+	S3     string `json:"s3"`
+	NBD    string `json:"nbd"`
+}
+
+// Health values.
+const (
+	Healthy   = "healthy"
+	Unhealthy = "unhealthy"
+)
+
+// Service is the membership service of one node.
+type Service struct {
+	meta *meta.Store
+	ca   *pki.CA
+	self string
+	log  *slog.Logger
+}
+
+// New makes the service of node self.
+func New(m *meta.Store, ca *pki.CA, self string, log *slog.Logger) *Service {
+	return &Service{meta: m, ca: ca, self: self, log: log}
+}
+
+// Join lets a node in (see the package comment). The caller has
+// authenticated the request (an admin certificate or a join token).
+func (s *Service) Join(ctx context.Context, req JoinRequest) (*JoinResponse, error) {
+	if err := checkRequest(req); err != nil {
+		return nil, err
+	}
+	if !s.meta.Embedded() {
+		return nil, errs.Conflict(CodeExternalMeta, "this cluster keeps its metadata in an external etcd: start the node with --meta-endpoints instead of --join")
+	}
+	cl, err := s.meta.Cluster(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp := &JoinResponse{ClusterID: cl.ID, CACert: string(s.ca.CertPEM), CAKey: string(s.ca.KeyPEM)}
+	err = s.meta.WithJoinLock(ctx, func() error {
+		members, err := s.meta.Members(ctx)
+		if err != nil {
+			return err
+		}
+		mine := -1
+		voters, learners := 0, 0
+		for i, m := range members {
+			if slices.Contains(m.Peers, req.Peer) {
+				mine = i
+			} else if m.Name == req.Name {
+				return errs.Conflict(CodeNodeExists, "a member named %s already exists with peer URLs %v; remove it first (basalt node remove %s)", req.Name, m.Peers, req.Name)
+			}
+			if m.Learner {
+				learners++
+			} else {
+				voters++
+			}
+		}
+		switch {
+		case mine >= 0:
+			// Asked again (the node crashed mid-join): same answer.
+			resp.Role = meta.RoleLearner
+			if !members[mine].Learner {
+				resp.Role = meta.RoleVoter
+			}
+		case voters < cl.Voters:
+			if learners > 0 {
+				return errs.Conflict(CodeJoinInProgress, "another node is joining (a learner is catching up); retry")
+			}
+			if _, err := s.meta.AddLearner(ctx, req.Peer); err != nil {
+				return err
+			}
+			if members, err = s.meta.Members(ctx); err != nil {
+				return err
+			}
+			resp.Role = meta.RoleLearner
+		default:
+			resp.Role = meta.RoleClient
+		}
+		for _, m := range members {
+			if !m.Learner && m.Name != "" {
+				resp.Endpoints = append(resp.Endpoints, m.Clients...)
+			}
+		}
+		if resp.Role != meta.RoleClient {
+			resp.InitialCluster = initialCluster(members, req)
+		}
+		return s.meta.PutNode(ctx, nodeRecord(req, resp.Role))
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("node joined", "node", req.Name, "role", resp.Role, "peer", req.Peer)
+	return resp, nil
+}
+
+func checkRequest(req JoinRequest) error {
+	if req.Name == "" || strings.ContainsAny(req.Name, "/ \x00,=") {
+		return errs.Invalid(errs.CodeInvalidName, "node name %q: required, without '/', ',', '=' or spaces", req.Name)
+	}
+	for what, u := range map[string]string{"peer": req.Peer, "client": req.Client, "api": req.API} {
+		if !strings.HasPrefix(u, "https://") {
+			return errs.Invalid(errs.CodeInvalidRequest, "%s URL %q: an https:// URL is required", what, u)
+		}
+	}
+	return nil
+}
+
+// initialCluster is etcd's --initial-cluster for the joining node: every
+// member by name (the new one has none until it starts: req's).
+func initialCluster(members []meta.Member, req JoinRequest) string {
+	var parts []string
+	for _, m := range members {
+		name := m.Name
+		if slices.Contains(m.Peers, req.Peer) {
+			name = req.Name
+		}
+		if name == "" {
+			continue // another unstarted member: not ours to name
+		}
+		for _, p := range m.Peers {
+			parts = append(parts, name+"="+p)
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+func nodeRecord(req JoinRequest, role string) *meta.Node {
+	n := &meta.Node{Name: req.Name, API: req.API, S3: req.S3, NBD: req.NBD, JoinedAt: time.Now().UTC()}
+	if role != meta.RoleClient {
+		n.Peer, n.Client = req.Peer, req.Client
+	}
+	return n
+}
+
+// Register records this node (at every start: its URLs may change).
+func (s *Service) Register(ctx context.Context, n *meta.Node) error {
+	if old, err := s.meta.Node(ctx, n.Name); err == nil {
+		n.JoinedAt = old.JoinedAt
+	} else {
+		n.JoinedAt = time.Now().UTC()
+	}
+	return s.meta.PutNode(ctx, n)
+}
+
+// Nodes lists every node with its role and health, and every etcd member
+// that is no registered node (a stale learner, say).
+func (s *Service) Nodes(ctx context.Context) ([]NodeInfo, error) {
+	nodes, err := s.meta.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	alive, err := s.meta.Alive(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var members []meta.Member
+	if s.meta.Embedded() {
+		if members, err = s.meta.Members(ctx); err != nil {
+			return nil, err
+		}
+	}
+	seen := map[uint64]bool{}
+	out := make([]NodeInfo, 0, len(nodes))
+	for _, n := range nodes {
+		ni := NodeInfo{Name: n.Name, Role: meta.RoleClient, Health: Unhealthy, API: n.API, S3: n.S3, NBD: n.NBD}
+		if alive[n.Name] {
+			ni.Health = Healthy
+		}
+		if m, ok := memberOf(members, n); ok {
+			seen[m.ID] = true
+			ni.Role = meta.RoleVoter
+			if m.Learner {
+				ni.Role = meta.RoleLearner
+			}
+		}
+		out = append(out, ni)
+	}
+	for _, m := range members {
+		if !seen[m.ID] {
+			role := meta.RoleVoter
+			if m.Learner {
+				role = meta.RoleLearner
+			}
+			name := m.Name
+			if name == "" {
+				name = fmt.Sprintf("(unstarted member %x)", m.ID)
+			}
+			out = append(out, NodeInfo{Name: name, Role: role, Health: Unhealthy})
+		}
+	}
+	return out, nil
+}
+
+func memberOf(members []meta.Member, n *meta.Node) (meta.Member, bool) {
+	for _, m := range members {
+		if m.Name == n.Name || n.Peer != "" && slices.Contains(m.Peers, n.Peer) {
+			return m, true
+		}
+	}
+	return meta.Member{}, false
+}
+
+// Remove takes node name out: its etcd member (if any) leaves the voters
+// and its registration goes. A running node that is removed stops (it
+// watches its own record). The cluster keeps at least one voter.
+func (s *Service) Remove(ctx context.Context, name string) error {
+	if name == s.self {
+		return errs.Conflict(CodeNodeIsSelf, "node %s cannot remove itself; ask another node", name)
+	}
+	return s.meta.WithJoinLock(ctx, func() error {
+		n, err := s.meta.Node(ctx, name)
+		if err != nil && !errs.IsCode(err, errs.CodeNotFound) {
+			return err
+		}
+		members, merr := s.meta.Members(ctx)
+		if merr != nil && s.meta.Embedded() {
+			return merr
+		}
+		var target *meta.Member
+		voters := 0
+		for i, m := range members {
+			if !m.Learner {
+				voters++
+			}
+			if m.Name == name || n != nil && n.Peer != "" && slices.Contains(m.Peers, n.Peer) {
+				target = &members[i]
+			}
+		}
+		if n == nil && target == nil {
+			return errs.NotFound("node", name)
+		}
+		if target != nil {
+			if !target.Learner && voters == 1 {
+				return errs.Conflict(CodeLastVoter, "node %s is the cluster's only voter", name)
+			}
+			if err := s.meta.RemoveMember(ctx, target.ID); err != nil {
+				return err
+			}
+		}
+		if err := s.meta.DeleteNode(ctx, name); err != nil {
+			return err
+		}
+		s.log.Info("node removed", "node", name, "was_member", target != nil)
+		return nil
+	})
+}
+
+// NewJoinToken issues a join token valid for ttl. Its form is
+// "basalt-join.<secret>.<sha256 of the CA certificate, hex>": the secret
+// authenticates the joining node, the CA hash lets it authenticate the
+// cluster before it trusts anything it says (as kubeadm's discovery hash).
+func (s *Service) NewJoinToken(ctx context.Context, ttl time.Duration) (string, time.Time, error) {
+	if ttl <= 0 {
+		ttl = DefaultJoinTokenTTL
+	}
+	if ttl < time.Minute || ttl > 30*24*time.Hour {
+		return "", time.Time{}, errs.Invalid(errs.CodeInvalidRequest, "ttl %v: between 1m and 720h", ttl)
+	}
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		return "", time.Time{}, err
+	}
+	secret := hex.EncodeToString(b)
+	if err := s.meta.PutJoinToken(ctx, secret, ttl); err != nil {
+		return "", time.Time{}, err
+	}
+	return "basalt-join." + secret + "." + CAHash(s.ca.CertPEM), time.Now().Add(ttl).UTC(), nil
+}
+
+// CheckJoinToken verifies a token presented by a joining node.
+func (s *Service) CheckJoinToken(ctx context.Context, token string) error {
+	secret, hash, err := ParseJoinToken(token)
+	if err != nil {
+		return err
+	}
+	if hash != CAHash(s.ca.CertPEM) {
+		return errs.New(errs.KindUnauthenticated, CodeJoinTokenBad, "the join token was issued by another cluster")
+	}
+	ok, err := s.meta.JoinTokenValid(ctx, secret)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errs.New(errs.KindUnauthenticated, CodeJoinTokenBad, "unknown or expired join token; issue one with `basalt node join-token`")
+	}
+	return nil
+}
+
+// ParseJoinToken splits a join token into its secret and CA hash.
+func ParseJoinToken(token string) (secret, caHash string, err error) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 || parts[0] != "basalt-join" || len(parts[1]) != 48 || len(parts[2]) != 64 {
+		return "", "", errs.New(errs.KindUnauthenticated, CodeJoinTokenBad, "malformed join token (want basalt-join.<secret>.<ca hash>)")
+	}
+	return parts[1], parts[2], nil
+}
+
+// CAHash is the hex SHA-256 of the first certificate in a PEM bundle's DER.
+func CAHash(certPEM []byte) string {
+	c, err := pki.ParseCertPEM(certPEM)
+	if err != nil {
+		return ""
+	}
+	h := sha256.Sum256(c.Raw)
+	return hex.EncodeToString(h[:])
+}

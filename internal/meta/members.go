@@ -1,0 +1,300 @@
+package meta
+
+// Cluster membership: the etcd members (voters and learners) and basalt's
+// own node registry, which also holds the nodes that run no member (etcd
+// clients of the voters).
+//
+//	nodes/<name>        Node: how to reach the node (api, s3, nbd, etcd urls)
+//	alive/<name>        present while the node's lease is kept alive
+//	jointokens/<sha256> a join token's hash, attached to a lease (its expiry)
+//
+// Why a registry beside etcd's member list: client nodes are no members,
+// and a member's list entry says nothing about basalt's own endpoints.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/errs"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+const (
+	prefixNodes      = Prefix + "nodes/"
+	prefixAlive      = Prefix + "alive/"
+	prefixJoinTokens = Prefix + "jointokens/"
+)
+
+// Node roles.
+const (
+	RoleVoter   = "voter"   // a voting etcd member
+	RoleLearner = "learner" // an etcd member catching up before its promotion
+	RoleClient  = "client"  // no member: an etcd client of the voters
+)
+
+// Node is a basalt node of the cluster.
+type Node struct {
+	Schema int    `json:"schema"`
+	Name   string `json:"name"`
+	API    string `json:"api"` // https://host:port
+	S3     string `json:"s3,omitempty"`
+	NBD    string `json:"nbd,omitempty"`
+	// Peer and Client are its etcd member's URLs (none for a client node).
+	Peer     string    `json:"peer,omitempty"`
+	Client   string    `json:"client,omitempty"`
+	JoinedAt time.Time `json:"joined_at"`
+}
+
+// Member is an etcd member as the member list shows it.
+type Member struct {
+	ID      uint64
+	Name    string // empty until the member first starts
+	Peers   []string
+	Clients []string
+	Learner bool
+}
+
+// Members lists the etcd members.
+func (s *Store) Members(ctx context.Context) ([]Member, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	r, err := s.cli.MemberList(ctx)
+	if err != nil {
+		return nil, wrap("member list", err)
+	}
+	out := make([]Member, 0, len(r.Members))
+	for _, m := range r.Members {
+		out = append(out, Member{ID: m.ID, Name: m.Name, Peers: m.PeerURLs, Clients: m.ClientURLs, Learner: m.IsLearner})
+	}
+	return out, nil
+}
+
+// AddLearner adds a non-voting member that will join with peerURL.
+func (s *Store) AddLearner(ctx context.Context, peerURL string) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	r, err := s.cli.MemberAddAsLearner(ctx, []string{peerURL})
+	if err != nil {
+		if errors.Is(err, rpctypes.ErrGRPCTooManyLearners) {
+			return 0, errs.Conflict(CodeJoinInProgress, "another node is joining (a learner is catching up); retry")
+		}
+		if errors.Is(err, rpctypes.ErrGRPCUnhealthy) || strings.Contains(err.Error(), "unhealthy cluster") {
+			// etcd adds a member only while every voter is connected
+			// (a voter promoted a moment ago may not be yet).
+			return 0, errs.Conflict(CodeJoinInProgress, "the metadata cluster is not ready for a new member (a voter is not connected yet); retry")
+		}
+		return 0, wrap("add learner", err)
+	}
+	return r.Member.ID, nil
+}
+
+// ErrNotCaughtUp: a learner is not in sync with the leader yet.
+var ErrNotCaughtUp = errors.New("learner has not caught up with the leader yet")
+
+// Promote makes learner id a voter; ErrNotCaughtUp until it is in sync.
+func (s *Store) Promote(ctx context.Context, id uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	_, err := s.cli.MemberPromote(ctx, id)
+	if err != nil && (errors.Is(err, rpctypes.ErrGRPCLearnerNotReady) || strings.Contains(err.Error(), "not in sync")) {
+		return ErrNotCaughtUp
+	}
+	return wrap("promote", err)
+}
+
+// RemoveMember removes etcd member id.
+func (s *Store) RemoveMember(ctx context.Context, id uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	_, err := s.cli.MemberRemove(ctx, id)
+	return wrap("remove member", err)
+}
+
+// Sync refreshes the client's endpoints from the member list (after a
+// promotion or a removal).
+func (s *Store) Sync(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	return wrap("sync endpoints", s.cli.Sync(ctx))
+}
+
+// CodeJoinInProgress: a join is already under way (409); retry.
+const CodeJoinInProgress = "JoinInProgress"
+
+// PutNode registers (or updates) a node.
+func (s *Store) PutNode(ctx context.Context, n *Node) error {
+	if !validKeyPart(n.Name) {
+		return errs.Invalid(errs.CodeInvalidName, "node name %q", n.Name)
+	}
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	n.Schema = SchemaVersion
+	_, err := s.cli.Put(ctx, prefixNodes+n.Name, encode(n))
+	return wrap("register node", err)
+}
+
+// Node returns a node, or a NotFound error.
+func (s *Store) Node(ctx context.Context, name string) (*Node, error) {
+	n := &Node{}
+	if err := s.get(ctx, prefixNodes+name, n); err != nil {
+		if errors.Is(err, errAbsent) {
+			return nil, errs.NotFound("node", name)
+		}
+		return nil, err
+	}
+	return n, nil
+}
+
+// Nodes lists the registered nodes by name.
+func (s *Store) Nodes(ctx context.Context) ([]*Node, error) {
+	return list(ctx, s, prefixNodes, func() *Node { return &Node{} })
+}
+
+// DeleteNode removes a node's registration and liveness key.
+func (s *Store) DeleteNode(ctx context.Context, name string) error {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	_, err := s.cli.Txn(ctx).Then(clientv3.OpDelete(prefixNodes+name), clientv3.OpDelete(prefixAlive+name)).Commit()
+	return wrap("delete node", err)
+}
+
+// aliveTTL is how long a node counts as alive after its last lease renewal.
+const aliveTTL = 5
+
+// KeepAlive keeps node name's liveness key until ctx ends: a lease of
+// aliveTTL seconds, renewed by the client, re-created after it expired
+// (a partition longer than the TTL).
+func (s *Store) KeepAlive(ctx context.Context, name string) {
+	for ctx.Err() == nil {
+		if err := s.keepAlive(ctx, name); err != nil && ctx.Err() == nil {
+			s.log.Warn("liveness lease lost; renewing", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (s *Store) keepAlive(ctx context.Context, name string) error {
+	gctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	lease, err := s.cli.Grant(gctx, aliveTTL)
+	if err == nil {
+		_, err = s.cli.Put(gctx, prefixAlive+name, time.Now().UTC().Format(time.RFC3339), clientv3.WithLease(lease.ID))
+	}
+	cancel()
+	if err != nil {
+		return err
+	}
+	ch, err := s.cli.KeepAlive(ctx, lease.ID)
+	if err != nil {
+		return err
+	}
+	for range ch {
+		// Renewals; the channel closes when the lease is lost.
+	}
+	if ctx.Err() != nil {
+		// Shutting down: let the others know at once.
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		s.cli.Revoke(rctx, lease.ID)
+		cancel()
+	}
+	return errors.New("keepalive channel closed")
+}
+
+// Alive returns the names of the nodes whose liveness key exists.
+func (s *Store) Alive(ctx context.Context) (map[string]bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	r, err := s.cli.Get(ctx, prefixAlive, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, wrap("liveness", err)
+	}
+	out := map[string]bool{}
+	for _, kv := range r.Kvs {
+		out[strings.TrimPrefix(string(kv.Key), prefixAlive)] = true
+	}
+	return out, nil
+}
+
+func tokenHash(token string) string {
+	h := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(h[:])
+}
+
+// PutJoinToken stores a join token's hash, valid for ttl.
+func (s *Store) PutJoinToken(ctx context.Context, token string, ttl time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	lease, err := s.cli.Grant(ctx, int64(ttl/time.Second))
+	if err != nil {
+		return wrap("join token", err)
+	}
+	_, err = s.cli.Put(ctx, prefixJoinTokens+tokenHash(token), time.Now().Add(ttl).UTC().Format(time.RFC3339), clientv3.WithLease(lease.ID))
+	return wrap("join token", err)
+}
+
+// JoinTokenValid reports whether token was issued and has not expired.
+func (s *Store) JoinTokenValid(ctx context.Context, token string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	r, err := s.cli.Get(ctx, prefixJoinTokens+tokenHash(token), clientv3.WithKeysOnly())
+	if err != nil {
+		return false, wrap("join token", err)
+	}
+	return len(r.Kvs) == 1, nil
+}
+
+// MemberID is the id of this node's embedded member (0: none).
+func (s *Store) MemberID() uint64 {
+	if s.embedded == nil {
+		return 0
+	}
+	return uint64(s.embedded.Server.MemberID())
+}
+
+func (n *Node) schema() int { return n.Schema }
+
+// Cluster returns the cluster record.
+func (s *Store) Cluster(ctx context.Context) (*Cluster, error) {
+	c := &Cluster{}
+	if err := s.get(ctx, keyCluster, c); err != nil {
+		if errors.Is(err, errAbsent) {
+			return nil, errs.NotFound("cluster", "record")
+		}
+		return nil, err
+	}
+	if c.Voters == 0 {
+		c.Voters = 3
+	}
+	return c, nil
+}
+
+// WithJoinLock runs fn while holding the cluster's join lock, so that joins
+// (member additions and promotions decisions) happen one at a time. The
+// lock lives on a lease: a node that dies holding it frees it.
+func (s *Store) WithJoinLock(ctx context.Context, fn func() error) error {
+	sess, err := concurrency.NewSession(s.cli, concurrency.WithTTL(10), concurrency.WithContext(ctx))
+	if err != nil {
+		return wrap("join lock", err)
+	}
+	defer sess.Close()
+	mu := concurrency.NewMutex(sess, Prefix+"joinlock")
+	lctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	if err := mu.Lock(lctx); err != nil {
+		return wrap("join lock", err)
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+		mu.Unlock(uctx)
+		cancel()
+	}()
+	return fn()
+}

@@ -1,0 +1,55 @@
+package meta
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+)
+
+// Quorum tracking: once a request finds that no quorum answers, the store
+// says so at once instead of making every request wait out its timeout —
+// reads are served from the local copy (serializable) and writes fail
+// after lostWriteTimeout — until a background probe sees a quorum again.
+
+// lostWriteTimeout bounds a write while the quorum is known lost: long
+// enough for a leader election to end, short enough not to hang clients.
+const lostWriteTimeout = 3 * time.Second
+
+type quorum struct {
+	lost atomic.Bool
+}
+
+// quorumLost records that a request found no quorum, and starts the probe
+// that clears it.
+func (s *Store) quorumLost() {
+	if s.q.lost.CompareAndSwap(false, true) {
+		s.log.Warn("metadata quorum lost: reads are served from the local copy, writes fail")
+		go s.probeQuorum()
+	}
+}
+
+func (s *Store) probeQuorum() {
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := s.cli.Get(ctx, keyCluster)
+		cancel()
+		if err == nil {
+			s.q.lost.Store(false)
+			s.log.Info("metadata quorum back")
+			return
+		}
+		select {
+		case <-s.closed:
+			return
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// writeTimeout bounds a write.
+func (s *Store) writeTimeout() time.Duration {
+	if s.q.lost.Load() {
+		return lostWriteTimeout
+	}
+	return requestTimeout
+}

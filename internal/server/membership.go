@@ -1,0 +1,235 @@
+package server
+
+// How this node belongs to its cluster: bootstrapping a new one, joining
+// one (--join), keeping its registration and liveness, promoting its
+// learner, and leaving when an operator removes it.
+//
+// DATA/cluster.json records a join once it is granted, before the etcd
+// member starts, so that a node that crashes mid-join resumes with the
+// same answer (a join asked again is idempotent on the serving side too).
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/cluster"
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
+	"github.com/basalt-storage/basalt/internal/pki"
+)
+
+// joinState is DATA/cluster.json.
+type joinState struct {
+	ClusterID string `json:"cluster_id"`
+	// Role at the last update: learner, voter or client.
+	Role           string   `json:"role"`
+	InitialCluster string   `json:"initial_cluster,omitempty"`
+	Endpoints      []string `json:"endpoints"`
+}
+
+func (n *Node) joinStatePath() string { return filepath.Join(n.cfg.Data, "cluster.json") }
+
+func (n *Node) loadJoinState() (*joinState, error) {
+	b, err := os.ReadFile(n.joinStatePath())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	st := &joinState{}
+	if err := json.Unmarshal(b, st); err != nil {
+		return nil, fmt.Errorf("%s: %w", n.joinStatePath(), err)
+	}
+	return st, nil
+}
+
+func (n *Node) saveJoinState(st *joinState) error {
+	b, _ := json.MarshalIndent(st, "", "  ")
+	return pki.WriteFileAtomic(n.joinStatePath(), append(b, '\n'), 0o600)
+}
+
+// advertisedURL is https://host:port of a listen address as other nodes
+// reach it.
+func (n *Node) advertisedURL(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return ""
+	}
+	if n.cfg.Advertise != "" {
+		host = n.cfg.Advertise
+	} else if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host, _ = os.Hostname()
+	}
+	return "https://" + net.JoinHostPort(host, port)
+}
+
+// join asks the cluster at cfg.Join to let this node in, unless an earlier
+// start already did; it returns the join state (nil: not a joining node).
+func (n *Node) join(ctx context.Context, pkiDir string) (*joinState, error) {
+	st, err := n.loadJoinState()
+	if err != nil || st != nil {
+		if st != nil && n.cfg.Join != "" {
+			n.log.Info("already joined; --join ignored", "cluster", st.ClusterID, "role", st.Role)
+		}
+		return st, err
+	}
+	if n.cfg.Join == "" {
+		return nil, nil
+	}
+	if _, err := os.Stat(filepath.Join(n.cfg.Data, "meta")); err == nil {
+		return nil, errs.Conflict("AlreadyInCluster", "%s already holds the metadata of a cluster of its own; give a new --data directory to join another", n.cfg.Data)
+	}
+	n.log.Info("joining", "via", n.cfg.Join)
+	resp, err := cluster.Enter(ctx, cluster.EnterParams{
+		Via: n.cfg.Join, Identity: n.cfg.JoinIdentity, Token: n.cfg.JoinToken,
+		Request: cluster.JoinRequest{
+			Name: n.cfg.Name, Peer: n.advertisedURL(n.cfg.EtcdPeer), Client: n.advertisedURL(n.cfg.EtcdClient),
+			API: n.advertisedURL(n.cfg.API), S3: n.s3URL(),
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	ca, err := pki.ParseCA([]byte(resp.CACert), []byte(resp.CAKey))
+	if err != nil {
+		return nil, fmt.Errorf("cluster CA: %w", err)
+	}
+	if err := ca.Save(pkiDir); err != nil {
+		return nil, err
+	}
+	st = &joinState{ClusterID: resp.ClusterID, Role: resp.Role, InitialCluster: resp.InitialCluster, Endpoints: resp.Endpoints}
+	if err := n.saveJoinState(st); err != nil {
+		return nil, err
+	}
+	n.log.Info("joined", "cluster", resp.ClusterID, "role", resp.Role, "voters", resp.Endpoints)
+	return st, nil
+}
+
+// metaConfig adapts the metadata configuration to a joined node.
+func (n *Node) metaConfig(c meta.Config, st *joinState) meta.Config {
+	if st == nil {
+		return c
+	}
+	c.Endpoints = st.Endpoints
+	if st.Role == meta.RoleClient {
+		c.ExternalTLS = c.ClientTLS // the voters trust the cluster CA
+		return c
+	}
+	c.Embed.InitialCluster = st.InitialCluster
+	if st.Role == meta.RoleVoter {
+		// Its own member answers too (a learner's would refuse).
+		c.Endpoints = append([]string{n.advertisedURL(n.cfg.EtcdClient)}, c.Endpoints...)
+	}
+	return c
+}
+
+// promote turns this node's learner into a voter once etcd says it has
+// caught up, then records the role.
+func (n *Node) promote(ctx context.Context, st *joinState) {
+	id := n.meta.MemberID()
+	for ctx.Err() == nil {
+		err := n.meta.Promote(ctx, id)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, meta.ErrNotCaughtUp) {
+			n.log.Warn("promotion to voter failed; retrying", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+	n.log.Info("promoted to voter", "member", fmt.Sprintf("%x", id))
+	if err := n.meta.Sync(ctx); err != nil {
+		n.log.Warn("endpoint sync after promotion", "err", err)
+	}
+	st.Role = meta.RoleVoter
+	n.refreshJoinState(ctx, st)
+}
+
+// refreshJoinState records the current voters, for the next start.
+func (n *Node) refreshJoinState(ctx context.Context, st *joinState) {
+	members, err := n.meta.Members(ctx)
+	if err != nil {
+		return
+	}
+	var eps []string
+	for _, m := range members {
+		if !m.Learner && m.Name != "" {
+			eps = append(eps, m.Clients...)
+		}
+	}
+	if len(eps) > 0 {
+		st.Endpoints = eps
+	}
+	if err := n.saveJoinState(st); err != nil {
+		n.log.Warn("cannot record cluster state", "err", err)
+	}
+}
+
+// single reports whether this node is the whole cluster: then it may
+// adopt workflows any node name recorded (a renamed node's, say).
+func (n *Node) single(ctx context.Context) bool {
+	if !n.meta.Embedded() {
+		return false
+	}
+	members, err := n.meta.Members(ctx)
+	if err != nil || len(members) != 1 {
+		return false
+	}
+	nodes, err := n.meta.Nodes(ctx)
+	return err == nil && len(nodes) <= 1 && (len(nodes) == 0 || nodes[0].Name == n.cfg.Name)
+}
+
+// belong registers the node, keeps its liveness lease, finishes a
+// learner's promotion, and stops the node when it is removed from the
+// cluster (its registration deleted by `basalt node remove`).
+func (n *Node) belong(ctx context.Context, st *joinState) error {
+	rec := &meta.Node{Name: n.cfg.Name, API: n.advertisedURL(n.apiAddr), S3: n.s3URL(), NBD: n.nbdURI}
+	if n.meta.Embedded() {
+		rec.Peer, rec.Client = n.advertisedURL(n.cfg.EtcdPeer), n.advertisedURL(n.cfg.EtcdClient)
+	}
+	if err := n.cluster.Register(ctx, rec); err != nil {
+		return fmt.Errorf("register node: %w", err)
+	}
+	go n.meta.KeepAlive(ctx, n.cfg.Name)
+	if st != nil && st.Role == meta.RoleLearner {
+		go n.promote(ctx, st)
+	} else if st != nil {
+		go n.refreshJoinState(ctx, st)
+	}
+	go n.watchRemoval(ctx)
+	return nil
+}
+
+// watchRemoval closes n.removed when the node's registration disappears.
+func (n *Node) watchRemoval(ctx context.Context) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		_, err := n.meta.Node(ctx, n.cfg.Name)
+		if errs.IsCode(err, errs.CodeNotFound) {
+			n.log.Error("this node was removed from the cluster; stopping")
+			close(n.removed)
+			return
+		}
+	}
+}
+
+// Removed is closed when the node was removed from its cluster: the
+// process should stop.
+func (n *Node) Removed() <-chan struct{} { return n.removed }
