@@ -1,0 +1,240 @@
+package e2e
+
+// Active/active clusters: nodes joining (admin identity, join token), roles
+// and health in `node list`, read-your-writes across nodes, losing a voter
+// and losing quorum, node removal. Every node is a separate process on its
+// own ports and data directory; all share one store directory, as nodes on
+// a parallel file system do.
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// NodeInfo is one entry of `basalt node list -o json`.
+type NodeInfo struct {
+	Name   string `json:"name"`
+	Role   string `json:"role"`
+	Health string `json:"health"`
+	API    string `json:"api"`
+	S3     string `json:"s3"`
+	NBD    string `json:"nbd"`
+}
+
+// Cluster is a set of nodes sharing one store.
+type Cluster struct {
+	t     *testing.T
+	Store string
+	Nodes []*Node
+}
+
+// StartCluster starts n nodes: the first bootstraps the cluster, the
+// others join it through the first with its admin identity. It returns
+// once every node reports itself healthy in `node list`.
+func StartCluster(t *testing.T, n int, extra ...string) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t, Store: filepath.Join(t.TempDir(), "store")}
+	first := StartNode(t, NodeOptions{Name: "n1", Store: c.Store, Args: extra})
+	c.Nodes = append(c.Nodes, first)
+	for i := 2; i <= n; i++ {
+		c.Join(fmt.Sprintf("n%d", i), "--identity", first.AdminDir())
+	}
+	c.WaitRoles(10*time.Second*time.Duration(n), nil)
+	return c
+}
+
+// Join starts a node that joins through the first node with auth (e.g.
+// "--identity", DIR or "--join-token", T).
+func (c *Cluster) Join(name string, auth ...string) *Node {
+	c.t.Helper()
+	args := append([]string{"--join", c.Nodes[0].Endpoint()}, auth...)
+	n := StartNode(c.t, NodeOptions{Name: name, Store: c.Store, Args: args})
+	c.Nodes = append(c.Nodes, n)
+	return n
+}
+
+// Admin is the cluster's admin talking to node i.
+func (c *Cluster) Admin(i int) *Client { return c.Nodes[i].As(c.Nodes[0].AdminDir()) }
+
+// NodeList is `node list` through node i.
+func (c *Cluster) NodeList(i int) []NodeInfo {
+	c.t.Helper()
+	var ns []NodeInfo
+	c.Admin(i).OK(&ns, "node", "list")
+	return ns
+}
+
+// WaitRoles waits until `node list` (through any running node) shows every
+// running node healthy and, if want is given, exactly those roles.
+func (c *Cluster) WaitRoles(timeout time.Duration, want map[string]string) []NodeInfo {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last []NodeInfo
+	for {
+		for i, n := range c.Nodes {
+			if !n.Running() {
+				continue
+			}
+			r := c.Admin(i).Run("node", "list")
+			if r.Code != 0 || json.Unmarshal([]byte(r.Stdout), &last) != nil {
+				continue
+			}
+			if c.rolesOK(last, want) {
+				return last
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("node list did not settle within %v (want roles %v): %+v", timeout, want, last)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+func (c *Cluster) rolesOK(ns []NodeInfo, want map[string]string) bool {
+	byName := map[string]NodeInfo{}
+	for _, n := range ns {
+		byName[n.Name] = n
+	}
+	for _, n := range c.Nodes {
+		got, ok := byName[n.opts.Name]
+		if !ok || (got.Health == "healthy") != n.Running() {
+			return false
+		}
+		if n.Running() && want == nil && got.Role == "learner" {
+			return false // still catching up
+		}
+	}
+	for name, role := range want {
+		if byName[name].Role != role {
+			return false
+		}
+	}
+	return want == nil || len(ns) == len(want)
+}
+
+func TestClusterMembership(t *testing.T) {
+	t.Parallel()
+	c := StartCluster(t, 2)
+	// A join token: the third node joins through the second.
+	var tok struct {
+		Token     string `json:"token"`
+		ExpiresAt string `json:"expires_at"`
+	}
+	c.Admin(1).OK(&tok, "node", "join-token", "--ttl", "10m")
+	if !strings.HasPrefix(tok.Token, "basalt-join.") {
+		t.Fatalf("join token %q", tok.Token)
+	}
+	n3 := StartNode(t, NodeOptions{Name: "n3", Store: c.Store, Args: []string{"--join", c.Nodes[1].Endpoint(), "--join-token", tok.Token}})
+	c.Nodes = append(c.Nodes, n3)
+	// Beyond 3 voters, nodes are etcd clients.
+	c.Join("n4", "--join-token", tok.Token)
+	ns := c.WaitRoles(60*time.Second, map[string]string{"n1": "voter", "n2": "voter", "n3": "voter", "n4": "client"})
+	for _, n := range ns {
+		if n.API == "" || n.S3 == "" || n.NBD == "" {
+			t.Errorf("node list entry without endpoints: %+v", n)
+		}
+	}
+	var rawList []json.RawMessage
+	c.Admin(3).OK(&rawList, "node", "list")
+	requireKeys(t, "node list entry", rawList[0], "name", "role", "health", "api", "s3", "nbd")
+
+	// Any node serves; what one node wrote the next one reads at once.
+	for i := range 8 {
+		from, to := c.Admin(i%4), c.Admin((i+1)%4)
+		v := from.CreateVolume("--size", "64MiB", "--name", fmt.Sprintf("ryw-%d", i))
+		if got := to.Volume(v.ID); got.ID != v.ID || got.Status != "available" {
+			t.Fatalf("volume created through n%d, read through n%d: %+v", i%4+1, (i+1)%4+1, got)
+		}
+	}
+
+	// A join with a forged token is refused and the node does not start.
+	bad := strings.Replace(tok.Token, tok.Token[12:20], "00000000", 1)
+	out, code := runFailingServer(t, c, "n5", "--join", c.Nodes[0].Endpoint(), "--join-token", bad)
+	if code != 1 || !strings.Contains(out, "InvalidJoinToken") {
+		t.Errorf("join with a bad token: exit %d, want 1 with InvalidJoinToken:\n%s", code, tail(out, 4000))
+	}
+
+	// One voter lost: everything goes on; node list shows it unhealthy.
+	c.Nodes[0].Kill()
+	c.Admin(1).CreateVolume("--size", "64MiB", "--name", "one-down")
+	c.WaitRoles(30*time.Second, nil)
+
+	// Quorum lost: writes fail quickly with a clear error; reads go on.
+	c.Nodes[1].Kill()
+	start := time.Now()
+	c.Admin(2).Fail("MetadataUnavailable", "volume", "create", "--size", "64MiB", "--name", "no-quorum")
+	if took := time.Since(start); took > 15*time.Second {
+		t.Errorf("a write without quorum took %v to fail", took)
+	}
+	for _, i := range []int{2, 3} {
+		start := time.Now()
+		vs := c.Admin(i).Volumes()
+		if len(vs) != 9 {
+			t.Errorf("volume list through n%d without quorum: %d volumes, want 9", i+1, len(vs))
+		}
+		if took := time.Since(start); took > 10*time.Second {
+			t.Errorf("a read without quorum through n%d took %v", i+1, took)
+		}
+	}
+	// A voter back: writes resume.
+	c.Nodes[0].Restart()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r := c.Admin(2).Run("volume", "create", "--size", "64MiB", "--name", "quorum-back")
+		if r.Code == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("writes did not resume after a voter came back: %s", r)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	c.Nodes[1].Restart()
+	c.WaitRoles(60*time.Second, nil)
+
+	// Removing a node: it leaves the list and its process stops.
+	c.Admin(0).OK(nil, "node", "remove", "n4")
+	select {
+	case <-c.Nodes[3].done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("n4 still runs 20s after it was removed")
+	}
+	for _, n := range c.NodeList(2) {
+		if n.Name == "n4" {
+			t.Errorf("n4 still listed after removal: %+v", n)
+		}
+	}
+	c.Admin(0).Fail("NotFound", "node", "remove", "n4")
+	c.Admin(0).Fail("NodeIsSelf", "node", "remove", "n1")
+}
+
+// runFailingServer starts a server that must fail to start and returns
+// its output and exit code.
+func runFailingServer(t *testing.T, c *Cluster, name string, args ...string) (string, int) {
+	t.Helper()
+	n := NewNode(t, NodeOptions{Name: name, Store: c.Store, Args: args})
+	cmd := exec.Command(basaltBin, n.serverArgs()...)
+	cmd.Env = baseEnv()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("server %s did not exit within 60s:\n%s", name, tail(out.String(), 4000))
+	}
+	return out.String(), cmd.ProcessState.ExitCode()
+}
