@@ -122,6 +122,13 @@ func (s *Server) authed(h handler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		var c volume.Caller
+		ctx := r.Context()
+		if r.Method == http.MethodGet && strings.EqualFold(r.Header.Get(HeaderConsistency), "stale") {
+			ctx = meta.Stale(ctx)
+		}
+		ctx, ri := meta.WithReadInfo(ctx)
+		r = r.WithContext(ctx)
+		w = &readMarker{ResponseWriter: w, ri: ri}
 		err := func() error {
 			if r.TLS == nil {
 				return errs.New(errs.KindUnauthenticated, errs.CodeCertificateRequired, "the control API requires TLS with a client certificate")
@@ -140,6 +147,40 @@ func (s *Server) authed(h handler) http.HandlerFunc {
 		}
 		s.d.Log.Debug("api", "method", r.Method, "path", r.URL.Path, "user", c.Name, "took", time.Since(start).String())
 	}
+}
+
+// Read consistency headers. A GET with "Basalt-Consistency: stale" is
+// answered from the receiving node's copy of the metadata, with no round
+// trip to the leader; any answer that used that copy (asked for, or
+// because the metadata cluster has no quorum) carries "Basalt-Read: local"
+// — it may miss the latest writes. Without it, an answer reflects every
+// write acknowledged before the request, through any node.
+const (
+	HeaderConsistency = "Basalt-Consistency"
+	HeaderRead        = "Basalt-Read"
+)
+
+// readMarker adds Basalt-Read: local to a response whose reads used the
+// local copy.
+type readMarker struct {
+	http.ResponseWriter
+	ri      *meta.ReadInfo
+	written bool
+}
+
+func (m *readMarker) WriteHeader(code int) {
+	if !m.written && m.ri.Local {
+		m.Header().Set(HeaderRead, "local")
+	}
+	m.written = true
+	m.ResponseWriter.WriteHeader(code)
+}
+
+func (m *readMarker) Write(p []byte) (int, error) {
+	if !m.written {
+		m.WriteHeader(http.StatusOK)
+	}
+	return m.ResponseWriter.Write(p)
 }
 
 func (s *Server) admin(h handler) handler {

@@ -32,7 +32,10 @@ type Config struct {
 
 // Store is a connection to basalt's metadata.
 type Store struct {
-	cli      *clientv3.Client
+	cli *clientv3.Client
+	// local talks to the embedded member alone (nil without one):
+	// serializable reads are answered by this node's own copy.
+	local    *clientv3.Client
 	embedded *embed.Etcd
 	log      *slog.Logger
 	q        quorum
@@ -54,6 +57,13 @@ func Open(ctx context.Context, c Config, log *slog.Logger) (*Store, error) {
 			return nil, err
 		}
 		s.embedded = e
+		local, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second,
+			TLS: c.ClientTLS, Context: ctx, Logger: zapNop()})
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("connect to the embedded member: %w", err)
+		}
+		s.local = local
 		if len(endpoints) == 0 {
 			endpoints = []string{url}
 		}
@@ -101,6 +111,9 @@ func (s *Store) Close() {
 	}
 	if s.cli != nil {
 		s.cli.Close()
+	}
+	if s.local != nil {
+		s.local.Close()
 	}
 	if s.embedded != nil {
 		s.embedded.Close()

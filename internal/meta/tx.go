@@ -248,12 +248,14 @@ const linearTimeout = 3 * time.Second
 
 // read is a linearizable Get — it sees every write acknowledged anywhere
 // before it, so a record created through one node is visible through
-// every other at once — unless no quorum answers in time: then it is
-// answered from the local member's copy (serializable), which may miss
-// the latest writes but keeps reads working while writes cannot.
+// every other at once — unless no quorum answers in time or ctx asks for
+// a stale read (Stale): then it is answered from the local member's copy
+// (serializable; a client node without a member asks a voter), which may
+// miss the latest writes but needs no leader and keeps reads working
+// while writes cannot. ReadInfo records that it happened.
 func (s *Store) read(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
 	var err error
-	if !s.q.lost.Load() {
+	if !s.q.lost.Load() && !wantsStale(ctx) {
 		lctx, cancel := context.WithTimeout(ctx, linearTimeout)
 		var resp *clientv3.GetResponse
 		resp, err = s.cli.Get(lctx, key, opts...)
@@ -265,14 +267,18 @@ func (s *Store) read(ctx context.Context, key string, opts ...clientv3.OpOption)
 	}
 	sctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, serr := s.cli.Get(sctx, key, append(opts, clientv3.WithSerializable())...)
+	cli := s.cli
+	if s.local != nil {
+		cli = s.local
+	}
+	resp, serr := cli.Get(sctx, key, append(opts, clientv3.WithSerializable())...)
 	if serr != nil {
 		if err == nil {
 			err = serr
 		}
 		return nil, err
 	}
-	s.log.Debug("metadata read served from the local copy: no quorum", "key", key, "err", err)
+	markLocal(ctx)
 	return resp, nil
 }
 
