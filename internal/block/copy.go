@@ -282,11 +282,8 @@ func (d *File) CopyToFile(dst *os.File, off, n int64, r *CopyReport) error {
 
 // CopyFromFile implements FileCopier.
 func (d *File) CopyFromFile(src *os.File, off, n int64, r *CopyReport) error {
-	if d.closed.Load() {
-		return ErrClosed
-	}
-	if d.readOnly {
-		return ErrReadOnly
+	if err := d.writable(); err != nil {
+		return err
 	}
 	return copyFileRange(d.f, src, off, n, r)
 }

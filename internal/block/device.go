@@ -72,4 +72,7 @@ var (
 	ErrOutOfRange   = errors.New("range beyond the end of the device")
 	ErrClosed       = errors.New("device is closed")
 	ErrUnlinked     = errors.New("backing file was removed while open; nothing written since is durable")
+	// ErrFenced: this node may no longer write the device (it lost the
+	// volume's write lease to another node); see Env.Fence.
+	ErrFenced = errors.New("write fenced: this node no longer holds the volume's write lease")
 )

@@ -23,6 +23,25 @@ type File struct {
 	readOnly bool
 	closed   atomic.Bool
 	dsync    atomic.Bool // pwritev2(RWF_DSYNC) works here
+	fence    func() error
+}
+
+// SetFence makes every later write, zeroing, trim and flush ask fence
+// first (Env.Fence).
+func (d *File) SetFence(fence func() error) { d.fence = fence }
+
+// writable fails when the device is closed, read-only or fenced.
+func (d *File) writable() error {
+	if d.closed.Load() {
+		return ErrClosed
+	}
+	if d.readOnly {
+		return ErrReadOnly
+	}
+	if d.fence != nil {
+		return d.fence()
+	}
+	return nil
 }
 
 // OpenFile opens path as a device; readOnly opens it O_RDONLY.
@@ -51,8 +70,8 @@ func (d *File) Size() int64 { return d.size.Load() }
 
 // Resize grows the file to n bytes (sparse) and syncs the new size.
 func (d *File) Resize(n int64) error {
-	if d.readOnly {
-		return ErrReadOnly
+	if err := d.writable(); err != nil {
+		return err
 	}
 	if n < d.size.Load() {
 		return fmt.Errorf("resize: cannot shrink from %d to %d bytes", d.size.Load(), n)
@@ -97,11 +116,8 @@ func (d *File) ReadAt(p []byte, off int64) error {
 
 // WriteAt implements Device.
 func (d *File) WriteAt(p []byte, off int64, fua bool) error {
-	if d.closed.Load() {
-		return ErrClosed
-	}
-	if d.readOnly {
-		return ErrReadOnly
+	if err := d.writable(); err != nil {
+		return err
 	}
 	if fua && d.dsync.Load() {
 		err := d.pwriteFlags(p, off, unix.RWF_DSYNC)
@@ -147,11 +163,8 @@ func (d *File) pwriteFlags(p []byte, off int64, flags int) error {
 // operations, hence fast. Without fallocate support it writes zeroes, or
 // with Fast refuses.
 func (d *File) WriteZeroes(off, length int64, f ZeroFlags) error {
-	if d.closed.Load() {
-		return ErrClosed
-	}
-	if d.readOnly {
-		return ErrReadOnly
+	if err := d.writable(); err != nil {
+		return err
 	}
 	mode := uint32(unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE)
 	if f.NoHole {
@@ -186,11 +199,8 @@ func (d *File) writeZeroBuffers(off, length int64) error {
 
 // Trim implements Device by punching a hole.
 func (d *File) Trim(off, length int64, fua bool) error {
-	if d.closed.Load() {
-		return ErrClosed
-	}
-	if d.readOnly {
-		return ErrReadOnly
+	if err := d.writable(); err != nil {
+		return err
 	}
 	err := unix.Fallocate(d.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, length)
 	if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
@@ -212,6 +222,11 @@ func (d *File) Flush() error {
 	}
 	if d.readOnly {
 		return nil
+	}
+	if d.fence != nil {
+		if err := d.fence(); err != nil {
+			return err
+		}
 	}
 	if err := unix.Fdatasync(d.fd); err != nil {
 		return fmt.Errorf("flush: %w", err)

@@ -79,6 +79,12 @@ type Env struct {
 	// by Build for the layer's New only): a redundant layer rebuilds a
 	// failed child from its spec, whatever subtree it is.
 	ChildSpecs []Spec
+	// Fence, if set, is asked before every write that reaches storage —
+	// data through file layers, metadata through OpenMeta — and a non-nil
+	// answer refuses the write. It is how a node that lost a volume's write
+	// lease stops changing the volume at the bottom of the stack, whatever
+	// the layers above (background resyncs included) still try.
+	Fence func() error
 }
 
 // MetaFile is a layer metadata file: what package superblock and package
@@ -95,6 +101,34 @@ type MetaFile interface {
 // A read-only Env never creates or changes anything: the file is opened
 // read-only, and a missing one reads as empty.
 func (env Env) OpenMeta(name string) (MetaFile, error) {
+	f, err := env.openMeta(name)
+	if err != nil || env.Fence == nil {
+		return f, err
+	}
+	return fencedMeta{MetaFile: f, fence: env.Fence}, nil
+}
+
+// fencedMeta refuses writes and syncs once the fence says so.
+type fencedMeta struct {
+	MetaFile
+	fence func() error
+}
+
+func (f fencedMeta) WriteAt(p []byte, off int64) (int, error) {
+	if err := f.fence(); err != nil {
+		return 0, err
+	}
+	return f.MetaFile.WriteAt(p, off)
+}
+
+func (f fencedMeta) Sync() error {
+	if err := f.fence(); err != nil {
+		return err
+	}
+	return f.MetaFile.Sync()
+}
+
+func (env Env) openMeta(name string) (MetaFile, error) {
 	path := name
 	if !filepath.IsAbs(path) {
 		path = filepath.Join(env.Dir, name)

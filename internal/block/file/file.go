@@ -73,6 +73,9 @@ func New(env block.Env, raw json.RawMessage, _ []block.Layer) (block.Layer, erro
 	if err != nil {
 		return nil, err
 	}
+	if env.Fence != nil {
+		f.SetFence(env.Fence)
+	}
 	return &Layer{File: f, path: path, params: raw}, nil
 }
 
