@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/basalt-storage/basalt/internal/errs"
@@ -25,7 +26,7 @@ func (s *Server) createUser(w http.ResponseWriter, r *http.Request, c volume.Cal
 	writeJSON(w, http.StatusCreated, CreateUserResponse{User: userOut(u), Identity: Identity{
 		CAPEM: string(id.CAPEM), CertPEM: string(id.CertPEM), KeyPEM: string(id.KeyPEM),
 		AccessKeyID: id.AccessKeyID, SecretAccessKey: id.SecretAccessKey,
-		S3Endpoint: id.S3Endpoint, S3Region: id.S3Region,
+		S3Endpoint: id.S3Endpoint, S3Region: id.S3Region, S3CABundle: id.S3CABundle,
 	}})
 	return nil
 }
@@ -100,7 +101,7 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request, c volume.Ca
 	}
 	out := make([]Volume, 0, len(vs))
 	for _, v := range vs {
-		out = append(out, s.volumeOut(v, byVolume[v.ID]))
+		out = append(out, s.volumeOut(r.Context(), v, byVolume[v.ID]))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -140,7 +141,7 @@ func (s *Server) volumeWithAttachments(r *http.Request, c volume.Caller, v *meta
 			return Volume{}, err
 		}
 	}
-	return s.volumeOut(v, as), nil
+	return s.volumeOut(r.Context(), v, as), nil
 }
 
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
@@ -233,20 +234,20 @@ func progressOut(j *meta.Job) *Progress {
 	return p
 }
 
-func (s *Server) volumeOut(v *meta.Volume, as []*meta.Attachment) Volume {
+func (s *Server) volumeOut(ctx context.Context, v *meta.Volume, as []*meta.Attachment) Volume {
 	out := Volume{ID: v.ID, Name: v.Name, SizeBytes: v.SizeBytes, Status: v.Status, StatusMessage: v.StatusMessage,
 		Type: v.Type, Owner: v.Owner, Multiattach: v.Multiattach, SourceSnapshot: v.SourceSnapshot,
 		SourceObject: v.SourceObject, CreatedAt: v.CreatedAt, Attachments: []Attachment{},
 		Progress: progressOut(v.Job), LastJob: resultOut(v.LastJob)}
 	for _, a := range as {
-		out.Attachments = append(out.Attachments, s.attachmentOut(a))
+		out.Attachments = append(out.Attachments, s.attachmentOut(ctx, a))
 	}
 	return out
 }
 
-func (s *Server) attachmentOut(a *meta.Attachment) Attachment {
+func (s *Server) attachmentOut(ctx context.Context, a *meta.Attachment) Attachment {
 	return Attachment{ID: a.ID, VolumeID: a.VolumeID, Host: a.Host, Mode: a.Mode, Status: "attached",
-		NBDURI: s.d.NBDURI(a.Export), Export: a.Export, CreatedAt: a.CreatedAt}
+		NBDURI: s.d.NBDURI(ctx, a), Export: a.Export, CreatedAt: a.CreatedAt}
 }
 
 func (s *Server) attach(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
@@ -262,7 +263,7 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request, c volume.Caller)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, s.attachmentOut(a))
+	writeJSON(w, http.StatusCreated, s.attachmentOut(r.Context(), a))
 	return nil
 }
 
@@ -273,7 +274,7 @@ func (s *Server) listAttachments(w http.ResponseWriter, r *http.Request, c volum
 	}
 	out := make([]Attachment, 0, len(as))
 	for _, a := range as {
-		out = append(out, s.attachmentOut(a))
+		out = append(out, s.attachmentOut(r.Context(), a))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -284,7 +285,7 @@ func (s *Server) showAttachment(w http.ResponseWriter, r *http.Request, c volume
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.attachmentOut(a))
+	writeJSON(w, http.StatusOK, s.attachmentOut(r.Context(), a))
 	return nil
 }
 

@@ -28,8 +28,9 @@ type Deps struct {
 	Healthy func(ctx context.Context) error
 	// Defrag runs the metadata defrag path.
 	Defrag func(ctx context.Context) error
-	// NBDURI renders the URI a client uses for an export name.
-	NBDURI func(export string) string
+	// NBDURI renders the URI a client uses for an attachment: on the node
+	// that serves it (a rw attachment: its volume's write-lease holder).
+	NBDURI func(ctx context.Context, a *meta.Attachment) string
 	Log    *slog.Logger
 	// Objects is the node's object store and Bucket reads a bucket's
 	// record (owner id) from the metadata store, for the /v1/objects

@@ -233,3 +233,24 @@ func (n *Node) watchRemoval(ctx context.Context) {
 // Removed is closed when the node was removed from its cluster: the
 // process should stop.
 func (n *Node) Removed() <-chan struct{} { return n.removed }
+
+// attachmentURI is the NBD URI of attachment a on the node that serves it:
+// a rw attachment on its volume's write-lease holder, a ro one here.
+func (n *Node) attachmentURI(ctx context.Context, a *meta.Attachment) string {
+	if a.Mode != meta.ModeRW {
+		return n.nbdURI + a.Export
+	}
+	node, err := n.volumes.ServingNode(ctx, a.VolumeID)
+	if err != nil || node == n.cfg.Name {
+		if err != nil {
+			n.log.Warn("serving node of a rw attachment", "attachment", a.ID, "err", err)
+		}
+		return n.nbdURI + a.Export
+	}
+	rec, err := n.meta.Node(ctx, node)
+	if err != nil || rec.NBD == "" {
+		n.log.Warn("serving node's NBD address unknown", "node", node, "err", err)
+		return n.nbdURI + a.Export
+	}
+	return rec.NBD + a.Export
+}

@@ -53,6 +53,7 @@ type Config struct {
 	// S3TrustFile is where a uid vouches for the S3 user mapped to it
 	// (objects.Config.TrustFile; empty: the default).
 	S3TrustFile string
+	S3TLSConfig // HTTPS of the S3 gateway (s3_tls.go)
 	NBD         string
 	// NBDInsecure allows NBD without TLS on a non-loopback address.
 	NBDInsecure   bool
@@ -173,7 +174,7 @@ func (n *Node) start(ctx context.Context) error {
 	}
 	n.api = api.New(api.Deps{
 		Volumes: n.volumes, Users: n.users, Status: n.status, Healthy: n.meta.Health,
-		Defrag: n.meta.Defrag, Log: log, NBDURI: func(export string) string { return n.nbdURI + export },
+		Defrag: n.meta.Defrag, Log: log, NBDURI: n.attachmentURI,
 		Objects: n.objects, Bucket: n.meta.Bucket, Cluster: n.cluster, CACert: ca.CertPEM,
 	})
 	ln, err := net.Listen("tcp", cfg.API)

@@ -71,7 +71,20 @@ func (s *Service) Attach(ctx context.Context, c Caller, volumeRef, host, mode st
 		return nil, err
 	}
 	s.logFor("volume", v.ID).Info("attached", "attachment", a.ID, "host", host, "mode", mode)
+	if mode == meta.ModeRW {
+		// This node serves it unless another already writes the volume
+		// (multiattach); without a lease now, whoever is asked later.
+		if _, err := s.leases.acquire(ctx, v.ID); err != nil {
+			s.logFor("volume", v.ID).Warn("no write lease at attach", "err", err)
+		}
+	}
 	return a, nil
+}
+
+// ServingNode is the node that serves volume vol's rw attachments: its
+// write-lease holder, this node if nobody holds it.
+func (s *Service) ServingNode(ctx context.Context, vol string) (string, error) {
+	return s.leases.servingNode(ctx, vol)
 }
 
 // Detach removes an attachment. Every node closes the attachment's NBD
@@ -106,6 +119,9 @@ func (s *Service) Detach(ctx context.Context, c Caller, id string) error {
 		return err
 	}
 	s.logFor("volume", a.VolumeID).Info("detached", "attachment", a.ID, "host", a.Host)
+	if v, err := s.meta.Volume(ctx, a.VolumeID); err == nil && !hasRW(ctx, s, v) {
+		s.leases.release(ctx, a.VolumeID) // no writer left: free the volume
+	}
 	return nil
 }
 

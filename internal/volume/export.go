@@ -23,11 +23,27 @@ type Exports struct {
 
 	mu      sync.Mutex
 	revoked map[string]chan struct{} // attachment id -> closed on detach
+	writers map[string][]string      // volume id -> its rw attachments open here
 }
 
 // NewExports makes the NBD export resolver of a service.
 func (s *Service) NewExports(auth func(ctx context.Context, chain []*x509.Certificate) (Caller, error)) *Exports {
-	return &Exports{s: s, Authenticate: auth, revoked: map[string]chan struct{}{}}
+	e := &Exports{s: s, Authenticate: auth, revoked: map[string]chan struct{}{}, writers: map[string][]string{}}
+	s.leases.onLost(e.fenced)
+	return e
+}
+
+// fenced closes the connections of volume vol's rw attachments here: this
+// node lost the volume's write lease, and their clients must reconnect
+// to the new holder.
+func (e *Exports) fenced(vol string) {
+	e.mu.Lock()
+	ids := e.writers[vol]
+	delete(e.writers, vol)
+	e.mu.Unlock()
+	for _, id := range ids {
+		e.revoke(id)
+	}
 }
 
 // Run revokes exports as their attachments are deleted, until ctx ends.
@@ -85,6 +101,20 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 		return nil, err
 	}
 	ro := a.Mode == meta.ModeRO
+	if !ro {
+		// Served only by the volume's write-lease holder.
+		holder, err := e.s.leases.acquire(ctx, v.ID)
+		if err != nil {
+			return nil, fmt.Errorf("export %s: %w", a.ID, err)
+		}
+		if holder != e.s.cfg.Node {
+			return nil, errs.New(errs.KindConflict, CodeServedElsewhere,
+				"attachment %s is served by node %s, which writes volume %s; ask `basalt attachment show` for its nbd_uri", a.ID, holder, v.ID)
+		}
+		e.mu.Lock()
+		e.writers[v.ID] = append(e.writers[v.ID], a.ID)
+		e.mu.Unlock()
+	}
 	stack, release, err := e.s.acquire(v)
 	if err != nil {
 		return nil, err

@@ -11,6 +11,12 @@ import (
 // transitional status is driven to available or error, and recorded jobs
 // run again. Call once, before serving requests.
 func (s *Service) Start(ctx context.Context) error {
+	s.leases.renew(ctx) // a lease before the first attachment opens
+	s.jobs.Add(1)
+	go func() {
+		defer s.jobs.Done()
+		s.leases.run(s.ctx)
+	}()
 	vols, err := s.meta.Volumes(ctx)
 	if err != nil {
 		return fmt.Errorf("recover volumes: %w", err)

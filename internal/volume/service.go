@@ -125,6 +125,8 @@ type Service struct {
 	// gcMu keeps this node's image collection apart from its own creation
 	// of images (volumes, clones, snapshots).
 	gcMu sync.Mutex
+
+	leases *leases // write leases of volumes (lease.go)
 }
 
 // New makes a service; call Start before serving.
@@ -136,8 +138,11 @@ func New(m *meta.Store, st *store.Store, cfg Config, log *slog.Logger) *Service 
 		cfg.ImageGrace = DefaultImageGrace
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Service{meta: m, store: st, cfg: cfg, log: log, ctx: ctx, cancel: cancel,
+	s := &Service{meta: m, store: st, cfg: cfg, log: log, ctx: ctx, cancel: cancel,
 		gates: map[string]*sync.RWMutex{}, live: map[string]*liveStack{}}
+	s.leases = newLeases(s)
+	s.leases.onLost(s.dropLive)
+	return s
 }
 
 // Stop cancels running jobs and waits for them. Their records stay in their
@@ -152,8 +157,10 @@ func (s *Service) Stop() {
 			s.logFor("volume", id).Warn("flush at stop", "err", err)
 		}
 		ls.l.Close()
+		ls.forget()
 		delete(s.live, id)
 	}
+	s.leases.stop()
 }
 
 // Gate returns the write gate of a volume (see Service.gates).

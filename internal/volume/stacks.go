@@ -23,8 +23,9 @@ import (
 // of in-memory layer state. The last user to let go flushes and closes it.
 
 type liveStack struct {
-	l    block.Layer
-	refs int
+	l      block.Layer
+	refs   int
+	forget func() // unregisters its write fence
 }
 
 // env is the build environment of a stack whose directory is dir.
@@ -80,17 +81,22 @@ func (s *Service) acquire(v *meta.Volume) (block.Layer, func(), error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		l, err := block.Build(s.env(s.store.VolumeDir(v.ID)), spec)
+		env := s.env(s.store.VolumeDir(v.ID))
+		var forget func()
+		env.Fence, forget = s.leases.fence(v.ID)
+		l, err := block.Build(env, spec)
 		if err != nil {
+			forget()
 			return nil, nil, fmt.Errorf("open volume %s: %w", v.ID, err)
 		}
 		if l.Size() < v.SizeBytes {
 			l.Close()
+			forget()
 			return nil, nil, fmt.Errorf("open volume %s: its stack has %d bytes, the volume %d", v.ID, l.Size(), v.SizeBytes)
 		}
 		e := &exact{Layer: l}
 		e.size.Store(v.SizeBytes)
-		ls = &liveStack{l: e}
+		ls = &liveStack{l: e, forget: forget}
 		s.live[v.ID] = ls
 	}
 	ls.refs++
@@ -103,15 +109,28 @@ func (s *Service) acquire(v *meta.Volume) (block.Layer, func(), error) {
 		}
 		once = true
 		if ls.refs--; ls.refs == 0 {
-			delete(s.live, v.ID)
+			if s.live[v.ID] == ls {
+				delete(s.live, v.ID)
+			}
 			if err := ls.l.Flush(); err != nil {
 				s.logFor("volume", v.ID).Warn("flush on close", "err", err)
 			}
 			if err := ls.l.Close(); err != nil {
 				s.logFor("volume", v.ID).Warn("close stack", "err", err)
 			}
+			ls.forget()
 		}
 	}, nil
+}
+
+// dropLive forgets volume vol's open stack after this node lost its write
+// lease: its in-memory state may be stale once another node wrote. Users
+// still holding it finish on the old (fenced) stack; the next acquire
+// opens a fresh one.
+func (s *Service) dropLive(vol string) {
+	s.liveMu.Lock()
+	delete(s.live, vol)
+	s.liveMu.Unlock()
 }
 
 // exact presents a stack at exactly the volume's size: layers may round

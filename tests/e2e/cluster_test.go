@@ -238,3 +238,56 @@ func runFailingServer(t *testing.T, c *Cluster, name string, args ...string) (st
 	}
 	return out.String(), cmd.ProcessState.ExitCode()
 }
+
+// nbdBase is node n's NBD URI without the export name.
+func (n *Node) nbdBase() string { return "nbd://" + addr(n.NBD) + "/" }
+
+// TestClusterWriteLeaseFailover: a rw attachment is served by the node that
+// holds its volume's write lease, and only by it; when that node dies,
+// another takes the lease over and `attachment show` names it within 10 s,
+// with the data flushed before the death intact.
+func TestClusterWriteLeaseFailover(t *testing.T) {
+	t.Parallel()
+	requireTools(t, "qemu-io")
+	c := StartCluster(t, 3)
+	c.Admin(0).CreateVolume("--size", "64MiB", "--name", "ha")
+	// Attached through n2: n2 writes the volume.
+	a := c.Admin(1).Attach("ha", "hv1", "rw")
+	if want := c.Nodes[1].nbdBase() + a.Export; a.NBDURI != want {
+		t.Fatalf("attachment made through n2 has nbd_uri %s, want %s (n2 holds the write lease)", a.NBDURI, want)
+	}
+	var shown Attachment
+	c.Admin(2).OK(&shown, "attachment", "show", a.ID)
+	if shown.NBDURI != a.NBDURI {
+		t.Fatalf("attachment show through n3: nbd_uri %s, want the holder's %s", shown.NBDURI, a.NBDURI)
+	}
+	qemuIOGood(t, "write through the holder", a.NBDURI, "write -P 0x5a 0 4M", "flush")
+	// Any other node refuses the rw export: one writer at a time.
+	if r := qemuIO(t, c.Nodes[2].nbdBase()+a.Export, "read 0 4k"); !qemuIOFailed(r) {
+		t.Fatalf("n3 served a rw attachment whose volume n2 writes: %s", r)
+	}
+
+	c.Nodes[1].Kill()
+	start := time.Now()
+	var moved Attachment
+	for {
+		c.Admin(0).OK(&moved, "attachment", "show", a.ID)
+		if moved.NBDURI != a.NBDURI {
+			break
+		}
+		if time.Since(start) > 15*time.Second {
+			t.Fatalf("nbd_uri still names the dead node after %v", time.Since(start))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	took := time.Since(start)
+	t.Logf("nbd_uri moved to %s %v after the holder died", moved.NBDURI, took.Round(time.Millisecond))
+	if took > 10*time.Second {
+		t.Errorf("the attachment named a live node only after %v, want within 10s", took)
+	}
+	if moved.NBDURI != c.Nodes[0].nbdBase()+a.Export && moved.NBDURI != c.Nodes[2].nbdBase()+a.Export {
+		t.Fatalf("nbd_uri %s names no live node", moved.NBDURI)
+	}
+	qemuIOGood(t, "flushed data after the failover", moved.NBDURI, "read -P 0x5a 0 4M")
+	qemuIOGood(t, "write after the failover", moved.NBDURI, "write -P 0x6b 4M 1M", "flush", "read -P 0x6b 4M 1M")
+}

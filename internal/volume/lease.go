@@ -1,0 +1,307 @@
+package volume
+
+// Write leases: a volume with read-write attachments is written by exactly
+// one node, the holder of its lease (meta/leases.go), which serves its rw
+// attachments over NBD.
+//
+// Safety: the holder stops writing before any other node can take over.
+// The node renews its etcd lease (TTL leaseTTL) every leaseRenew; after a
+// renewal sent at time t succeeds, the leader keeps the lease at least
+// until t + leaseTTL (it can only extend it: a new leader restarts every
+// lease's TTL), so another node can create the volume's lease key — the
+// takeover — only after that. The holder writes only until
+// t + leaseTTL − leaseMargin (monotonic clock), checked at the bottom of
+// the stack before every write (block.Env.Fence). A partitioned holder
+// therefore fences itself at least leaseMargin before a takeover is even
+// possible; the margin covers clock rate differences and a write that
+// passed the check just before.
+//
+// Liveness: every node watches lease keys; when one vanishes (the holder
+// died or was cut off), a node takes over if the volume still has rw
+// attachments, so `attachment show` names a live node about leaseTTL
+// after the death. A holder that lost a lease drops its open stack (its
+// in-memory state may be stale) and closes the volume's NBD connections;
+// clients reconnect to the new holder.
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
+)
+
+const (
+	leaseTTL    = 5 * time.Second
+	leaseRenew  = time.Second
+	leaseMargin = 1500 * time.Millisecond
+)
+
+// CodeServedElsewhere: a rw attachment's volume is served by another node.
+const CodeServedElsewhere = "ServedByAnotherNode"
+
+type leases struct {
+	s *Service
+
+	mu    sync.Mutex
+	id    int64     // the node's etcd lease (0: none yet)
+	valid time.Time // writes allowed before this (monotonic)
+	held  map[string]int64
+	// fences of the stacks open on this node, by volume: a lost lease
+	// fences them for good.
+	fences map[string][]*stackFence
+	lost   []func(vol string)
+}
+
+// stackFence is one open stack's fence.
+type stackFence struct{ lost atomic.Bool }
+
+func newLeases(s *Service) *leases {
+	return &leases{s: s, held: map[string]int64{}, fences: map[string][]*stackFence{}}
+}
+
+// onLost registers fn, called (without locks held) when a lease is lost.
+func (l *leases) onLost(fn func(vol string)) {
+	l.mu.Lock()
+	l.lost = append(l.lost, fn)
+	l.mu.Unlock()
+}
+
+// run keeps the node's etcd lease renewed and takes over volumes whose
+// holder went away, until ctx ends.
+func (l *leases) run(ctx context.Context) {
+	go l.s.meta.WatchVolumeLeases(ctx, func(vol string) { go l.takeOver(ctx, vol) })
+	t := time.NewTicker(leaseRenew)
+	defer t.Stop()
+	for {
+		l.renew(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// stop revokes the node's etcd lease, so that other nodes take its volumes
+// over at once. Call it after the volumes' stacks are flushed and closed.
+func (l *leases) stop() {
+	l.mu.Lock()
+	id := l.id
+	l.id, l.valid = 0, time.Time{}
+	clear(l.held)
+	l.mu.Unlock()
+	if id != 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		l.s.meta.RevokeLease(ctx, id)
+		cancel()
+	}
+}
+
+func (l *leases) renew(ctx context.Context) {
+	l.mu.Lock()
+	id := l.id
+	l.mu.Unlock()
+	if id == 0 {
+		sent := time.Now()
+		nid, err := l.s.meta.GrantLease(ctx, leaseTTL)
+		if err != nil {
+			return
+		}
+		l.mu.Lock()
+		l.id, l.valid = nid, sent.Add(leaseTTL-leaseMargin)
+		l.mu.Unlock()
+		return
+	}
+	sent := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, leaseRenew)
+	err := l.s.meta.RenewLease(rctx, id)
+	cancel()
+	switch {
+	case err == nil:
+		l.mu.Lock()
+		if l.id == id {
+			l.valid = sent.Add(leaseTTL - leaseMargin)
+		}
+		l.mu.Unlock()
+	case errors.Is(err, meta.ErrLeaseGone):
+		l.dropAll("the node's lease expired")
+	}
+	// Other errors (no quorum, partition): valid runs out by itself.
+}
+
+// dropAll forgets every held lease (the etcd lease is gone).
+func (l *leases) dropAll(why string) {
+	l.mu.Lock()
+	l.id, l.valid = 0, time.Time{}
+	var vols []string
+	for v := range l.held {
+		vols = append(vols, v)
+	}
+	l.mu.Unlock()
+	for _, v := range vols {
+		l.lose(v, why)
+	}
+}
+
+// lose records that vol's lease is no longer this node's: the stacks open
+// on it are fenced for good, and the onLost callbacks run.
+func (l *leases) lose(vol, why string) {
+	l.mu.Lock()
+	delete(l.held, vol)
+	for _, f := range l.fences[vol] {
+		f.lost.Store(true)
+	}
+	delete(l.fences, vol)
+	fns := l.lost
+	l.mu.Unlock()
+	l.s.logFor("volume", vol).Warn("write lease lost; writes fenced", "why", why)
+	for _, fn := range fns {
+		fn(vol)
+	}
+}
+
+// holds reports whether this node may write vol now.
+func (l *leases) holds(vol string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.held[vol]
+	return ok && time.Now().Before(l.valid)
+}
+
+// fence makes the block.Env.Fence of a stack of vol opened on this node,
+// and the function that forgets it when the stack closes. The stack may
+// write while this node holds vol's lease and the lease is valid, or while
+// no lease of vol is held here (no rw attachment is served here); once
+// the node loses the lease, the stack never writes again.
+func (l *leases) fence(vol string) (func() error, func()) {
+	f := &stackFence{}
+	l.mu.Lock()
+	l.fences[vol] = append(l.fences[vol], f)
+	l.mu.Unlock()
+	check := func() error {
+		if f.lost.Load() {
+			return block.ErrFenced
+		}
+		l.mu.Lock()
+		_, held := l.held[vol]
+		valid := time.Now().Before(l.valid)
+		l.mu.Unlock()
+		if held && !valid {
+			return block.ErrFenced // cut off: a takeover may be near
+		}
+		return nil
+	}
+	forget := func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.fences[vol] = slices.DeleteFunc(l.fences[vol], func(x *stackFence) bool { return x == f })
+		if len(l.fences[vol]) == 0 {
+			delete(l.fences, vol)
+		}
+	}
+	return check, forget
+}
+
+// acquire makes this node vol's writer if no other node is, and returns
+// the holder's name.
+func (l *leases) acquire(ctx context.Context, vol string) (string, error) {
+	l.mu.Lock()
+	id := l.id
+	ok := id != 0 && time.Now().Before(l.valid)
+	l.mu.Unlock()
+	if !ok {
+		return "", errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable, "this node holds no valid lease of the metadata cluster (no quorum?); it cannot take volume writes now")
+	}
+	got, err := l.s.meta.AcquireVolumeLease(ctx, vol, l.s.cfg.Node, id)
+	var prev *meta.PreviousLeaseError
+	if errors.As(err, &prev) {
+		// This node restarted within the TTL: its previous run is dead
+		// (node names are unique), so its leases go now rather than when
+		// they expire.
+		l.s.logFor("volume", vol).Info("revoking the write leases of this node's previous run")
+		if err := l.s.meta.RevokeLease(ctx, prev.Lease); err != nil {
+			return "", err
+		}
+		got, err = l.s.meta.AcquireVolumeLease(ctx, vol, l.s.cfg.Node, id)
+	}
+	if err != nil {
+		return "", err
+	}
+	if got.Node == l.s.cfg.Node {
+		l.mu.Lock()
+		if _, had := l.held[vol]; !had {
+			l.s.logFor("volume", vol).Info("write lease acquired", "token", got.Token)
+		}
+		l.held[vol] = got.Token
+		l.mu.Unlock()
+	}
+	return got.Node, nil
+}
+
+// release gives vol's lease up, whoever holds it: its last rw attachment
+// is gone. Released here, the stacks open here stay usable; a holder
+// elsewhere sees its key go and fences itself.
+func (l *leases) release(ctx context.Context, vol string) {
+	l.mu.Lock()
+	delete(l.held, vol)
+	l.mu.Unlock()
+	if err := l.s.meta.ReleaseVolumeLease(ctx, vol, ""); err != nil {
+		l.s.logFor("volume", vol).Warn("release write lease", "err", err)
+	}
+}
+
+// takeOver acquires vol's lease after its holder lost it, if the volume
+// still has rw attachments. A short random delay spreads the race.
+func (l *leases) takeOver(ctx context.Context, vol string) {
+	l.mu.Lock()
+	_, mine := l.held[vol]
+	l.mu.Unlock()
+	if mine {
+		// Our own key vanished: our etcd lease expired (the renewal
+		// loop will notice) or another node released it; either way,
+		// stop writing.
+		l.lose(vol, "its lease key was deleted")
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(time.Duration(rand.IntN(300)) * time.Millisecond):
+	}
+	v, err := l.s.meta.Volume(ctx, vol)
+	if err != nil || !hasRW(ctx, l.s, v) {
+		return
+	}
+	holder, err := l.acquire(ctx, vol)
+	if err == nil && holder == l.s.cfg.Node {
+		l.s.logFor("volume", vol).Info("took over the volume's write lease")
+	}
+}
+
+func hasRW(ctx context.Context, s *Service, v *meta.Volume) bool {
+	for _, id := range v.Attachments {
+		if a, err := s.meta.Attachment(ctx, id); err == nil && a.Mode == meta.ModeRW {
+			return true
+		}
+	}
+	return false
+}
+
+// servingNode returns the node that serves vol's rw attachments, taking
+// the lease here when nobody holds it.
+func (l *leases) servingNode(ctx context.Context, vol string) (string, error) {
+	h, err := l.s.meta.VolumeLeaseHolder(ctx, vol)
+	if err != nil {
+		return "", err
+	}
+	if h != nil {
+		return h.Node, nil
+	}
+	return l.acquire(ctx, vol)
+}
