@@ -95,7 +95,7 @@ type Node struct {
 	removed   chan struct{}
 	// stopBelonging ends registration upkeep (liveness, promotion).
 	stopBelonging context.CancelFunc
-	AdminDir  string
+	AdminDir      string
 }
 
 // Start brings a node up and returns once it serves. Stop it with Close.
