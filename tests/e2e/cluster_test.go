@@ -291,3 +291,35 @@ func TestClusterWriteLeaseFailover(t *testing.T) {
 	qemuIOGood(t, "flushed data after the failover", moved.NBDURI, "read -P 0x5a 0 4M")
 	qemuIOGood(t, "write after the failover", moved.NBDURI, "write -P 0x6b 4M 1M", "flush", "read -P 0x6b 4M 1M")
 }
+
+// TestClusterJoinSurvivesCrash: a node killed in the middle of its join —
+// right after the cluster added its member, before the member ran — joins
+// when restarted, with no second member left behind.
+func TestClusterJoinSurvivesCrash(t *testing.T) {
+	t.Parallel()
+	c := StartCluster(t, 1)
+	n := NewNode(t, NodeOptions{Name: "n2", Store: c.Store, Args: []string{"--join", c.Nodes[0].Endpoint(), "--identity", c.Nodes[0].AdminDir()}})
+	c.Nodes = append(c.Nodes, n)
+	cmd := exec.Command(basaltBin, n.serverArgs()...)
+	cmd.Env = baseEnv()
+	cmd.Stdout, cmd.Stderr = n.log, n.log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(n.Log(), "msg=joined") {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("n2 never logged its join:\n%s", tail(n.Log(), 4000))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	n.Start()
+	ns := c.WaitRoles(60*time.Second, map[string]string{"n1": "voter", "n2": "voter"})
+	if len(ns) != 2 {
+		t.Fatalf("node list after the crashed join: %+v", ns)
+	}
+	c.Admin(1).CreateVolume("--size", "64MiB", "--name", "after-crash")
+}
