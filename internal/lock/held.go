@@ -1,0 +1,121 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// cleanupTimeout bounds the etcd calls that undo a request after its context
+// ended (withdrawing a waiter, reverting an upgrade).
+const cleanupTimeout = 5 * time.Second
+
+// watchRetry spaces re-reads after a watch failure other than ctx, so that a
+// watch that keeps failing does not spin.
+const watchRetry = 100 * time.Millisecond
+
+// Held is a granted lock. Token, Resource and Key may be called at any time;
+// Upgrade, TryUpgrade and Release are serialised.
+type Held struct {
+	l        *Locker
+	resource string
+	prefix   string
+	key      string
+	token    int64
+
+	mu       sync.Mutex
+	mode     Mode
+	released bool
+}
+
+// Resource is the locked resource's name.
+func (h *Held) Resource() string { return h.resource }
+
+// Key is the holder's etcd key.
+func (h *Held) Key() string { return h.key }
+
+// Token is the fencing token: the etcd revision that created the holder's
+// key. Storage written under the lock rejects a token older than the newest
+// it has seen for the resource, so a holder that lost its lock without
+// knowing (paused, partitioned) cannot overwrite its successor's work.
+func (h *Held) Token() int64 { return h.token }
+
+// Mode is the mode currently held (Write after a successful Upgrade).
+func (h *Held) Mode() Mode {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.mode
+}
+
+// IsOwner is an etcd comparison true while this holder's key exists: a
+// metadata transaction guarded by it commits only under the lock.
+func (h *Held) IsOwner() clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.token)
+}
+
+// Lost is closed when the session the lock lives on has ended (its lease
+// expired or was revoked): the lock is gone or about to be, and the holder
+// must stop acting under it.
+func (h *Held) Lost() <-chan struct{} { return h.l.sess.Done() }
+
+// Release gives the lock up. Releasing twice is a no-op. If the key was
+// already gone (session expired) the lock is released all the same and the
+// error wraps ErrLost, because the holder was at some point unprotected.
+func (h *Held) Release(ctx context.Context) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released {
+		return nil
+	}
+	resp, err := h.l.cli.Txn(ctx).If(h.IsOwner()).Then(clientv3.OpDelete(h.key)).Commit()
+	if err != nil {
+		// Not released; the caller may retry, or the lease will end it.
+		return fmt.Errorf("lock %q: release: %w", h.resource, err)
+	}
+	h.released = true
+	if !resp.Succeeded {
+		return fmt.Errorf("lock %q: release %s (token %d): %w", h.resource, h.mode, h.token, ErrLost)
+	}
+	h.l.log.Debug("lock: released", "resource", h.resource, "mode", h.mode, "token", h.token)
+	return nil
+}
+
+// sleep returns when key changes after rev (any event: a deletion frees the
+// way, a rewrite may change a mode), when ctx is done or the session ends.
+func (l *Locker) sleep(ctx context.Context, key string, rev int64) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	wch := l.cli.Watch(wctx, key, clientv3.WithRev(rev+1))
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-l.sess.Done():
+			return ErrLost
+		case wr, ok := <-wch:
+			if !ok || wr.Canceled || wr.Err() != nil {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				// Compacted past rev, leader lost, ...: read the queue
+				// again; the read reports a real outage.
+				if !errors.Is(wr.Err(), rpctypes.ErrCompacted) {
+					select {
+					case <-time.After(watchRetry):
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
+				return nil
+			}
+			if len(wr.Events) > 0 {
+				return nil
+			}
+		}
+	}
+}
