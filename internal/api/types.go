@@ -81,6 +81,9 @@ type Identity struct {
 	SecretAccessKey string `json:"secret_access_key"`
 	S3Endpoint      string `json:"s3_endpoint,omitempty"`
 	S3Region        string `json:"s3_region,omitempty"`
+	// S3CABundle: the gateway's certificate is from the cluster CA
+	// (ca_pem); s3.env then sets AWS_CA_BUNDLE to the identity's ca.pem.
+	S3CABundle bool `json:"s3_ca_bundle,omitempty"`
 }
 
 // CreateUserResponse is the answer to POST /v1/users.

@@ -40,7 +40,7 @@ func userCmd(g *globals) *cobra.Command {
 			}
 			id := &pki.Identity{CAPEM: []byte(r.Identity.CAPEM), CertPEM: []byte(r.Identity.CertPEM),
 				KeyPEM: []byte(r.Identity.KeyPEM), AccessKeyID: r.Identity.AccessKeyID, SecretAccessKey: r.Identity.SecretAccessKey,
-				S3Endpoint: r.Identity.S3Endpoint, S3Region: r.Identity.S3Region}
+				S3Endpoint: r.Identity.S3Endpoint, S3Region: r.Identity.S3Region, S3CABundle: r.Identity.S3CABundle}
 			if err := id.Write(out); err != nil {
 				return fmt.Errorf("user %s was created but its identity could not be written: %w", args[0], err)
 			}

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,8 +15,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gofiber/fiber/v3"
 	"github.com/versity/versitygw/auth"
 	"github.com/versity/versitygw/backend"
+	"github.com/versity/versitygw/s3api/utils"
 	"github.com/versity/versitygw/s3err"
 )
 
@@ -251,3 +254,65 @@ func str(p *string) string {
 
 // bufPool holds copy buffers.
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
+
+// Middleware is the fiber middleware the gateway mounts in front of
+// s3api's routes (s3api.WithMiddleware("/", objects.Middleware())). It
+// completes two answers s3api cannot give from a backend alone:
+//
+//   - A key s3api refuses before the backend sees it ("a/../../b", "..",
+//     "./") would get a bare 400 "Bad Request"; Middleware answers first,
+//     with InvalidArgument and checkKey's explanation (s3apiKeyError).
+//   - GET and HEAD of a delete marker: s3api sends x-amz-delete-marker and
+//     Last-Modified from the output a backend returns with its error, but
+//     not x-amz-version-id; the backend leaves the marker's id in the
+//     request (noteVersionID) and Middleware adds the header.
+//
+// It must run before s3api's DecodeURL (WithMiddleware mounts it there),
+// so it unescapes the path itself, the same way.
+func Middleware() fiber.Handler {
+	return func(c fiber.Ctx) error {
+		if err := pathKeyError(c); err != nil {
+			requestID, hostID := utils.EnsureRequestIDs(c)
+			c.Response().Header.SetContentType(fiber.MIMEApplicationXML)
+			var se s3err.S3Error
+			if !errors.As(err, &se) {
+				se = s3err.GetAPIError(s3err.ErrBadRequest)
+			}
+			return c.Status(se.StatusCode()).Send(se.XMLBody(requestID, hostID))
+		}
+		err := c.Next()
+		if vid, ok := c.RequestCtx().UserValue(versionIDKey{}).(string); ok &&
+			len(c.Response().Header.Peek("x-amz-version-id")) == 0 {
+			c.Response().Header.Set("x-amz-version-id", vid)
+		}
+		return err
+	}
+}
+
+// pathKeyError is s3apiKeyError for the key in a path-style request
+// path (/bucket/key). Paths s3api would refuse for another reason first
+// (an invalid bucket name, undecodable escapes) are left to s3api.
+func pathKeyError(c fiber.Ctx) error {
+	p, err := url.PathUnescape(string(c.Request().URI().PathOriginal()))
+	if err != nil {
+		return nil
+	}
+	bucket, key, _ := strings.Cut(strings.TrimPrefix(p, "/"), "/")
+	if !utils.IsValidBucketName(bucket) {
+		return nil
+	}
+	return s3apiKeyError(key)
+}
+
+// versionIDKey is the request value holding the x-amz-version-id of an
+// error answer (Middleware).
+type versionIDKey struct{}
+
+// noteVersionID leaves vid for Middleware to send as x-amz-version-id.
+// ctx is the request as s3api passes it to the backend (fasthttp's
+// RequestCtx); other contexts (direct calls, tests) are left alone.
+func noteVersionID(ctx context.Context, vid string) {
+	if rc, ok := ctx.(interface{ SetUserValue(key, value any) }); ok {
+		rc.SetUserValue(versionIDKey{}, vid)
+	}
+}

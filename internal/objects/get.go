@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/http"
 	"os"
 	"syscall"
 	"time"
@@ -147,9 +148,14 @@ func (b *Backend) GetObject(ctx context.Context, in *s3.GetObjectInput) (*s3.Get
 		return nil, err
 	}
 	defer r.Close()
-	o, err := b.openVersion(r, bucket, key, str(in.VersionId))
+	vid := str(in.VersionId)
+	o, err := b.openVersion(r, bucket, key, vid)
 	if err != nil {
-		return nil, err
+		m, err := b.markerError(ctx, r, key, vid, "GET", err)
+		if m == nil {
+			return nil, err
+		}
+		return &s3.GetObjectOutput{DeleteMarker: ptr(true), LastModified: &m.mtime, VersionId: &m.id}, err
 	}
 	out, start, length, err := o.describe(in.Range, in.PartNumber, in.ChecksumMode, backend.PreConditions{
 		IfMatch: in.IfMatch, IfNoneMatch: in.IfNoneMatch, IfModSince: in.IfModifiedSince, IfUnmodeSince: in.IfUnmodifiedSince})
@@ -176,9 +182,14 @@ func (b *Backend) HeadObject(ctx context.Context, in *s3.HeadObjectInput) (*s3.H
 		return nil, err
 	}
 	defer r.Close()
-	o, err := b.openVersion(r, bucket, key, str(in.VersionId))
+	vid := str(in.VersionId)
+	o, err := b.openVersion(r, bucket, key, vid)
 	if err != nil {
-		return nil, err
+		m, err := b.markerError(ctx, r, key, vid, "HEAD", err)
+		if m == nil {
+			return nil, err
+		}
+		return &s3.HeadObjectOutput{DeleteMarker: ptr(true), LastModified: &m.mtime, VersionId: &m.id}, err
 	}
 	defer o.f.Close()
 	out, _, _, err := o.describe(in.Range, in.PartNumber, in.ChecksumMode, backend.PreConditions{
@@ -198,6 +209,75 @@ func (b *Backend) HeadObject(ctx context.Context, in *s3.HeadObjectInput) (*s3.H
 		ChecksumXXHASH3: out.ChecksumXXHASH3, ChecksumXXHASH128: out.ChecksumXXHASH128,
 		VersionId: out.VersionId,
 	}, nil
+}
+
+// deleteMarker is a delete marker a GET or HEAD ran into.
+type deleteMarker struct {
+	id    string // as S3 shows it ("null" for the null marker)
+	mtime time.Time
+}
+
+// markerError completes a GET or HEAD (method) of key whose openVersion
+// failed with err. If the key's current version is a delete marker (vid
+// "", err NoSuchKey) or vid names one (err MethodNotAllowed), S3 answers
+// 404 NoSuchKey resp. 405 MethodNotAllowed with x-amz-delete-marker:
+// true, the marker's x-amz-version-id and its Last-Modified: the marker
+// is returned with the error to send, and s3api takes the first and last
+// header from an output returned with an error (the version id goes
+// through Middleware). Otherwise markerError returns nil and err.
+func (b *Backend) markerError(ctx context.Context, r *os.Root, key, vid, method string, err error) (*deleteMarker, error) {
+	var m *deleteMarker
+	var lerr error
+	switch {
+	case vid == "" && isNoSuchKey(err):
+		m, lerr = b.latestMarker(r, key)
+	case vid != "" && s3code(err) == "MethodNotAllowed":
+		id := vid
+		if id == nullVersion {
+			id = ""
+		}
+		m, lerr = markerAt(r, key, id)
+	}
+	if lerr != nil {
+		// The answer stays right without the marker's headers.
+		b.log.Warn("delete marker lookup", "key", key, "version", vid, "err", lerr)
+		return nil, err
+	}
+	if m == nil {
+		return nil, err
+	}
+	noteVersionID(ctx, m.id)
+	if vid != "" {
+		err = s3err.GetMethodNotAllowedErr(method, s3err.ResourceType("DeleteMarker"), []string{http.MethodDelete})
+	}
+	return m, err
+}
+
+// latestMarker returns the key's newest version if it is a delete marker
+// (called when there is no current object: the marker is then the
+// current version), else nil.
+func (b *Backend) latestMarker(r *os.Root, key string) (*deleteMarker, error) {
+	vs, err := b.versionsOf(r, key)
+	if err != nil {
+		return nil, fmt.Errorf("versions of %s: %w", key, err)
+	}
+	if len(vs) == 0 || !vs[0].marker {
+		return nil, nil
+	}
+	return markerAt(r, key, vs[0].id)
+}
+
+// markerAt describes delete marker id ("" for null) of key, nil if it is
+// gone (deleted meanwhile).
+func markerAt(r *os.Root, key, id string) (*deleteMarker, error) {
+	fi, err := r.Lstat(markerFile(key, id))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("delete marker %s of %s: %w", showVersion(id), key, err)
+	}
+	return &deleteMarker{id: showVersion(id), mtime: fi.ModTime().UTC().Truncate(time.Second)}, nil
 }
 
 // describe evaluates preconditions, range and part number, and returns the

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/versity/versitygw/s3api/utils"
 	"github.com/versity/versitygw/s3err"
 )
 
@@ -33,6 +34,16 @@ func invalidKey(format string, args ...any) error {
 		Description:    "Invalid object key: " + fmt.Sprintf(format, args...),
 		HTTPStatusCode: http.StatusBadRequest,
 	}
+}
+
+// dotSegment is the error for a key with a "." or ".." path component:
+// keys are paths inside the bucket, and such a component would leave the
+// bucket or make two keys name one file.
+func dotSegment(comp string) error {
+	if comp == ".." {
+		return invalidKey("the key contains a \"..\" segment, which would leave or alias a directory (a key is a path inside the bucket)")
+	}
+	return invalidKey("the key contains a \".\" segment, which would alias another key (a key is a path inside the bucket)")
 }
 
 // checkKey returns nil if key is a valid basalt object key, or an S3
@@ -69,7 +80,7 @@ func checkKey(key string) error {
 		case comp == "":
 			return invalidKey("the key has an empty path component (\"//\")")
 		case comp == "." || comp == "..":
-			return invalidKey("the key has a %q path component", comp)
+			return dotSegment(comp)
 		case len(comp) > maxComponentLen:
 			return s3err.APIError{
 				Code: "KeyTooLongError",
@@ -143,4 +154,30 @@ func isIPv4(s string) bool {
 		}
 	}
 	return true
+}
+
+// s3apiKeyError is the answer to a request whose key s3api refuses
+// itself, before the backend sees it: keys that clean to "", ".", ".."
+// or "/", or that leave the bucket ("a/../../b"). s3api answers those
+// with a bare 400 "Bad Request" (versitygw v1.8.0,
+// middlewares.BucketObjectNameValidator); Middleware answers them first
+// with checkKey's explanation. It returns nil for every key s3api lets
+// through, so the backend's own checks answer those as before.
+func s3apiKeyError(key string) error {
+	if key == "" || utils.IsObjectNameValid(key) {
+		return nil
+	}
+	// Name the segment first: "a/../" is refused for its ".." rather
+	// than for its trailing "/".
+	for comp := range strings.SplitSeq(key, "/") {
+		if comp == "." || comp == ".." {
+			return dotSegment(comp)
+		}
+	}
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	// checkKey refuses every key s3api does (any "." or ".." segment, a
+	// leading "/"); this is only a safety net should s3api's rule grow.
+	return invalidKey("the key does not name a path inside the bucket")
 }

@@ -22,6 +22,34 @@ type Identity struct {
 	// S3Endpoint is the gateway's URL (AWS_ENDPOINT_URL in s3.env), with
 	// S3Region the region requests are signed for.
 	S3Endpoint, S3Region string
+	// S3CABundle: the gateway serves HTTPS with a certificate of the
+	// cluster CA, so s3.env points AWS_CA_BUNDLE at this directory's
+	// ca.pem (the aws cli, boto3 and the AWS SDKs read it). Unset for
+	// plain HTTP and for a site's own certificate, which clients verify
+	// with their usual trust store.
+	S3CABundle bool
+}
+
+// S3Env is the content of s3.env for an identity kept in dir: the S3
+// keys, endpoint, region and, with S3CABundle, AWS_CA_BUNDLE (an absolute
+// path, so the file works from any working directory; moving the
+// directory means editing that line).
+func (id *Identity) S3Env(dir string) (string, error) {
+	env := fmt.Sprintf("AWS_ACCESS_KEY_ID=%s\nAWS_SECRET_ACCESS_KEY=%s\n", id.AccessKeyID, id.SecretAccessKey)
+	if id.S3Endpoint != "" {
+		env += "AWS_ENDPOINT_URL=" + id.S3Endpoint + "\n"
+	}
+	if id.S3Region != "" {
+		env += "AWS_REGION=" + id.S3Region + "\nAWS_DEFAULT_REGION=" + id.S3Region + "\n"
+	}
+	if id.S3CABundle && id.S3Endpoint != "" {
+		abs, err := filepath.Abs(dir)
+		if err != nil {
+			return "", fmt.Errorf("identity dir: %w", err)
+		}
+		env += "AWS_CA_BUNDLE=" + filepath.Join(abs, "ca.pem") + "\n"
+	}
+	return env, nil
 }
 
 // Write stores the identity in dir (created 0700; key and s3.env 0600).
@@ -29,12 +57,9 @@ func (id *Identity) Write(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create identity dir: %w", err)
 	}
-	env := fmt.Sprintf("AWS_ACCESS_KEY_ID=%s\nAWS_SECRET_ACCESS_KEY=%s\n", id.AccessKeyID, id.SecretAccessKey)
-	if id.S3Endpoint != "" {
-		env += "AWS_ENDPOINT_URL=" + id.S3Endpoint + "\n"
-	}
-	if id.S3Region != "" {
-		env += "AWS_REGION=" + id.S3Region + "\nAWS_DEFAULT_REGION=" + id.S3Region + "\n"
+	env, err := id.S3Env(dir)
+	if err != nil {
+		return err
 	}
 	for _, f := range []struct {
 		name string
@@ -88,6 +113,8 @@ func LoadIdentity(dir string) (*Identity, error) {
 				id.S3Endpoint = v
 			case "AWS_REGION":
 				id.S3Region = v
+			case "AWS_CA_BUNDLE":
+				id.S3CABundle = v != ""
 			}
 		}
 	}

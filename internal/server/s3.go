@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/objects"
@@ -16,24 +15,44 @@ import (
 // s3Region is the region the gateway answers for; clients must sign for it.
 const s3Region = "us-east-1"
 
-// s3URL is the gateway's URL as clients should use it (s3.env).
+// s3URL is the gateway's URL as clients should use it (s3.env): https
+// when it serves TLS (s3_tls.go).
 func (n *Node) s3URL() string {
-	host, port, err := net.SplitHostPort(n.cfg.S3)
+	host, port, err := n.s3Host()
 	if err != nil {
 		return ""
 	}
-	if n.cfg.Advertise != "" {
-		host = n.cfg.Advertise
-	} else if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
-		host, _ = os.Hostname()
+	scheme := "http"
+	if n.cfg.s3UsesTLS() {
+		scheme = "https"
 	}
-	return "http://" + net.JoinHostPort(host, port)
+	return scheme + "://" + net.JoinHostPort(host, port)
 }
 
 // startS3 serves the object store over S3 on cfg.S3 with versitygw's
 // protocol layer, basalt's backend (package objects) and basalt's users
-// as IAM. Every node serves it; all state is in etcd and the store.
+// as IAM, over HTTPS unless on loopback or told otherwise (s3_tls.go).
+// Every node serves it; all state is in etcd and the store.
 func (n *Node) startS3() error {
+	if err := n.cfg.S3TLSConfig.check(); err != nil {
+		return err
+	}
+	useTLS, caBundle := n.cfg.s3UsesTLS(), false
+	var tlsOpt s3api.Option
+	if useTLS {
+		var err error
+		if tlsOpt, caBundle, err = n.s3TLS(); err != nil {
+			return err
+		}
+	}
+	url := n.s3URL()
+	// New identities, and this node's admin identity if written before
+	// (another URL, plain HTTP), point at the gateway as it now serves.
+	n.users.SetS3(url, s3Region)
+	n.users.SetS3CABundle(caBundle)
+	if err := n.refreshS3Env(url, caBundle); err != nil {
+		n.log.Warn("admin identity's s3.env not updated", "dir", n.AdminDir, "err", err)
+	}
 	// Every request resolves its access key and its bucket's owner: from
 	// node-local mirrors of those records, not from the etcd leader.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -51,14 +70,21 @@ func (n *Node) startS3() error {
 	// admins through IAM instead, so root gets a key nobody knows.
 	root := middlewares.RootUserConfig{Access: "basalt-root-" + randomID(), Secret: randomID() + randomID() + randomID()}
 	listening := make(chan struct{})
-	srv, err := s3api.New(be, root, s3Region, &objects.IAM{Meta: n.meta, Users: n.meta.MirrorUsersByAccessKey(ctx)}, nil, nil, nil, nil,
+	opts := []s3api.Option{
 		s3api.WithConcurrencyLimiter(65536, 4096),
 		s3api.WithKeepAlive(),
 		s3api.WithQuiet(),
 		s3api.WithDisableACL(),
 		s3api.WithHealth("/healthz"), // for load balancers; no bucket can be named healthz
+		// Clear answers for keys s3api refuses itself, and the version id
+		// of a delete marker's answers (objects.Middleware).
+		s3api.WithMiddleware("/", objects.Middleware()),
 		s3api.WithOnListen(func() { close(listening) }),
-	)
+	}
+	if tlsOpt != nil {
+		opts = append(opts, tlsOpt)
+	}
+	srv, err := s3api.New(be, root, s3Region, &objects.IAM{Meta: n.meta, Users: n.meta.MirrorUsersByAccessKey(ctx)}, nil, nil, nil, nil, opts...)
 	if err != nil {
 		return fmt.Errorf("s3 server: %w", err)
 	}
@@ -72,6 +98,7 @@ func (n *Node) startS3() error {
 		return errors.New("s3 server did not start listening within 30s")
 	}
 	n.s3 = srv
+	n.log.Info("s3 serving", "addr", n.cfg.S3, "url", url, "tls", useTLS, "cluster_ca_cert", caBundle)
 	go func() {
 		if err := <-failed; err != nil {
 			n.log.Error("s3 server stopped", "err", err)

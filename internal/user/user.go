@@ -36,6 +36,7 @@ type Service struct {
 	meta                 *meta.Store
 	ca                   *pki.CA
 	s3Endpoint, s3Region string
+	s3CABundle           bool
 }
 
 // New makes a user service that issues certificates from ca.
@@ -43,6 +44,11 @@ func New(m *meta.Store, ca *pki.CA) *Service { return &Service{meta: m, ca: ca} 
 
 // SetS3 sets the S3 endpoint and region written into new identities.
 func (s *Service) SetS3(endpoint, region string) { s.s3Endpoint, s.s3Region = endpoint, region }
+
+// SetS3CABundle says whether new identities point AWS_CA_BUNDLE at their
+// ca.pem: the gateway serves HTTPS with a certificate of the cluster CA.
+// Call it before the service answers requests.
+func (s *Service) SetS3CABundle(on bool) { s.s3CABundle = on }
 
 // NameRE is the user name grammar: POSIX-portable, usable as a CN and in keys.
 var NameRE = regexp.MustCompile(`^[a-z_][a-z0-9_.-]{0,31}$`)
@@ -88,7 +94,8 @@ func (s *Service) Create(ctx context.Context, sp Spec) (*meta.User, *pki.Identit
 		return nil, nil, err
 	}
 	return u, &pki.Identity{CAPEM: s.ca.CertPEM, CertPEM: is.CertPEM, KeyPEM: is.KeyPEM,
-		AccessKeyID: u.AccessKeyID, SecretAccessKey: u.SecretKey, S3Endpoint: s.s3Endpoint, S3Region: s.s3Region}, nil
+		AccessKeyID: u.AccessKeyID, SecretAccessKey: u.SecretKey, S3Endpoint: s.s3Endpoint, S3Region: s.s3Region,
+		S3CABundle: s.s3CABundle}, nil
 }
 
 // IssueIdentity issues a new certificate for an existing user (used to give a
@@ -103,7 +110,8 @@ func (s *Service) IssueIdentity(ctx context.Context, name string) (*pki.Identity
 		return nil, err
 	}
 	return &pki.Identity{CAPEM: s.ca.CertPEM, CertPEM: is.CertPEM, KeyPEM: is.KeyPEM,
-		AccessKeyID: u.AccessKeyID, SecretAccessKey: u.SecretKey, S3Endpoint: s.s3Endpoint, S3Region: s.s3Region}, nil
+		AccessKeyID: u.AccessKeyID, SecretAccessKey: u.SecretKey, S3Endpoint: s.s3Endpoint, S3Region: s.s3Region,
+		S3CABundle: s.s3CABundle}, nil
 }
 
 // Get returns a user.
