@@ -127,6 +127,26 @@ func (s *Store) WatchAttachmentDeletes(ctx context.Context, fn func(id string)) 
 	}
 }
 
+// WatchSnapshots calls fn with every snapshot record written, until ctx
+// ends.
+func (s *Store) WatchSnapshots(ctx context.Context, fn func(*Snapshot)) {
+	for ctx.Err() == nil {
+		wch := s.cli.Watch(clientv3.WithRequireLeader(ctx), prefixSnaps, clientv3.WithPrefix(), clientv3.WithFilterDelete())
+		for resp := range wch {
+			for _, ev := range resp.Events {
+				sn := &Snapshot{}
+				if err := decode(string(ev.Kv.Key), ev.Kv.Value, sn); err == nil {
+					fn(sn)
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 // LookupName resolves an owner's name to an id ("" when unbound).
 func (s *Store) LookupName(ctx context.Context, kind, owner, name string) (string, error) {
 	if !validKeyPart(owner) || !validKeyPart(name) {

@@ -145,6 +145,9 @@ type Snapshot struct {
 	// Cloning lists volumes being created from this snapshot; while
 	// non-empty the snapshot (and so its image) may not be deleted.
 	Cloning []string `json:"cloning,omitempty"`
+	// RequestedBy is the node that accepted the create call when another
+	// node (Node, the volume's writer) takes the snapshot.
+	RequestedBy string `json:"requested_by,omitempty"`
 	// Job is a running export; while set the snapshot may not be
 	// deleted. LastJob is how the last one ended.
 	Job     *Job       `json:"job,omitempty"`

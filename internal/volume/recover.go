@@ -12,10 +12,14 @@ import (
 // run again. Call once, before serving requests.
 func (s *Service) Start(ctx context.Context) error {
 	s.leases.renew(ctx) // a lease before the first attachment opens
-	s.jobs.Add(1)
+	s.jobs.Add(2)
 	go func() {
 		defer s.jobs.Done()
 		s.leases.run(s.ctx)
+	}()
+	go func() {
+		defer s.jobs.Done()
+		s.delegated(s.ctx)
 	}()
 	vols, err := s.meta.Volumes(ctx)
 	if err != nil {

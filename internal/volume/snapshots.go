@@ -14,6 +14,10 @@ import (
 // CreateSnapshot snapshots a volume: with the volume's writers stopped, its
 // cow layer freezes the top image and starts a new one (O(1) whatever the
 // size). The snapshot holds exactly the writes acknowledged before the call.
+//
+// Only the node that writes the volume can stop its writers: when another
+// node holds the volume's write lease, the snapshot is recorded for that
+// node (Node), which takes it (see delegated), and this call waits for it.
 func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name, token string) (*meta.Snapshot, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
@@ -66,11 +70,17 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 			return nil, notSupported(v, "be snapshotted")
 		}
 	}
-	// Stop the volume's writers until the snapshot exists: writes
-	// acknowledged after this call returns must not reach the snapshot.
-	gate := s.Gate(v.ID)
-	gate.Lock()
-	defer gate.Unlock()
+	if h, err := s.meta.VolumeLeaseHolder(ctx, v.ID); err != nil {
+		return nil, err
+	} else if h != nil && h.Node != s.cfg.Node {
+		sn.Node, sn.RequestedBy = h.Node, s.cfg.Node
+	} else {
+		// Stop the volume's writers until the snapshot exists: writes
+		// acknowledged after this call returns must not reach it.
+		gate := s.Gate(v.ID)
+		gate.Lock()
+		defer gate.Unlock()
+	}
 	var replay *meta.Snapshot
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
 		replay = nil
@@ -119,8 +129,47 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 	if replay != nil {
 		return replay, nil
 	}
-	s.logFor("snapshot", sn.ID).Info("snapshot create", "volume", v.ID, "size", sn.SizeBytes)
+	s.logFor("snapshot", sn.ID).Info("snapshot create", "volume", v.ID, "size", sn.SizeBytes, "by", sn.Node)
+	if sn.Node != s.cfg.Node {
+		return s.awaitSnapshot(ctx, sn.ID)
+	}
 	return s.finishSnapshot(ctx, sn.ID)
+}
+
+// delegateWait bounds how long a call waits for a snapshot taken by
+// another node; after it the snapshot is returned still creating (202).
+const delegateWait = 30 * time.Second
+
+// awaitSnapshot waits until the node a snapshot was delegated to took it.
+func (s *Service) awaitSnapshot(ctx context.Context, id string) (*meta.Snapshot, error) {
+	deadline := time.Now().Add(delegateWait)
+	for {
+		sn, err := s.meta.Snapshot(ctx, id)
+		if err != nil || sn.Status != meta.StatusCreating || time.Now().After(deadline) {
+			return sn, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// delegated takes the snapshots other nodes recorded for this node (it
+// writes their volumes), until ctx ends.
+func (s *Service) delegated(ctx context.Context) {
+	s.meta.WatchSnapshots(ctx, func(sn *meta.Snapshot) {
+		if sn.Status != meta.StatusCreating || sn.Node != s.cfg.Node || sn.RequestedBy == "" || sn.RequestedBy == s.cfg.Node {
+			return
+		}
+		gate := s.Gate(sn.VolumeID)
+		gate.Lock()
+		defer gate.Unlock()
+		if _, err := s.finishSnapshot(ctx, sn.ID); err != nil {
+			s.logFor("snapshot", sn.ID).Error("delegated snapshot failed", "err", err)
+		}
+	})
 }
 
 // finishSnapshot freezes the volume's top image for snapshot id and marks

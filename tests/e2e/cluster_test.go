@@ -266,6 +266,19 @@ func TestClusterWriteLeaseFailover(t *testing.T) {
 	if r := qemuIO(t, c.Nodes[2].nbdBase()+a.Export, "read 0 4k"); !qemuIOFailed(r) {
 		t.Fatalf("n3 served a rw attachment whose volume n2 writes: %s", r)
 	}
+	// A snapshot asked of n3 is taken by n2, the writer: it holds what
+	// was written before, nothing written after.
+	sn := c.Admin(2).CreateSnapshot("ha", "--name", "ha-s")
+	if sn.Status != "available" {
+		t.Fatalf("snapshot through a node that does not write the volume: %+v", sn)
+	}
+	qemuIOGood(t, "write after the snapshot", a.NBDURI, "write -P 0x77 0 1M", "flush")
+	c.Admin(0).CreateVolume("--from-snapshot", "ha-s", "--name", "ha-clone")
+	ro := c.Admin(0).Attach("ha-clone", "hv2", "ro")
+	if r := qemuIORO(t, ro.NBDURI, "read -P 0x5a 0 4M"); qemuIOFailed(r) || strings.Contains(r.Stdout, "Pattern verification failed") {
+		t.Errorf("the snapshot's content: %s\n%s%s", r, r.Stdout, r.Stderr)
+	}
+	c.Admin(0).Detach(ro.ID)
 
 	c.Nodes[1].Kill()
 	start := time.Now()
@@ -288,7 +301,7 @@ func TestClusterWriteLeaseFailover(t *testing.T) {
 	if moved.NBDURI != c.Nodes[0].nbdBase()+a.Export && moved.NBDURI != c.Nodes[2].nbdBase()+a.Export {
 		t.Fatalf("nbd_uri %s names no live node", moved.NBDURI)
 	}
-	qemuIOGood(t, "flushed data after the failover", moved.NBDURI, "read -P 0x5a 0 4M")
+	qemuIOGood(t, "flushed data after the failover", moved.NBDURI, "read -P 0x77 0 1M", "read -P 0x5a 1M 3M")
 	qemuIOGood(t, "write after the failover", moved.NBDURI, "write -P 0x6b 4M 1M", "flush", "read -P 0x6b 4M 1M")
 }
 
