@@ -1,6 +1,8 @@
-// Package meta is basalt's metadata store: the only package that talks to
-// etcd. It owns every key, every record type and every transaction; other
-// packages ask it for typed records and typed updates.
+// Package meta is basalt's metadata store: the package that talks to etcd.
+// It owns every key, every record type and every transaction; other
+// packages ask it for typed records and typed updates. The one exception
+// is package lock, whose algorithm needs raw leases, watches and revision
+// ordering: it gets the client (Client) and owns the keys under locks/.
 //
 // A node either runs an embedded etcd member (the default; see embed.go) or
 // connects to an existing etcd cluster (--meta-endpoints). The same Store code
@@ -19,6 +21,11 @@
 //	attachments/<id>             Attachment
 //	exports/<export name>        attachment id (index; NBD export lookup)
 //	capacity/provisioned         bytes promised to volumes and snapshots
+//	nodes/<name>                 Node (members.go); alive/<name> while its lease lives
+//	jointokens/<sha256>          a join token, on a lease (its expiry)
+//	joinlock/...                 the mutex serializing joins
+//	leases/volumes/<volume id>   VolumeLease: the node that writes the volume (leases.go)
+//	locks/<resource>/...         workflow locks (package lock)
 //
 // Invariants, each kept by doing the related writes in one transaction (Tx):
 //   - a names/ key exists exactly when a live record carries that name;

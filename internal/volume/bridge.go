@@ -19,6 +19,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/lock"
 	"github.com/basalt-storage/basalt/internal/meta"
 	"github.com/basalt-storage/basalt/internal/objects"
 	"github.com/versity/versitygw/auth"
@@ -86,6 +87,11 @@ func (s *Service) ExportSnapshot(ctx context.Context, c Caller, ref, url string)
 	if err != nil {
 		return nil, err
 	}
+	unlock, err := s.lockFor(ctx, "snapshot", sn.ID, lock.Read)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if _, _, err := s.ownBucket(ctx, c, url); err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/block/cow"
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/lock"
 	"github.com/basalt-storage/basalt/internal/meta"
 )
 
@@ -27,6 +28,11 @@ func (s *Service) StartJob(ctx context.Context, c Caller, ref, kind string) (*me
 	if err != nil {
 		return nil, err
 	}
+	unlock, err := s.lockFor(ctx, "volume", v.ID, lock.Update)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	spec, err := parseSpec(v.Stack)
 	if err != nil {
 		return nil, err

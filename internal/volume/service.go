@@ -12,8 +12,11 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/client/v3/concurrency"
+
 	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/lock"
 	"github.com/basalt-storage/basalt/internal/meta"
 	"github.com/basalt-storage/basalt/internal/store"
 )
@@ -127,6 +130,10 @@ type Service struct {
 	gcMu sync.Mutex
 
 	leases *leases // write leases of volumes (lease.go)
+
+	lockMu   sync.Mutex // workflow locks (locks.go)
+	lockSess *concurrency.Session
+	lockr    *lock.Locker
 }
 
 // New makes a service; call Start before serving.
@@ -161,6 +168,11 @@ func (s *Service) Stop() {
 		delete(s.live, id)
 	}
 	s.leases.stop()
+	s.lockMu.Lock()
+	if s.lockSess != nil {
+		s.lockSess.Close()
+	}
+	s.lockMu.Unlock()
 }
 
 // Gate returns the write gate of a volume (see Service.gates).

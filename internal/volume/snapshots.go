@@ -8,6 +8,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/block/cow"
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/lock"
 	"github.com/basalt-storage/basalt/internal/meta"
 )
 
@@ -29,6 +30,11 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 	if err != nil {
 		return nil, err
 	}
+	unlock, err := s.lockFor(ctx, "volume", v.ID, lock.Update)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	limit, err := s.Limit()
 	if err != nil {
 		return nil, err
@@ -279,6 +285,11 @@ func (s *Service) DeleteSnapshot(ctx context.Context, c Caller, ref string) erro
 	if err != nil {
 		return err
 	}
+	unlock, err := s.lockFor(ctx, "snapshot", sn.ID, lock.Write)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
 		cur, err := tx.Snapshot(sn.ID)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/lock"
 	"github.com/basalt-storage/basalt/internal/meta"
 	"github.com/basalt-storage/basalt/internal/size"
 )
@@ -54,6 +55,11 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		if src, err = s.resolveSnapshot(ctx, c, req.FromSnapshot); err != nil {
 			return nil, err
 		}
+		unlock, err := s.lockFor(ctx, "snapshot", src.ID, lock.Read)
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
 		if req.SizeBytes == 0 {
 			req.SizeBytes = src.SizeBytes
 		}
@@ -307,6 +313,11 @@ func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSiz
 	if err != nil {
 		return nil, err
 	}
+	unlock, err := s.lockFor(ctx, "volume", v.ID, lock.Write)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if newSize <= 0 || newSize > size.Max || newSize%512 != 0 {
 		return nil, errs.Invalid(errs.CodeInvalidSize, "size %d must be a positive multiple of 512 bytes, at most 1 EiB", newSize)
 	}
@@ -396,6 +407,11 @@ func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error 
 	if err != nil {
 		return err
 	}
+	unlock, err := s.lockFor(ctx, "volume", v.ID, lock.Write)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
 		cur, err := tx.Volume(v.ID)
 		if err != nil {

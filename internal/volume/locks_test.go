@@ -1,0 +1,100 @@
+package volume
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/lock"
+	"github.com/basalt-storage/basalt/internal/meta"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// otherNode takes workflow locks as another node would (its own session).
+func otherNode(t *testing.T, e *env, name string) *lock.Locker {
+	sess, err := concurrency.NewSession(e.meta.Client(), concurrency.WithTTL(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sess.Close() })
+	return lock.New(sess, meta.LocksPrefix, lock.Options{Owner: name})
+}
+
+// TestWorkflowLocks: workflows on one volume or snapshot, started through
+// different nodes, take the seed's modes: what conflicts waits, then fails
+// with VolumeBusy naming the holder; what is compatible goes on.
+func TestWorkflowLocks(t *testing.T) {
+	old := lockWait
+	lockWait = 300 * time.Millisecond
+	t.Cleanup(func() { lockWait = old })
+	ctx := ctxT(t)
+	e := newEnv(t)
+	s := e.started(Config{})
+	alice := caller("alice")
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "v", SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := otherNode(t, e, "node-b")
+
+	// Another node snapshots the volume (update): no second snapshot,
+	// no extend, no delete meanwhile — each names the holder.
+	h, err := other.Acquire(ctx, "volume/"+v.ID, lock.Update)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.CreateSnapshot(ctx, alice, v.ID, "s", "")
+	wantCode(t, err, errs.CodeVolumeBusy)
+	if !strings.Contains(err.Error(), "node-b holds update") {
+		t.Errorf("the conflict does not name the holder: %v", err)
+	}
+	_, err = s.ExtendVolume(ctx, alice, v.ID, 2<<20)
+	wantCode(t, err, errs.CodeVolumeBusy)
+	wantCode(t, s.DeleteVolume(ctx, alice, v.ID), errs.CodeVolumeBusy)
+	// A snapshot asked for meanwhile waits, and goes through when it ends.
+	done := make(chan error, 1)
+	lockWait = 10 * time.Second
+	go func() {
+		sn, err := s.CreateSnapshot(ctx, alice, v.ID, "s2", "")
+		if err == nil && sn.Status != meta.StatusAvailable {
+			err = errs.Conflict("x", "snapshot %s", sn.Status)
+		}
+		done <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	if err := h.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("snapshot after the other node's workflow ended: %v", err)
+	}
+	lockWait = 300 * time.Millisecond
+
+	// Clones read the snapshot: any number at once; a delete (write)
+	// waits for them, and they for it.
+	sn, err := s.Snapshot(ctx, alice, "s2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := other.Acquire(ctx, "snapshot/"+sn.ID, lock.Read)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "clone", FromSnapshot: sn.ID}); err != nil {
+		t.Fatalf("a clone beside another node's reader: %v", err)
+	}
+	wantCode(t, s.DeleteSnapshot(ctx, alice, sn.ID), errs.CodeVolumeBusy)
+	r.Release(ctx)
+	w, err := other.Acquire(ctx, "snapshot/"+sn.ID, lock.Write)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.CreateVolume(ctx, alice, CreateVolume{Name: "clone2", FromSnapshot: sn.ID})
+	wantCode(t, err, errs.CodeVolumeBusy)
+	w.Release(ctx)
+	if err := s.DeleteSnapshot(context.Background(), alice, sn.ID); err != nil {
+		t.Fatalf("delete after the other node's workflow ended: %v", err)
+	}
+}
