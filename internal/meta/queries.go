@@ -130,13 +130,22 @@ func (s *Store) WatchAttachmentDeletes(ctx context.Context, fn func(id string)) 
 // WatchSnapshots calls fn with every snapshot record written, until ctx
 // ends.
 func (s *Store) WatchSnapshots(ctx context.Context, fn func(*Snapshot)) {
+	watchPuts(ctx, s, prefixSnaps, func() *Snapshot { return &Snapshot{} }, fn)
+}
+
+// WatchVolumes calls fn with every volume record written, until ctx ends.
+func (s *Store) WatchVolumes(ctx context.Context, fn func(*Volume)) {
+	watchPuts(ctx, s, prefixVolumes, func() *Volume { return &Volume{} }, fn)
+}
+
+func watchPuts[T versioned](ctx context.Context, s *Store, prefix string, mk func() T, fn func(T)) {
 	for ctx.Err() == nil {
-		wch := s.cli.Watch(clientv3.WithRequireLeader(ctx), prefixSnaps, clientv3.WithPrefix(), clientv3.WithFilterDelete())
+		wch := s.cli.Watch(clientv3.WithRequireLeader(ctx), prefix, clientv3.WithPrefix(), clientv3.WithFilterDelete())
 		for resp := range wch {
 			for _, ev := range resp.Events {
-				sn := &Snapshot{}
-				if err := decode(string(ev.Kv.Key), ev.Kv.Value, sn); err == nil {
-					fn(sn)
+				r := mk()
+				if err := decode(string(ev.Kv.Key), ev.Kv.Value, r); err == nil {
+					fn(r)
 				}
 			}
 		}

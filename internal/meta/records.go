@@ -49,6 +49,9 @@ type Job struct {
 	Phase string `json:"phase,omitempty"`
 	// Object is the s3://bucket/key an export writes or an import reads.
 	Object string `json:"object,omitempty"`
+	// RequestedBy is the node that accepted the call when another node
+	// (Node, the volume's writer) runs the job.
+	RequestedBy string `json:"requested_by,omitempty"`
 }
 
 // Job kinds: long operations on a volume's layer stack.
@@ -89,6 +92,9 @@ type Volume struct {
 	TargetSize int64 `json:"target_size,omitempty"`
 	// Node is the node driving the current transition (extending, deleting).
 	Node string `json:"node,omitempty"`
+	// RequestedBy is the node that accepted an extend that Node, the
+	// volume's writer, runs for it.
+	RequestedBy string `json:"requested_by,omitempty"`
 	Job  *Job   `json:"job,omitempty"`
 	// Snapshotting lists snapshots being taken of this volume; while
 	// non-empty the volume may not be extended or deleted.

@@ -51,6 +51,10 @@ func (s *Service) StartJob(ctx context.Context, c Caller, ref, kind string) (*me
 	if !able {
 		return nil, notSupported(v, kind)
 	}
+	writer, err := s.writer(ctx, v.ID) // the job runs where the volume is written
+	if err != nil {
+		return nil, err
+	}
 	var out *meta.Volume
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
 		cur, err := tx.Volume(v.ID)
@@ -66,7 +70,10 @@ func (s *Service) StartJob(ctx context.Context, c Caller, ref, kind string) (*me
 		if cur.Job != nil {
 			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is already running a %s job", cur.ID, cur.Job.Kind)
 		}
-		cur.Job = &meta.Job{Kind: kind, Node: s.cfg.Node, StartedAt: now()}
+		cur.Job = &meta.Job{Kind: kind, Node: writer, StartedAt: now()}
+		if writer != s.cfg.Node {
+			cur.Job.RequestedBy = s.cfg.Node
+		}
 		cur.UpdatedAt = now()
 		tx.PutVolume(cur)
 		out = cur
@@ -75,17 +82,24 @@ func (s *Service) StartJob(ctx context.Context, c Caller, ref, kind string) (*me
 	if err != nil {
 		return nil, err
 	}
-	s.logFor("volume", v.ID).Info("job started", "job", kind)
-	s.startJob(out.ID)
+	s.logFor("volume", v.ID).Info("job started", "job", kind, "on", writer)
+	if writer == s.cfg.Node {
+		s.startJob(out.ID)
+	}
 	return out, nil
 }
 
-// startJob runs a volume's recorded job in the background. Stopping the
-// service interrupts it; the record keeps the job, so Start runs it again.
+// startJob runs a volume's recorded job in the background, unless it runs
+// already. Stopping the service interrupts it; the record keeps the job,
+// so Start runs it again.
 func (s *Service) startJob(id string) {
+	if !s.claim("job/" + id) {
+		return
+	}
 	s.jobs.Add(1)
 	go func() {
 		defer s.jobs.Done()
+		defer s.unclaim("job/" + id)
 		s.runJob(s.ctx, id)
 	}()
 }

@@ -130,6 +130,7 @@ type Service struct {
 	gcMu sync.Mutex
 
 	leases *leases // write leases of volumes (lease.go)
+	claims sync.Map // workflows running on this node (delegate.go)
 
 	lockMu   sync.Mutex // workflow locks (locks.go)
 	lockSess *concurrency.Session

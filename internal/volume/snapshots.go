@@ -142,42 +142,6 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 	return s.finishSnapshot(ctx, sn.ID)
 }
 
-// delegateWait bounds how long a call waits for a snapshot taken by
-// another node; after it the snapshot is returned still creating (202).
-const delegateWait = 30 * time.Second
-
-// awaitSnapshot waits until the node a snapshot was delegated to took it.
-func (s *Service) awaitSnapshot(ctx context.Context, id string) (*meta.Snapshot, error) {
-	deadline := time.Now().Add(delegateWait)
-	for {
-		sn, err := s.meta.Snapshot(ctx, id)
-		if err != nil || sn.Status != meta.StatusCreating || time.Now().After(deadline) {
-			return sn, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
-// delegated takes the snapshots other nodes recorded for this node (it
-// writes their volumes), until ctx ends.
-func (s *Service) delegated(ctx context.Context) {
-	s.meta.WatchSnapshots(ctx, func(sn *meta.Snapshot) {
-		if sn.Status != meta.StatusCreating || sn.Node != s.cfg.Node || sn.RequestedBy == "" || sn.RequestedBy == s.cfg.Node {
-			return
-		}
-		gate := s.Gate(sn.VolumeID)
-		gate.Lock()
-		defer gate.Unlock()
-		if _, err := s.finishSnapshot(ctx, sn.ID); err != nil {
-			s.logFor("snapshot", sn.ID).Error("delegated snapshot failed", "err", err)
-		}
-	})
-}
-
 // finishSnapshot freezes the volume's top image for snapshot id and marks
 // the snapshot available. The caller holds the volume's gate. Repeating it
 // after an interruption finds the freeze done (the cow layer knows the

@@ -325,6 +325,10 @@ func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSiz
 	if err != nil {
 		return nil, err
 	}
+	writer, err := s.writer(ctx, v.ID)
+	if err != nil {
+		return nil, err
+	}
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
 		cur, err := tx.Volume(v.ID)
 		if err != nil {
@@ -345,14 +349,21 @@ func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSiz
 		if err := tx.Provision(newSize-cur.SizeBytes, limit); err != nil {
 			return err
 		}
-		cur.Status, cur.TargetSize, cur.Node, cur.UpdatedAt = meta.StatusExtending, newSize, s.cfg.Node, now()
+		cur.Status, cur.TargetSize, cur.Node, cur.UpdatedAt = meta.StatusExtending, newSize, writer, now()
+		cur.RequestedBy = ""
+		if writer != s.cfg.Node {
+			cur.RequestedBy = s.cfg.Node
+		}
 		tx.PutVolume(cur)
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return s.finishExtend(ctx, v.ID)
+	if writer != s.cfg.Node {
+		return s.awaitExtend(ctx, v.ID) // the volume's writer extends it (delegate.go)
+	}
+	return s.runExtend(ctx, v.ID)
 }
 
 func (s *Service) finishExtend(ctx context.Context, id string) (*meta.Volume, error) {
@@ -373,7 +384,7 @@ func (s *Service) finishExtend(ctx context.Context, id string) (*meta.Volume, er
 				return terr
 			}
 			cur.Status, cur.StatusMessage = resting(cur), fmt.Sprintf("extend to %d bytes failed: %v", cur.TargetSize, err)
-			cur.TargetSize, cur.Node, cur.UpdatedAt = 0, "", now()
+			cur.TargetSize, cur.Node, cur.RequestedBy, cur.UpdatedAt = 0, "", "", now()
 			tx.PutVolume(cur)
 			return nil
 		})
@@ -384,7 +395,7 @@ func (s *Service) finishExtend(ctx context.Context, id string) (*meta.Volume, er
 	}
 	s.logFor("volume", id).Info("volume extended", "size", v.TargetSize)
 	return s.transitionVolume(ctx, id, meta.StatusExtending, func(v *meta.Volume) {
-		v.SizeBytes, v.TargetSize, v.Status = v.TargetSize, 0, resting(v)
+		v.SizeBytes, v.TargetSize, v.Status, v.RequestedBy = v.TargetSize, 0, resting(v), ""
 	})
 }
 

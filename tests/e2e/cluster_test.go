@@ -279,6 +279,15 @@ func TestClusterWriteLeaseFailover(t *testing.T) {
 		t.Errorf("the snapshot's content: %s\n%s%s", r, r.Stdout, r.Stderr)
 	}
 	c.Admin(0).Detach(ro.ID)
+	// An extend asked of n3 is done by n2: a new connection sees the size.
+	var ext Volume
+	c.Admin(2).OK(&ext, "volume", "extend", "ha", "--size", "80MiB")
+	if ext.SizeBytes != 80<<20 || ext.Status != "in-use" {
+		t.Fatalf("extend through a node that does not write the volume: %+v", ext)
+	}
+	if r := qemuIO(t, a.NBDURI, "length"); !strings.Contains(r.Stdout, "80 MiB") {
+		t.Errorf("after the extend, the holder serves: %s\n%s", r, r.Stdout)
+	}
 
 	c.Nodes[1].Kill()
 	start := time.Now()
