@@ -95,7 +95,7 @@ type Volume struct {
 	// RequestedBy is the node that accepted an extend that Node, the
 	// volume's writer, runs for it.
 	RequestedBy string `json:"requested_by,omitempty"`
-	Job  *Job   `json:"job,omitempty"`
+	Job         *Job   `json:"job,omitempty"`
 	// Snapshotting lists snapshots being taken of this volume; while
 	// non-empty the volume may not be extended or deleted.
 	Snapshotting []string `json:"snapshotting,omitempty"`

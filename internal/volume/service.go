@@ -129,7 +129,7 @@ type Service struct {
 	// of images (volumes, clones, snapshots).
 	gcMu sync.Mutex
 
-	leases *leases // write leases of volumes (lease.go)
+	leases *leases  // write leases of volumes (lease.go)
 	claims sync.Map // workflows running on this node (delegate.go)
 
 	lockMu   sync.Mutex // workflow locks (locks.go)
