@@ -41,3 +41,46 @@ def leaf(n):
     return n.get("path") or next(p for c in n.get("children", []) for p in [leaf(c)] if p)
 print(leaf(json.load(sys.stdin)["stack"]))'
 }
+
+# --- more nodes (bench/meta.sh) ----------------------------------------------
+# node_start NAME ARGS... starts one more server named NAME on free loopback
+# ports, data in $work/NAME, log in $work/NAME.log, ARGS appended (e.g.
+# --store DIR, --join URL --identity DIR). node_api, node_etcd and node_pid
+# say where it is; node_wait waits until it answers, node_stop stops it.
+declare -A node_api=() node_etcd=() node_pid=()
+node_start() {
+  local name=$1 a e
+  a=$(freeport) e=$(freeport)
+  "$BIN" server --name "$name" --data "$work/$name" --api 127.0.0.1:$a --etcd-client 127.0.0.1:$e \
+    --etcd-peer 127.0.0.1:$(freeport) --s3 127.0.0.1:$(freeport) --nbd 127.0.0.1:$(freeport) \
+    --log-level warn "${@:2}" >"$work/$name.log" 2>&1 &
+  pids+=($!)
+  node_pid[$name]=$! node_api[$name]=https://127.0.0.1:$a node_etcd[$name]=https://127.0.0.1:$e
+}
+# node_wait NAME IDENTITY waits (60 s at most) until NAME answers status.
+node_wait() {
+  for _ in $(seq 300); do
+    "$BIN" --endpoint "${node_api[$1]}" --identity "$2" status >/dev/null 2>&1 && return 0
+    kill -0 "${node_pid[$1]}" 2>/dev/null || break
+    sleep 0.2
+  done
+  echo "node $1 did not start; the end of its log:" >&2
+  tail -20 "$work/$1.log" >&2
+  return 1
+}
+# node_stop PID stops a server and waits for it to exit.
+node_stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+# voters_wait N IDENTITY ENDPOINT waits (90 s at most) until `node list`
+# through ENDPOINT shows N nodes, all healthy voters.
+voters_wait() {
+  for _ in $(seq 300); do
+    "$BIN" --endpoint "$3" --identity "$2" -o json node list 2>/dev/null | python3 -c '
+import json, sys
+ns = json.load(sys.stdin)
+sys.exit(0 if len(ns) == int(sys.argv[1]) and all(n["role"] == "voter" and n["health"] == "healthy" for n in ns) else 1)' "$1" \
+      2>/dev/null && return 0
+    sleep 0.3
+  done
+  echo "the cluster did not reach $1 healthy voters" >&2
+  return 1
+}
