@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
@@ -24,13 +25,33 @@ type Tx struct {
 func (s *Store) Update(ctx context.Context, fn func(*Tx) error) error {
 	tctx, cancel := context.WithTimeout(ctx, s.writeTimeout())
 	defer cancel()
-	_, err := concurrency.NewSTM(s.cli, func(stm concurrency.STM) error {
-		return fn(&Tx{stm: stm})
-	}, concurrency.WithAbortContext(tctx))
+	var err error
+	for range 5 {
+		_, err = concurrency.NewSTM(s.txnClient(), func(stm concurrency.STM) error {
+			return fn(&Tx{stm: stm})
+		}, concurrency.WithAbortContext(tctx))
+		// The transaction reads at the revision of its first read; a
+		// member that has not applied it yet refuses. Only a client
+		// node (no member of its own) meets it: try again.
+		if !errors.Is(err, rpctypes.ErrFutureRev) || tctx.Err() != nil {
+			break
+		}
+	}
 	if err != nil && ctx.Err() == nil && unavailable(err) {
 		s.quorumLost()
 	}
 	return wrap("update", err)
+}
+
+// txnClient is the client transactions run on: the node's own member when
+// it is a voter — its first, linearizable read leaves it at least at the
+// revision every later read of the transaction asks for — else the
+// cluster client (a learner serves no linearizable reads).
+func (s *Store) txnClient() *clientv3.Client {
+	if s.local != nil && !s.embedded.Server.IsLearner() {
+		return s.local
+	}
+	return s.cli
 }
 
 func txGet[T versioned](tx *Tx, key string, r T) (bool, error) {
