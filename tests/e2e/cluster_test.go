@@ -240,7 +240,7 @@ func runFailingServer(t *testing.T, c *Cluster, name string, args ...string) (st
 }
 
 // nbdBase is node n's NBD URI without the export name.
-func (n *Node) nbdBase() string { return "nbd://" + addr(n.NBD) + "/" }
+func (n *Node) nbdBase() string { return "nbd://" + n.addr(n.NBD) + "/" }
 
 // TestClusterWriteLeaseFailover: a rw attachment is served by the node that
 // holds its volume's write lease, and only by it; when that node dies,

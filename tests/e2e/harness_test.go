@@ -178,6 +178,10 @@ type NodeOptions struct {
 	// NBDHost is the host part of --nbd (default 127.0.0.1; the port is
 	// always a free one), e.g. "0.0.0.0" to listen beyond loopback.
 	NBDHost string
+	// Host is the address every listener uses and other nodes reach
+	// (default 127.0.0.1), and NetNS the network namespace the process
+	// runs in: a node on its own link that a test can cut (netns_test.go).
+	Host, NetNS string
 }
 
 // Node is one `basalt server` process; Restart reuses its data dir, ports
@@ -245,11 +249,14 @@ func (n *Node) serverArgs() []string {
 	args := []string{"server",
 		"--data", n.Data,
 		"--name", n.opts.Name,
-		"--api", addr(n.API),
-		"--etcd-client", addr(n.EtcdClient),
-		"--etcd-peer", addr(n.EtcdPeer),
-		"--s3", addr(n.S3),
-		"--nbd", addr(n.NBD),
+		"--api", n.addr(n.API),
+		"--etcd-client", n.addr(n.EtcdClient),
+		"--etcd-peer", n.addr(n.EtcdPeer),
+		"--s3", n.addr(n.S3),
+		"--nbd", n.addr(n.NBD),
+	}
+	if n.opts.Host != "" {
+		args = append(args, "--advertise", n.opts.Host)
 	}
 	if n.opts.NBDHost != "" {
 		args[len(args)-1] = net.JoinHostPort(n.opts.NBDHost, strconv.Itoa(n.NBD))
@@ -261,6 +268,14 @@ func (n *Node) serverArgs() []string {
 }
 
 func addr(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
+
+// addr is host:port on the node's address.
+func (n *Node) addr(port int) string {
+	if n.opts.Host == "" {
+		return addr(port)
+	}
+	return net.JoinHostPort(n.opts.Host, strconv.Itoa(port))
+}
 
 // Start starts the process (first start: retrying with new ports if one was
 // taken meanwhile by another process) and waits for health.
@@ -300,6 +315,9 @@ func (n *Node) launch() error {
 	n.starts++
 	args := n.serverArgs()
 	cmd := exec.Command(basaltBin, args...)
+	if n.opts.NetNS != "" {
+		cmd = exec.Command("ip", append([]string{"netns", "exec", n.opts.NetNS, basaltBin}, args...)...)
+	}
 	cmd.Env = baseEnv()
 	cmd.Stdout, cmd.Stderr = n.log, n.log
 	fmt.Fprintf(n.log, "\n==== start #%d: basalt %s\n", n.starts, strings.Join(args, " "))
@@ -412,7 +430,7 @@ func (n *Node) Kill() {
 func (n *Node) Log() string { return n.log.String() }
 
 // Endpoint is the control API URL.
-func (n *Node) Endpoint() string { return "https://" + addr(n.API) }
+func (n *Node) Endpoint() string { return "https://" + n.addr(n.API) }
 
 // AdminDir is the node's admin identity directory.
 func (n *Node) AdminDir() string { return filepath.Join(n.Data, "identities", "admin") }

@@ -325,9 +325,19 @@ const qemuPrompt = "qemu-io> "
 // waits for its first prompt (the connection is then established).
 func startQemuSession(t testing.TB, args ...string) *qemuSession {
 	t.Helper()
+	return startQemuSessionIn(t, "", args...)
+}
+
+// startQemuSessionIn is startQemuSession in network namespace netns ("":
+// this one).
+func startQemuSessionIn(t testing.TB, netns string, args ...string) *qemuSession {
+	t.Helper()
 	s := &qemuSession{t: t}
 	s.cond = sync.NewCond(&s.mu)
 	cmd := exec.Command("qemu-io", args...)
+	if netns != "" {
+		cmd = exec.Command("ip", append([]string{"netns", "exec", netns, "qemu-io"}, args...)...)
+	}
 	cmd.Env = baseEnv()
 	in, err := cmd.StdinPipe()
 	if err != nil {
