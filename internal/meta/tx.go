@@ -279,7 +279,7 @@ func (s *Store) read(ctx context.Context, key string, opts ...clientv3.OpOption)
 	if !s.q.lost.Load() && !wantsStale(ctx) {
 		lctx, cancel := context.WithTimeout(ctx, linearTimeout)
 		var resp *clientv3.GetResponse
-		resp, err = s.cli.Get(lctx, key, opts...)
+		resp, err = s.txnClient().Get(lctx, key, opts...)
 		cancel()
 		if err == nil || ctx.Err() != nil || !unavailable(err) {
 			return resp, err
