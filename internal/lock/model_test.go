@@ -39,8 +39,6 @@ type mEntry struct {
 
 type model struct{ q []mEntry }
 
-func (m *model) clone() model { return model{q: append([]mEntry(nil), m.q...)} }
-
 func (m *model) find(c int) int {
 	for i, e := range m.q {
 		if e.client == c {

@@ -172,7 +172,7 @@ const aliveTTL = 5
 // (a partition longer than the TTL).
 func (s *Store) KeepAlive(ctx context.Context, name string) {
 	for ctx.Err() == nil {
-		if err := s.keepAlive(ctx, name); err != nil && ctx.Err() == nil {
+		if err := s.keepAlive(ctx, name); ctx.Err() == nil {
 			s.log.Warn("liveness lease lost; renewing", "err", err)
 		}
 		select {

@@ -55,17 +55,27 @@ func (n *Node) saveJoinState(st *joinState) error {
 	return pki.WriteFileAtomic(n.joinStatePath(), append(b, '\n'), 0o600)
 }
 
-// advertisedURL is https://host:port of a listen address as other nodes
-// reach it.
-func (n *Node) advertisedURL(listen string) string {
-	host, port, err := net.SplitHostPort(listen)
+// advertised is the host and port of a listen address as other nodes and
+// clients reach it: --advertise, else the listen host, else (a wildcard
+// address) the host name.
+func (n *Node) advertised(listen string) (host, port string, err error) {
+	host, port, err = net.SplitHostPort(listen)
 	if err != nil {
-		return ""
+		return "", "", err
 	}
 	if n.cfg.Advertise != "" {
 		host = n.cfg.Advertise
 	} else if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 		host, _ = os.Hostname()
+	}
+	return host, port, nil
+}
+
+// advertisedURL is https://host:port of a listen address (advertised).
+func (n *Node) advertisedURL(listen string) string {
+	host, port, err := n.advertised(listen)
+	if err != nil {
+		return ""
 	}
 	return "https://" + net.JoinHostPort(host, port)
 }

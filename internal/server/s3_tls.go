@@ -85,14 +85,9 @@ func loopbackHost(host string) bool {
 // s3Host is the host clients use for the gateway: --advertise, else the
 // listen host, else (listening on every interface) the host name.
 func (n *Node) s3Host() (host, port string, err error) {
-	host, port, err = net.SplitHostPort(n.cfg.S3)
+	host, port, err = n.advertised(n.cfg.S3)
 	if err != nil {
 		return "", "", fmt.Errorf("--s3 %q: %w", n.cfg.S3, err)
-	}
-	if n.cfg.Advertise != "" {
-		host = n.cfg.Advertise
-	} else if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
-		host, _ = os.Hostname()
 	}
 	return host, port, nil
 }

@@ -214,18 +214,12 @@ func (n *Node) startNBD(ca *pki.CA, cert tls.Certificate) error {
 	}
 	addr := ln.Addr().(*net.TCPAddr)
 	requireTLS := !addr.IP.IsLoopback() && !n.cfg.NBDInsecure
-	host := n.cfg.Advertise
-	if host == "" {
-		host = addr.IP.String()
-		if addr.IP.IsUnspecified() {
-			host, _ = os.Hostname()
-		}
-	}
+	host, port, _ := n.advertised(addr.String()) // the bound port, for --nbd :0
 	scheme := "nbd"
 	if requireTLS {
 		scheme = "nbds"
 	}
-	n.nbdURI = fmt.Sprintf("%s://%s/", scheme, net.JoinHostPort(host, fmt.Sprint(addr.Port)))
+	n.nbdURI = fmt.Sprintf("%s://%s/", scheme, net.JoinHostPort(host, port))
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	exports := n.volumes.NewExports(n.users.Authenticate)

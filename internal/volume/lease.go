@@ -167,14 +167,6 @@ func (l *leases) lose(vol, why string) {
 	}
 }
 
-// holds reports whether this node may write vol now.
-func (l *leases) holds(vol string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	_, ok := l.held[vol]
-	return ok && time.Now().Before(l.valid)
-}
-
 // fence makes the block.Env.Fence of a stack of vol opened on this node,
 // and the function that forgets it when the stack closes. The stack may
 // write while this node holds vol's lease and the lease is valid, or while
