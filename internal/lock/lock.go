@@ -216,6 +216,23 @@ func New(sess *concurrency.Session, prefix string, o Options) *Locker {
 	return &Locker{cli: sess.Client(), sess: sess, prefix: prefix, owner: o.Owner, log: o.Log}
 }
 
+// Open starts an etcd session of ttl seconds on cli and returns a Locker on
+// it; Close ends the session (and frees its locks).
+func Open(cli *clientv3.Client, prefix string, ttl int, o Options) (*Locker, error) {
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(ttl))
+	if err != nil {
+		return nil, fmt.Errorf("lock session: %w", err)
+	}
+	return New(sess, prefix, o), nil
+}
+
+// Done is closed when the Locker's session ends (closed, or its lease
+// expired: every lock it held is gone).
+func (l *Locker) Done() <-chan struct{} { return l.sess.Done() }
+
+// Close ends the session: every lock taken through it is released.
+func (l *Locker) Close() error { return l.sess.Close() }
+
 // queuePrefix is the key range of a resource's queue. The resource is
 // path-escaped so that it holds no "/": one resource's range never contains
 // another's keys.

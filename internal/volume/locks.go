@@ -27,7 +27,6 @@ import (
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/lock"
 	"github.com/basalt-storage/basalt/internal/meta"
-	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
 // lockWait bounds how long a workflow waits for a conflicting one.
@@ -40,23 +39,20 @@ const lockTTL = 10
 func (s *Service) locker(ctx context.Context) (*lock.Locker, error) {
 	s.lockMu.Lock()
 	defer s.lockMu.Unlock()
-	if s.lockSess != nil {
+	if s.lockr != nil {
 		select {
-		case <-s.lockSess.Done():
-			s.lockSess, s.lockr = nil, nil // expired (partition): a new one
+		case <-s.lockr.Done():
+			s.lockr = nil // expired (partition): a new one
 		default:
 			return s.lockr, nil
 		}
 	}
-	// Not s.ctx: the session outlives no Stop (which closes it), and a
-	// stopped service still answers the calls it gets.
-	sess, err := concurrency.NewSession(s.meta.Client(), concurrency.WithTTL(lockTTL))
+	l, err := lock.Open(s.meta.Client(), meta.LocksPrefix, lockTTL, lock.Options{Owner: s.cfg.Node, Log: s.log})
 	if err != nil {
-		return nil, errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable, "workflow lock session: %v", err)
+		return nil, errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable, "workflow locks: %v", err)
 	}
-	s.lockSess = sess
-	s.lockr = lock.New(sess, meta.LocksPrefix, lock.Options{Owner: s.cfg.Node, Log: s.log})
-	return s.lockr, nil
+	s.lockr = l
+	return l, nil
 }
 
 // lockFor takes kind/id (e.g. "volume", "vol-…") in mode for a workflow and

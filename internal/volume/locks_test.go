@@ -9,17 +9,16 @@ import (
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/lock"
 	"github.com/basalt-storage/basalt/internal/meta"
-	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
 // otherNode takes workflow locks as another node would (its own session).
 func otherNode(t *testing.T, e *env, name string) *lock.Locker {
-	sess, err := concurrency.NewSession(e.meta.Client(), concurrency.WithTTL(10))
+	l, err := lock.Open(e.meta.Client(), meta.LocksPrefix, 10, lock.Options{Owner: name})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { sess.Close() })
-	return lock.New(sess, meta.LocksPrefix, lock.Options{Owner: name})
+	t.Cleanup(func() { l.Close() })
+	return l
 }
 
 // TestWorkflowLocks: workflows on one volume or snapshot, started through

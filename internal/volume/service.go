@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/client/v3/concurrency"
-
 	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/lock"
@@ -132,9 +130,8 @@ type Service struct {
 	leases *leases  // write leases of volumes (lease.go)
 	claims sync.Map // workflows running on this node (delegate.go)
 
-	lockMu   sync.Mutex // workflow locks (locks.go)
-	lockSess *concurrency.Session
-	lockr    *lock.Locker
+	lockMu sync.Mutex // workflow locks (locks.go)
+	lockr  *lock.Locker
 }
 
 // New makes a service; call Start before serving.
@@ -170,8 +167,8 @@ func (s *Service) Stop() {
 	}
 	s.leases.stop()
 	s.lockMu.Lock()
-	if s.lockSess != nil {
-		s.lockSess.Close()
+	if s.lockr != nil {
+		s.lockr.Close()
 	}
 	s.lockMu.Unlock()
 }
