@@ -268,13 +268,17 @@ func (s *Service) Nodes(ctx context.Context) ([]NodeInfo, error) {
 			}
 			name := m.Name
 			if name == "" {
-				name = fmt.Sprintf("(unstarted member %x)", m.ID)
+				name = unstartedName(m.ID)
 			}
 			out = append(out, NodeInfo{Name: name, Role: role, Health: Unhealthy})
 		}
 	}
 	return out, nil
 }
+
+// unstartedName names a member that never started (a join interrupted
+// for good) in the node list, so that `node remove` can take it out.
+func unstartedName(id uint64) string { return fmt.Sprintf("unstarted-%x", id) }
 
 func memberOf(members []meta.Member, n *meta.Node) (meta.Member, bool) {
 	for _, m := range members {
@@ -307,7 +311,8 @@ func (s *Service) Remove(ctx context.Context, name string) error {
 			if !m.Learner {
 				voters++
 			}
-			if m.Name == name || n != nil && n.Peer != "" && slices.Contains(m.Peers, n.Peer) {
+			if m.Name == name || m.Name == "" && unstartedName(m.ID) == name ||
+				n != nil && n.Peer != "" && slices.Contains(m.Peers, n.Peer) {
 				target = &members[i]
 			}
 		}
