@@ -62,9 +62,29 @@ type Member struct {
 
 // Members lists the etcd members.
 func (s *Store) Members(ctx context.Context) ([]Member, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	r, err := s.cli.MemberList(ctx)
+	var r *clientv3.MemberListResponse
+	var err error
+	if !s.q.lost.Load() && !wantsStale(ctx) {
+		lctx, cancel := context.WithTimeout(ctx, linearTimeout)
+		r, err = s.txnClient().MemberList(lctx)
+		cancel()
+		if err != nil && ctx.Err() == nil && unavailable(err) {
+			s.quorumLost()
+		}
+	}
+	if r == nil && (err == nil || unavailable(err)) {
+		// No quorum (or a stale read asked for): this member's view.
+		cli := s.cli
+		if s.local != nil {
+			cli = s.local
+		}
+		lctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		r, err = cli.MemberList(lctx, clientv3.WithSerializable())
+		cancel()
+		if err == nil {
+			markLocal(ctx)
+		}
+	}
 	if err != nil {
 		return nil, wrap("member list", err)
 	}
@@ -210,9 +230,7 @@ func (s *Store) keepAlive(ctx context.Context, name string) error {
 
 // Alive returns the names of the nodes whose liveness key exists.
 func (s *Store) Alive(ctx context.Context) (map[string]bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	r, err := s.cli.Get(ctx, prefixAlive, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	r, err := s.read(ctx, prefixAlive, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		return nil, wrap("liveness", err)
 	}

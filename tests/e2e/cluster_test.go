@@ -184,6 +184,14 @@ func TestClusterMembership(t *testing.T) {
 			t.Errorf("a read without quorum through n%d took %v", i+1, took)
 		}
 	}
+	// node list too, from the node's own view.
+	start = time.Now()
+	if ns := c.NodeList(2); len(ns) != 4 {
+		t.Errorf("node list without quorum: %+v", ns)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("node list without quorum took %v", took)
+	}
 	// A voter back: writes resume.
 	c.Nodes[0].Restart()
 	deadline := time.Now().Add(30 * time.Second)
