@@ -83,11 +83,7 @@ func (s *Service) ExportSnapshot(ctx context.Context, c Caller, ref, url string)
 	if _, err := s.objectStore(); err != nil {
 		return nil, err
 	}
-	sn, err := s.resolveSnapshot(ctx, c, ref)
-	if err != nil {
-		return nil, err
-	}
-	unlock, err := s.lockFor(ctx, "snapshot", sn.ID, lock.Read)
+	sn, unlock, err := s.lockedSnapshot(ctx, c, ref, lock.Read)
 	if err != nil {
 		return nil, err
 	}

@@ -24,11 +24,7 @@ const progressEvery = time.Second
 // StartJob starts job kind on a volume and returns the volume with the job
 // recorded.
 func (s *Service) StartJob(ctx context.Context, c Caller, ref, kind string) (*meta.Volume, error) {
-	v, err := s.resolveVolume(ctx, c, ref)
-	if err != nil {
-		return nil, err
-	}
-	unlock, err := s.lockFor(ctx, "volume", v.ID, lock.Update)
+	v, unlock, err := s.lockedVolume(ctx, c, ref, lock.Update)
 	if err != nil {
 		return nil, err
 	}

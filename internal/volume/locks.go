@@ -55,6 +55,33 @@ func (s *Service) locker(ctx context.Context) (*lock.Locker, error) {
 	return l, nil
 }
 
+// lockedVolume resolves a volume the caller may see and takes its workflow
+// lock in mode; call unlock when the workflow call ends.
+func (s *Service) lockedVolume(ctx context.Context, c Caller, ref string, mode lock.Mode) (*meta.Volume, func(), error) {
+	v, err := s.resolveVolume(ctx, c, ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	unlock, err := s.lockFor(ctx, "volume", v.ID, mode)
+	if err != nil {
+		return nil, nil, err
+	}
+	return v, unlock, nil
+}
+
+// lockedSnapshot is lockedVolume for a snapshot.
+func (s *Service) lockedSnapshot(ctx context.Context, c Caller, ref string, mode lock.Mode) (*meta.Snapshot, func(), error) {
+	sn, err := s.resolveSnapshot(ctx, c, ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	unlock, err := s.lockFor(ctx, "snapshot", sn.ID, mode)
+	if err != nil {
+		return nil, nil, err
+	}
+	return sn, unlock, nil
+}
+
 // lockFor takes kind/id (e.g. "volume", "vol-…") in mode for a workflow and
 // returns its release.
 func (s *Service) lockFor(ctx context.Context, kind, id string, mode lock.Mode) (func(), error) {

@@ -26,11 +26,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 	if err := checkToken(token); err != nil {
 		return nil, err
 	}
-	v, err := s.resolveVolume(ctx, c, volumeRef)
-	if err != nil {
-		return nil, err
-	}
-	unlock, err := s.lockFor(ctx, "volume", v.ID, lock.Update)
+	v, unlock, err := s.lockedVolume(ctx, c, volumeRef, lock.Update)
 	if err != nil {
 		return nil, err
 	}
@@ -245,11 +241,7 @@ func (s *Service) Snapshots(ctx context.Context, c Caller, volumeRef string) ([]
 // need: the snapshot's image lives on as their base until they are deleted
 // or flattened, and is collected after.
 func (s *Service) DeleteSnapshot(ctx context.Context, c Caller, ref string) error {
-	sn, err := s.resolveSnapshot(ctx, c, ref)
-	if err != nil {
-		return err
-	}
-	unlock, err := s.lockFor(ctx, "snapshot", sn.ID, lock.Write)
+	sn, unlock, err := s.lockedSnapshot(ctx, c, ref, lock.Write)
 	if err != nil {
 		return err
 	}

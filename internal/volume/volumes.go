@@ -51,12 +51,9 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 	var src *meta.Snapshot
 	var stack json.RawMessage
 	if req.FromSnapshot != "" {
+		var unlock func()
 		var err error
-		if src, err = s.resolveSnapshot(ctx, c, req.FromSnapshot); err != nil {
-			return nil, err
-		}
-		unlock, err := s.lockFor(ctx, "snapshot", src.ID, lock.Read)
-		if err != nil {
+		if src, unlock, err = s.lockedSnapshot(ctx, c, req.FromSnapshot, lock.Read); err != nil {
 			return nil, err
 		}
 		defer unlock()
@@ -309,11 +306,7 @@ func (s *Service) Volumes(ctx context.Context, c Caller) ([]*meta.Volume, error)
 
 // ExtendVolume grows a volume to newSize bytes.
 func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSize int64) (*meta.Volume, error) {
-	v, err := s.resolveVolume(ctx, c, ref)
-	if err != nil {
-		return nil, err
-	}
-	unlock, err := s.lockFor(ctx, "volume", v.ID, lock.Write)
+	v, unlock, err := s.lockedVolume(ctx, c, ref, lock.Write)
 	if err != nil {
 		return nil, err
 	}
@@ -414,11 +407,7 @@ func (s *Service) resize(v *meta.Volume) error {
 
 // DeleteVolume deletes a volume and its data. Snapshots of it stay.
 func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error {
-	v, err := s.resolveVolume(ctx, c, ref)
-	if err != nil {
-		return err
-	}
-	unlock, err := s.lockFor(ctx, "volume", v.ID, lock.Write)
+	v, unlock, err := s.lockedVolume(ctx, c, ref, lock.Write)
 	if err != nil {
 		return err
 	}
