@@ -23,7 +23,7 @@ const (
 	// CodeAccessDenied: the bucket belongs to another user (403).
 	CodeAccessDenied = "AccessDenied"
 	// CodeObjectStoreUnavailable: this node serves no object store (503).
-	CodeObjectStoreUnavailable = "ObjectStoreUnavailable"
+	CodeObjectStoreUnavailable = volume.CodeObjectStoreUnavailable
 )
 
 // MaxObjectsPerRequest bounds the objects of one export or unexport.
