@@ -15,12 +15,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 )
 
-var labSeq atomic.Int32
+var (
+	labSeq atomic.Int32
+	labMu  sync.Mutex
+)
 
 // netLab is one test's bridge and namespaces.
 type netLab struct {
@@ -33,21 +37,61 @@ type netLab struct {
 
 // newNetLab makes the bridge; its cleanup removes every namespace and link
 // the lab made. Needs root and iproute2.
+//
+// Names and the subnet must not collide with another test process running
+// at the same time (other packages, other checkouts on a shared machine)
+// nor with a lab a killed run left behind (its cleanup never ran): the id
+// holds the full pid (unique among live processes) and skips names that
+// exist, and the subnet is the first free /24 from a pid-dependent start —
+// two bridges with one subnet would send a node's packets to the wrong lab.
 func newNetLab(t *testing.T) *netLab {
 	t.Helper()
-	requireTools(t, "ip")
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("network namespaces need iproute2 (ip)")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("network namespaces need root")
 	}
-	seq := int(labSeq.Add(1))
-	l := &netLab{t: t, id: fmt.Sprintf("%d%d", os.Getpid()%1000, seq),
-		prefix: fmt.Sprintf("10.%d.%d.", 64+os.Getpid()%128, seq%250+1)}
-	l.bridge = "bb" + l.id
+	// Labs of this process start one at a time: a subnet is free until
+	// its bridge has the address.
+	labMu.Lock()
+	defer labMu.Unlock()
+	l := &netLab{t: t}
+	for {
+		l.id = fmt.Sprintf("%dx%d", os.Getpid(), labSeq.Add(1))
+		l.bridge = "bb" + l.id
+		if _, err := os.Stat("/run/netns/" + l.ns(1)); os.IsNotExist(err) && !linkExists(l.bridge) && !linkExists(l.host(1)) {
+			break
+		}
+	}
+	l.prefix = freeSubnet(t)
 	t.Cleanup(l.teardown)
 	l.ip("link", "add", l.bridge, "type", "bridge")
 	l.ip("addr", "add", l.prefix+"1/24", "dev", l.bridge)
 	l.ip("link", "set", l.bridge, "up")
 	return l
+}
+
+func linkExists(name string) bool { return exec.Command("ip", "link", "show", name).Run() == nil }
+
+// freeSubnet returns "10.X.Y." of a /24 no route of this host covers yet.
+func freeSubnet(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("ip", "-4", "route", "show", "table", "all").Output()
+	if err != nil {
+		t.Fatalf("ip route: %v", err)
+	}
+	routes := string(out)
+	start := (os.Getpid()*7 + int(labSeq.Load())*131) % (128 * 250)
+	for k := range 128 * 250 {
+		c := (start + k) % (128 * 250)
+		prefix := fmt.Sprintf("10.%d.%d.", 64+c/250, c%250+1)
+		if !strings.Contains(routes, prefix+"0/24") {
+			return prefix
+		}
+	}
+	t.Fatal("no free 10.x.y.0/24 for a network lab")
+	return ""
 }
 
 func (l *netLab) ip(args ...string) {

@@ -1,21 +1,38 @@
 package e2e
 
-// Robustness: a 3-node cluster (each node in its own network namespace)
-// serves a mix of control operations through all nodes while a nemesis
-// kills, restarts, cuts off and reconnects nodes in turn. The recorded
-// history is checked for linearizability with porcupine against a model of
-// the API, and the availability is printed.
+// Robustness: a 3-node cluster, each node in its own network namespace,
+// serves a stream of control operations (volume create/delete/show and
+// snapshot create/delete/show, by name, through every node, over the
+// bridge and from inside the nodes' namespaces) while a nemesis kills
+// (SIGKILL) and restarts nodes, cuts them off and reconnects them, in turn
+// — one node at a time, and every fourth fault two at once (no quorum
+// anywhere). The recorded history is checked for linearizability with
+// porcupine against a model of the API; no write may be acknowledged from
+// a minority; writes must fail cleanly without quorum; the availability is
+// printed.
 //
-// Short form in `make test`; BASALT_ROBUST_DURATION=5m (say) runs longer.
+// Short form in `make test` (about 45 s of faults). Environment:
+//
+//	BASALT_ROBUST_DURATION=5m   run the nemesis longer
+//	BASALT_ROBUST_SEED=N        replay the same operation sequence
+//	BASALT_ROBUST_HISTORY=PATH  write every operation (and the nodes' logs) there
+//	BASALT_ROBUST_STRICT=1      fail on the known gaps too (slow writes by name without
+//	                            quorum, workflow locks left behind)
+//	BASALT_ROBUST_INJECT=stale  add one fabricated stale read to the history: the check must fail
 
 import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -23,259 +40,820 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
-// The model: volumes by name, each existing or not. Operations are
-// create, delete and get by name; a name is its own partition.
+// The model. Every operation names a volume, and the snapshot NAME-s
+// belongs to the volume NAME in the model (snapshot create needs the
+// volume; the snapshot outlives it), so a name is its own partition.
 type robustOp struct {
-	Kind string // create, delete, get
+	Kind string // vcreate, vdelete, vget (volumes); screate, sdelete, sget (snapshots)
 	Name string
 }
 
-// Outcomes. unknown: the write may or may not have taken effect (a
-// timeout, a lost connection, 503 after the request was sent).
+func (o robustOp) write() bool { return o.Kind != "vget" && o.Kind != "sget" }
+
+// Outcomes.
 const (
-	outOK       = "ok"
-	outExists   = "exists"    // create: 409 NameConflict
-	outNotFound = "not-found" // delete, get: 404
-	outUnknown  = "unknown"
+	outOK      = "ok"
+	outExists  = "exists" // create: 409 NameConflict
+	outAbsent  = "absent" // 404 NotFound (snapshot create: of the volume)
+	outUnknown = "unknown"
 )
 
-var volumeModel = porcupine.Model{
-	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
-		by := map[string][]porcupine.Operation{}
-		var names []string
-		for _, op := range h {
-			n := op.Input.(robustOp).Name
-			if _, ok := by[n]; !ok {
-				names = append(names, n)
-			}
-			by[n] = append(by[n], op)
-		}
-		out := make([][]porcupine.Operation, 0, len(names))
-		for _, n := range names {
-			out = append(out, by[n])
-		}
-		return out
-	},
-	Init: func() any { return false },
-	Step: func(state, input, output any) (bool, any) {
-		exists, in, out := state.(bool), input.(robustOp), output.(string)
-		switch in.Kind {
-		case "create":
-			switch out {
-			case outOK:
-				return !exists, true
-			case outExists:
-				return exists, exists
-			case outUnknown:
-				return true, true // as if it happened (it returns at infinity)
-			}
-		case "delete":
-			switch out {
-			case outOK:
-				return exists, false
-			case outNotFound:
-				return !exists, false
-			case outUnknown:
-				return true, false
-			}
-		case "get":
-			switch out {
-			case outOK:
-				return exists, exists
-			case outNotFound:
-				return !exists, exists
-			}
-		}
-		return false, state
-	},
-	DescribeOperation: func(input, output any) string {
-		in := input.(robustOp)
-		return fmt.Sprintf("%s(%s) -> %s", in.Kind, in.Name, output)
-	},
-	DescribeState: func(state any) string { return fmt.Sprint(state) },
+type robustOut struct {
+	Res string
+	// The volume id: of the volume (vcreate, vget) or of the volume the
+	// snapshot was taken of (screate, sget). It tells incarnations of a
+	// name apart: a read of a deleted volume's id is stale even if the
+	// name exists again.
+	ID string
 }
 
-type robustRecorder struct {
-	mu      sync.Mutex
-	start   time.Time
-	ops     []porcupine.Operation
-	total   int
-	ok      int       // definite outcomes
-	local   int       // reads answered from a node's local copy: left out
-	lastOK  time.Time // for the longest stretch without a success
-	longest time.Duration
+// robustState is one name's state. Vol is "" (no volume), the volume's id,
+// or "?" for an id no answer showed (made by a create of unknown outcome).
+// Snap is "" (no snapshot NAME-s) or the id of the volume it was taken of.
+// Used lists the ids already attributed to creates of unknown outcome.
+type robustState struct {
+	Vol, Snap, Used string
 }
 
-func (r *robustRecorder) add(client int, op robustOp, call, ret time.Time, out string, local bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.total++
-	if local {
-		r.local++
-		return
+// robustModel is the model for a history. A create of unknown outcome has
+// no id of its own; if it took effect, its volume's id may show up later
+// in a read. orphans[name] are the ids answers showed for a name that no
+// acknowledged create returned: such a create may have made any one of
+// them (or an id nobody saw: "?"), but each only once — otherwise a read
+// of a long-deleted volume could pass as a new creation of it.
+func robustModel(orphans map[string][]string) porcupine.Model {
+	nm := porcupine.NondeterministicModel{
+		Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
+			by := map[string][]porcupine.Operation{}
+			var names []string
+			for _, op := range h {
+				n := op.Input.(robustOp).Name
+				if _, ok := by[n]; !ok {
+					names = append(names, n)
+				}
+				by[n] = append(by[n], op)
+			}
+			out := make([][]porcupine.Operation, 0, len(names))
+			for _, n := range names {
+				out = append(out, by[n])
+			}
+			return out
+		},
+		Init: func() []any { return []any{robustState{}} },
+		Step: func(state, input, output any) []any {
+			s, in, out := state.(robustState), input.(robustOp), output.(robustOut)
+			same := []any{s}
+			switch in.Kind + "/" + out.Res {
+			case "vcreate/ok":
+				if s.Vol == "" {
+					return []any{robustState{Vol: out.ID, Snap: s.Snap, Used: s.Used}}
+				}
+			case "vcreate/exists":
+				if s.Vol != "" {
+					return same
+				}
+			case "vcreate/unknown":
+				if s.Vol != "" {
+					return same // it would have been a NameConflict
+				}
+				next := []any{robustState{Vol: "?", Snap: s.Snap, Used: s.Used}}
+				var used []string
+				if s.Used != "" {
+					used = strings.Split(s.Used, ",")
+				}
+				for _, id := range orphans[in.Name] {
+					if !slices.Contains(used, id) {
+						u := append(slices.Clone(used), id)
+						slices.Sort(u)
+						next = append(next, robustState{Vol: id, Snap: s.Snap, Used: strings.Join(u, ",")})
+					}
+				}
+				return next
+			case "vdelete/ok":
+				if s.Vol != "" {
+					return []any{robustState{Snap: s.Snap, Used: s.Used}}
+				}
+			case "vdelete/absent", "vget/absent", "screate/absent":
+				if s.Vol == "" {
+					return same
+				}
+			case "vdelete/unknown":
+				return []any{robustState{Snap: s.Snap, Used: s.Used}}
+			case "vget/ok":
+				if s.Vol == out.ID {
+					return same
+				}
+			case "screate/ok":
+				if s.Vol == out.ID && s.Snap == "" {
+					return []any{robustState{Vol: s.Vol, Snap: s.Vol, Used: s.Used}}
+				}
+			case "screate/exists":
+				if s.Vol != "" && s.Snap != "" {
+					return same
+				}
+			case "screate/unknown":
+				if s.Vol != "" && s.Snap == "" {
+					return []any{robustState{Vol: s.Vol, Snap: s.Vol, Used: s.Used}}
+				}
+				return same
+			case "sdelete/ok":
+				if s.Snap != "" {
+					return []any{robustState{Vol: s.Vol, Used: s.Used}}
+				}
+			case "sdelete/absent", "sget/absent":
+				if s.Snap == "" {
+					return same
+				}
+			case "sdelete/unknown":
+				return []any{robustState{Vol: s.Vol, Used: s.Used}}
+			case "sget/ok":
+				if s.Snap == out.ID {
+					return same
+				}
+			}
+			return nil
+		},
+		DescribeOperation: func(input, output any) string {
+			in, out := input.(robustOp), output.(robustOut)
+			if out.ID != "" {
+				return fmt.Sprintf("%s(%s) -> %s %s", in.Kind, in.Name, out.Res, out.ID)
+			}
+			return fmt.Sprintf("%s(%s) -> %s", in.Kind, in.Name, out.Res)
+		},
+		DescribeState: func(state any) string {
+			s := state.(robustState)
+			return fmt.Sprintf("vol=%q snap=%q", s.Vol, s.Snap)
+		},
 	}
-	o := porcupine.Operation{ClientId: client, Input: op, Call: call.Sub(r.start).Nanoseconds(), Output: out,
-		Return: ret.Sub(r.start).Nanoseconds()}
-	if out == outUnknown {
-		if op.Kind == "get" {
-			return // a read that failed says nothing
-		}
-		o.Return = math.MaxInt64
-	} else {
-		r.ok++
-		if gap := ret.Sub(r.lastOK); gap > r.longest {
-			r.longest = gap
-		}
-		r.lastOK = ret
-	}
-	r.ops = append(r.ops, o)
+	return nm.ToModel()
 }
 
-// do runs op through node n and classifies the answer.
-func robustDo(hc *http.Client, n *Node, op robustOp) (out string, local bool) {
-	var req *http.Request
+// orphansOf collects, per name, the ids answers showed that no
+// acknowledged create of that name returned.
+func orphansOf(ops []porcupine.Operation) map[string][]string {
+	created := map[string]bool{}
+	for _, op := range ops {
+		if in, out := op.Input.(robustOp), op.Output.(robustOut); in.Kind == "vcreate" && out.Res == outOK {
+			created[out.ID] = true
+		}
+	}
+	orphans := map[string][]string{}
+	for _, op := range ops {
+		in, out := op.Input.(robustOp), op.Output.(robustOut)
+		if out.ID != "" && !created[out.ID] && !slices.Contains(orphans[in.Name], out.ID) {
+			orphans[in.Name] = append(orphans[in.Name], out.ID)
+		}
+	}
+	return orphans
+}
+
+// robustRequest is op's HTTP request on node endpoint ep.
+func robustRequest(ep string, op robustOp) (method, url, body string) {
 	switch op.Kind {
-	case "create":
-		req, _ = http.NewRequest("POST", n.Endpoint()+"/v1/volumes", strings.NewReader(`{"name":"`+op.Name+`","size":"1MiB"}`))
-	case "delete":
-		req, _ = http.NewRequest("DELETE", n.Endpoint()+"/v1/volumes/"+op.Name, nil)
-	case "get":
-		req, _ = http.NewRequest("GET", n.Endpoint()+"/v1/volumes/"+op.Name, nil)
+	case "vcreate":
+		return "POST", ep + "/v1/volumes", `{"name":"` + op.Name + `","size":"1MiB"}`
+	case "vdelete":
+		return "DELETE", ep + "/v1/volumes/" + op.Name, ""
+	case "vget":
+		return "GET", ep + "/v1/volumes/" + op.Name, ""
+	case "screate":
+		return "POST", ep + "/v1/snapshots", `{"volume":"` + op.Name + `","name":"` + op.Name + `-s"}`
+	case "sdelete":
+		return "DELETE", ep + "/v1/snapshots/" + op.Name + "-s", ""
+	default: // sget
+		return "GET", ep + "/v1/snapshots/" + op.Name + "-s", ""
 	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return outUnknown, false
+}
+
+// Classes of answers that do not go into the checked history.
+const (
+	dropNotSent  = "not sent"   // no connection: no effect
+	dropRefused  = "refused"    // 409 busy/in use: checked before any change, no effect
+	dropLocal    = "local read" // Basalt-Read: local: may be stale by design
+	dropReadFail = "read failed"
+)
+
+// robustClassify turns an answer into a model outcome, or says why the
+// operation stays out of the history.
+func robustClassify(op robustOp, a apiAnswer) (out robustOut, drop string) {
+	if a.Err != nil && a.Status == 0 {
+		switch {
+		case neverSent(a.Err):
+			return out, dropNotSent
+		case !op.write():
+			return out, dropReadFail
+		}
+		// Sent, no answer: a timeout or a lost connection; it may have
+		// taken effect, now or later.
+		return robustOut{Res: outUnknown}, ""
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	local = resp.Header.Get("Basalt-Read") == "local"
+	ok := a.Status >= 200 && a.Status < 300
+	if a.Local && !(ok && op.write()) {
+		// Served from the node's own copy. A read may be stale by
+		// design; a write answered from that copy (404, 409) made no
+		// change. (An acknowledged write was committed: it stays.)
+		switch {
+		case a.Status >= 500 && op.write():
+			return robustOut{Res: outUnknown}, ""
+		case a.Status >= 500:
+			return out, dropReadFail
+		}
+		return out, dropLocal
+	}
 	switch {
-	case resp.StatusCode < 300:
-		return outOK, local
-	case resp.StatusCode == 409 && strings.Contains(string(body), "NameConflict"):
-		return outExists, local
-	case resp.StatusCode == 404 && strings.Contains(string(body), `"NotFound"`):
-		return outNotFound, local
-	case resp.StatusCode == 409 && op.Kind != "create":
-		// VolumeBusy: refused before any change (a workflow lock, an
-		// attachment): it took no effect.
-		return "", local
+	case ok:
+		var v struct {
+			ID       string `json:"id"`
+			VolumeID string `json:"volume_id"`
+		}
+		json.Unmarshal(a.Body, &v)
+		out = robustOut{Res: outOK, ID: v.ID}
+		switch op.Kind {
+		case "screate", "sget":
+			out.ID = v.VolumeID
+		case "vdelete", "sdelete":
+			out.ID = ""
+		}
+		return out, ""
+	case a.Status == 404 && a.Code == "NotFound" && op.Kind != "vcreate":
+		return robustOut{Res: outAbsent}, ""
+	case a.Status == 409 && a.Code == "NameConflict" && (op.Kind == "vcreate" || op.Kind == "screate"):
+		return robustOut{Res: outExists}, ""
+	case a.Status == 409 && (a.Code == "VolumeBusy" || a.Code == "VolumeInUse" || a.Code == "SnapshotNotReady" || a.Code == "SnapshotInUse"):
+		return out, dropRefused
+	case !op.write():
+		return out, dropReadFail
 	}
-	return outUnknown, local
+	// 503 MetadataUnavailable and the like: the write may still commit.
+	return robustOut{Res: outUnknown}, ""
+}
+
+// robustEvent is one attempted operation, kept or not.
+type robustEvent struct {
+	client    int
+	node      int
+	inside    bool // sent from inside the node's namespace
+	op        robustOp
+	call, ret time.Time
+	a         apiAnswer
+	out       robustOut
+	drop      string
+}
+
+// fault is one nemesis action and when it lasted.
+type fault struct {
+	what       string
+	nodes      []int
+	quorum     bool // two nodes cut off: no quorum anywhere
+	start, end time.Time
 }
 
 func TestRobustCluster(t *testing.T) {
 	t.Parallel()
-	duration := 40 * time.Second
-	if d, err := time.ParseDuration(os.Getenv("BASALT_ROBUST_DURATION")); err == nil {
+	duration := 45 * time.Second
+	if v := os.Getenv("BASALT_ROBUST_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("BASALT_ROBUST_DURATION=%q: %v", v, err)
+		}
 		duration = d
 	}
 	c, lab := StartNetCluster(t, 3)
-	hc := identityHTTP(t, c.Nodes[0].AdminDir())
-	hc.Timeout = 8 * time.Second
-	rec := &robustRecorder{start: time.Now()}
-	rec.lastOK = rec.start
-	names := []string{"r0", "r1", "r2", "r3", "r4", "r5"}
 
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for client := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(client), 7))
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				op := robustOp{Name: names[rng.IntN(len(names))]}
-				switch k := rng.IntN(10); {
-				case k < 4:
-					op.Kind = "create"
-				case k < 7:
-					op.Kind = "delete"
-				default:
-					op.Kind = "get"
-				}
-				n := c.Nodes[(client+i)%len(c.Nodes)]
-				call := time.Now()
-				out, local := robustDo(hc, n, op)
-				if out == "" {
-					continue // refused, no effect: nothing to check
-				}
-				rec.add(client, op, call, time.Now(), out, local)
-			}
-		}()
+	// Two ways in: over the bridge, and from inside a node's namespace.
+	// The latter still reaches a cut-off node, so the minority side of a
+	// partition gets requests too (and must refuse writes and mark its
+	// reads). Dials time out quickly: a dial that fails sent nothing, so
+	// its operation leaves the history instead of becoming one of unknown
+	// outcome.
+	const answerTimeout = 20 * time.Second // > the 10 s a write may take to fail without quorum, and a lock wait's 10 s + 5 s
+	bridge := identityHTTP(t, c.Nodes[0].AdminDir())
+	bridge.Timeout = answerTimeout
+	bridge.Transport.(*http.Transport).DialContext = (&net.Dialer{Timeout: 2 * time.Second}).DialContext
+	var insideNS []*http.Client
+	for i := range c.Nodes {
+		insideNS = append(insideNS, nsHTTP(bridge, lab.ns(i+1)))
 	}
 
-	// The nemesis: one fault at a time, each node in turn.
-	end := time.Now().Add(duration)
-	var faults []string
+	start := time.Now()
+	var (
+		mu     sync.Mutex
+		events []robustEvent
+	)
+	// Names rotate: every epoch has its own four, so a name sees a few
+	// seconds of operations. That keeps each of porcupine's partitions
+	// small — above all in operations of unknown outcome, which stay
+	// pending to the end of their partition and make the search
+	// exponential in their number — however long the run.
+	const epoch, perEpoch = 5 * time.Second, 4
+	// run sends op through node (from inside its namespace or over the
+	// bridge) and records what happened.
+	run := func(client, node int, inside bool, op robustOp) {
+		e := robustEvent{client: client, node: node, inside: inside, op: op}
+		hc := bridge
+		if inside {
+			hc = insideNS[node]
+		}
+		method, url, body := robustRequest(c.Nodes[node].Endpoint(), op)
+		e.call = time.Now()
+		e.a = apiDo(hc, method, url, body)
+		e.ret = time.Now()
+		e.out, e.drop = robustClassify(op, e.a)
+		mu.Lock()
+		events = append(events, e)
+		mu.Unlock()
+	}
+	randomOp := func(rng *rand.Rand) robustOp {
+		op := robustOp{Name: fmt.Sprintf("e%d-v%d", time.Since(start)/epoch, rng.IntN(perEpoch))}
+		switch k := rng.IntN(100); {
+		case k < 30:
+			op.Kind = "vcreate"
+		case k < 48:
+			op.Kind = "vdelete"
+		case k < 73:
+			op.Kind = "vget"
+		case k < 83:
+			op.Kind = "screate"
+		case k < 91:
+			op.Kind = "sdelete"
+		default:
+			op.Kind = "sget"
+		}
+		return op
+	}
+	seed := uint64(start.UnixNano())
+	if v := os.Getenv("BASALT_ROBUST_SEED"); v != "" {
+		fmt.Sscan(v, &seed)
+	}
+	t.Logf("clients' seed %d (BASALT_ROBUST_SEED)", seed)
+	// Open loop: an operation starts every 25 ms whatever the others are
+	// doing, each on its own goroutine (up to maxInFlight at once). Many
+	// requests wait long — a write without quorum up to 10 s, a busy
+	// volume 10 s, a request to a cut-off node until it times out — and
+	// closed-loop clients would all end up waiting on the slowest resource:
+	// the availability figures would be the clients', not the cluster's,
+	// and whole phases would go untested. Each goroutine takes a free
+	// client id (porcupine draws one row per id).
+	const maxInFlight = 128
+	slots := make(chan int, maxInFlight)
+	for i := range maxInFlight {
+		slots <- i
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	skipped := 0
+	// Also when the nemesis fails the test: no requests after it ends.
+	stopClients := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	defer stopClients()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rng := rand.New(rand.NewPCG(seed, 7))
+		tick := time.NewTicker(25 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			node, inside, op := rng.IntN(len(c.Nodes)), rng.IntN(2) == 0, randomOp(rng)
+			select {
+			case id := <-slots:
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					run(id, node, inside, op)
+					slots <- id
+				}()
+			default:
+				skipped++
+			}
+		}
+	}()
+
+	// The nemesis: one fault at a time, node after node, 3 s apart; every
+	// fourth fault cuts two nodes off (no quorum anywhere) for 14 s, long
+	// enough for writes to time out inside it.
+	end := start.Add(duration)
+	var faults []fault
 	for k := 0; time.Now().Before(end); k++ {
 		i := k % 3
-		n := c.Nodes[i]
-		if k%2 == 0 {
-			faults = append(faults, "kill "+n.opts.Name)
-			n.Kill()
+		f := fault{start: time.Now()}
+		switch k % 4 {
+		case 0, 2:
+			f.what, f.nodes = "kill "+c.Nodes[i].opts.Name, []int{i}
+			c.Nodes[i].Kill()
 			time.Sleep(4 * time.Second)
-			n.Restart()
-		} else {
-			faults = append(faults, "partition "+n.opts.Name)
+			c.Nodes[i].Restart()
+		case 1:
+			f.what, f.nodes = "cut "+c.Nodes[i].opts.Name, []int{i}
 			lab.cut(i + 1)
 			time.Sleep(6 * time.Second)
 			lab.heal(i + 1)
+		case 3:
+			j := (i + 1) % 3
+			f.what, f.nodes, f.quorum = "cut "+c.Nodes[i].opts.Name+"+"+c.Nodes[j].opts.Name, []int{i, j}, true
+			lab.cut(i + 1)
+			lab.cut(j + 1)
+			time.Sleep(14 * time.Second)
+			lab.heal(i + 1)
+			lab.heal(j + 1)
 		}
+		f.end = time.Now()
+		faults = append(faults, f)
 		time.Sleep(3 * time.Second)
 	}
-	close(stop)
-	wg.Wait()
+	stopClients()
+	finish := time.Now()
+	defer func() {
+		if t.Failed() && os.Getenv("BASALT_ROBUST_HISTORY") == "" {
+			robustDump(t, "", events, faults, start)
+		}
+	}()
+	if skipped > 0 {
+		t.Logf("%d operations not started: %d already under way", skipped, maxInFlight)
+	}
+	// Every node is back and healthy: the faults left no lasting damage.
+	c.WaitRoles(60*time.Second, nil)
+	robustLeftoverLocks(t, c.Nodes[0], finish)
 
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	if gap := time.Since(rec.lastOK); gap > rec.longest {
-		rec.longest = gap
+	var ops []porcupine.Operation
+	dropped := map[string]int{}
+	oddAnswers := map[string]int{}
+	for _, e := range events {
+		if e.drop != "" {
+			dropped[e.drop]++
+			continue
+		}
+		if e.out.Res == outUnknown && e.a.Status != 0 {
+			oddAnswers[fmt.Sprintf("%s %d %s", e.op.Kind, e.a.Status, e.a.Code)]++
+		}
+		o := porcupine.Operation{ClientId: e.client, Input: e.op, Output: e.out,
+			Call: e.call.Sub(start).Nanoseconds(), Return: e.ret.Sub(start).Nanoseconds()}
+		if e.out.Res == outUnknown {
+			o.Return = math.MaxInt64 // it may take effect at any time after the call
+		}
+		ops = append(ops, o)
 	}
-	sort.Slice(rec.ops, func(a, b int) bool { return rec.ops[a].Call < rec.ops[b].Call })
-	t.Logf("nemesis: %s", strings.Join(faults, ", "))
-	t.Logf("operations: %d, with a definite outcome %d (%.1f%%), reads from a local copy left out %d; longest stretch without a success %v",
-		rec.total, rec.ok, 100*float64(rec.ok)/float64(max(rec.total, 1)), rec.local, rec.longest.Round(time.Millisecond))
-	if rec.ok < 50 {
-		t.Fatalf("only %d operations succeeded: the cluster was not available enough to test", rec.ok)
+
+	if path := os.Getenv("BASALT_ROBUST_HISTORY"); path != "" {
+		robustDump(t, path, events, faults, start)
+		for _, n := range c.Nodes {
+			os.WriteFile(path+"."+n.opts.Name+".log", []byte(n.Log()), 0o644)
+		}
 	}
-	res, info := porcupine.CheckOperationsVerbose(volumeModel, rec.ops, 60*time.Second)
+	robustReport(t, events, faults, start, finish)
+	t.Logf("left out of the check: %v; writes of unknown outcome with an answer: %v", dropped, oddAnswers)
+	robustMinority(t, events, faults)
+	definite := len(ops)
+	for _, o := range ops {
+		if o.Output.(robustOut).Res == outUnknown {
+			definite--
+		}
+	}
+	if definite < 100 {
+		t.Fatalf("only %d operations had a definite outcome: the cluster was not available enough to test", definite)
+	}
+
+	if os.Getenv("BASALT_ROBUST_INJECT") == "stale" {
+		ops = injectStaleRead(t, ops)
+	}
+	model := robustModel(orphansOf(ops))
+	checkStart := time.Now()
+	res, info := porcupine.CheckOperationsVerbose(model, ops, 3*time.Minute)
 	switch res {
 	case porcupine.Ok:
-		t.Logf("porcupine: linearizable (%d operations checked)", len(rec.ops))
+		t.Logf("porcupine: linearizable (%d operations, %d of unknown outcome; checked in %v)",
+			len(ops), len(ops)-definite, time.Since(checkStart).Round(time.Millisecond))
 	case porcupine.Illegal:
-		path := filepath.Join(os.TempDir(), fmt.Sprintf("basalt-robust-%d.html", time.Now().UnixNano()))
-		porcupine.VisualizePath(volumeModel, info, path)
-		t.Fatalf("porcupine: NOT linearizable; visualization: %s", path)
+		f, err := os.CreateTemp("", "basalt-robust-*.html")
+		if err != nil {
+			t.Fatalf("porcupine: NOT linearizable (no visualization: %v)", err)
+		}
+		f.Close()
+		t.Fatalf("porcupine: NOT linearizable; visualization: %s (%v)", f.Name(), porcupine.VisualizePath(model, info, f.Name()))
 	default:
-		t.Logf("porcupine: check timed out (inconclusive)")
+		t.Fatalf("porcupine: the check did not finish within 3 minutes: nothing was verified")
 	}
 }
 
-// TestRobustModelCatchesViolations: the model rejects a history a broken
-// store could produce — a get that misses a create acknowledged before it
-// — so the check above can fail.
-func TestRobustModelCatchesViolations(t *testing.T) {
-	op := func(kind, out string, call, ret int64) porcupine.Operation {
-		return porcupine.Operation{Input: robustOp{Kind: kind, Name: "x"}, Output: out, Call: call, Return: ret}
+// robustDump writes every attempted operation, one a line, to path (or a
+// temporary file): what the check saw, to read next to the nodes' logs.
+func robustDump(t *testing.T, path string, events []robustEvent, faults []fault, start time.Time) {
+	var b strings.Builder
+	at := func(x time.Time) string { return fmt.Sprintf("%8.3f", x.Sub(start).Seconds()) }
+	fmt.Fprintf(&b, "# times in seconds from %s\n", start.UTC().Format(time.RFC3339Nano))
+	for _, f := range faults {
+		fmt.Fprintf(&b, "# %s from %s to %s\n", f.what, at(f.start), at(f.end))
 	}
-	good := []porcupine.Operation{op("create", outOK, 0, 10), op("get", outOK, 11, 20), op("delete", outOK, 21, 30), op("get", outNotFound, 31, 40)}
-	if !porcupine.CheckOperations(volumeModel, good) {
-		t.Fatal("a linearizable history was rejected")
+	sort.Slice(events, func(a, b int) bool { return events[a].call.Before(events[b].call) })
+	for _, e := range events {
+		route := "bridge"
+		if e.inside {
+			route = "inside"
+		}
+		res := e.out.Res
+		if e.drop != "" {
+			res = "(" + e.drop + ")"
+		}
+		errText := ""
+		if e.a.Err != nil {
+			errText = e.a.Err.Error()
+		} else if e.a.Status >= 300 {
+			var eb ErrorBody
+			json.Unmarshal(e.a.Body, &eb)
+			errText = eb.Error.Message
+		}
+		fmt.Fprintf(&b, "%s %s c%d n%d %s %s(%s) -> %s %s | HTTP %d %s local=%v %s\n", at(e.call), at(e.ret), e.client,
+			e.node+1, route, e.op.Kind, e.op.Name, res, e.out.ID, e.a.Status, e.a.Code, e.a.Local, errText)
 	}
-	stale := []porcupine.Operation{op("create", outOK, 0, 10), op("get", outNotFound, 11, 20)}
-	if porcupine.CheckOperations(volumeModel, stale) {
-		t.Fatal("a stale read after an acknowledged create was accepted")
+	if path == "" {
+		f, err := os.CreateTemp("", "basalt-robust-*.history")
+		if err != nil {
+			t.Logf("history: %v", err)
+			return
+		}
+		path = f.Name()
+		f.Close()
 	}
-	unknown := []porcupine.Operation{op("create", outUnknown, 0, math.MaxInt64), op("get", outNotFound, 11, 20), op("get", outOK, 21, 30)}
-	if !porcupine.CheckOperations(volumeModel, unknown) {
-		t.Fatal("a create of unknown outcome that took effect late was rejected")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Logf("history: %v", err)
+		return
+	}
+	t.Logf("history of %d operations: %s", len(events), path)
+}
+
+// robustLeftoverLocks: once the clients have stopped and their last
+// workflows have ended, no workflow lock may remain. A lock whose release
+// (or a request whose withdrawal) failed during a fault stays on its
+// node's etcd session, which outlives the fault: the volume then answers
+// VolumeBusy to every conflicting workflow until that node's session ends.
+// Known gap: reported, and a failure only with BASALT_ROBUST_STRICT=1.
+func robustLeftoverLocks(t *testing.T, n *Node, finish time.Time) {
+	pki := filepath.Join(n.Data, "pki")
+	cert, err := tls.LoadX509KeyPair(filepath.Join(pki, "server.pem"), filepath.Join(pki, "server-key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(mustRead(t, filepath.Join(pki, "ca.pem")))
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   []string{"https://" + n.addr(n.EtcdClient)},
+		DialTimeout: 5 * time.Second,
+		TLS:         &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	// A request answered or abandoned by the client may still run on
+	// its node for a while (a lock wait, then a metadata timeout): 20 s
+	// after the last one started, none is left.
+	var left []string
+	for deadline := finish.Add(20 * time.Second); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		resp, err := cli.Get(ctx, "/basalt/locks/", clientv3.WithPrefix())
+		cancel()
+		if err != nil {
+			t.Fatalf("list the workflow locks: %v", err)
+		}
+		left = left[:0]
+		for _, kv := range resp.Kvs {
+			left = append(left, fmt.Sprintf("%s = %s", strings.TrimPrefix(string(kv.Key), "/basalt/locks/"), kv.Value))
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	if len(left) == 0 {
+		t.Logf("no workflow lock left after the run")
+		return
+	}
+	msg := fmt.Sprintf("%d workflow locks left 20 s after the last request, with no workflow running (leaked: their volumes stay busy until the holder's session ends):\n  %s",
+		len(left), strings.Join(left, "\n  "))
+	if os.Getenv("BASALT_ROBUST_STRICT") == "1" {
+		t.Error(msg)
+	} else {
+		t.Log("known gap: " + msg)
+	}
+}
+
+// robustReport prints the availability: overall, per fault, and the
+// longest stretches without an answer and without a successful write.
+func robustReport(t *testing.T, events []robustEvent, faults []fault, start, finish time.Time) {
+	var desc []string
+	for _, f := range faults {
+		desc = append(desc, fmt.Sprintf("%s @%.0fs", f.what, f.start.Sub(start).Seconds()))
+	}
+	t.Logf("nemesis: %s", strings.Join(desc, ", "))
+
+	definite := func(e robustEvent) bool { return e.drop == "" && e.out.Res != outUnknown }
+	written := func(e robustEvent) bool { return definite(e) && e.op.write() && e.out.Res == outOK }
+	inQuorumLoss := func(at time.Time) bool {
+		for _, f := range faults {
+			if f.quorum && !at.Before(f.start) && !at.After(f.end) {
+				return true
+			}
+		}
+		return false
+	}
+	// longestGap is the longest time between consecutive answers that
+	// pass keep (the first measured from start, the last to finish).
+	longestGap := func(evs []robustEvent, from, to time.Time, keep func(robustEvent) bool) (time.Duration, time.Time) {
+		var at []time.Time
+		for _, e := range evs {
+			if keep(e) {
+				at = append(at, e.ret)
+			}
+		}
+		sort.Slice(at, func(a, b int) bool { return at[a].Before(at[b]) })
+		at = append(at, to)
+		last, gap, where := from, time.Duration(0), from
+		for _, x := range at {
+			if x.Sub(last) > gap {
+				gap, where = x.Sub(last), last
+			}
+			if x.After(last) {
+				last = x
+			}
+		}
+		return gap, where
+	}
+
+	n, ok, local := len(events), 0, 0
+	for _, e := range events {
+		if definite(e) {
+			ok++
+		}
+		if e.drop == dropLocal {
+			local++
+		}
+	}
+	t.Logf("operations: %d in %v; answered with a definite outcome %d (%.1f%%); reads from a node's own copy (left out) %d",
+		n, finish.Sub(start).Round(time.Second), ok, 100*float64(ok)/float64(max(n, 1)), local)
+	g, at := longestGap(events, start, finish, definite)
+	t.Logf("longest stretch without a definite answer: %v (from %.1fs)", g.Round(time.Millisecond), at.Sub(start).Seconds())
+	g, at = longestGap(events, start, finish, func(e robustEvent) bool { return written(e) || inQuorumLoss(e.ret) })
+	t.Logf("longest stretch without an acknowledged write, quorum losses aside: %v (from %.1fs)", g.Round(time.Millisecond), at.Sub(start).Seconds())
+	for _, f := range faults {
+		var in []robustEvent
+		for _, e := range events {
+			if !e.call.Before(f.start) && e.call.Before(f.end) {
+				in = append(in, e)
+			}
+		}
+		k, w := 0, 0
+		for _, e := range in {
+			if definite(e) {
+				k++
+			}
+			if written(e) {
+				w++
+			}
+		}
+		g, _ := longestGap(in, f.start, f.end, definite)
+		t.Logf("  %-10s %5.1fs: %4d operations, %5.1f%% definite, %4d writes acknowledged, longest gap %v",
+			f.what, f.end.Sub(f.start).Seconds(), len(in), 100*float64(k)/float64(max(len(in), 1)), w, g.Round(time.Millisecond))
+	}
+}
+
+// robustMinority checks the partitions. A write through a cut-off node,
+// or through any node while two are cut off (no quorum anywhere), cannot
+// commit before the heal, so none may be acknowledged before it. And in a
+// quorum loss, a write that reaches a node fails cleanly — an answer, 503
+// MetadataUnavailable, within the documented 10 s (2 s of slack for a
+// loaded machine) — instead of hanging. (Writes over the bridge to a
+// cut-off node never reach it: not counted.)
+//
+// Writes that name an existing volume or snapshot (delete, snapshot
+// create) first resolve the name with a linearizable read that has no
+// fallback and its own 10 s timeout (meta.Store.LookupName), and a
+// workflow lock may wait 10 s more: they can exceed the bound. That gap
+// is reported, and fails the test only with BASALT_ROBUST_STRICT=1;
+// creates, which resolve nothing, are held to the bound always.
+func robustMinority(t *testing.T, events []robustEvent, faults []fault) {
+	const limit = 12 * time.Second
+	strict := os.Getenv("BASALT_ROBUST_STRICT") == "1"
+	for _, f := range faults {
+		if !strings.HasPrefix(f.what, "cut") {
+			continue
+		}
+		// Writes called just before the cut may still commit.
+		settled := f.start.Add(500 * time.Millisecond)
+		refused, acked, slow := 0, 0, 0
+		for _, e := range events {
+			if !e.op.write() || e.call.Before(settled) || e.call.After(f.end) {
+				continue
+			}
+			minority := f.quorum || slices.Contains(f.nodes, e.node)
+			if minority && !e.ret.After(f.end) && e.a.Status >= 200 && e.a.Status < 300 {
+				acked++
+				t.Errorf("%s: %s(%s) through n%d acknowledged %v into the partition, before the heal: %s",
+					f.what, e.op.Kind, e.op.Name, e.node+1, e.ret.Sub(f.start).Round(time.Millisecond), e.a.Body)
+			}
+			reached := e.inside || !slices.Contains(f.nodes, e.node)
+			if !f.quorum || !reached || e.call.Add(limit).After(f.end) || e.drop == dropNotSent {
+				continue
+			}
+			took := e.ret.Sub(e.call).Round(time.Millisecond)
+			switch {
+			case e.a.Status == 503 && e.a.Code == "MetadataUnavailable" && took <= limit:
+				refused++
+			case e.drop == dropLocal && took <= limit:
+				// A 404 or 409 from the node's own copy: no change made.
+			default:
+				slow++
+				msg := fmt.Sprintf("quorum loss (%s): %s(%s) through n%d: HTTP %d %s after %v (%v), want 503 MetadataUnavailable within %v",
+					f.what, e.op.Kind, e.op.Name, e.node+1, e.a.Status, e.a.Code, took, e.a.Err, limit)
+				if e.op.Kind == "vcreate" || strict {
+					t.Error(msg)
+				} else {
+					t.Log("known gap: " + msg)
+				}
+			}
+		}
+		if f.quorum {
+			t.Logf("quorum loss (%s, %.0fs): %d writes refused cleanly, %d acknowledged, %d slow or failed otherwise",
+				f.what, f.end.Sub(f.start).Seconds(), refused, acked, slow)
+			if refused == 0 {
+				t.Errorf("quorum loss (%s): no write was seen failing: nothing was checked", f.what)
+			}
+		}
+	}
+}
+
+// injectStaleRead adds a read that a correct store cannot give: after a
+// create acknowledged with id X and a delete of that name called after the
+// create returned, a read of the name answers X again. Only that create
+// ever made X, and it is linearized before the delete, so nothing can
+// bring X back — whatever else (pending operations included) the history
+// holds.
+func injectStaleRead(t *testing.T, ops []porcupine.Operation) []porcupine.Operation {
+	for _, c := range ops {
+		cin, cout := c.Input.(robustOp), c.Output.(robustOut)
+		if cin.Kind != "vcreate" || cout.Res != outOK {
+			continue
+		}
+		for _, d := range ops {
+			din := d.Input.(robustOp)
+			if din.Kind == "vdelete" && din.Name == cin.Name && d.Output.(robustOut).Res == outOK && d.Call > c.Return {
+				stale := porcupine.Operation{ClientId: c.ClientId, Input: robustOp{Kind: "vget", Name: cin.Name},
+					Output: robustOut{Res: outOK, ID: cout.ID}, Call: d.Return + 1, Return: d.Return + 2}
+				t.Logf("injected a stale read: vget(%s) -> %s at %.3fs, after the delete that returned at %.3fs",
+					cin.Name, cout.ID, float64(stale.Call)/1e9, float64(d.Return)/1e9)
+				return append(ops, stale)
+			}
+		}
+	}
+	t.Fatal("no acknowledged create followed by an acknowledged delete to build a stale read on")
+	return nil
+}
+
+// TestRobustModel: the model accepts what a correct store may answer —
+// including creates of unknown outcome that take effect late — and rejects
+// stale reads, so the check above can fail.
+func TestRobustModel(t *testing.T) {
+	op := func(kind, res, id string, call, ret int64) porcupine.Operation {
+		return porcupine.Operation{Input: robustOp{Kind: kind, Name: "x"}, Output: robustOut{Res: res, ID: id}, Call: call, Return: ret}
+	}
+	const inf = math.MaxInt64
+	for _, c := range []struct {
+		what string
+		ok   bool
+		h    []porcupine.Operation
+	}{
+		{"create, read, snapshot, delete, read", true, []porcupine.Operation{
+			op("vcreate", outOK, "A", 0, 10), op("vget", outOK, "A", 11, 20), op("screate", outOK, "A", 21, 30),
+			op("vdelete", outOK, "", 31, 40), op("vget", outAbsent, "", 41, 50), op("sget", outOK, "A", 51, 60),
+			op("screate", outAbsent, "", 61, 70), op("vcreate", outOK, "B", 71, 80), op("screate", outExists, "", 81, 90)}},
+		{"a read misses an acknowledged create", false, []porcupine.Operation{
+			op("vcreate", outOK, "A", 0, 10), op("vget", outAbsent, "", 11, 20)}},
+		{"a read sees a deleted incarnation after a new create", false, []porcupine.Operation{
+			op("vcreate", outOK, "A", 0, 10), op("vdelete", outOK, "", 11, 20), op("vcreate", outOK, "B", 21, 30),
+			op("vget", outOK, "A", 31, 40)}},
+		{"a snapshot of another incarnation", false, []porcupine.Operation{
+			op("vcreate", outOK, "A", 0, 10), op("vdelete", outOK, "", 11, 20), op("vcreate", outOK, "B", 21, 30),
+			op("screate", outOK, "A", 31, 40)}},
+		{"a create of unknown outcome takes effect late", true, []porcupine.Operation{
+			op("vcreate", outUnknown, "", 0, inf), op("vget", outAbsent, "", 11, 20), op("vget", outOK, "C", 21, 30),
+			op("vcreate", outExists, "", 31, 40)}},
+		{"an unseen id read back after its delete", false, []porcupine.Operation{
+			op("vcreate", outUnknown, "", 0, inf), op("vcreate", outUnknown, "", 1, inf), op("vget", outOK, "C", 21, 30),
+			op("vdelete", outOK, "", 31, 40), op("vget", outOK, "C", 41, 50)}},
+		{"a delete of unknown outcome, then a read", true, []porcupine.Operation{
+			op("vcreate", outOK, "A", 0, 10), op("vdelete", outUnknown, "", 11, inf), op("vget", outOK, "A", 21, 30),
+			op("vget", outAbsent, "", 31, 40)}},
+	} {
+		got := porcupine.CheckOperations(robustModel(orphansOf(c.h)), c.h)
+		if got != c.ok {
+			t.Errorf("%s: linearizable = %v, want %v", c.what, got, c.ok)
+		}
 	}
 }
