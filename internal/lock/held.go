@@ -66,23 +66,58 @@ func (h *Held) Lost() <-chan struct{} { return h.l.sess.Done() }
 // Release gives the lock up. Releasing twice is a no-op. If the key was
 // already gone (session expired) the lock is released all the same and the
 // error wraps ErrLost, because the holder was at some point unprotected.
+// If etcd cannot be reached, Release returns the error and goes on trying
+// in the background (see deleteLater): the holder must consider the lock
+// given up either way.
 func (h *Held) Release(ctx context.Context) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.released {
 		return nil
 	}
+	h.released = true
 	resp, err := h.l.cli.Txn(ctx).If(h.IsOwner()).Then(clientv3.OpDelete(h.key)).Commit()
 	if err != nil {
-		// Not released; the caller may retry, or the lease will end it.
-		return fmt.Errorf("lock %q: release: %w", h.resource, err)
+		h.l.deleteLater(err, h.resource, h.key, h.IsOwner())
+		return fmt.Errorf("lock %q: release: %w (retried in the background)", h.resource, err)
 	}
-	h.released = true
 	if !resp.Succeeded {
 		return fmt.Errorf("lock %q: release %s (token %d): %w", h.resource, h.mode, h.token, ErrLost)
 	}
 	h.l.log.Debug("lock: released", "resource", h.resource, "mode", h.mode, "token", h.token)
 	return nil
+}
+
+// Background cleanup: a release or withdrawal that fails during a fault is
+// retried until etcd answers or the session ends (when the lease deletes the
+// key anyway). Without it, a lock whose release met a leader election would
+// block every workflow on its resource until the node's session ended —
+// never, for a live node. The first retry waits retryFirst, later ones back
+// off to retryMax.
+const (
+	retryFirst = 100 * time.Millisecond
+	retryMax   = 2 * time.Second
+)
+
+// deleteLater deletes key, if cmps hold, in the background.
+func (l *Locker) deleteLater(cause error, resource, key string, cmps ...clientv3.Cmp) {
+	l.log.Warn("lock: release failed; retrying in the background", "resource", resource, "key", key, "err", cause)
+	go func() {
+		for delay := retryFirst; ; delay = min(2*delay, retryMax) {
+			select {
+			case <-l.sess.Done():
+				return // the lease took the key with it
+			case <-time.After(delay):
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+			_, err := l.cli.Txn(ctx).If(cmps...).Then(clientv3.OpDelete(key)).Commit()
+			cancel()
+			if err == nil {
+				l.log.Info("lock: released after retrying", "resource", resource, "key", key)
+				return
+			}
+		}
+	}()
 }
 
 // sleep returns when key changes after rev (any event: a deletion frees the

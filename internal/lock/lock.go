@@ -538,14 +538,12 @@ func (w *waiter) conflict() *ConflictError {
 }
 
 // abandon takes the request out of the queue, even when ctx is already
-// done. Should that fail too, the key stays until the session ends, and
-// requests behind it wait that long: worth a warning.
+// done. Should that fail too, it is retried in the background.
 func (w *waiter) abandon(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	if _, err := w.l.cli.Delete(cctx, w.key); err != nil {
-		w.l.log.Warn("lock: could not withdraw request; it stays queued until the session ends",
-			"resource", w.resource, "key", w.key, "err", err)
+		w.l.deleteLater(err, w.resource, w.key)
 	}
 }
 

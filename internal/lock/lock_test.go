@@ -513,3 +513,26 @@ func TestStress(t *testing.T) {
 		t.Fatalf("too little happened: %d grants, %d upgrades", grants, upgrades)
 	}
 }
+
+// TestReleaseRetried: a release that fails (here: its context is already
+// cancelled, as when etcd does not answer in time) still frees the lock
+// soon, while the session lives on; so does a withdrawn request.
+func TestReleaseRetried(t *testing.T) {
+	ctx := context.Background()
+	p := testPrefix(t)
+	a, b := locker(t, p, "a", 30), locker(t, p, "b", 30)
+	ha := must(t)(a.Acquire(ctx, "vol", Write))
+	dead, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := ha.Release(dead); err == nil {
+		t.Fatal("release with a cancelled context succeeded")
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 3*time.Second)
+	defer wcancel()
+	hb, err := b.Acquire(wctx, "vol", Write)
+	if err != nil {
+		t.Fatalf("lock still held after a failed release: %v", err)
+	}
+	hb.Release(ctx)
+	waitQueue(t, b, "vol", "")
+}

@@ -29,9 +29,7 @@ func (s *Store) Users(ctx context.Context) ([]*User, error) {
 
 // UserByAccessKey resolves an S3 access key id to its user.
 func (s *Store) UserByAccessKey(ctx context.Context, access string) (*User, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	resp, err := s.cli.Get(ctx, s3Key(access))
+	resp, err := s.read(ctx, s3Key(access))
 	if err != nil {
 		return nil, wrap("get", err)
 	}
@@ -97,9 +95,7 @@ func (s *Store) AttachmentByExport(ctx context.Context, export string) (*Attachm
 	if !validKeyPart(export) {
 		return nil, errs.NotFound("export", "")
 	}
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	resp, err := s.cli.Get(ctx, exportKey(export))
+	resp, err := s.read(ctx, exportKey(export))
 	if err != nil {
 		return nil, wrap("get", err)
 	}
@@ -161,9 +157,7 @@ func (s *Store) LookupName(ctx context.Context, kind, owner, name string) (strin
 	if !validKeyPart(owner) || !validKeyPart(name) {
 		return "", nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	resp, err := s.cli.Get(ctx, nameKey(kind, owner, name))
+	resp, err := s.read(ctx, nameKey(kind, owner, name))
 	if err != nil {
 		return "", wrap("get", err)
 	}

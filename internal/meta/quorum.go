@@ -28,10 +28,13 @@ func (s *Store) quorumLost() {
 	}
 }
 
+// probeQuorum asks this node's own member when there is one: the shared
+// client may sit in a reconnection backoff towards members it could not
+// reach, and would notice the healed quorum seconds late.
 func (s *Store) probeQuorum() {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := s.cli.Get(ctx, keyCluster)
+		_, err := s.txnClient().Get(ctx, keyCluster)
 		cancel()
 		if err == nil {
 			s.q.lost.Store(false)
@@ -41,7 +44,7 @@ func (s *Store) probeQuorum() {
 		select {
 		case <-s.closed:
 			return
-		case <-time.After(500 * time.Millisecond):
+		case <-time.After(250 * time.Millisecond):
 		}
 	}
 }

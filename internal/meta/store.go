@@ -15,6 +15,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Config chooses between the embedded member and an external cluster.
@@ -217,12 +219,22 @@ func wrap(op string, err error) error {
 	return fmt.Errorf("metadata %s: %w", op, err)
 }
 
-// unavailable reports whether err means no quorum (or no member) answered.
+// unavailable reports whether err means no quorum (or no member) answered,
+// or the request met a leader change: etcd reports all of these with gRPC's
+// Unavailable code. The outcome of such a write is unknown, as after a
+// timeout; the caller may retry.
 func unavailable(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, rpctypes.ErrNoLeader) ||
-		errors.Is(err, rpctypes.ErrTimeout) || errors.Is(err, rpctypes.ErrGRPCNoLeader) ||
-		errors.Is(err, rpctypes.ErrGRPCTimeout) || errors.Is(err, rpctypes.ErrTimeoutDueToLeaderFail) ||
-		errors.Is(err, rpctypes.ErrTimeoutDueToConnectionLost) || strings.Contains(err.Error(), "connection")
+	if errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "connection") {
+		return true
+	}
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code() == codes.Unavailable || ee.Code() == codes.DeadlineExceeded
+	}
+	if st, ok := status.FromError(err); ok {
+		return st.Code() == codes.Unavailable || st.Code() == codes.DeadlineExceeded
+	}
+	return false
 }
 
 func zapNop() *zap.Logger { return zap.NewNop() }

@@ -20,7 +20,6 @@ package volume
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"time"
 
@@ -110,8 +109,7 @@ func (s *Service) lockFor(ctx context.Context, kind, id string, mode lock.Mode) 
 	return func() {
 		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := h.Release(rctx); err != nil && !errors.Is(err, lock.ErrLost) {
-			s.log.Warn("release workflow lock", "resource", resource, "err", fmt.Sprint(err))
-		}
+		// A failed release is retried by the lock package, which logs it.
+		_ = h.Release(rctx)
 	}, nil
 }
