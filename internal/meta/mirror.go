@@ -30,6 +30,8 @@ type Mirror[T versioned] struct {
 	byKey  map[string]T // etcd key → record
 	byIdx  map[string]T // index(record) → record
 	synced bool
+	// changed is closed (and replaced) whenever the maps change.
+	changed chan struct{}
 }
 
 // Get returns the record whose index is idx; ok is false when the mirror
@@ -39,6 +41,34 @@ func (m *Mirror[T]) Get(idx string) (r T, ok bool) {
 	defer m.mu.RUnlock()
 	r, ok = m.byIdx[idx]
 	return r, ok && m.synced
+}
+
+// Await returns when done holds for what the mirror says of idx (the
+// record and whether it has one), or ctx ends: a node that has just
+// written a record waits for its own mirror to reflect the write, so that
+// its next request reads it back (read-your-writes on that node).
+func (m *Mirror[T]) Await(ctx context.Context, idx string, done func(r T, ok bool) bool) error {
+	for {
+		m.mu.RLock()
+		r, ok := m.byIdx[idx]
+		ch := m.changed
+		fine := !m.synced || done(r, ok) // an unsynced mirror answers nothing
+		m.mu.RUnlock()
+		if fine {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// notify wakes Await; called with mu held for writing.
+func (m *Mirror[T]) notify() {
+	close(m.changed)
+	m.changed = make(chan struct{})
 }
 
 // run lists and watches until ctx ends.
@@ -78,6 +108,7 @@ func (m *Mirror[T]) load(ctx context.Context) (int64, error) {
 	}
 	m.mu.Lock()
 	m.byKey, m.byIdx, m.synced = byKey, byIdx, true
+	m.notify()
 	m.mu.Unlock()
 	return resp.Header.Revision, nil
 }
@@ -108,6 +139,7 @@ func (m *Mirror[T]) watch(ctx context.Context, rev int64) {
 				}
 			}
 		}
+		m.notify()
 		m.mu.Unlock()
 	}
 }
@@ -132,7 +164,7 @@ func (s *Store) MirrorUsersByName(ctx context.Context) *Mirror[*User] {
 }
 
 func startMirror[T versioned](ctx context.Context, s *Store, prefix string, mk func() T, index func(T) string) *Mirror[T] {
-	m := &Mirror[T]{s: s, prefix: prefix, mk: mk, index: index}
+	m := &Mirror[T]{s: s, prefix: prefix, mk: mk, index: index, changed: make(chan struct{})}
 	go m.run(ctx)
 	return m
 }

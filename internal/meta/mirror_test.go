@@ -1,6 +1,7 @@
 package meta
 
 import (
+	"context"
 	"testing"
 	"time"
 )
@@ -62,4 +63,34 @@ func TestMirror(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the user's deletion", func() bool { _, ok := users.Get("AK2"); return !ok })
+}
+
+// Await returns once the mirror shows what the caller waits for, and
+// gives up with its context.
+func TestMirrorAwait(t *testing.T) {
+	s := openTestStore(t)
+	ctx := ctxT(t)
+	m := s.MirrorUsersByName(ctx)
+	u := &User{Name: "await-user", ID: "id-await"}
+	if err := s.Update(ctx, func(tx *Tx) error { tx.PutUser(u); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	present := func(r *User, ok bool) bool { return ok && r.ID == u.ID }
+	if err := m.Await(ctx, u.Name, present); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Update(ctx, func(tx *Tx) error { tx.DeleteUser(u); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Await(ctx, u.Name, func(_ *User, ok bool) bool { return !ok }); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := m.Get(u.Name); ok {
+		t.Fatal("Await returned before the deletion reached the mirror")
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := m.Await(short, u.Name, present); err == nil {
+		t.Fatal("Await of something that never happens returned nil")
+	}
 }

@@ -7,40 +7,34 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
-// Tx is a serializable metadata transaction. Reads see one snapshot; writes
-// apply atomically at commit, and the whole function is retried when a key it
-// read changed meanwhile. Functions passed to Update must therefore have no
+// Tx is a serializable metadata transaction. Writes apply atomically at
+// commit, which succeeds only if every key read is still as read; the whole
+// function is otherwise run again (see stm.go), as it is before an error it
+// returned is believed. Functions passed to Update must therefore have no
 // side effects outside the Tx.
 type Tx struct {
-	stm concurrency.STM
+	stm *stm
 }
 
-// Update runs fn in a serializable transaction, retrying on conflict. An
-// error returned by fn aborts the transaction and is returned as is.
+// Update runs fn in a serializable transaction (see stm.go), retrying on
+// conflict. An error returned by fn aborts the transaction and is returned
+// as is.
 func (s *Store) Update(ctx context.Context, fn func(*Tx) error) error {
 	tctx, cancel := context.WithTimeout(ctx, s.writeTimeout())
 	defer cancel()
-	var err error
-	for range 5 {
-		_, err = concurrency.NewSTM(s.txnClient(), func(stm concurrency.STM) error {
-			return fn(&Tx{stm: stm})
-		}, concurrency.WithAbortContext(tctx))
-		// The transaction reads at the revision of its first read; a
-		// member that has not applied it yet refuses. Only a client
-		// node (no member of its own) meets it: try again.
-		if !errors.Is(err, rpctypes.ErrFutureRev) || tctx.Err() != nil {
-			break
-		}
-	}
+	err := runSTM(tctx, s.txnClient(), s.isLeader(), fn)
 	if err != nil && ctx.Err() == nil && unavailable(err) {
 		s.quorumLost()
 	}
 	return wrap("update", err)
+}
+
+// isLeader reports whether this node's own member leads the cluster.
+func (s *Store) isLeader() bool {
+	return s.local != nil && s.embedded.Server.Leader() == s.embedded.Server.MemberID()
 }
 
 // txnClient is the client transactions run on: the node's own member when

@@ -3,6 +3,7 @@ package meta
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"sync"
@@ -427,6 +428,86 @@ func TestUpdateRetries(t *testing.T) {
 	}
 	if v.SizeBytes != 20 {
 		t.Fatalf("size = %d, want 20 (the retry must see the concurrent write)", v.SizeBytes)
+	}
+	cleanupVolume(t, s, id)
+}
+
+// TestUpdateErrorRechecked: the first attempt reads the local copy, which
+// may lag; an error it returns is not trusted until a careful attempt
+// (linearizable reads) returns it too.
+func TestUpdateErrorRechecked(t *testing.T) {
+	s := openTestStore(t)
+	ctx := ctxT(t)
+	id := uniq("vol")
+	runs := 0
+	err := s.Update(ctx, func(tx *Tx) error {
+		runs++
+		if runs == 1 {
+			return errs.NotFound("volume", id) // as if read from a lagging copy
+		}
+		tx.PutVolume(&Volume{ID: id, SizeBytes: 1, Status: StatusAvailable})
+		return nil
+	})
+	if err != nil || runs != 2 {
+		t.Fatalf("Update = %v after %d runs, want success on the careful second run", err, runs)
+	}
+	if _, err := s.Volume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	runs = 0
+	err = s.Update(ctx, func(tx *Tx) error { runs++; return errs.NotFound("volume", "gone") })
+	if !errs.IsCode(err, errs.CodeNotFound) || runs != 2 {
+		t.Fatalf("Update = %v after %d runs, want NotFound after 2", err, runs)
+	}
+	cleanupVolume(t, s, id)
+}
+
+// TestUpdateConcurrent: transactions that all read and write one key,
+// from many goroutines, lose no update.
+func TestUpdateConcurrent(t *testing.T) {
+	s := openTestStore(t)
+	ctx := ctxT(t)
+	id := uniq("vol")
+	if err := s.Update(ctx, func(tx *Tx) error {
+		tx.PutVolume(&Volume{ID: id, Status: StatusAvailable})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	const workers, each = 8, 10
+	var wg sync.WaitGroup
+	errc := make(chan error, workers)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				if err := s.Update(ctx, func(tx *Tx) error {
+					v, err := tx.Volume(id)
+					if err != nil || v == nil {
+						return fmt.Errorf("volume %s: %v", id, err)
+					}
+					v.SizeBytes++
+					tx.PutVolume(v)
+					return nil
+				}); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	v, err := s.Volume(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.SizeBytes != workers*each {
+		t.Fatalf("counter %d, want %d: an update was lost", v.SizeBytes, workers*each)
 	}
 	cleanupVolume(t, s, id)
 }

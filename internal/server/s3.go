@@ -59,7 +59,7 @@ func (n *Node) startS3() error {
 	n.s3Stop = cancel
 	be, err := objects.New(objects.Config{
 		Root: n.store.BucketsDir(), Work: n.store.ObjectsDir(),
-		Buckets: objects.MetaBuckets{Meta: n.meta, Mirror: n.meta.MirrorBuckets(ctx), Users: n.meta.MirrorUsersByName(ctx)},
+		Buckets: objects.MetaBuckets{Meta: n.meta, Mirror: n.meta.MirrorBuckets(ctx), Users: n.usersByName},
 		Log:     n.log.With("component", "s3"), TrustFile: n.cfg.S3TrustFile,
 	})
 	if err != nil {

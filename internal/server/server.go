@@ -90,9 +90,13 @@ type Node struct {
 	s3        *s3api.S3ApiServer
 	objects   *objects.Backend
 	s3Stop    context.CancelFunc // ends the S3 gateway's metadata mirrors
-	cancel    context.CancelFunc
-	cluster   *cluster.Service
-	removed   chan struct{}
+	// usersByName mirrors the user records (API authentication, S3
+	// bucket owners) until stopMirror.
+	usersByName *meta.Mirror[*meta.User]
+	stopMirror  context.CancelFunc
+	cancel      context.CancelFunc
+	cluster     *cluster.Service
+	removed     chan struct{}
 	// stopBelonging ends registration upkeep (liveness, promotion).
 	stopBelonging context.CancelFunc
 	AdminDir      string
@@ -135,7 +139,10 @@ func (n *Node) start(ctx context.Context) error {
 	if n.store, err = store.Open(n.cfg.Store); err != nil {
 		return err
 	}
+	mctx, stop := context.WithCancel(context.Background())
+	n.stopMirror, n.usersByName = stop, n.meta.MirrorUsersByName(mctx)
 	n.users = user.New(n.meta, ca)
+	n.users.SetMirror(n.usersByName)
 	n.users.SetS3(n.s3URL(), s3Region)
 	if n.AdminDir, err = filepath.Abs(filepath.Join(cfg.Data, "identities", user.Admin)); err != nil {
 		return err
@@ -388,6 +395,9 @@ func (n *Node) Close() {
 	}
 	if n.s3Stop != nil {
 		n.s3Stop()
+	}
+	if n.stopMirror != nil {
+		n.stopMirror()
 	}
 	if n.cancel != nil {
 		n.cancel()

@@ -35,12 +35,19 @@ const Admin = "admin"
 type Service struct {
 	meta                 *meta.Store
 	ca                   *pki.CA
+	byName               *meta.Mirror[*meta.User] // nil: every lookup asks the store
 	s3Endpoint, s3Region string
 	s3CABundle           bool
 }
 
 // New makes a user service that issues certificates from ca.
 func New(m *meta.Store, ca *pki.CA) *Service { return &Service{meta: m, ca: ca} }
+
+// SetMirror lets Authenticate find users in a node-local mirror (by name)
+// instead of asking the store on every request; a user the mirror does not
+// have is still looked up in the store. Call it before the service answers
+// requests.
+func (s *Service) SetMirror(byName *meta.Mirror[*meta.User]) { s.byName = byName }
 
 // SetS3 sets the S3 endpoint and region written into new identities.
 func (s *Service) SetS3(endpoint, region string) { s.s3Endpoint, s.s3Region = endpoint, region }
@@ -129,7 +136,8 @@ func (s *Service) Delete(ctx context.Context, name string) error {
 	if name == Admin {
 		return errs.Conflict(errs.CodeUserProtected, "the %s user cannot be deleted", Admin)
 	}
-	return s.meta.Update(ctx, func(tx *meta.Tx) error {
+	var id string
+	if err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 		u, err := tx.User(name)
 		if err != nil {
 			return err
@@ -137,9 +145,24 @@ func (s *Service) Delete(ctx context.Context, name string) error {
 		if u == nil {
 			return errs.NotFound("user", name)
 		}
+		id = u.ID
 		tx.DeleteUser(u)
 		return nil
-	})
+	}); err != nil {
+		return err
+	}
+	if s.byName != nil {
+		// Revoked on this node before the answer: its next request with
+		// the deleted user's certificate is refused. Other nodes' mirrors
+		// follow within their watch's latency.
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := s.byName.Await(wctx, name, func(u *meta.User, ok bool) bool { return !ok || u.ID != id }); err != nil {
+			return errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
+				"user %s deleted, but this node has not seen the deletion yet: its certificates may work here a little longer", name)
+		}
+	}
+	return nil
 }
 
 // Authenticate checks a client certificate chain presented on a TLS
@@ -166,7 +189,13 @@ func (s *Service) Authenticate(ctx context.Context, chain []*x509.Certificate) (
 			"client certificate for %q is not signed by this cluster's CA", leaf.Subject.CommonName)
 	}
 	name := leaf.Subject.CommonName
-	u, err := s.meta.User(ctx, name)
+	// The mirror lags the store by its watch's latency: a user deleted a
+	// moment ago on another node may authenticate here for that long, as
+	// with any cached credential; a user created a moment ago is looked up.
+	u, ok := s.lookupMirror(name)
+	if !ok {
+		u, err = s.meta.User(ctx, name)
+	}
 	if err != nil {
 		if errs.IsCode(err, errs.CodeNotFound) {
 			return volume.Caller{}, errs.New(errs.KindUnauthenticated, errs.CodeCertificateRevoked,
@@ -179,6 +208,13 @@ func (s *Service) Authenticate(ctx context.Context, chain []*x509.Certificate) (
 			"client certificate for %q is revoked: it was issued to an earlier user of that name", name)
 	}
 	return volume.Caller{Name: u.Name, ID: u.ID, Admin: u.Admin}, nil
+}
+
+func (s *Service) lookupMirror(name string) (*meta.User, bool) {
+	if s.byName == nil {
+		return nil, false
+	}
+	return s.byName.Get(name)
 }
 
 func randHex(n int) string {

@@ -293,7 +293,11 @@ func (s *Service) startImport(id string) {
 	s.jobs.Add(1)
 	go func() {
 		defer s.jobs.Done()
-		if _, err := s.finishCreate(s.ctx, id); err != nil && s.ctx.Err() == nil {
+		v, err := s.meta.Volume(s.ctx, id)
+		if err == nil {
+			_, err = s.finishCreate(s.ctx, v)
+		}
+		if err != nil && s.ctx.Err() == nil {
 			s.logFor("volume", id).Error("create from object failed", "err", err)
 		}
 	}()

@@ -36,7 +36,7 @@ func (s *Service) Start(ctx context.Context) error {
 				s.startImport(v.ID) // long: in the background, as at create
 				continue
 			}
-			_, err = s.finishCreate(ctx, v.ID)
+			_, err = s.finishCreate(ctx, v)
 		case meta.StatusExtending:
 			_, err = s.finishExtend(ctx, v.ID)
 		case meta.StatusDeleting:

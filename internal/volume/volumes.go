@@ -155,17 +155,14 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		s.startImport(v.ID)
 		return v, nil
 	}
-	return s.finishCreate(ctx, v.ID)
+	return s.finishCreate(ctx, v)
 }
 
-// finishCreate builds the volume's stack (on its snapshot's image for a
-// clone; filled from its object for an import) and marks the volume
-// available.
-func (s *Service) finishCreate(ctx context.Context, id string) (*meta.Volume, error) {
-	v, err := s.meta.Volume(ctx, id)
-	if err != nil {
-		return nil, err
-	}
+// finishCreate builds the stack of v, a volume record read in status
+// creating (on its snapshot's image for a clone; filled from its object for
+// an import), and marks the volume available.
+func (s *Service) finishCreate(ctx context.Context, v *meta.Volume) (*meta.Volume, error) {
+	id := v.ID
 	var base string
 	if v.SourceSnapshot != "" {
 		sn, err := s.meta.Snapshot(ctx, v.SourceSnapshot)
@@ -176,7 +173,7 @@ func (s *Service) finishCreate(ctx context.Context, id string) (*meta.Volume, er
 	}
 	start := time.Now()
 	s.gcMu.Lock()
-	err = s.createStack(v, base)
+	err := s.createStack(v, base)
 	s.gcMu.Unlock()
 	if err != nil {
 		return nil, s.failVolume(ctx, id, err)

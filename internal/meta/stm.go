@@ -1,0 +1,186 @@
+package meta
+
+import (
+	"context"
+	"errors"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Software transactional memory over etcd: what Update runs a Tx on.
+//
+// A transaction reads keys one at a time, buffers its writes, and commits
+// them in one etcd Txn whose comparisons require every key it read to be
+// unchanged (same mod revision, or still absent) — so a committed
+// transaction is equivalent to running whole at its commit revision, which
+// is later than every write acknowledged before it started: serializable
+// and linearizable whatever revision its reads came from.
+//
+// That freedom is what the first attempt uses on the leader's node: it reads from the node's own
+// member without asking the leader (serializable reads, no ReadIndex round
+// through a quorum), betting that the local copy is current — it almost
+// always is, by milliseconds. When the bet loses, the commit's comparisons
+// fail and nothing is written. What the bet cannot decide alone is an
+// error: a transaction that finds a volume missing, or a name taken, may
+// have read a copy that lags a write acknowledged a moment ago through
+// another node. So an attempt that fails — an error from fn or a failed
+// commit — is run again in the careful mode of etcd's own STM: the first
+// read linearizable (it waits for the leader's commit index), every later
+// read at that read's revision (one snapshot), and the function's verdict
+// from that run is final.
+//
+// Why only on the leader's node: a follower's commit is a proposal it
+// forwards to the leader. Right after the leader dies, and before the
+// followers notice (an election timeout), such a proposal is lost and its
+// request fails after etcd's request timeout, outcome unknown. A careful
+// first read waits out the election instead (etcd retries a ReadIndex until
+// a leader answers), so the commit that follows it goes to a live leader.
+// On the leader's own node reads and proposals are local.
+//
+// Invariants:
+//   - A transaction commits only if every key it read is unchanged at the
+//     commit revision; keys written without being read must not have
+//     changed since the oldest read (as etcd's SerializableSnapshot).
+//   - An error returned by fn reaches the caller only from a careful run.
+//   - Reads fail by panicking with stmError (fn's signature has no error
+//     for them); run recovers it.
+
+// stm is one attempt of a transaction.
+type stm struct {
+	ctx     context.Context
+	cli     *clientv3.Client
+	careful bool
+	rev     int64 // careful: the revision every read after the first is at
+	first   int64 // the oldest header revision among the reads (0: none yet)
+	rset    map[string]*mvccpb.KeyValue // nil value: read as absent
+	wset    map[string]clientv3.Op
+	wval    map[string]string // what Get returns for a written key ("" deleted)
+}
+
+type stmError struct{ err error }
+
+func newSTM(ctx context.Context, cli *clientv3.Client, careful bool) *stm {
+	return &stm{ctx: ctx, cli: cli, careful: careful, rset: map[string]*mvccpb.KeyValue{},
+		wset: map[string]clientv3.Op{}, wval: map[string]string{}}
+}
+
+// Get returns key's value ("" when absent), this transaction's own write
+// first.
+func (s *stm) Get(key string) string {
+	if v, ok := s.wval[key]; ok {
+		return v
+	}
+	if kv, ok := s.rset[key]; ok {
+		return kvValue(kv)
+	}
+	var opts []clientv3.OpOption
+	switch {
+	case !s.careful:
+		opts = []clientv3.OpOption{clientv3.WithSerializable()}
+	case s.rev != 0:
+		opts = []clientv3.OpOption{clientv3.WithRev(s.rev), clientv3.WithSerializable()}
+	}
+	resp, err := s.cli.Get(s.ctx, key, opts...)
+	if err != nil {
+		panic(stmError{err})
+	}
+	if s.careful && s.rev == 0 {
+		s.rev = resp.Header.Revision
+	}
+	if s.first == 0 || resp.Header.Revision < s.first {
+		s.first = resp.Header.Revision
+	}
+	var kv *mvccpb.KeyValue
+	if len(resp.Kvs) > 0 {
+		kv = resp.Kvs[0]
+	}
+	s.rset[key] = kv
+	return kvValue(kv)
+}
+
+func kvValue(kv *mvccpb.KeyValue) string {
+	if kv == nil {
+		return ""
+	}
+	return string(kv.Value)
+}
+
+// Put buffers a write.
+func (s *stm) Put(key, val string) {
+	s.wset[key], s.wval[key] = clientv3.OpPut(key, val), val
+}
+
+// Del buffers a deletion.
+func (s *stm) Del(key string) {
+	s.wset[key], s.wval[key] = clientv3.OpDelete(key), ""
+}
+
+// commit applies the writes if the reads still hold; false when they did
+// not (nothing was written).
+func (s *stm) commit() (bool, error) {
+	cmps := make([]clientv3.Cmp, 0, len(s.rset)+len(s.wset))
+	for k, kv := range s.rset {
+		var mod int64
+		if kv != nil {
+			mod = kv.ModRevision
+		}
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", mod))
+	}
+	ops := make([]clientv3.Op, 0, len(s.wset))
+	for k, op := range s.wset {
+		if _, read := s.rset[k]; !read && s.first != 0 {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "<", s.first+1))
+		}
+		ops = append(ops, op)
+	}
+	resp, err := s.cli.Txn(s.ctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		return false, err
+	}
+	return resp.Succeeded, nil
+}
+
+// attempt runs fn once and commits. It returns fn's own error, or etcd's
+// (a read or the commit failed), or committed false when the commit found
+// a read no longer current (nothing was written).
+func (s *stm) attempt(fn func(*Tx) error) (committed bool, fnErr, etcdErr error) {
+	defer func() {
+		if r := recover(); r != nil {
+			e, ok := r.(stmError)
+			if !ok {
+				panic(r)
+			}
+			committed, fnErr, etcdErr = false, nil, e.err
+		}
+	}()
+	if err := fn(&Tx{stm: s}); err != nil {
+		return false, err, nil
+	}
+	committed, etcdErr = s.commit()
+	return committed, nil, etcdErr
+}
+
+// runSTM runs fn until it commits, or a careful attempt returns fn's error,
+// or etcd fails. Only the first attempt may be optimistic, and only when
+// optimistic says so.
+func runSTM(ctx context.Context, cli *clientv3.Client, optimistic bool, fn func(*Tx) error) error {
+	for careful := !optimistic; ; careful = true {
+		committed, fnErr, etcdErr := newSTM(ctx, cli, careful).attempt(fn)
+		switch {
+		case committed:
+			return nil
+		case fnErr != nil && careful:
+			return fnErr
+		case etcdErr != nil && !errors.Is(etcdErr, rpctypes.ErrFutureRev):
+			// Unavailable, timed out, cancelled: the caller's timeout and
+			// quorum tracking deal with it. (A read at a revision the
+			// member has not applied yet, which only a client node without
+			// a member of its own meets, is worth another attempt.)
+			return etcdErr
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+	}
+}
