@@ -52,8 +52,8 @@ type stm struct {
 	ctx     context.Context
 	cli     *clientv3.Client
 	careful bool
-	rev     int64 // careful: the revision every read after the first is at
-	first   int64 // the oldest header revision among the reads (0: none yet)
+	rev     int64                       // careful: the revision every read after the first is at
+	first   int64                       // the oldest header revision among the reads (0: none yet)
 	rset    map[string]*mvccpb.KeyValue // nil value: read as absent
 	wset    map[string]clientv3.Op
 	wval    map[string]string // what Get returns for a written key ("" deleted)
