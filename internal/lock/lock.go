@@ -236,8 +236,12 @@ func (l *Locker) Close() error { return l.sess.Close() }
 // queuePrefix is the key range of a resource's queue. The resource is
 // path-escaped so that it holds no "/": one resource's range never contains
 // another's keys.
-func (l *Locker) queuePrefix(resource string) string {
-	return l.prefix + url.PathEscape(resource) + "/"
+func (l *Locker) queuePrefix(resource string) string { return QueuePrefix(l.prefix, resource) }
+
+// QueuePrefix is the key range of resource's queue under a Locker's prefix:
+// empty when nobody holds or waits for the resource.
+func QueuePrefix(prefix, resource string) string {
+	return prefix + url.PathEscape(resource) + "/"
 }
 
 func (l *Locker) newKey(resource string) string {

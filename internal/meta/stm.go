@@ -41,7 +41,7 @@ import (
 //
 // Invariants:
 //   - A transaction commits only if every key it read is unchanged at the
-//     commit revision; keys written without being read must not have
+//     commit revision, and every prefix it found empty is still empty; keys written without being read must not have
 //     changed since the oldest read (as etcd's SerializableSnapshot).
 //   - An error returned by fn reaches the caller only from a careful run.
 //   - Reads fail by panicking with stmError (fn's signature has no error
@@ -57,6 +57,7 @@ type stm struct {
 	rset    map[string]*mvccpb.KeyValue // nil value: read as absent
 	wset    map[string]clientv3.Op
 	wval    map[string]string // what Get returns for a written key ("" deleted)
+	empty   []string          // prefixes found empty, required empty at commit
 }
 
 type stmError struct{ err error }
@@ -75,12 +76,32 @@ func (s *stm) Get(key string) string {
 	if kv, ok := s.rset[key]; ok {
 		return kvValue(kv)
 	}
-	var opts []clientv3.OpOption
+	resp := s.read(key)
+	var kv *mvccpb.KeyValue
+	if len(resp.Kvs) > 0 {
+		kv = resp.Kvs[0]
+	}
+	s.rset[key] = kv
+	return kvValue(kv)
+}
+
+// Empty reports whether no key starts with prefix; if none does, the
+// commit requires that none does then either.
+func (s *stm) Empty(prefix string) bool {
+	if resp := s.read(prefix, clientv3.WithPrefix(), clientv3.WithCountOnly()); resp.Count > 0 {
+		return false
+	}
+	s.empty = append(s.empty, prefix)
+	return true
+}
+
+// read is one Get in the attempt's mode.
+func (s *stm) read(key string, opts ...clientv3.OpOption) *clientv3.GetResponse {
 	switch {
 	case !s.careful:
-		opts = []clientv3.OpOption{clientv3.WithSerializable()}
+		opts = append(opts, clientv3.WithSerializable())
 	case s.rev != 0:
-		opts = []clientv3.OpOption{clientv3.WithRev(s.rev), clientv3.WithSerializable()}
+		opts = append(opts, clientv3.WithRev(s.rev), clientv3.WithSerializable())
 	}
 	resp, err := s.cli.Get(s.ctx, key, opts...)
 	if err != nil {
@@ -92,12 +113,7 @@ func (s *stm) Get(key string) string {
 	if s.first == 0 || resp.Header.Revision < s.first {
 		s.first = resp.Header.Revision
 	}
-	var kv *mvccpb.KeyValue
-	if len(resp.Kvs) > 0 {
-		kv = resp.Kvs[0]
-	}
-	s.rset[key] = kv
-	return kvValue(kv)
+	return resp
 }
 
 func kvValue(kv *mvccpb.KeyValue) string {
@@ -127,6 +143,11 @@ func (s *stm) commit() (bool, error) {
 			mod = kv.ModRevision
 		}
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", mod))
+	}
+	for _, p := range s.empty {
+		// Over a range, etcd requires every key to compare true: no key
+		// has a create revision of 0, and an empty range passes.
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(p), "=", 0).WithPrefix())
 	}
 	ops := make([]clientv3.Op, 0, len(s.wset))
 	for k, op := range s.wset {

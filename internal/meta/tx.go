@@ -182,6 +182,10 @@ func (tx *Tx) PutBucket(b *Bucket) {
 // DeleteBucket removes a bucket.
 func (tx *Tx) DeleteBucket(name string) { tx.stm.Del(bucketKey(name)) }
 
+// Empty reports whether no key starts with prefix (a lock queue, for one:
+// lock.QueuePrefix); the transaction then commits only if that still holds.
+func (tx *Tx) Empty(prefix string) bool { return tx.stm.Empty(prefix) }
+
 // NameOwner returns the id holding a name, or "".
 func (tx *Tx) NameOwner(kind, owner, name string) string {
 	return tx.stm.Get(nameKey(kind, owner, name))

@@ -540,3 +540,50 @@ func cleanupVolume(t *testing.T, s *Store, id string) {
 		t.Fatal(err)
 	}
 }
+
+// TestUpdateEmpty: a transaction that found a prefix empty commits only if
+// it still is; one that finds it taken sees the key.
+func TestUpdateEmpty(t *testing.T) {
+	s := openTestStore(t)
+	ctx := ctxT(t)
+	prefix := "/basalt-test/empty/" + uniq("q") + "/"
+	id := uniq("vol")
+	var sawEmpty []bool
+	err := s.Update(ctx, func(tx *Tx) error {
+		empty := tx.Empty(prefix)
+		sawEmpty = append(sawEmpty, empty)
+		if len(sawEmpty) == 1 {
+			// Someone queues between the look and the commit.
+			if _, err := s.Client().Put(ctx, prefix+"k", "x"); err != nil {
+				return err
+			}
+		}
+		if !empty {
+			return errs.Conflict(errs.CodeVolumeBusy, "taken")
+		}
+		tx.PutVolume(&Volume{ID: id, Status: StatusAvailable})
+		return nil
+	})
+	if !errs.IsCode(err, errs.CodeVolumeBusy) {
+		t.Fatalf("Update = %v (runs saw empty: %v), want the conflict from the run that saw the key", err, sawEmpty)
+	}
+	if len(sawEmpty) != 2 || !sawEmpty[0] || sawEmpty[1] {
+		t.Fatalf("runs saw empty: %v, want [true false]", sawEmpty)
+	}
+	if _, err := s.Volume(ctx, id); !errs.IsCode(err, errs.CodeNotFound) {
+		t.Fatalf("a commit went through though the prefix was taken: %v", err)
+	}
+	if _, err := s.Client().Delete(ctx, prefix, clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Update(ctx, func(tx *Tx) error {
+		if !tx.Empty(prefix) {
+			return errors.New("not empty")
+		}
+		tx.PutVolume(&Volume{ID: id, Status: StatusAvailable})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cleanupVolume(t, s, id)
+}

@@ -8,7 +8,8 @@ package volume
 //	                                             no delete, no extend meanwhile)
 //	flatten/repair/scrub update on the volume   (while the job is recorded)
 //	volume extend        write on the volume
-//	volume delete        write on the volume
+//	volume delete        write on the volume    (or none when nobody holds or waits
+//	                                             for the lock: see DeleteVolume)
 //	clone                read on the snapshot
 //	snapshot export      read on the snapshot   (while the job is recorded)
 //	snapshot delete      write on the snapshot

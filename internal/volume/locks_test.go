@@ -97,3 +97,52 @@ func TestWorkflowLocks(t *testing.T) {
 		t.Fatalf("delete after the other node's workflow ended: %v", err)
 	}
 }
+
+// TestDeleteMeetsWorkflow: a delete that finds another node's workflow on
+// the volume waits for it (the write lock), then deletes; a workflow that
+// comes after a delete finds the volume gone or going.
+func TestDeleteMeetsWorkflow(t *testing.T) {
+	ctx := ctxT(t)
+	e := newEnv(t)
+	s := e.started(Config{})
+	alice := caller("alice")
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "v", SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := otherNode(t, e, "node-b")
+	h, err := other.Acquire(ctx, "volume/"+v.ID, lock.Update)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.DeleteVolume(ctx, alice, v.ID) }()
+	select {
+	case err := <-done:
+		t.Fatalf("delete went on while another node held the volume's lock: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if q, err := other.Queue(ctx, "volume/"+v.ID); err != nil || len(q) != 2 || !q[1].Waiting || q[1].Mode != lock.Write {
+		t.Fatalf("queue while the delete waits: %v %v", q, err)
+	}
+	h.Release(ctx)
+	if err := <-done; err != nil {
+		t.Fatalf("delete after the workflow ended: %v", err)
+	}
+	if _, err := s.Volume(ctx, alice, v.ID); !errs.IsCode(err, errs.CodeNotFound) {
+		t.Fatalf("volume after delete: %v", err)
+	}
+	// Deletes without a workflow in the way leave no lock behind.
+	v2, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "v2", SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteVolume(ctx, alice, v2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if q, err := other.Queue(ctx, "volume/"+v2.ID); err != nil || len(q) != 0 {
+		t.Fatalf("queue after a plain delete: %v %v", q, err)
+	}
+	_, err = s.CreateSnapshot(ctx, alice, v2.ID, "late", "")
+	wantCode(t, err, errs.CodeNotFound)
+}

@@ -3,6 +3,7 @@ package volume
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -403,24 +404,58 @@ func (s *Service) resize(v *meta.Volume) error {
 }
 
 // DeleteVolume deletes a volume and its data. Snapshots of it stay.
+//
+// Most deletes meet no other workflow on their volume. Then the transaction
+// that marks the volume deleting also proves its lock queue empty (at its
+// commit), which excludes every workflow as the write lock would — one that
+// queues later finds the volume deleting and refuses — without the lock's
+// two commits. When the queue is not empty, or the volume is already being
+// deleted, the delete takes the write lock as other workflows do.
 func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error {
-	v, unlock, err := s.lockedVolume(ctx, c, ref, lock.Write)
+	v, err := s.resolveVolume(ctx, c, ref)
 	if err != nil {
 		return err
 	}
-	defer unlock()
-	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
-		cur, err := tx.Volume(v.ID)
+	queue := lock.QueuePrefix(meta.LocksPrefix, "volume/"+v.ID)
+	err = s.markDeleting(ctx, v.ID, ref, func(tx *meta.Tx, cur *meta.Volume) bool {
+		return cur.Status != meta.StatusDeleting && tx.Empty(queue)
+	})
+	if errors.Is(err, errLocked) {
+		unlock, lerr := s.lockFor(ctx, "volume", v.ID, lock.Write)
+		if lerr != nil {
+			return lerr
+		}
+		defer unlock()
+		err = s.markDeleting(ctx, v.ID, ref, nil)
+	}
+	if err != nil {
+		return err
+	}
+	return s.finishDeleteVolume(ctx, v.ID)
+}
+
+// errLocked: the delete must take the volume's workflow lock.
+var errLocked = errors.New("volume workflow lock needed")
+
+// markDeleting marks volume id deleting and releases its name, if it may
+// be deleted; unlocked (nil once the lock is held) says whether the delete
+// may go on without the lock, or must take it (errLocked).
+func (s *Service) markDeleting(ctx context.Context, id, ref string, unlocked func(*meta.Tx, *meta.Volume) bool) error {
+	return s.meta.Update(ctx, func(tx *meta.Tx) error {
+		cur, err := tx.Volume(id)
 		if err != nil {
 			return err
 		}
 		if cur == nil {
 			return errs.NotFound("volume", ref)
 		}
+		if unlocked != nil && !unlocked(tx, cur) {
+			return errLocked
+		}
 		switch cur.Status {
 		case meta.StatusAvailable, meta.StatusError:
 		case meta.StatusDeleting:
-			return nil // already on its way; finish below
+			return nil // already on its way; finish it
 		case meta.StatusInUse:
 			return errs.Conflict(errs.CodeVolumeInUse, "volume %s is attached; detach it first", cur.ID)
 		default:
@@ -438,10 +473,6 @@ func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error 
 		tx.PutVolume(cur)
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	return s.finishDeleteVolume(ctx, v.ID)
 }
 
 func (s *Service) finishDeleteVolume(ctx context.Context, id string) error {
