@@ -495,16 +495,16 @@ func (t *Target) rawOps(ctx context.Context, n int) {
 }
 
 // pairShape replays, on keys of its own, the etcd requests basalt makes
-// for one volume create + delete (counted from the members' metrics:
-// 5 Range RPCs, 4 STM transactions with 7 reads, 6 Raft proposals with
-// the delete's workflow lock), one at a time, through the node's own
-// member. serial makes every read
+// for one volume create + delete (4 Raft proposals: creating, available,
+// deleting, gone; the transactions' reads, the delete's resolve, its look
+// at the lock queue and the image collection's snapshot list), one at a
+// time, through the node's own member. serial makes every read
 // serializable (answered by the member alone; the STM commits still
 // compare the mod revisions of what they read): what the pair would cost
 // if no read waited for the leader.
 func (t *Target) pairShape(ctx context.Context, serial bool) error {
 	k := func(s string) string { return rawPrefix + t.Name + "/" + s }
-	user, name, prov, vol, lck := k("user"), k("name"), k("provisioned"), k("volume"), k("lock/1")
+	name, prov, vol := k("name"), k("provisioned"), k("volume")
 	val := strings.Repeat("x", 512)
 	var gopts []clientv3.OpOption
 	iso := concurrency.SerializableSnapshot
@@ -521,31 +521,23 @@ func (t *Target) pairShape(ctx context.Context, serial bool) error {
 		return err
 	}
 	steps := []func() error{
-		func() error { return get(user) }, // create: authenticate the caller
+		// create (the caller is authenticated from the node's user mirror)
 		func() error { // the creating record, its name, capacity
 			return stm(func(s concurrency.STM) { s.Get(name); s.Get(prov); s.Put(name, val); s.Put(prov, "1"); s.Put(vol, val) })
 		},
-		func() error { return get(vol) }, // read back before building the stack
 		func() error { return stm(func(s concurrency.STM) { s.Get(vol); s.Put(vol, val) }) }, // available
-		func() error { return get(user) }, // delete: authenticate
-		func() error { return get(vol) },  // resolve the volume
-		func() error { // the workflow lock (write): queue and look at the queue
-			_, err := t.etcd.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(lck), "=", 0)).
-				Then(clientv3.OpPut(lck, "write"), clientv3.OpGet(k("lock/"), clientv3.WithPrefix())).Commit()
-			return err
-		},
-		func() error { // deleting, release the name
+		// delete
+		func() error { return get(vol) }, // resolve the volume
+		func() error { // deleting, release the name; the lock queue must be empty
+			if err := get(k("lock/"), clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
+				return err
+			}
 			return stm(func(s concurrency.STM) { s.Get(vol); s.Get(name); s.Put(vol, val); s.Del(name) })
 		},
 		func() error {
 			return stm(func(s concurrency.STM) { s.Get(vol); s.Get(prov); s.Del(vol); s.Put(prov, "0") })
 		},
 		func() error { return get(k("snapshots/"), clientv3.WithPrefix()) }, // image collection lists snapshots
-		func() error { // release the lock
-			_, err := t.etcd.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(lck), ">", 0)).
-				Then(clientv3.OpDelete(lck)).Commit()
-			return err
-		},
 	}
 	for _, f := range steps {
 		if err := f(); err != nil {
