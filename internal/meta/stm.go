@@ -18,9 +18,9 @@ import (
 // is later than every write acknowledged before it started: serializable
 // and linearizable whatever revision its reads came from.
 //
-// That freedom is what the first attempt uses on the leader's node: it reads from the node's own
-// member without asking the leader (serializable reads, no ReadIndex round
-// through a quorum), betting that the local copy is current — it almost
+// That freedom is what the first attempt uses on the leader's node: it
+// reads from the node's own member without asking the leader (serializable
+// reads, no ReadIndex round through a quorum), betting that the local copy is current — it almost
 // always is, by milliseconds. When the bet loses, the commit's comparisons
 // fail and nothing is written. What the bet cannot decide alone is an
 // error: a transaction that finds a volume missing, or a name taken, may
@@ -41,11 +41,12 @@ import (
 //
 // Invariants:
 //   - A transaction commits only if every key it read is unchanged at the
-//     commit revision, and every prefix it found empty is still empty; keys written without being read must not have
-//     changed since the oldest read (as etcd's SerializableSnapshot).
+//     commit revision and every prefix it found empty is still empty; keys
+//     written without being read must not have changed since the oldest
+//     read (as in etcd's SerializableSnapshot).
 //   - An error returned by fn reaches the caller only from a careful run.
 //   - Reads fail by panicking with stmError (fn's signature has no error
-//     for them); run recovers it.
+//     for them); attempt recovers it.
 
 // stm is one attempt of a transaction.
 type stm struct {
