@@ -140,7 +140,7 @@ func (s *Service) runJob(ctx context.Context, id string) {
 	}
 	log.Info("job done", "report", report)
 	if kind == meta.JobFlatten {
-		s.collect(ctx)
+		s.collectSoon()
 	}
 }
 

@@ -66,7 +66,7 @@ func TestFlattenJob(t *testing.T) {
 		t.Fatalf("flattened clone still reads a chain: %v", ch)
 	}
 	// The snapshot still holds its image until it is deleted.
-	if !exists(filepath.Join(e.st.ImagesDir(), sn.Image)) {
+	if !e.hasImage(sn.Image) {
 		t.Fatal("flatten collected the image of a snapshot that still exists")
 	}
 	e.sameVolume(s, c.ID, model, "clone after flatten")
@@ -74,7 +74,7 @@ func TestFlattenJob(t *testing.T) {
 	if err := s.DeleteSnapshot(ctx, alice, sn.ID); err != nil {
 		t.Fatal(err)
 	}
-	if exists(filepath.Join(e.st.ImagesDir(), sn.Image)) {
+	if e.hasImage(sn.Image) {
 		t.Fatal("the deleted snapshot's image was not collected after the flatten")
 	}
 	e.wantImages(s, []string{c.ID}, nil)

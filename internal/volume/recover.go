@@ -81,6 +81,7 @@ func (s *Service) Start(ctx context.Context) error {
 			s.startJob(v.ID)
 		}
 	}
+	s.collectSoon() // what an earlier run of this node left asked for
 	return nil
 }
 

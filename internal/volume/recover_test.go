@@ -224,7 +224,7 @@ func TestRecoverTransitions(t *testing.T) {
 	if _, err := e.meta.Volume(ctx, b.ID); !errs.IsCode(err, errs.CodeNotFound) {
 		t.Fatalf("B after recovery: %v", err)
 	}
-	if exists(e.st.VolumeDir(b.ID)) || exists(filepath.Join(e.st.ImagesDir(), bTop)) {
+	if exists(e.st.VolumeDir(b.ID)) || e.hasImage(bTop) {
 		t.Fatal("B's directory or image survived")
 	}
 	// C: available, empty, by name.

@@ -126,6 +126,7 @@ type Service struct {
 	// gcMu keeps this node's image collection apart from its own creation
 	// of images (volumes, clones, snapshots).
 	gcMu sync.Mutex
+	gc   *collector // background image collection (collector.go)
 
 	leases *leases  // write leases of volumes (lease.go)
 	claims sync.Map // workflows running on this node (delegate.go)
@@ -147,6 +148,12 @@ func New(m *meta.Store, st *store.Store, cfg Config, log *slog.Logger) *Service 
 		gates: map[string]*sync.RWMutex{}, live: map[string]*liveStack{}}
 	s.leases = newLeases(s)
 	s.leases.onLost(s.dropLive)
+	s.gc = newCollector()
+	s.jobs.Add(1)
+	go func() {
+		defer s.jobs.Done()
+		s.runCollector()
+	}()
 	return s
 }
 

@@ -290,7 +290,7 @@ func (s *Service) finishDeleteSnapshot(ctx context.Context, id string) error {
 	})
 	if err == nil {
 		s.logFor("snapshot", id).Info("snapshot deleted")
-		s.collect(ctx)
+		s.collectSoon()
 	}
 	return err
 }

@@ -136,7 +136,7 @@ func TestSnapshotAndClone(t *testing.T) {
 	if err := s.DeleteVolume(ctx, alice, v.ID); err != nil {
 		t.Fatal(err)
 	}
-	if exists(filepath.Join(e.st.ImagesDir(), srcTop)) {
+	if e.hasImage(srcTop) {
 		t.Fatal("the deleted volume's top image was not collected")
 	}
 	e.wantImages(s, []string{c1.ID, c2.ID, c3.ID}, []string{sn.ID})
@@ -154,7 +154,7 @@ func TestSnapshotAndClone(t *testing.T) {
 		t.Fatalf("deleted snapshot by name: %v", err)
 	}
 	wantCode(t, s.DeleteSnapshot(ctx, alice, sn.ID), errs.CodeNotFound)
-	if !exists(filepath.Join(e.st.ImagesDir(), sn.Image)) {
+	if !e.hasImage(sn.Image) {
 		t.Fatal("the image of a deleted snapshot was collected while clones read it")
 	}
 	e.wantImages(s, []string{c1.ID, c2.ID, c3.ID, c4.ID}, nil)
@@ -168,7 +168,7 @@ func TestSnapshotAndClone(t *testing.T) {
 		if err := s.DeleteVolume(ctx, alice, c); err != nil {
 			t.Fatal(err)
 		}
-		if !exists(filepath.Join(e.st.ImagesDir(), sn.Image)) {
+		if !e.hasImage(sn.Image) {
 			t.Fatalf("shared image collected after deleting clone %d of 4", i+1)
 		}
 	}

@@ -57,6 +57,7 @@ type env struct {
 	meta *meta.Store
 	st   *store.Store
 	node string
+	svcs []*Service
 }
 
 func newEnv(t *testing.T) *env {
@@ -80,7 +81,23 @@ func (e *env) service(cfg Config) *Service {
 	}
 	s := New(e.meta, e.st, cfg, quietLog())
 	e.t.Cleanup(s.Stop)
+	e.svcs = append(e.svcs, s)
 	return s
+}
+
+// settle waits until the image collections the services were asked for
+// have run: what the store holds is then what they left.
+func (e *env) settle() {
+	for _, s := range e.svcs {
+		s.collected()
+	}
+}
+
+// hasImage reports whether image name is in the store, once collections
+// have settled.
+func (e *env) hasImage(name string) bool {
+	e.settle()
+	return exists(filepath.Join(e.st.ImagesDir(), name))
 }
 
 // started makes a Service and runs its Start.
@@ -273,6 +290,7 @@ func firstDiff(a, b []byte) int {
 // images lists the image directories of the env's store.
 func (e *env) images() []string {
 	e.t.Helper()
+	e.settle()
 	entries, err := os.ReadDir(e.st.ImagesDir())
 	if err != nil {
 		e.t.Fatal(err)

@@ -489,7 +489,7 @@ func (s *Service) finishDeleteVolume(ctx context.Context, id string) error {
 	})
 	if err == nil {
 		s.logFor("volume", id).Info("volume deleted")
-		s.collect(ctx)
+		s.collectSoon()
 	}
 	return err
 }

@@ -144,10 +144,12 @@ func TestCrashDuringFlatten(t *testing.T) {
 		t.Fatalf("the snapshot's image %s was removed while its volume still reads from it", snapImage)
 	}
 	admin.OK(nil, "volume", "delete", "src")
-	if exists(n.ImageDir(snapImage)) {
+	top := n.TopImage(admin, clone.ID)
+	imgs := n.WaitImages(10*time.Second, func(imgs []string) bool { return slices.Equal(imgs, []string{top}) })
+	if slices.Contains(imgs, snapImage) {
 		t.Errorf("the snapshot's image %s is still in STORE/images after the snapshot and its volume were deleted (--image-grace 0s)", snapImage)
 	}
-	if imgs, top := n.Images(), n.TopImage(admin, clone.ID); !slices.Equal(imgs, []string{top}) {
+	if !slices.Equal(imgs, []string{top}) {
 		t.Errorf("STORE/images holds %v, want only the clone's image %s", imgs, top)
 	}
 	checkImage(t, "flattened clone after its snapshot's image was removed", admin.VolumeCopy("clone"), want)
@@ -190,7 +192,7 @@ func TestGracefulStopDuringFlatten(t *testing.T) {
 	noTransitional(t, admin)
 	admin.OK(nil, "snapshot", "delete", "s")
 	admin.OK(nil, "volume", "delete", "src")
-	if imgs := n.Images(); len(imgs) != 1 {
+	if imgs := n.WaitImages(10*time.Second, func(imgs []string) bool { return len(imgs) == 1 }); len(imgs) != 1 {
 		t.Errorf("STORE/images holds %v once only the flattened clone is left, want its image only", imgs)
 	}
 	checkImage(t, "clone after a flatten interrupted by SIGTERM", admin.VolumeCopy("clone"), image(size, data))

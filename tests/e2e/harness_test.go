@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -454,6 +455,26 @@ func (n *Node) ImagesDir() string { return filepath.Join(n.StoreDir(), "images")
 
 // ImageDir is one image's directory.
 func (n *Node) ImageDir(id string) string { return filepath.Join(n.ImagesDir(), id) }
+
+// WaitImages polls Images until done holds (images are collected in the
+// background, soon after the delete that freed them) or timeout passes,
+// and returns the last list.
+func (n *Node) WaitImages(timeout time.Duration, done func([]string) bool) []string {
+	n.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		imgs := n.Images()
+		if done(imgs) || time.Now().After(deadline) {
+			return imgs
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// imageGone is a WaitImages condition: img is gone.
+func imageGone(img string) func([]string) bool {
+	return func(imgs []string) bool { return !slices.Contains(imgs, img) }
+}
 
 // Images lists the image ids under STORE/images.
 func (n *Node) Images() []string {

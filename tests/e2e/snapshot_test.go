@@ -169,7 +169,7 @@ func TestSnapshotExactContent(t *testing.T) {
 	for _, v := range admin.Volumes() {
 		admin.OK(nil, "volume", "delete", v.ID)
 	}
-	if imgs := n.Images(); len(imgs) != 0 {
+	if imgs := n.WaitImages(10*time.Second, func(imgs []string) bool { return len(imgs) == 0 }); len(imgs) != 0 {
 		t.Errorf("STORE/images still holds %v after every volume and snapshot was deleted (--image-grace 0s)", imgs)
 	}
 }

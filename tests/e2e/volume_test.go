@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -114,7 +115,7 @@ func TestVolumeLifecycle(t *testing.T) {
 
 	// delete: record, volume directory and image gone, name free again.
 	admin.OK(nil, "volume", "delete", v.ID)
-	if exists(n.VolumeDir(v.ID)) || exists(n.ImageDir(img)) {
+	if exists(n.VolumeDir(v.ID)) || slices.Contains(n.WaitImages(10*time.Second, imageGone(img)), img) {
 		t.Errorf("%s or %s still exists after delete", n.VolumeDir(v.ID), n.ImageDir(img))
 	}
 	admin.Fail("NotFound", "volume", "show", v.ID)
@@ -128,7 +129,7 @@ func TestVolumeLifecycle(t *testing.T) {
 	}
 	againImg := n.TopImage(admin, "big")
 	admin.OK(nil, "volume", "delete", "big") // delete by name works too
-	if exists(n.VolumeDir(again.ID)) || exists(n.ImageDir(againImg)) {
+	if exists(n.VolumeDir(again.ID)) || slices.Contains(n.WaitImages(10*time.Second, imageGone(againImg)), againImg) {
 		t.Errorf("volume deleted by name left its directory or image")
 	}
 	if st := admin.Status(); st.Store.ProvisionedBytes != small.SizeBytes {

@@ -1,0 +1,82 @@
+package volume
+
+import "sync"
+
+// Image collection runs in the background, off the request path: a delete
+// (or a finished flatten) asks for one and returns. Collecting reads every
+// snapshot record and every volume's top image in the store, so its cost
+// grows with the store; a delete should not pay it, nor wait behind another
+// delete's.
+//
+// Requests that arrive while a collection runs are served by the next run,
+// which starts after them and so sees everything their callers did. A node
+// that stops drops the requests it has not served: its next Start asks for
+// a collection, and any node's next one finds the same garbage.
+type collector struct {
+	kick chan struct{} // a pending request (capacity 1)
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	asked   uint64 // requests made
+	done    uint64 // requests served (all those made before the last run began)
+	stopped bool   // no run will come: requests are dropped, waiters return
+}
+
+func newCollector() *collector {
+	c := &collector{kick: make(chan struct{}, 1)}
+	c.cond = sync.NewCond(&c.mu)
+	return c
+}
+
+// collectSoon asks for an image collection.
+func (s *Service) collectSoon() {
+	s.gc.mu.Lock()
+	stopped := s.gc.stopped
+	if !stopped {
+		s.gc.asked++
+	}
+	s.gc.mu.Unlock()
+	if stopped {
+		return
+	}
+	select {
+	case s.gc.kick <- struct{}{}:
+	default: // one is pending already; it will serve this request too
+	}
+}
+
+// runCollector serves collection requests until the service stops.
+func (s *Service) runCollector() {
+	defer func() { // Stop: release whoever waits; nothing more will run
+		s.gc.mu.Lock()
+		s.gc.done, s.gc.stopped = s.gc.asked, true
+		s.gc.cond.Broadcast()
+		s.gc.mu.Unlock()
+	}()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-s.gc.kick:
+		}
+		s.gc.mu.Lock()
+		served := s.gc.asked
+		s.gc.mu.Unlock()
+		s.collect(s.ctx)
+		s.gc.mu.Lock()
+		s.gc.done = served
+		s.gc.cond.Broadcast()
+		s.gc.mu.Unlock()
+	}
+}
+
+// collected returns once every collection asked for before the call has
+// run (or the service stopped).
+func (s *Service) collected() {
+	s.gc.mu.Lock()
+	defer s.gc.mu.Unlock()
+	want := s.gc.asked
+	for s.gc.done < want {
+		s.gc.cond.Wait()
+	}
+}
