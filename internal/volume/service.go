@@ -124,8 +124,10 @@ type Service struct {
 	live   map[string]*liveStack // volume id -> open stack
 
 	// gcMu keeps this node's image collection apart from its own creation
-	// of images (volumes, clones, snapshots).
-	gcMu sync.Mutex
+	// of images (volumes, clones, snapshots), which hold it for reading:
+	// they do not wait for one another, and wait for a collection only
+	// while it lists (stacks.go, collect).
+	gcMu sync.RWMutex
 	gc   *collector // background image collection (collector.go)
 
 	leases *leases  // write leases of volumes (lease.go)

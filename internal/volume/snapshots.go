@@ -188,8 +188,8 @@ func (s *Service) freeze(v *meta.Volume, tag string) (string, error) {
 	if !ok {
 		return "", notSupported(v, "be snapshotted")
 	}
-	s.gcMu.Lock()
-	defer s.gcMu.Unlock()
+	s.gcMu.RLock()
+	defer s.gcMu.RUnlock()
 	return c.Snapshot(tag)
 }
 

@@ -212,9 +212,13 @@ func (s *Service) Stack(ctx context.Context, v *meta.Volume) (*block.Node, error
 // needs. Roots: every snapshot record's image and every volume's top;
 // images younger than the grace period are spared (another node may be
 // creating them right now).
+//
+// This node's own creations (they hold gcMu for reading) are kept apart
+// by holding gcMu only while the images are listed and the volumes' tops
+// read: every image listed is then either some top's chain or garbage.
+// The snapshot records are read before (a snapshot made since has its
+// image in its volume's new top's chain), the sweep runs after.
 func (s *Service) collect(ctx context.Context) {
-	s.gcMu.Lock()
-	defer s.gcMu.Unlock()
 	snaps, err := s.meta.Snapshots(ctx)
 	if err != nil {
 		s.log.Warn("image collection skipped", "err", err)
@@ -224,29 +228,45 @@ func (s *Service) collect(ctx context.Context) {
 	for _, sn := range snaps {
 		roots = append(roots, sn.Image)
 	}
-	vols, err := os.ReadDir(filepath.Dir(s.store.VolumeDir("x")))
+	s.gcMu.Lock()
+	listed, err := cow.ListImages(s.store.ImagesDir())
+	var tops []string
+	if err == nil {
+		tops, err = s.tops()
+	}
+	s.gcMu.Unlock()
 	if err != nil {
 		s.log.Warn("image collection skipped", "err", err)
 		return
 	}
-	for _, e := range vols {
-		top, err := cow.TopOf(filepath.Join(filepath.Dir(s.store.VolumeDir("x")), e.Name()))
-		if errors.Is(err, os.ErrNotExist) {
-			continue // a stack without cow, or one being created
-		}
-		if err != nil {
-			s.log.Warn("image collection skipped: unreadable volume", "volume", e.Name(), "err", err)
-			return
-		}
-		roots = append(roots, top)
-	}
-	removed, err := cow.Collect(s.store.ImagesDir(), roots, s.cfg.ImageGrace)
+	removed, err := cow.Sweep(s.store.ImagesDir(), listed, append(roots, tops...), s.cfg.ImageGrace)
 	if len(removed) > 0 {
 		s.log.Info("images removed", "count", len(removed), "images", removed)
 	}
 	if err != nil {
 		s.log.Warn("image collection", "err", err)
 	}
+}
+
+// tops reads the top image of every volume in the store.
+func (s *Service) tops() ([]string, error) {
+	dir := filepath.Dir(s.store.VolumeDir("x"))
+	vols, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var tops []string
+	for _, e := range vols {
+		top, err := cow.TopOf(filepath.Join(dir, e.Name()))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // a stack without cow, or one being created
+		}
+		if err != nil {
+			return nil, fmt.Errorf("unreadable volume %s: %w", e.Name(), err)
+		}
+		tops = append(tops, top)
+	}
+	return tops, nil
 }
 
 // notSupported is the error for an operation the volume's stack cannot do.

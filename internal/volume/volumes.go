@@ -173,9 +173,9 @@ func (s *Service) finishCreate(ctx context.Context, v *meta.Volume) (*meta.Volum
 		base = sn.Image
 	}
 	start := time.Now()
-	s.gcMu.Lock()
+	s.gcMu.RLock()
 	err := s.createStack(v, base)
-	s.gcMu.Unlock()
+	s.gcMu.RUnlock()
 	if err != nil {
 		return nil, s.failVolume(ctx, id, err)
 	}

@@ -430,3 +430,38 @@ func TestCrashAtEveryMetadataWrite(t *testing.T) {
 		}
 	}
 }
+
+// TestSweepFollowsNewTops: a root read after the listing may name a top
+// made since — unlisted — whose chain runs into listed images; those are
+// kept. Listed images that nothing reaches go.
+func TestSweepFollowsNewTops(t *testing.T) {
+	env := testEnv(t, 1<<20)
+	l := build(t, env, fileSpec)
+	defer l.Close()
+	model := make([]byte, env.Size)
+	randomOps(t, rand.New(rand.NewPCG(5, 5)), l, model, 10)
+	old := l.Top()
+	orphan := clone(t, env, old, fileSpec) // a clone whose volume is gone
+	orphanTop := orphan.Top()
+	orphan.Close()
+	listed, err := ListImages(env.Images)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A snapshot after the listing: the top moves to a new, unlisted
+	// image whose parent is the old top (the snapshot's image).
+	if _, err := l.Snapshot("later"); err != nil {
+		t.Fatal(err)
+	}
+	if l.Top() == old {
+		t.Fatal("snapshot did not move the top")
+	}
+	removed, err := Sweep(env.Images, listed, []string{l.Top()}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(removed) != 1 || removed[0] != orphanTop {
+		t.Fatalf("removed %v, want only the orphan clone's top %s", removed, orphanTop)
+	}
+	expect(t, l, model, "volume after a sweep that listed it before its snapshot")
+}

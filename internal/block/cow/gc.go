@@ -55,7 +55,28 @@ func TopOf(dir string) (string, error) {
 // superblock cannot be read is kept while a root names it; otherwise, once
 // older than grace, it is the leftover of a creation that crashed before
 // its superblock was written, and is removed.
+//
+// Collect is ListImages then Sweep. A caller that must keep its own
+// creations apart from a collection lists, reads its roots, and only then
+// lets creations go on: Sweep considers only the images listed, and an
+// image that no root needed once listed is needed by nothing later (a top
+// only moves to newer images; a clone needs a snapshot, itself a root).
 func Collect(images string, roots []string, grace time.Duration) ([]string, error) {
+	listed, err := ListImages(images)
+	if err != nil {
+		return nil, err
+	}
+	return Sweep(images, listed, roots, grace)
+}
+
+// Listed is an image directory found by ListImages.
+type Listed struct {
+	ID       string
+	Modified time.Time
+}
+
+// ListImages lists the image directories under images.
+func ListImages(images string) ([]Listed, error) {
 	entries, err := os.ReadDir(images)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -63,26 +84,46 @@ func Collect(images string, roots []string, grace time.Duration) ([]string, erro
 	if err != nil {
 		return nil, err
 	}
-	parent := map[string]string{}
-	young := map[string]bool{}
+	var out []Listed
 	for _, e := range entries {
 		if !e.IsDir() {
 			continue
 		}
-		id := e.Name()
-		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) < grace {
-			young[id] = true
+		l := Listed{ID: e.Name()}
+		if info, err := e.Info(); err == nil {
+			l.Modified = info.ModTime()
 		}
-		if im, err := ReadImage(images, id); err == nil {
-			parent[id] = im.Parent
+		out = append(out, l)
+	}
+	return out, nil
+}
+
+// Sweep removes the listed images that no root needs (see Collect).
+func Sweep(images string, listed []Listed, roots []string, grace time.Duration) ([]string, error) {
+	parent := map[string]string{}
+	young := map[string]bool{}
+	for _, l := range listed {
+		if time.Since(l.Modified) < grace {
+			young[l.ID] = true
+		}
+		if im, err := ReadImage(images, l.ID); err == nil {
+			parent[l.ID] = im.Parent
 		}
 	}
 	live := map[string]bool{}
-	var mark func(id string)
-	mark = func(id string) {
+	mark := func(id string) {
 		for id != "" && !live[id] {
 			live[id] = true
-			id = parent[id]
+			p, ok := parent[id]
+			if !ok {
+				// Not listed: created since (a root read after the
+				// listing may name it). Its chain may lead into the
+				// listed images.
+				if im, err := ReadImage(images, id); err == nil {
+					p = im.Parent
+				}
+			}
+			id = p
 		}
 	}
 	for _, id := range roots {
@@ -93,16 +134,15 @@ func Collect(images string, roots []string, grace time.Duration) ([]string, erro
 	}
 	var removed []string
 	var errs []error
-	for _, e := range entries {
-		id := e.Name()
-		if !e.IsDir() || live[id] {
+	for _, l := range listed {
+		if live[l.ID] {
 			continue
 		}
-		if err := os.RemoveAll(filepath.Join(images, id)); err != nil {
+		if err := os.RemoveAll(filepath.Join(images, l.ID)); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		removed = append(removed, id)
+		removed = append(removed, l.ID)
 	}
 	return removed, errors.Join(errs...)
 }
