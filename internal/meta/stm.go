@@ -18,9 +18,9 @@ import (
 // is later than every write acknowledged before it started: serializable
 // and linearizable whatever revision its reads came from.
 //
-// That freedom is what the first attempt uses on the leader's node: it
-// reads from the node's own member without asking the leader (serializable
-// reads, no ReadIndex round through a quorum), betting that the local copy is current — it almost
+// That freedom is what the first attempt uses: it reads from the node's own
+// member without asking the leader (serializable reads, no ReadIndex round
+// through a quorum), betting that the local copy is current — it almost
 // always is, by milliseconds. When the bet loses, the commit's comparisons
 // fail and nothing is written. What the bet cannot decide alone is an
 // error: a transaction that finds a volume missing, or a name taken, may
@@ -31,13 +31,18 @@ import (
 // read at that read's revision (one snapshot), and the function's verdict
 // from that run is final.
 //
-// Why only on the leader's node: a follower's commit is a proposal it
-// forwards to the leader. Right after the leader dies, and before the
-// followers notice (an election timeout), such a proposal is lost and its
-// request fails after etcd's request timeout, outcome unknown. A careful
-// first read waits out the election instead (etcd retries a ReadIndex until
-// a leader answers), so the commit that follows it goes to a live leader.
-// On the leader's own node reads and proposals are local.
+// On a follower's node the first attempt also starts a linearizable read
+// of its own (the barrier) and commits only once that read has answered.
+// A follower's commit is a proposal it forwards to the leader: right after
+// the leader dies, and before the followers notice (an election timeout),
+// such a proposal is lost and its request fails after etcd's request
+// timeout, outcome unknown. A linearizable read instead waits out the
+// election (etcd retries a ReadIndex until a leader answers), so a commit
+// that follows it goes to a live leader — as in careful mode, where the
+// first read plays that part, but here the barrier's round trip overlaps
+// the transaction's own reads. On the leader's node reads and proposals are
+// local and need no barrier; a node without a voting member of its own
+// (a learner or an etcd client) runs careful attempts only.
 //
 // Invariants:
 //   - A transaction commits only if every key it read is unchanged at the
@@ -48,11 +53,22 @@ import (
 //   - Reads fail by panicking with stmError (fn's signature has no error
 //     for them); attempt recovers it.
 
+// attemptMode is how a transaction's first attempt reads (later ones are
+// careful).
+type attemptMode int
+
+const (
+	modeCareful    attemptMode = iota // linearizable first read, then one snapshot
+	modeOptimistic                    // local reads (the leader's node)
+	modeBarrier                       // local reads; the commit waits for a linearizable read (a follower's node)
+)
+
 // stm is one attempt of a transaction.
 type stm struct {
 	ctx     context.Context
 	cli     *clientv3.Client
 	careful bool
+	gate    <-chan error                // barrier: the commit waits for it (nil: none)
 	rev     int64                       // careful: the revision every read after the first is at
 	first   int64                       // the oldest header revision among the reads (0: none yet)
 	rset    map[string]*mvccpb.KeyValue // nil value: read as absent
@@ -157,6 +173,11 @@ func (s *stm) commit() (bool, error) {
 		}
 		ops = append(ops, op)
 	}
+	if s.gate != nil {
+		if err := <-s.gate; err != nil {
+			return false, err
+		}
+	}
 	resp, err := s.cli.Txn(s.ctx).If(cmps...).Then(ops...).Commit()
 	if err != nil {
 		return false, err
@@ -185,15 +206,23 @@ func (s *stm) attempt(fn func(*Tx) error) (committed bool, fnErr, etcdErr error)
 }
 
 // runSTM runs fn until it commits, or a careful attempt returns fn's error,
-// or etcd fails. Only the first attempt may be optimistic, and only when
-// optimistic says so.
-func runSTM(ctx context.Context, cli *clientv3.Client, optimistic bool, fn func(*Tx) error) error {
-	for careful := !optimistic; ; careful = true {
-		committed, fnErr, etcdErr := newSTM(ctx, cli, careful).attempt(fn)
+// or etcd fails. The first attempt runs in mode, the others carefully.
+func runSTM(ctx context.Context, cli *clientv3.Client, mode attemptMode, fn func(*Tx) error) error {
+	for attempt := 0; ; attempt++ {
+		s := newSTM(ctx, cli, attempt > 0 || mode == modeCareful)
+		if attempt == 0 && mode == modeBarrier {
+			gate := make(chan error, 1)
+			go func() {
+				_, err := cli.Get(ctx, keyCluster, clientv3.WithCountOnly())
+				gate <- err
+			}()
+			s.gate = gate
+		}
+		committed, fnErr, etcdErr := s.attempt(fn)
 		switch {
 		case committed:
 			return nil
-		case fnErr != nil && careful:
+		case fnErr != nil && s.careful:
 			return fnErr
 		case etcdErr != nil && !errors.Is(etcdErr, rpctypes.ErrFutureRev):
 			// Unavailable, timed out, cancelled: the caller's timeout and

@@ -25,16 +25,23 @@ type Tx struct {
 func (s *Store) Update(ctx context.Context, fn func(*Tx) error) error {
 	tctx, cancel := context.WithTimeout(ctx, s.writeTimeout())
 	defer cancel()
-	err := runSTM(tctx, s.txnClient(), s.isLeader(), fn)
+	err := runSTM(tctx, s.txnClient(), s.attemptMode(), fn)
 	if err != nil && ctx.Err() == nil && unavailable(err) {
 		s.quorumLost()
 	}
 	return wrap("update", err)
 }
 
-// isLeader reports whether this node's own member leads the cluster.
-func (s *Store) isLeader() bool {
-	return s.local != nil && s.embedded.Server.Leader() == s.embedded.Server.MemberID()
+// attemptMode is how a transaction's first attempt reads here (stm.go).
+func (s *Store) attemptMode() attemptMode {
+	switch {
+	case s.local == nil || s.embedded.Server.IsLearner():
+		return modeCareful
+	case s.embedded.Server.Leader() == s.embedded.Server.MemberID():
+		return modeOptimistic
+	default:
+		return modeBarrier
+	}
 }
 
 // txnClient is the client transactions run on: the node's own member when

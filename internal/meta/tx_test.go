@@ -587,3 +587,60 @@ func TestUpdateEmpty(t *testing.T) {
 	}
 	cleanupVolume(t, s, id)
 }
+
+// TestAttemptModes: in each first-attempt mode, concurrent transactions
+// lose no update, and an error is returned only from a careful run.
+func TestAttemptModes(t *testing.T) {
+	s := openTestStore(t)
+	ctx := ctxT(t)
+	for _, mode := range []attemptMode{modeCareful, modeOptimistic, modeBarrier} {
+		id := uniq("vol")
+		if err := s.Update(ctx, func(tx *Tx) error {
+			tx.PutVolume(&Volume{ID: id, Status: StatusAvailable})
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		const workers, each = 4, 10
+		var wg sync.WaitGroup
+		errc := make(chan error, workers)
+		for range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range each {
+					if err := runSTM(ctx, s.txnClient(), mode, func(tx *Tx) error {
+						v, err := tx.Volume(id)
+						if err != nil || v == nil {
+							return fmt.Errorf("volume %s: %v", id, err)
+						}
+						v.SizeBytes++
+						tx.PutVolume(v)
+						return nil
+					}); err != nil {
+						errc <- err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errc)
+		for err := range errc {
+			t.Fatalf("mode %d: %v", mode, err)
+		}
+		if v, err := s.Volume(ctx, id); err != nil || v.SizeBytes != workers*each {
+			t.Fatalf("mode %d: counter %v (%v), want %d", mode, v, err, workers*each)
+		}
+		runs := 0
+		err := runSTM(ctx, s.txnClient(), mode, func(tx *Tx) error { runs++; tx.Volume(id); return errs.NotFound("x", "y") })
+		want := 2
+		if mode == modeCareful {
+			want = 1
+		}
+		if !errs.IsCode(err, errs.CodeNotFound) || runs != want {
+			t.Fatalf("mode %d: error %v after %d runs, want NotFound after %d", mode, err, runs, want)
+		}
+		cleanupVolume(t, s, id)
+	}
+}

@@ -146,3 +146,59 @@ func TestDeleteMeetsWorkflow(t *testing.T) {
 	_, err = s.CreateSnapshot(ctx, alice, v2.ID, "late", "")
 	wantCode(t, err, errs.CodeNotFound)
 }
+
+// TestConcurrentDeletes: of deletes of one volume at once, one succeeds and
+// the others answer NotFound; a volume left deleting by a deleter that
+// died is finished by the next delete once the wait is over.
+func TestConcurrentDeletes(t *testing.T) {
+	ctx := ctxT(t)
+	e := newEnv(t)
+	s := e.started(Config{})
+	alice := caller("alice")
+	for round := range 5 {
+		v, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "v", SizeBytes: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n = 4
+		errc := make(chan error, n)
+		for range n {
+			go func() { errc <- s.DeleteVolume(ctx, alice, v.ID) }()
+		}
+		ok := 0
+		for range n {
+			switch err := <-errc; {
+			case err == nil:
+				ok++
+			case !errs.IsCode(err, errs.CodeNotFound):
+				t.Fatalf("round %d: delete: %v", round, err)
+			}
+		}
+		if ok != 1 {
+			t.Fatalf("round %d: %d of %d concurrent deletes succeeded, want 1", round, ok, n)
+		}
+	}
+
+	old := lockWait
+	lockWait = 300 * time.Millisecond
+	t.Cleanup(func() { lockWait = old })
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "stuck", SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.update(func(tx *meta.Tx) error {
+		cur, err := tx.Volume(v.ID)
+		if err != nil {
+			return err
+		}
+		cur.Status, cur.Node = meta.StatusDeleting, "a-dead-node"
+		tx.PutVolume(cur)
+		return nil
+	})
+	if err := s.DeleteVolume(ctx, alice, v.ID); err != nil {
+		t.Fatalf("delete of a volume its deleter left: %v", err)
+	}
+	if _, err := s.Volume(ctx, alice, v.ID); !errs.IsCode(err, errs.CodeNotFound) {
+		t.Fatalf("volume after the takeover: %v", err)
+	}
+}

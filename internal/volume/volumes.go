@@ -409,24 +409,29 @@ func (s *Service) resize(v *meta.Volume) error {
 // that marks the volume deleting also proves its lock queue empty (at its
 // commit), which excludes every workflow as the write lock would — one that
 // queues later finds the volume deleting and refuses — without the lock's
-// two commits. When the queue is not empty, or the volume is already being
-// deleted, the delete takes the write lock as other workflows do.
+// two commits. When the queue is not empty, the delete takes the write lock
+// as other workflows do. A delete that finds the volume already being
+// deleted waits for that deletion, as for any other workflow, and then
+// answers NotFound: one volume, one successful delete.
 func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error {
 	v, err := s.resolveVolume(ctx, c, ref)
 	if err != nil {
 		return err
 	}
-	queue := lock.QueuePrefix(meta.LocksPrefix, "volume/"+v.ID)
-	err = s.markDeleting(ctx, v.ID, ref, func(tx *meta.Tx, cur *meta.Volume) bool {
-		return cur.Status != meta.StatusDeleting && tx.Empty(queue)
-	})
+	err = s.markDeleting(ctx, v.ID, ref, lock.QueuePrefix(meta.LocksPrefix, "volume/"+v.ID))
 	if errors.Is(err, errLocked) {
 		unlock, lerr := s.lockFor(ctx, "volume", v.ID, lock.Write)
 		if lerr != nil {
 			return lerr
 		}
-		defer unlock()
-		err = s.markDeleting(ctx, v.ID, ref, nil)
+		if err = s.markDeleting(ctx, v.ID, ref, ""); err == nil {
+			defer unlock()
+			return s.finishDeleteVolume(ctx, v.ID)
+		}
+		unlock()
+	}
+	if errors.Is(err, errBeingDeleted) {
+		return s.awaitDeleted(ctx, v.ID, ref)
 	}
 	if err != nil {
 		return err
@@ -434,13 +439,45 @@ func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error 
 	return s.finishDeleteVolume(ctx, v.ID)
 }
 
-// errLocked: the delete must take the volume's workflow lock.
-var errLocked = errors.New("volume workflow lock needed")
+var (
+	// errLocked: the delete must take the volume's workflow lock.
+	errLocked = errors.New("volume workflow lock needed")
+	// errBeingDeleted: another delete marked the volume deleting.
+	errBeingDeleted = errors.New("volume being deleted")
+)
+
+// awaitDeleted waits up to lockWait for another request's delete of volume
+// id to end and answers NotFound. A volume still deleting after that lost
+// its deleter (a node that died mid-delete, and was not restarted): this
+// call finishes the deletion, under the write lock so that two such calls
+// do not run at once.
+func (s *Service) awaitDeleted(ctx context.Context, id, ref string) error {
+	for deadline := time.Now().Add(lockWait); time.Now().Before(deadline); {
+		if _, err := s.meta.Volume(ctx, id); errs.IsCode(err, errs.CodeNotFound) {
+			return errs.NotFound("volume", ref)
+		} else if err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	unlock, err := s.lockFor(ctx, "volume", id, lock.Write)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	s.logFor("volume", id).Warn("finishing a deletion another request left unfinished")
+	return s.finishDeleteVolume(ctx, id)
+}
 
 // markDeleting marks volume id deleting and releases its name, if it may
-// be deleted; unlocked (nil once the lock is held) says whether the delete
-// may go on without the lock, or must take it (errLocked).
-func (s *Service) markDeleting(ctx context.Context, id, ref string, unlocked func(*meta.Tx, *meta.Volume) bool) error {
+// be deleted. With a queue (the volume's lock queue: the delete does not
+// hold the lock) it fails with errLocked unless the queue is empty; a
+// volume already deleting fails with errBeingDeleted.
+func (s *Service) markDeleting(ctx context.Context, id, ref, queue string) error {
 	return s.meta.Update(ctx, func(tx *meta.Tx) error {
 		cur, err := tx.Volume(id)
 		if err != nil {
@@ -449,13 +486,14 @@ func (s *Service) markDeleting(ctx context.Context, id, ref string, unlocked fun
 		if cur == nil {
 			return errs.NotFound("volume", ref)
 		}
-		if unlocked != nil && !unlocked(tx, cur) {
+		if cur.Status == meta.StatusDeleting {
+			return errBeingDeleted
+		}
+		if queue != "" && !tx.Empty(queue) {
 			return errLocked
 		}
 		switch cur.Status {
 		case meta.StatusAvailable, meta.StatusError:
-		case meta.StatusDeleting:
-			return nil // already on its way; finish it
 		case meta.StatusInUse:
 			return errs.Conflict(errs.CodeVolumeInUse, "volume %s is attached; detach it first", cur.ID)
 		default:
