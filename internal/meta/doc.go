@@ -36,4 +36,8 @@
 //     attachment's export;
 //   - every record carries Schema; readers refuse a Schema newer than they
 //     know (a newer binary wrote it) and migrate older ones on read.
+//
+// A Tx commits only if everything it read is still as read (stm.go), so
+// its reads may come from the node's own copy; an error a Tx returns was
+// found on a linearizable rerun.
 package meta
