@@ -49,6 +49,12 @@ func (s *Store) probeQuorum() {
 	}
 }
 
+// QuorumLost reports whether this node last found no quorum of the
+// metadata cluster answering (and has not seen one since): writes will
+// fail, so a caller about to wait on etcd for something else (a workflow
+// lock) can say so at once.
+func (s *Store) QuorumLost() bool { return s.q.lost.Load() }
+
 // writeTimeout bounds a write.
 func (s *Store) writeTimeout() time.Duration {
 	if s.q.lost.Load() {

@@ -85,6 +85,13 @@ func (s *Service) lockedSnapshot(ctx context.Context, c Caller, ref string, mode
 // lockFor takes kind/id (e.g. "volume", "vol-…") in mode for a workflow and
 // returns its release.
 func (s *Service) lockFor(ctx context.Context, kind, id string, mode lock.Mode) (func(), error) {
+	noQuorum := func() error {
+		return errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
+			"workflow lock on %s %s: no quorum of the metadata cluster answers; retry when a majority of the voters is up", kind, id)
+	}
+	if s.meta.QuorumLost() {
+		return nil, noQuorum() // taking a lock is a write
+	}
 	l, err := s.locker(ctx)
 	if err != nil {
 		return nil, err
@@ -94,6 +101,9 @@ func (s *Service) lockFor(ctx context.Context, kind, id string, mode lock.Mode) 
 	defer cancel()
 	h, err := l.Acquire(wctx, resource, mode)
 	if err != nil {
+		if s.meta.QuorumLost() {
+			return nil, noQuorum() // the wait was etcd's, not a holder's
+		}
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 			var who []string
 			if q, qerr := l.Queue(ctx, resource); qerr == nil {
