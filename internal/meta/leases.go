@@ -144,14 +144,16 @@ func (s *Store) ReleaseVolumeLease(ctx context.Context, vol, node string) error 
 	return wrap("release volume lease", err)
 }
 
-// WatchVolumeLeases calls fn with a volume id whenever its lease key is
-// deleted (expired, released), until ctx ends.
-func (s *Store) WatchVolumeLeases(ctx context.Context, fn func(vol string)) {
+// WatchVolumeLeases calls fn with a volume id and the revision of the
+// deletion whenever its lease key is deleted (expired, released, revoked),
+// until ctx ends. The event may arrive after a new key was put: a holder
+// compares the revision with its key's create revision (its Token).
+func (s *Store) WatchVolumeLeases(ctx context.Context, fn func(vol string, rev int64)) {
 	for ctx.Err() == nil {
 		wch := s.cli.Watch(clientv3.WithRequireLeader(ctx), prefixVolumeLeases, clientv3.WithPrefix(), clientv3.WithFilterPut())
 		for resp := range wch {
 			for _, ev := range resp.Events {
-				fn(strings.TrimPrefix(string(ev.Kv.Key), prefixVolumeLeases))
+				fn(strings.TrimPrefix(string(ev.Kv.Key), prefixVolumeLeases), ev.Kv.ModRevision)
 			}
 		}
 		select {

@@ -76,7 +76,7 @@ func (l *leases) onLost(fn func(vol string)) {
 // run keeps the node's etcd lease renewed and takes over volumes whose
 // holder went away, until ctx ends.
 func (l *leases) run(ctx context.Context) {
-	go l.s.meta.WatchVolumeLeases(ctx, func(vol string) { go l.takeOver(ctx, vol) })
+	go l.s.meta.WatchVolumeLeases(ctx, func(vol string, rev int64) { go l.takeOver(ctx, vol, rev) })
 	t := time.NewTicker(leaseRenew)
 	defer t.Stop()
 	for {
@@ -249,12 +249,18 @@ func (l *leases) release(ctx context.Context, vol string) {
 	}
 }
 
-// takeOver acquires vol's lease after its holder lost it, if the volume
-// still has rw attachments. A short random delay spreads the race.
-func (l *leases) takeOver(ctx context.Context, vol string) {
+// takeOver acquires vol's lease after its holder lost it (its key was
+// deleted at revision rev), if the volume still has rw attachments. A short
+// random delay spreads the race.
+func (l *leases) takeOver(ctx context.Context, vol string, rev int64) {
 	l.mu.Lock()
-	_, mine := l.held[vol]
+	token, mine := l.held[vol]
 	l.mu.Unlock()
+	if mine && token > rev {
+		// The key deleted is an older one (a previous run's, revoked at
+		// start): ours was created after it and still stands.
+		return
+	}
 	if mine {
 		// Our own key vanished: our etcd lease expired (the renewal
 		// loop will notice) or another node released it; either way,
