@@ -61,6 +61,10 @@ type Backend struct {
 	log        *slog.Logger
 	accessOf   func(ctx context.Context, user string) (string, error)
 	trustFile  string
+	// closing bounds the replaced objects being closed in the
+	// background (release); closers waits for them (Shutdown).
+	closing chan struct{}
+	closers sync.WaitGroup
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -118,6 +122,7 @@ func New(cfg Config) (*Backend, error) {
 		log:       log,
 		accessOf:  cfg.AccessOf,
 		trustFile: cfg.TrustFile,
+		closing:   make(chan struct{}, 16),
 	}
 	if b.trustFile == "" {
 		b.trustFile = DefaultTrustFile
@@ -167,6 +172,7 @@ func (b *Backend) String() string { return "basalt" }
 
 // Shutdown releases the backend's descriptors.
 func (b *Backend) Shutdown() {
+	b.closers.Wait()
 	if b.tmpDir != nil {
 		b.tmpDir.Close()
 	}

@@ -120,10 +120,11 @@ func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput)
 		m.Expires = str(in.Expires)
 		m.UserMeta = cloneMeta(in.Metadata)
 	}
-	if err := b.finish(rc, &m); err != nil {
+	// Ownership first: the sync in finish makes it durable too.
+	if err := b.giveToWriter(ctx, tmp); err != nil {
 		return s3response.CopyObjectOutput{}, err
 	}
-	if err := b.giveToWriter(ctx, tmp); err != nil {
+	if err := b.finish(rc, &m); err != nil {
 		return s3response.CopyObjectOutput{}, err
 	}
 	if err := b.publishWrite(dr, dstBucket, dstKey, tmp, &m, status); err != nil {

@@ -128,9 +128,17 @@ func (b *Backend) publish(r *os.Root, bucket, key string, tmp *os.File, m *objec
 		return fmt.Errorf("open directory of %s/%s: %w", bucket, key, err)
 	}
 	defer parent.Close()
-	if err := b.refuseUnexported(r, bucket, key); err != nil {
+	// The object being replaced stays open until after the rename: the
+	// rename then only unlinks it, and the inode is freed (its blocks
+	// truncated and, on a file system mounted with discard, discarded)
+	// when we close it — outside the directory locks the rename holds,
+	// which on Linux include a file-system-wide one for renames between
+	// directories. Freed while they are held, every concurrent PUT waits.
+	old, err := b.refuseUnexported(r, bucket, key)
+	if err != nil {
 		return err
 	}
+	defer b.release(old)
 	tmpName := filepath.Base(tmp.Name())
 	err = b.meta.commit(bucket, key, m, func() error {
 		var rerr, perr error
@@ -149,25 +157,66 @@ func (b *Backend) publish(r *os.Root, bucket, key string, tmp *os.File, m *objec
 	if err != nil {
 		return err
 	}
-	return parent.Sync()
+	traceFS("rename", key)
+	if err := parent.Sync(); err != nil {
+		return err
+	}
+	traceFS("sync dir", dir)
+	return nil
 }
 
 // refuseUnexported fails when bucket/key is a regular file without basalt
-// metadata: S3 writes never replace what users put there directly.
-func (b *Backend) refuseUnexported(r *os.Root, bucket, key string) error {
+// metadata: S3 writes never replace what users put there directly. It
+// returns the object there, open (nil if there is none), for release.
+func (b *Backend) refuseUnexported(r *os.Root, bucket, key string) (*os.File, error) {
 	fi, err := r.Lstat(key)
 	if err != nil || !fi.Mode().IsRegular() {
-		return nil // nothing there, or something the rename refuses anyway
+		return nil, nil // nothing there, or something the rename refuses anyway
 	}
 	o, err := b.openRecorded(r, bucket, key)
 	if err == nil {
-		o.f.Close()
-		return nil
+		return o.f, nil
 	}
 	if isNoSuchKey(err) {
-		return errUnexportedFile(bucket, key)
+		return nil, errUnexportedFile(bucket, key)
 	}
-	return err
+	return nil, err
+}
+
+// release closes f (nil: nothing) off the request path when it can: the
+// last close of a replaced object frees its inode, which on file systems
+// that discard freed blocks synchronously takes a device round trip. At
+// most cap(b.closing) closes run in the background; beyond that the
+// caller closes (so a burst of overwrites cannot pile up threads).
+func (b *Backend) release(f *os.File) {
+	if f == nil {
+		return
+	}
+	select {
+	case b.closing <- struct{}{}:
+		b.closers.Add(1)
+		go func() {
+			defer b.closers.Done()
+			f.Close()
+			traceFS("release", f.Name())
+			<-b.closing
+		}()
+	default:
+		f.Close()
+		traceFS("release", f.Name())
+	}
+}
+
+// fsTrace, when set (tests), is told of the steps that make a write
+// durable, as they complete: "sync file" (the temp file's data and
+// record), "rename" (published), "sync dir" (the rename made durable),
+// "release" (the replaced object closed).
+var fsTrace func(op, name string)
+
+func traceFS(op, name string) {
+	if fsTrace != nil {
+		fsTrace(op, name)
+	}
 }
 
 // pruneDirs removes the now empty directories from dir up to (not

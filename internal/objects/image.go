@@ -86,11 +86,12 @@ func (b *Backend) PutImage(ctx context.Context, in ImageInput) (ObjectInfo, erro
 	}
 	// The stat recorded is the file's as published: hashing changed
 	// nothing, and Fill is done.
-	if err := b.finish(&received{f: f, st: statOf(fi)}, m); err != nil {
-		return ObjectInfo{}, controlError(err)
-	}
+	// Ownership first: the sync in finish makes it durable too.
 	if err := b.giveTo(in.Writer, f); err != nil {
 		return ObjectInfo{}, err
+	}
+	if err := b.finish(&received{f: f, st: statOf(fi)}, m); err != nil {
+		return ObjectInfo{}, controlError(err)
 	}
 	if err := b.publishWrite(r, in.Bucket, in.Key, f, m, status); err != nil {
 		return ObjectInfo{}, controlError(err)

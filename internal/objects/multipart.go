@@ -487,10 +487,11 @@ func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMu
 	m.Checksum = sum
 	m.Parts = ends
 	m.VersionID = writeVersion(status)
-	if err := b.finish(rc, &m); err != nil {
+	// Ownership first: the sync in finish makes it durable too.
+	if err := b.giveToWriter(ctx, tmp); err != nil {
 		return none, "", err
 	}
-	if err := b.giveToWriter(ctx, tmp); err != nil {
+	if err := b.finish(rc, &m); err != nil {
 		return none, "", err
 	}
 	if err := b.publishWrite(r, bucket, key, tmp, &m, status); err != nil {

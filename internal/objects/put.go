@@ -176,6 +176,7 @@ func (b *Backend) finish(rc *received, m *objectMeta) error {
 	if err := rc.f.Sync(); err != nil {
 		return fmt.Errorf("sync: %w", err)
 	}
+	traceFS("sync file", rc.f.Name())
 	return nil
 }
 
@@ -219,10 +220,11 @@ func (b *Backend) PutObject(ctx context.Context, in s3response.PutObjectInput) (
 		Checksum:           rc.sum,
 		VersionID:          writeVersion(status),
 	}
-	if err := b.finish(rc, m); err != nil {
+	// Ownership first: the sync in finish makes it durable too.
+	if err := b.giveToWriter(ctx, rc.f); err != nil {
 		return s3response.PutObjectOutput{}, err
 	}
-	if err := b.giveToWriter(ctx, rc.f); err != nil {
+	if err := b.finish(rc, m); err != nil {
 		return s3response.PutObjectOutput{}, err
 	}
 	if err := b.publishWrite(r, bucket, key, rc.f, m, status); err != nil {
