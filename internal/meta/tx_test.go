@@ -462,56 +462,6 @@ func TestUpdateErrorRechecked(t *testing.T) {
 	cleanupVolume(t, s, id)
 }
 
-// TestUpdateConcurrent: transactions that all read and write one key,
-// from many goroutines, lose no update.
-func TestUpdateConcurrent(t *testing.T) {
-	s := openTestStore(t)
-	ctx := ctxT(t)
-	id := uniq("vol")
-	if err := s.Update(ctx, func(tx *Tx) error {
-		tx.PutVolume(&Volume{ID: id, Status: StatusAvailable})
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	const workers, each = 8, 10
-	var wg sync.WaitGroup
-	errc := make(chan error, workers)
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range each {
-				if err := s.Update(ctx, func(tx *Tx) error {
-					v, err := tx.Volume(id)
-					if err != nil || v == nil {
-						return fmt.Errorf("volume %s: %v", id, err)
-					}
-					v.SizeBytes++
-					tx.PutVolume(v)
-					return nil
-				}); err != nil {
-					errc <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errc)
-	for err := range errc {
-		t.Fatal(err)
-	}
-	v, err := s.Volume(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v.SizeBytes != workers*each {
-		t.Fatalf("counter %d, want %d: an update was lost", v.SizeBytes, workers*each)
-	}
-	cleanupVolume(t, s, id)
-}
-
 func TestUpdateCanceled(t *testing.T) {
 	s := openTestStore(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -588,12 +538,19 @@ func TestUpdateEmpty(t *testing.T) {
 	cleanupVolume(t, s, id)
 }
 
-// TestAttemptModes: in each first-attempt mode, concurrent transactions
-// lose no update, and an error is returned only from a careful run.
+// TestAttemptModes: in each first-attempt mode, and through Update,
+// concurrent transactions that all read and write one key lose no update,
+// and an error is returned only from a careful run.
 func TestAttemptModes(t *testing.T) {
 	s := openTestStore(t)
 	ctx := ctxT(t)
-	for _, mode := range []attemptMode{modeCareful, modeOptimistic, modeBarrier} {
+	runners := map[string]func(fn func(*Tx) error) error{
+		"Update": func(fn func(*Tx) error) error { return s.Update(ctx, fn) },
+	}
+	for name, mode := range map[string]attemptMode{"careful": modeCareful, "optimistic": modeOptimistic, "barrier": modeBarrier} {
+		runners[name] = func(fn func(*Tx) error) error { return runSTM(ctx, s.txnClient(), mode, fn) }
+	}
+	for name, run := range runners {
 		id := uniq("vol")
 		if err := s.Update(ctx, func(tx *Tx) error {
 			tx.PutVolume(&Volume{ID: id, Status: StatusAvailable})
@@ -609,7 +566,7 @@ func TestAttemptModes(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for range each {
-					if err := runSTM(ctx, s.txnClient(), mode, func(tx *Tx) error {
+					if err := run(func(tx *Tx) error {
 						v, err := tx.Volume(id)
 						if err != nil || v == nil {
 							return fmt.Errorf("volume %s: %v", id, err)
@@ -627,19 +584,19 @@ func TestAttemptModes(t *testing.T) {
 		wg.Wait()
 		close(errc)
 		for err := range errc {
-			t.Fatalf("mode %d: %v", mode, err)
+			t.Fatalf("%s: %v", name, err)
 		}
 		if v, err := s.Volume(ctx, id); err != nil || v.SizeBytes != workers*each {
-			t.Fatalf("mode %d: counter %v (%v), want %d", mode, v, err, workers*each)
+			t.Fatalf("%s: counter %v (%v), want %d: an update was lost", name, v, err, workers*each)
 		}
 		runs := 0
-		err := runSTM(ctx, s.txnClient(), mode, func(tx *Tx) error { runs++; tx.Volume(id); return errs.NotFound("x", "y") })
+		err := run(func(tx *Tx) error { runs++; tx.Volume(id); return errs.NotFound("x", "y") })
 		want := 2
-		if mode == modeCareful {
+		if name == "careful" {
 			want = 1
 		}
 		if !errs.IsCode(err, errs.CodeNotFound) || runs != want {
-			t.Fatalf("mode %d: error %v after %d runs, want NotFound after %d", mode, err, runs, want)
+			t.Fatalf("%s: error %v after %d runs, want NotFound after %d", name, err, runs, want)
 		}
 		cleanupVolume(t, s, id)
 	}
