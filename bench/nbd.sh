@@ -4,6 +4,7 @@
 #
 #   bench/nbd.sh                 # ROUNDS=3 rounds of RUNTIME=8 seconds per job and server
 #   RUNTIME=15 ROUNDS=5 SIZE=2G bench/nbd.sh
+#   JOBS="randread-4k write-1M" bench/nbd.sh   # a subset of the four jobs
 #
 # Needs: go, fio (with the nbd engine), nbdkit, qemu-nbd, python3
 # (`make deps` installs them). Prints IOPS and MB/s per server and job, and
@@ -36,10 +37,13 @@ qemu-nbd --fork --pid-file "$work/qemu-nbd.pid" -f raw -t -b 127.0.0.1 -p "$qpor
 pids+=("$(cat "$work/qemu-nbd.pid")")
 declare -A uris=([basalt]=$uri [nbdkit]=nbd://127.0.0.1:$kport [qemu-nbd]=nbd://127.0.0.1:$qport/bench)
 
-jobs=("randread 4k 32" "randwrite 4k 32" "read 1M 8" "write 1M 8")
+# job name -> fio rw, block size, queue depth
+declare -A spec=([randread-4k]="randread 4k 32" [randwrite-4k]="randwrite 4k 32" [read-1M]="read 1M 8" [write-1M]="write 1M 8")
+JOBS=${JOBS:-randread-4k randwrite-4k read-1M write-1M}
 results=$work/results
-for j in "${jobs[@]}"; do
-  set -- $j
+for j in $JOBS; do
+  [[ -n ${spec[$j]:-} ]] || { echo "unknown job $j (known: ${!spec[*]})" >&2; exit 2; }
+  set -- ${spec[$j]}
   for round in $(seq "$ROUNDS"); do
     for name in basalt nbdkit qemu-nbd; do
       fio --name="$1-$2" --ioengine=nbd --uri="${uris[$name]}" --rw="$1" --bs="$2" --iodepth="$3" \
@@ -49,10 +53,10 @@ for j in "${jobs[@]}"; do
   done
 done
 
-python3 - "$results" "$RUNTIME" "$SIZE" "$ROUNDS" <<'PY'
+python3 - "$results" "$RUNTIME" "$SIZE" "$ROUNDS" "$JOBS" <<'PY'
 import json, sys, platform, os, datetime
 base, runtime, size, rounds = sys.argv[1:5]
-jobs = ["randread-4k", "randwrite-4k", "read-1M", "write-1M"]
+jobs = sys.argv[5].split()
 servers = ["basalt", "nbdkit", "qemu-nbd"]
 def one(s, j, r):
     d = json.load(open(f"{base}.{s}.{j}.{r}.json"))["jobs"][0]

@@ -76,3 +76,27 @@ var (
 	// volume's write lease to another node); see Env.Fence.
 	ErrFenced = errors.New("write fenced: this node no longer holds the volume's write lease")
 )
+
+// NoWaitReader is implemented by devices that can sometimes serve a read
+// without waiting — for a file, when the range is in the page cache. The
+// NBD server tries it in the goroutine that reads requests, so a cached
+// read is answered without a hand-off to another goroutine, and the
+// replies of a burst of such reads leave in one write.
+//
+// A layer offers it only by implementing it itself: wrappers that embed a
+// Device interface do not promote it, so a layer that does not know about
+// it never passes it through (it then simply is not offered).
+type NoWaitReader interface {
+	// TryReadAt fills p from off and returns true if it could do so at
+	// once: without waiting for I/O, and without waiting for a lock that
+	// another operation holds. false promises nothing about p: the
+	// caller reads with ReadAt, which also meets and reports any error
+	// (TryReadAt reports none).
+	TryReadAt(p []byte, off int64) bool
+}
+
+// TryReadAt is d's TryReadAt when d offers it, else false.
+func TryReadAt(d Device, p []byte, off int64) bool {
+	t, ok := d.(NoWaitReader)
+	return ok && t.TryReadAt(p, off)
+}

@@ -23,6 +23,7 @@ type File struct {
 	readOnly bool
 	closed   atomic.Bool
 	dsync    atomic.Bool // pwritev2(RWF_DSYNC) works here
+	noWait   atomic.Bool // preadv2(RWF_NOWAIT) works here
 	fence    func() error
 }
 
@@ -62,6 +63,7 @@ func OpenFile(path string, readOnly bool) (*File, error) {
 	d := &File{f: f, fd: int(f.Fd()), readOnly: readOnly}
 	d.size.Store(st.Size())
 	d.dsync.Store(true)
+	d.noWait.Store(true)
 	return d, nil
 }
 
@@ -112,6 +114,21 @@ func (d *File) ReadAt(p []byte, off int64) error {
 		p, off = p[n:], off+int64(n)
 	}
 	return nil
+}
+
+// TryReadAt implements NoWaitReader: preadv2 with RWF_NOWAIT, which reads
+// only what the page cache holds. A short read (part of the range is not
+// cached, or the file ends) is left to ReadAt; so is everything on a file
+// system that does not support the flag.
+func (d *File) TryReadAt(p []byte, off int64) bool {
+	if !d.noWait.Load() || d.closed.Load() {
+		return false
+	}
+	n, err := unix.Preadv2(d.fd, [][]byte{p}, off, unix.RWF_NOWAIT)
+	if err == unix.EOPNOTSUPP || err == unix.EINVAL {
+		d.noWait.Store(false)
+	}
+	return err == nil && n == len(p)
 }
 
 // WriteAt implements Device.

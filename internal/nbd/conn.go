@@ -19,6 +19,9 @@ const (
 	writeBufSize = 256 << 10
 	// largeReply: payloads this big bypass the write buffer (writev).
 	largeReply = 64 << 10
+	// nowaitMax: reads up to this size are tried in the reader goroutine
+	// (readNow); a bigger one would hold up the requests behind it.
+	nowaitMax = 2 << 20
 )
 
 // conn is one client connection.
@@ -36,10 +39,12 @@ type conn struct {
 	metaSelected bool
 	metaExport   string
 
-	exp   *Export
-	dev   block.Device
-	size  uint64
-	flags uint16
+	exp     *Export
+	dev     block.Device
+	nowait  block.NoWaitReader // dev, when it offers reads without waiting
+	size    uint64
+	flags   uint16
+	pending bool // the reader queued replies it has not flushed (reader only)
 
 	budget   *budget
 	inflight sync.WaitGroup
@@ -86,6 +91,7 @@ func (c *conn) run() {
 	}
 	defer release(exp)
 	c.exp, c.dev, c.size = exp, exp.Device, uint64(exp.Device.Size())
+	c.nowait, _ = exp.Device.(block.NoWaitReader)
 	c.flags = c.transmissionFlags(exp)
 	if exp.Revoked != nil {
 		go func() {
@@ -105,12 +111,14 @@ func (c *conn) run() {
 }
 
 // transmit reads requests until DISC or an error, running each in its own
-// goroutine within the connection's budget.
+// goroutine within the connection's budget — except reads the device can
+// answer at once, which it runs itself (readNow).
 func (c *conn) transmit() error {
 	c.budget = newBudget(c.srv.MaxInFlight, c.srv.MaxInFlightBytes)
 	defer c.inflight.Wait()
 	var hdr [requestSize]byte
 	for {
+		c.flushBeforeWait(requestSize)
 		if _, err := io.ReadFull(c.r, hdr[:]); err != nil {
 			return err
 		}
@@ -126,6 +134,7 @@ func (c *conn) transmit() error {
 		switch {
 		case req.typ == cmdWrite && req.length > MaxPayload:
 			// Stay in sync without holding the payload, then refuse.
+			c.flushBeforeWait(int(req.length))
 			if _, err := io.CopyN(io.Discard, c.r, int64(req.length)); err != nil {
 				return err
 			}
@@ -137,6 +146,7 @@ func (c *conn) transmit() error {
 			cost = int64(req.length)
 			c.budget.acquire(cost)
 			payload = getBuf(int(req.length))
+			c.flushBeforeWait(len(payload))
 			if _, err := io.ReadFull(c.r, payload); err != nil {
 				putBuf(payload)
 				c.budget.release(cost)
@@ -145,11 +155,55 @@ func (c *conn) transmit() error {
 		case req.typ == cmdRead && req.length <= MaxPayload:
 			cost = int64(req.length)
 			c.budget.acquire(cost)
+			if c.readNow(req, cost) {
+				continue
+			}
 		default:
 			c.budget.acquire(0)
 		}
 		c.inflight.Add(1)
 		go c.handle(req, payload, cost)
+	}
+}
+
+// readNow runs a read in the reader goroutine if the device can answer it
+// without waiting (block.NoWaitReader: for a file, a page-cache hit),
+// saving the hand-off to a goroutine. Its reply is written to the buffer
+// but not flushed: the reader flushes before it next waits for the
+// client, so a burst of such reads is answered with one write.
+func (c *conn) readNow(req request, cost int64) bool {
+	if c.nowait == nil || req.length > nowaitMax {
+		return false
+	}
+	if code, _ := c.check(req); code != 0 {
+		return false
+	}
+	buf := getBuf(int(req.length))
+	if !c.nowait.TryReadAt(buf, int64(req.offset)) {
+		putBuf(buf)
+		return false
+	}
+	c.inflight.Add(1)
+	c.answer(c.readReply(req, buf, cost), false)
+	c.pending = true
+	return true
+}
+
+// flushBeforeWait flushes the replies readNow queued unless the next need
+// bytes from the client are already buffered (reading them cannot wait).
+func (c *conn) flushBeforeWait(need int) {
+	if !c.pending || c.r.Buffered() >= need {
+		return
+	}
+	c.pending = false
+	c.wmu.Lock()
+	if c.werr == nil {
+		c.werr = c.w.Flush()
+	}
+	failed := c.werr != nil
+	c.wmu.Unlock()
+	if failed {
+		c.shutdown()
 	}
 }
 
@@ -347,18 +401,19 @@ func (c *conn) sendBlockStatus(req request, cost int64) {
 }
 
 func (c *conn) sendRead(req request, data []byte, cost int64) {
+	c.send(c.readReply(req, data, cost))
+}
+
+// readReply is the reply carrying a read's data (a pooled buffer).
+func (c *conn) readReply(req request, data []byte, cost int64) *reply {
 	if !c.structured {
-		c.send(&reply{simple: true, cookie: req.cookie, data: data, pooled: true, cost: cost})
-		return
+		return &reply{simple: true, cookie: req.cookie, data: data, pooled: true, cost: cost}
 	}
 	if len(data) == 0 { // OFFSET_DATA must carry a byte: an empty read is just done
 		putBuf(data)
-		c.send(&reply{cookie: req.cookie, typ: replyTypeNone, cost: cost})
-		return
+		return &reply{cookie: req.cookie, typ: replyTypeNone, cost: cost}
 	}
-	var off [8]byte
-	be.PutUint64(off[:], req.offset)
-	c.send(&reply{cookie: req.cookie, typ: replyTypeOffsetData, extra: off[:], data: data, pooled: true, cost: cost})
+	return &reply{cookie: req.cookie, typ: replyTypeOffsetData, offset: req.offset, data: data, pooled: true, cost: cost}
 }
 
 func (c *conn) sendError(req request, code uint32, format string, a ...any) {
@@ -388,21 +443,27 @@ type reply struct {
 	cookie uint64
 	errno  uint32 // simple replies
 	typ    uint16 // structured replies (always the final chunk)
-	extra  []byte // structured payload before data
+	offset uint64 // replyTypeOffsetData: the data's offset
+	extra  []byte // other structured payload before data
 	data   []byte
 	pooled bool // data came from getBuf
 	cost   int64
 }
 
-// send writes a reply and releases what its request held.
-func (c *conn) send(r *reply) {
+// send writes a reply, flushing unless another is queued behind it, and
+// releases what its request held.
+func (c *conn) send(r *reply) { c.answer(r, true) }
+
+// answer writes r and releases what its request held; with flush, the
+// last of the goroutines queued to write flushes the buffer.
+func (c *conn) answer(r *reply, flush bool) {
 	c.waiting.Add(1)
 	c.wmu.Lock()
 	c.waiting.Add(-1)
 	if c.werr == nil {
 		c.werr = c.writeReply(r)
 	}
-	if c.werr == nil && c.waiting.Load() == 0 {
+	if flush && c.werr == nil && c.waiting.Load() == 0 {
 		c.werr = c.w.Flush()
 	}
 	failed := c.werr != nil
@@ -418,7 +479,7 @@ func (c *conn) send(r *reply) {
 }
 
 func (c *conn) writeReply(r *reply) error {
-	var hdr [20]byte
+	var hdr [28]byte
 	h := hdr[:16]
 	if r.simple {
 		be.PutUint32(hdr[0:], magicSimple)
@@ -429,8 +490,12 @@ func (c *conn) writeReply(r *reply) error {
 		be.PutUint16(hdr[4:], replyFlagDone)
 		be.PutUint16(hdr[6:], r.typ)
 		be.PutUint64(hdr[8:], r.cookie)
-		be.PutUint32(hdr[16:], uint32(len(r.extra)+len(r.data)))
 		h = hdr[:20]
+		if r.typ == replyTypeOffsetData {
+			be.PutUint64(hdr[20:], r.offset)
+			h = hdr[:28]
+		}
+		be.PutUint32(hdr[16:], uint32(len(h)-20+len(r.extra)+len(r.data)))
 	}
 	if len(r.data) >= largeReply {
 		// Send header and payload with one writev from their own buffers

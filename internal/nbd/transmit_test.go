@@ -832,3 +832,82 @@ func TestRevocationWithRequestInFlight(t *testing.T) {
 		t.Fatalf("releases %d, connections %d", releases.Load(), s.Connections())
 	}
 }
+
+// someNoWait answers TryReadAt for even 4 KiB blocks only, so reads take
+// both paths: run by the reader goroutine, or handed to a goroutine.
+type someNoWait struct {
+	*block.File
+	answered atomic.Int32
+}
+
+func (d *someNoWait) TryReadAt(p []byte, off int64) bool {
+	if off/4096%2 == 1 || !d.File.TryReadAt(p, off) {
+		return false
+	}
+	d.answered.Add(1)
+	return true
+}
+
+// Reads the device answers at once are run by the reader and their replies
+// flushed before it waits for the client: pipelined reads over both paths
+// all come back right, and a read's reply is not held back while the
+// reader waits for the rest of a write's payload.
+func TestReadNow(t *testing.T) {
+	modes(t, func(t *testing.T, structured bool) {
+		file, _ := sparseFile(t, testSize)
+		dev := &someNoWait{File: file}
+		_, addr := serve(t, dev, nil)
+		c, _ := open(t, addr, structured, false)
+		const n = 64
+		for i := range n {
+			c.mustWrite(uint64(i*4096), pattern(4096, byte(i)))
+		}
+		var batch []byte
+		for i := range n {
+			batch = append(batch, encRequest(0, cmdRead, uint64(i), uint64(i*4096), 4096)...)
+		}
+		if err := c.write(batch); err != nil {
+			t.Fatal(err)
+		}
+		if !structured {
+			c.mu.Lock()
+			for i := range n {
+				c.reads[uint64(i)] = 4096
+			}
+			c.mu.Unlock()
+		}
+		for range n {
+			ch, err := c.readReply()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e, msg := ch.err(); e != 0 || !bytes.Equal(ch.data(), pattern(4096, byte(ch.cookie))) {
+				t.Fatalf("read %d: errno %d %s, or wrong data", ch.cookie, e, msg)
+			}
+		}
+		if got := dev.answered.Load(); got < n/2 {
+			t.Fatalf("%d reads answered at once, want %d", got, n/2)
+		}
+
+		// A read, then a write whose payload is held back until the
+		// read's reply has arrived.
+		const cookie = 7777
+		c.send(0, cmdRead, cookie, 0, 4096, nil)
+		p := pattern(4096, 99)
+		if err := c.write(append(encRequest(0, cmdWrite, cookie+1, 8192, 4096), p[:100]...)); err != nil {
+			t.Fatal(err)
+		}
+		if cs := c.reply(cookie); !bytes.Equal(cs[len(cs)-1].data(), pattern(4096, 0)) {
+			t.Fatal("read answered with wrong data")
+		}
+		if err := c.write(p[100:]); err != nil {
+			t.Fatal(err)
+		}
+		if cs := c.reply(cookie + 1); cs[0].errno != 0 {
+			t.Fatalf("write: %v", cs)
+		}
+		if !bytes.Equal(c.mustRead(8192, 4096), p) {
+			t.Fatal("write not read back")
+		}
+	})
+}

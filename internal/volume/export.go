@@ -148,6 +148,9 @@ func (h *shared) Close() error {
 	return nil
 }
 
+// TryReadAt implements block.NoWaitReader when the stack does.
+func (h *shared) TryReadAt(p []byte, off int64) bool { return block.TryReadAt(h.Device, p, off) }
+
 // gated holds a volume's write gate (read side) around every operation
 // that changes data, so that a snapshot, which holds the write side, sees
 // exactly the writes acknowledged before it.
@@ -155,6 +158,10 @@ type gated struct {
 	block.Device
 	gate *sync.RWMutex
 }
+
+// TryReadAt implements block.NoWaitReader when the stack does: reads do
+// not take the gate.
+func (g *gated) TryReadAt(p []byte, off int64) bool { return block.TryReadAt(g.Device, p, off) }
 
 func (g *gated) WriteAt(p []byte, off int64, fua bool) error {
 	g.gate.RLock()

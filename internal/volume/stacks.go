@@ -145,6 +145,9 @@ type exact struct {
 func (e *exact) Size() int64             { return e.size.Load() }
 func (e *exact) Children() []block.Layer { return []block.Layer{e.Layer} }
 
+// TryReadAt implements block.NoWaitReader when the stack does.
+func (e *exact) TryReadAt(p []byte, off int64) bool { return block.TryReadAt(e.Layer, p, off) }
+
 // Resize grows the stack (if it is not big enough already) and then the
 // presented size.
 func (e *exact) Resize(n int64) error {

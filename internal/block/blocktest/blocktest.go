@@ -28,8 +28,11 @@ func Spec(t testing.TB, s string) block.Spec {
 // Conformance builds spec in env (env.Create must be true), drives it
 // with ops random reads, writes (some FUA), write-zeroes, trims and extent
 // queries, comparing every read with a byte model, then flushes, closes,
-// reopens (Create false) and compares the whole device again. It returns
-// the model so callers can check more.
+// reopens (Create false) and compares the whole device again. A device
+// that offers block.NoWaitReader has every read tried that way too, and
+// what it answers compared alike (with at least one answer required: its
+// data was just written, so the page cache holds it). It returns the model
+// so callers can check more.
 func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 	t.Helper()
 	l, err := block.Build(env, Spec(t, spec))
@@ -41,6 +44,8 @@ func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 		t.Fatalf("size %d", size)
 	}
 	caps := l.Capabilities()
+	nowait, tryable := l.(block.NoWaitReader)
+	tried := 0
 	model := make([]byte, size)
 	rng := rand.New(rand.NewPCG(1, uint64(len(spec))))
 	for i := 0; i < ops; i++ {
@@ -77,6 +82,16 @@ func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 			if !bytes.Equal(got, model[off:off+n]) {
 				t.Fatalf("op %d: read %d+%d differs from the model", i, off, n)
 			}
+			if !tryable {
+				continue
+			}
+			clear(got)
+			if nowait.TryReadAt(got, off) {
+				tried++
+				if !bytes.Equal(got, model[off:off+n]) {
+					t.Fatalf("op %d: TryReadAt %d+%d differs from the model", i, off, n)
+				}
+			}
 		case 4:
 			ex, err := l.Extents(off, n)
 			if err != nil || len(ex) == 0 {
@@ -108,6 +123,9 @@ func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 				t.Fatalf("read after trim: %v", err)
 			}
 		}
+	}
+	if tryable && tried == 0 {
+		t.Errorf("the device offers TryReadAt but never answered one")
 	}
 	if err := l.Flush(); err != nil {
 		t.Fatal(err)

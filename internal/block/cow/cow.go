@@ -431,9 +431,44 @@ func (l *Layer) ReadAt(p []byte, off int64) error {
 	return nil
 }
 
-// readFrom reads from one image; beyond a base's (smaller, pre-extend)
-// size it reads zeroes.
+// TryReadAt implements block.NoWaitReader: as ReadAt, but only if the
+// chain is not being changed (a snapshot or extend holds it) and every
+// image the range maps to answers at once.
+func (l *Layer) TryReadAt(p []byte, off int64) bool {
+	if !l.chainMu.TryRLock() {
+		return false
+	}
+	defer l.chainMu.RUnlock()
+	at := int64(0)
+	for _, r := range l.runs(off, int64(len(p)), false) {
+		if !l.tryReadFrom(l.byDepth[r.owner], p[at:at+r.n], r.off) {
+			return false
+		}
+		at += r.n
+	}
+	return true
+}
+
+// readFrom reads from one image.
 func (l *Layer) readFrom(im *image, p []byte, off int64) error {
+	if p = l.held(im, p, off); len(p) == 0 {
+		return nil
+	}
+	return im.dev.ReadAt(p, off)
+}
+
+// tryReadFrom is readFrom without waiting (block.TryReadAt).
+func (l *Layer) tryReadFrom(im *image, p []byte, off int64) bool {
+	if p = l.held(im, p, off); len(p) == 0 {
+		return true
+	}
+	return block.TryReadAt(im.dev, p, off)
+}
+
+// held returns the part of p, read at off, that lies within image im;
+// the rest, beyond a base's (smaller, pre-extend) size, it fills with
+// zeroes.
+func (l *Layer) held(im *image, p []byte, off int64) []byte {
 	size := im.meta.Size
 	if im == l.top {
 		size = l.size
@@ -446,7 +481,7 @@ func (l *Layer) readFrom(im *image, p []byte, off int64) error {
 		clear(p[size-off:])
 		p = p[:size-off]
 	}
-	return im.dev.ReadAt(p, off)
+	return p
 }
 
 // WriteAt implements block.Device.

@@ -107,6 +107,17 @@ func (l *Layer) ReadAt(p []byte, off int64) error {
 	return nil
 }
 
+// TryReadAt implements block.NoWaitReader: each piece's child at once or
+// not at all.
+func (l *Layer) TryReadAt(p []byte, off int64) bool {
+	for _, pc := range l.split(off, int64(len(p))) {
+		if !block.TryReadAt(l.children[pc.child], p[pc.at:pc.at+pc.len], pc.off) {
+			return false
+		}
+	}
+	return true
+}
+
 // WriteAt implements block.Device.
 func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
 	for _, pc := range l.split(off, int64(len(p))) {

@@ -178,6 +178,20 @@ func (l *Layer) ReadAt(b []byte, off int64) error {
 	})
 }
 
+// TryReadAt implements block.NoWaitReader: every piece, one after the
+// other, each child at once or not at all.
+func (l *Layer) TryReadAt(b []byte, off int64) bool {
+	parts, _ := l.split(off, int64(len(b)))
+	for ci, ps := range parts {
+		for _, p := range ps {
+			if !block.TryReadAt(l.children[ci], b[p.at:p.at+p.len], p.off) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // WriteAt implements block.Device.
 func (l *Layer) WriteAt(b []byte, off int64, fua bool) error {
 	return l.each(off, int64(len(b)), func(c block.Layer, p piece) error {
