@@ -11,8 +11,8 @@
 # the ratios basalt/nbdkit and basalt/qemu-nbd.
 #
 # All three servers serve the file at once but only one is driven at a
-# time; for each job the servers take turns, round after round, and the
-# median round counts. Interleaving keeps a machine whose speed drifts
+# time; for each job the servers take turns, round after round, in an
+# order that rotates, and the median round counts. Interleaving keeps a machine whose speed drifts
 # (shared hosts do) from favouring whichever server happens to run first.
 RUNTIME=${RUNTIME:-8}
 ROUNDS=${ROUNDS:-3}
@@ -45,7 +45,10 @@ for j in $JOBS; do
   [[ -n ${spec[$j]:-} ]] || { echo "unknown job $j (known: ${!spec[*]})" >&2; exit 2; }
   set -- ${spec[$j]}
   for round in $(seq "$ROUNDS"); do
-    for name in basalt nbdkit qemu-nbd; do
+    # The order rotates every round: no server always runs first.
+    order=(basalt nbdkit qemu-nbd)
+    order=("${order[@]:round%3}" "${order[@]:0:round%3}")
+    for name in "${order[@]}"; do
       fio --name="$1-$2" --ioengine=nbd --uri="${uris[$name]}" --rw="$1" --bs="$2" --iodepth="$3" \
         --size="$SIZE" --runtime="$RUNTIME" --time_based --ramp_time=2 --output-format=json \
         --output="$results.$name.$1-$2.$round.json" >/dev/null
