@@ -42,6 +42,7 @@ type conn struct {
 	exp     *Export
 	dev     block.Device
 	nowait  block.NoWaitReader // dev, when it offers reads without waiting
+	lowat   *lowWater          // nil unless plain TCP (reader only)
 	size    uint64
 	flags   uint16
 	pending bool // the reader queued replies it has not flushed (reader only)
@@ -114,6 +115,9 @@ func (c *conn) run() {
 // requests in flight.
 func (c *conn) transmit() error {
 	c.budget = newBudget(c.srv.MaxInFlight, c.srv.MaxInFlightBytes)
+	if !c.tls {
+		c.lowat = newLowWater(c.raw)
+	}
 	ended := make(chan error, 1)
 	c.readRequests(ended)
 	err := <-ended
@@ -166,7 +170,7 @@ func (c *conn) readRequests(ended chan<- error) {
 			c.budget.acquire(cost)
 			payload = getBuf(int(req.length))
 			c.flushBeforeWait(len(payload))
-			if _, err := io.ReadFull(c.r, payload); err != nil {
+			if err := c.readPayload(payload); err != nil {
 				putBuf(payload)
 				c.budget.release(cost)
 				ended <- err
