@@ -6,12 +6,20 @@
 // the NBD project's protocol specification (doc/proto.md).
 //
 // It knows nothing of volumes: an Exports implementation maps an export
-// name to a block.Device and says when the export is revoked. Each
-// connection reads requests in one goroutine, runs them concurrently (many
-// in flight, replies out of order); each request's goroutine writes its own
+// name to a block.Device and says when the export is revoked.
+//
+// Per connection, one goroutine at a time holds the reader's role
+// (conn.go): it reads requests and runs them concurrently, many in
+// flight, replies out of order. Reads the device can answer without
+// waiting (page-cache hits, block.NoWaitReader) it runs itself; other
+// reads and commands get a goroutine each; a write is run by the
+// goroutine that received its payload, which first hands the reader's
+// role to a new goroutine, so the payload is copied on from a warm cache.
+// A big payload is received with the socket's low-water mark set
+// (lowwater.go), one wakeup per payload. Each goroutine writes its own
 // reply under the connection's write lock, and the last of a convoy of
 // waiting writers flushes, so replies that finish together share system
-// calls.
+// calls; the reader flushes what it answered itself before it next waits.
 //
 // Invariants:
 //   - memory per connection is bounded: at most MaxInFlight requests and
