@@ -26,8 +26,8 @@ func TestLowWaterHoldsReader(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer server.Close()
-	w := newLowWater(server)
-	if w == nil || !w.set(32<<10) {
+	s := newSocket(server)
+	if s == nil || !s.setLowat(32<<10) {
 		t.Fatal("cannot set the low-water mark on a TCP connection")
 	}
 	got := make(chan int, 1)
@@ -53,7 +53,7 @@ func TestLowWaterHoldsReader(t *testing.T) {
 		t.Fatal("reader still asleep with the mark reached")
 	}
 
-	if !w.set(1) {
+	if !s.setLowat(1) {
 		t.Fatal("cannot reset the mark")
 	}
 	go func() {

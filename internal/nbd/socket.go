@@ -4,25 +4,28 @@ import (
 	"io"
 	"net"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // bigPayload: a write payload with at least this many bytes still to come
 // from the socket is read with the receive low-water mark (readPayload).
 const bigPayload = 256 << 10
 
-// lowWater sets a TCP socket's receive low-water mark (SO_RCVLOWAT): the
-// kernel wakes a reader waiting on the socket only once that many bytes are
-// queued, instead of at every segment that arrives. Only the reader
-// goroutine uses it.
-type lowWater struct {
-	rc  syscall.RawConn
-	cur int // the mark now set; 1 is the kernel's default
+// socket is a connection's TCP socket, for what net.Conn does not offer:
+// the receive low-water mark (SO_RCVLOWAT: the kernel wakes a reader
+// waiting on the socket only once that many bytes are queued, instead of
+// at every segment that arrives), used by the reader alone, and sends
+// with MSG_MORE, used under the write lock.
+type socket struct {
+	rc    syscall.RawConn
+	lowat int // the mark now set; 1 is the kernel's default
 }
 
-// newLowWater returns nil unless nc is a plain TCP connection. Over TLS the
+// newSocket returns nil unless nc is a plain TCP connection. Over TLS the
 // mark would count record bytes, not payload bytes, and the TLS layer may
 // already hold some of them: a mark set there could exceed what will come.
-func newLowWater(nc net.Conn) *lowWater {
+func newSocket(nc net.Conn) *socket {
 	tc, ok := nc.(*net.TCPConn)
 	if !ok {
 		return nil
@@ -31,22 +34,46 @@ func newLowWater(nc net.Conn) *lowWater {
 	if err != nil {
 		return nil
 	}
-	return &lowWater{rc: rc, cur: 1}
+	return &socket{rc: rc, lowat: 1}
 }
 
-// set makes n the mark; false if the kernel refused.
-func (w *lowWater) set(n int) bool {
-	if n == w.cur {
+// setLowat makes n the receive low-water mark; false if the kernel refused.
+func (s *socket) setLowat(n int) bool {
+	if n == s.lowat {
 		return true
 	}
 	var serr error
-	if err := w.rc.Control(func(fd uintptr) {
+	if err := s.rc.Control(func(fd uintptr) {
 		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVLOWAT, n)
 	}); err != nil || serr != nil {
 		return false
 	}
-	w.cur = n
+	s.lowat = n
 	return true
+}
+
+// sendMore sends p with MSG_MORE: the kernel holds it to go out with the
+// next send, which must follow at once.
+func (s *socket) sendMore(p []byte) error {
+	var serr error
+	err := s.rc.Write(func(fd uintptr) bool {
+		for len(p) > 0 {
+			n, err := unix.SendmsgBuffers(int(fd), [][]byte{p}, nil, nil, unix.MSG_MORE|unix.MSG_NOSIGNAL)
+			if err == syscall.EAGAIN {
+				return false // wait until writable, then go on
+			}
+			if err != nil {
+				serr = err
+				return true
+			}
+			p = p[n:]
+		}
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	return serr
 }
 
 // readPayload reads a write's payload. A big one is read with the
@@ -61,19 +88,19 @@ func (w *lowWater) set(n int) bool {
 // every read, and it is back at 1 before the reader waits for anything
 // else (if that fails, the connection is closed rather than risked).
 func (c *conn) readPayload(p []byte) error {
-	if c.lowat == nil || len(p)-c.r.Buffered() < bigPayload {
+	if c.sock == nil || len(p)-c.r.Buffered() < bigPayload {
 		_, err := io.ReadFull(c.r, p)
 		return err
 	}
 	defer func() {
-		if !c.lowat.set(1) {
+		if !c.sock.setLowat(1) {
 			c.log.Warn("nbd: cannot reset the socket's receive low-water mark; closing the connection")
 			c.shutdown()
 		}
 	}()
 	for got := 0; got < len(p); {
 		// Bytes in the buffer are no wait; those beyond it are.
-		if missing := len(p) - got - c.r.Buffered(); missing > 0 && !c.lowat.set(missing) {
+		if missing := len(p) - got - c.r.Buffered(); missing > 0 && !c.sock.setLowat(missing) {
 			_, err := io.ReadFull(c.r, p[got:])
 			return err
 		}
