@@ -16,7 +16,7 @@
 // goroutine that received its payload, which first hands the reader's
 // role to a new goroutine, so the payload is copied on from a warm cache.
 // A big payload is received with the socket's low-water mark set
-// (lowwater.go), one wakeup per payload. Each goroutine writes its own
+// (socket.go), one wakeup per payload. Each goroutine writes its own
 // reply under the connection's write lock, and the last of a convoy of
 // waiting writers flushes, so replies that finish together share system
 // calls; the reader flushes what it answered itself before it next waits.
