@@ -534,7 +534,7 @@ func (c *conn) writeReply(r *reply) error {
 		if c.sock != nil && len(r.extra) == 0 {
 			// The header with MSG_MORE, then the payload: a fifth more
 			// 1 MiB reads per second than one writev of both on a host
-			// whose TCP paces (BBR), the same on one that does not
+			// whose TCP paces (BBR), no worse on one that does not
 			// (bench/RESULTS.md, 2026-11-25).
 			if err := c.sock.sendMore(h); err != nil {
 				return err

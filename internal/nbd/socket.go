@@ -4,8 +4,6 @@ import (
 	"io"
 	"net"
 	"syscall"
-
-	"golang.org/x/sys/unix"
 )
 
 // bigPayload: a write payload with at least this many bytes still to come
@@ -58,7 +56,7 @@ func (s *socket) sendMore(p []byte) error {
 	var serr error
 	err := s.rc.Write(func(fd uintptr) bool {
 		for len(p) > 0 {
-			n, err := unix.SendmsgBuffers(int(fd), [][]byte{p}, nil, nil, unix.MSG_MORE|unix.MSG_NOSIGNAL)
+			n, err := syscall.SendmsgN(int(fd), p, nil, nil, syscall.MSG_MORE|syscall.MSG_NOSIGNAL)
 			if err == syscall.EAGAIN {
 				return false // wait until writable, then go on
 			}
