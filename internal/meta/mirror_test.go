@@ -79,6 +79,16 @@ func TestMirrorAwait(t *testing.T) {
 	if err := m.Await(ctx, u.Name, present); err != nil {
 		t.Fatal(err)
 	}
+	// An unsynced mirror answers every Await at once (it knows nothing):
+	// what follows needs the first list done, which Get proves.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, ok := m.Get(u.Name); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the mirror never listed the user")
+		}
+	}
 	if err := s.Update(ctx, func(tx *Tx) error { tx.DeleteUser(u); return nil }); err != nil {
 		t.Fatal(err)
 	}
