@@ -115,7 +115,7 @@ func (c *conn) run() {
 // requests in flight.
 func (c *conn) transmit() error {
 	c.budget = newBudget(c.srv.MaxInFlight, c.srv.MaxInFlightBytes)
-	if !c.tls {
+	if !c.tls { // (STARTTLS is over: c.tls is final)
 		c.sock = newSocket(c.raw)
 	}
 	ended := make(chan error, 1)

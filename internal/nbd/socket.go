@@ -20,9 +20,10 @@ type socket struct {
 	lowat int // the mark now set; 1 is the kernel's default
 }
 
-// newSocket returns nil unless nc is a plain TCP connection. Over TLS the
-// mark would count record bytes, not payload bytes, and the TLS layer may
-// already hold some of them: a mark set there could exceed what will come.
+// newSocket returns nil unless nc is a plain TCP connection. It must not be
+// used under TLS: sendMore would put bytes on the wire unencrypted, and the
+// mark would count record bytes, not payload bytes, some of which the TLS
+// layer may already hold — a mark that could exceed what will ever come.
 func newSocket(nc net.Conn) *socket {
 	tc, ok := nc.(*net.TCPConn)
 	if !ok {
