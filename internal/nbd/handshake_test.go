@@ -443,6 +443,13 @@ func TestForcedTLS(t *testing.T) {
 	if got := c.mustRead(8192, 8); string(got) != "over tls" {
 		t.Errorf("read back %q", got)
 	}
+	// Big payloads both ways: a plain-TCP shortcut (low-water mark,
+	// MSG_MORE) taken under TLS would hang or send clear text.
+	big := pattern(testSize/2+4096, 5)
+	c.mustWrite(0, big)
+	if !bytes.Equal(c.mustRead(0, uint32(len(big))), big) {
+		t.Error("a big write over TLS did not read back")
+	}
 	if e, _, _ := c.do(0, cmdBlockStatus, 0, 4096, nil); e != 0 {
 		t.Errorf("BLOCK_STATUS over TLS: errno %d", e)
 	}
