@@ -45,7 +45,8 @@ type conn struct {
 	sock    *socket            // nil unless plain TCP
 	size    uint64
 	flags   uint16
-	pending bool // the reader queued replies it has not flushed (reader only)
+	pending bool      // the reader queued replies it has not flushed (reader only)
+	watch   *watchdog // guards the reader while it runs a write (watchdog.go)
 
 	budget   *budget
 	inflight sync.WaitGroup
@@ -119,6 +120,7 @@ func (c *conn) transmit() error {
 		c.sock = newSocket(c.raw)
 	}
 	ended := make(chan error, 1)
+	c.watch = newWatchdog(func() { go c.readRequests(ended) })
 	c.readRequests(ended)
 	err := <-ended
 	c.inflight.Wait()
@@ -128,12 +130,13 @@ func (c *conn) transmit() error {
 // readRequests holds the reader's role: it reads requests and starts each
 // within the connection's budget, until DISC or an error, which it sends
 // to ended. Reads the device can answer at once it runs itself (readNow);
-// others run in a goroutine of their own. A write is run by the goroutine
-// that read its payload, which hands the reader's role to a new goroutine
-// first: the payload is still in this CPU's cache when it is copied into
-// the page cache (handing the payload to another goroutine instead cost a
-// third more CPU per 1 MiB write, the copies running from another CPU's
-// cache).
+// others run in a goroutine of their own. Small writes it runs itself too
+// (writeNow; watchdog.go takes over if one is slow). Any other write is
+// run by the goroutine that read its payload, which hands the reader's
+// role to a new goroutine first: the payload is still in this CPU's cache
+// when it is copied into the page cache (handing a 1 MiB payload to
+// another goroutine instead cost a third more CPU per write, the copies
+// running from another CPU's cache).
 func (c *conn) readRequests(ended chan<- error) {
 	var hdr [requestSize]byte
 	for {
@@ -177,6 +180,12 @@ func (c *conn) readRequests(ended chan<- error) {
 				return
 			}
 			c.inflight.Add(1)
+			if c.writeNow(req) {
+				if c.runWrite(req, payload, cost) {
+					continue
+				}
+				return // a new reader took over during a slow write
+			}
 			go c.readRequests(ended)
 			c.handle(req, payload, cost)
 			return
@@ -277,15 +286,27 @@ func (c *conn) handle(req request, payload []byte, cost int64) {
 		c.sendBlockStatus(req, cost)
 		return
 	}
-	if err != nil {
-		code := errnoOf(err)
-		if code == errIO {
-			c.log.Warn("nbd I/O error", "export", c.exp.LogName, "cmd", commandName(req.typ), "offset", off, "length", n, "err", err)
-		}
-		c.sendErrorCost(req, code, cost, "%s failed: %v", commandName(req.typ), err)
-		return
+	c.send(c.result(req, err, cost))
+}
+
+// write runs a write and returns its reply.
+func (c *conn) write(req request, payload []byte, cost int64) *reply {
+	if code, msg := c.check(req); code != 0 {
+		return c.errorReply(req, code, cost, "%s", msg)
 	}
-	c.send(&reply{simple: true, cookie: req.cookie, cost: cost})
+	return c.result(req, c.dev.WriteAt(payload, int64(req.offset), false), cost)
+}
+
+// result is the reply to a command without data: done, or its error.
+func (c *conn) result(req request, err error, cost int64) *reply {
+	if err == nil {
+		return &reply{simple: true, cookie: req.cookie, cost: cost}
+	}
+	code := errnoOf(err)
+	if code == errIO {
+		c.log.Warn("nbd I/O error", "export", c.exp.LogName, "cmd", commandName(req.typ), "offset", req.offset, "length", req.length, "err", err)
+	}
+	return c.errorReply(req, code, cost, "%s failed: %v", commandName(req.typ), err)
 }
 
 // allowedFlags lists the command flags valid per command.
@@ -448,12 +469,16 @@ func (c *conn) sendError(req request, code uint32, format string, a ...any) {
 	c.sendErrorCost(req, code, 0, format, a...)
 }
 
-// sendErrorCost sends an error reply: structured (with a message) when
-// negotiated, else simple.
+// sendErrorCost sends an error reply (errorReply).
 func (c *conn) sendErrorCost(req request, code uint32, cost int64, format string, a ...any) {
+	c.send(c.errorReply(req, code, cost, format, a...))
+}
+
+// errorReply is an error reply: structured (with a message) when
+// negotiated, else simple.
+func (c *conn) errorReply(req request, code uint32, cost int64, format string, a ...any) *reply {
 	if !c.structured {
-		c.send(&reply{simple: true, cookie: req.cookie, errno: code, cost: cost})
-		return
+		return &reply{simple: true, cookie: req.cookie, errno: code, cost: cost}
 	}
 	msg := fmt.Sprintf(format, a...)
 	if len(msg) > maxString {
@@ -462,7 +487,7 @@ func (c *conn) sendErrorCost(req request, code uint32, cost int64, format string
 	p := make([]byte, 6, 6+len(msg))
 	be.PutUint32(p, code)
 	be.PutUint16(p[4:], uint16(len(msg)))
-	c.send(&reply{cookie: req.cookie, typ: replyTypeError, extra: append(p, msg...), cost: cost})
+	return &reply{cookie: req.cookie, typ: replyTypeError, extra: append(p, msg...), cost: cost}
 }
 
 // reply is one reply to send.

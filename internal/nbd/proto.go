@@ -11,10 +11,13 @@
 // Per connection, one goroutine at a time holds the reader's role
 // (conn.go): it reads requests and runs them concurrently, many in
 // flight, replies out of order. Reads the device can answer without
-// waiting (page-cache hits, block.NoWaitReader) it runs itself; other
-// reads and commands get a goroutine each; a write is run by the
-// goroutine that received its payload, which first hands the reader's
-// role to a new goroutine, so the payload is copied on from a warm cache.
+// waiting (page-cache hits, block.NoWaitReader) it runs itself, and small
+// writes too, one after another, which is what a file's lock would make
+// of them anyway (watchdog.go); if such a write is slow, a watchdog hands
+// the reader's role to a new goroutine after a millisecond. Other reads
+// and commands get a goroutine each; a big write is run by the goroutine
+// that received its payload, which first hands the reader's role to a new
+// goroutine, so the payload is copied on from a warm cache.
 // A big payload is received with the socket's low-water mark set
 // (socket.go), one wakeup per payload. Each goroutine writes its own
 // reply under the connection's write lock, and the last of a convoy of
