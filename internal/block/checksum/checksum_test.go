@@ -284,6 +284,19 @@ func TestCorruptDataIsDetected(t *testing.T) {
 		if !bytes.Equal(p, data[(bad+1)*BlockSize:(bad+3)*BlockSize]) {
 			t.Fatal("neighbour differs")
 		}
+		// Tried without waiting (table cached, data in the page cache),
+		// the bad block is refused, the neighbours are answered.
+		for _, r := range [][2]int64{{bad * BlockSize, BlockSize}, {(bad - 2) * BlockSize, 4 * BlockSize}} {
+			if l.TryReadAt(make([]byte, r[1]), r[0]) {
+				t.Fatalf("TryReadAt %v answered over a corrupt block", r)
+			}
+		}
+		if block.TryReadAt(l.child, make([]byte, 2*BlockSize), dataOff((bad+1)*BlockSize)) {
+			q := make([]byte, 2*BlockSize)
+			if !l.TryReadAt(q, (bad+1)*BlockSize) || !bytes.Equal(q, p) {
+				t.Fatal("TryReadAt of good, cached blocks: not answered, or wrong data")
+			}
+		}
 		if l.Describe().State != block.StateDegraded {
 			t.Fatalf("state after corruption: %s", l.Describe().State)
 		}

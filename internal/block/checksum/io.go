@@ -24,6 +24,58 @@ func (l *Layer) ReadAt(p []byte, off int64) error {
 	return err
 }
 
+// TryReadAt implements block.NoWaitReader: whole blocks whose tables are
+// in memory, read from the child at once and verified. Anything else —
+// a partial block, a table to load, a lock held, a block that does not
+// verify (its repair writes) — is left to ReadAt.
+func (l *Layer) TryReadAt(p []byte, off int64) bool {
+	if len(p) == 0 || !l.mu.TryRLock() {
+		return false
+	}
+	defer l.mu.RUnlock()
+	if l.check(off, int64(len(p))) != nil {
+		return false
+	}
+	return forGroups(off, int64(len(p)), func(g, off, n, at int64) error {
+		if !l.tryReadGroup(g, off, p[at:at+n]) {
+			return errNotNow
+		}
+		return nil
+	}) == nil
+}
+
+// errNotNow stops TryReadAt's walk over the groups.
+var errNotNow = errors.New("not at once")
+
+func (l *Layer) tryReadGroup(g, off int64, p []byte) bool {
+	s := l.spanOf(off, int64(len(p)))
+	if s.start != off || s.stop != off+int64(len(p)) {
+		return false
+	}
+	st := l.groups[g]
+	if !st.mu.TryRLock() {
+		return false
+	}
+	defer st.mu.RUnlock()
+	if st.stale {
+		return false
+	}
+	t := l.pinned[g]
+	if t == nil {
+		t = l.cache.get(g)
+	}
+	if t == nil || !block.TryReadAt(l.child, p, dataOff(off)) {
+		return false
+	}
+	for b := s.b0; b < s.b1; b++ {
+		lo := (b - s.b0) * BlockSize
+		if entryOf(p[lo:min(lo+BlockSize, int64(len(p)))]) != t[b%TableEntries] {
+			return false
+		}
+	}
+	return true
+}
+
 // readGroup reads [off, off+len(p)) of group g.
 func (l *Layer) readGroup(g, off int64, p []byte) error {
 	st := l.groups[g]

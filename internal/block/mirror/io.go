@@ -59,10 +59,27 @@ func (l *Layer) withReader(off, n int64, what string, fn func(block.Layer) error
 	}
 }
 
+// TryReadAt implements block.NoWaitReader: the leg a read would use, at
+// once or not at all. A leg that cannot answer at once, or fails, is left
+// to ReadAt, which meets the error and fails the leg over.
+func (l *Layer) TryReadAt(p []byte, off int64) bool {
+	if len(p) == 0 || l.usable() != nil || !l.mu.TryLock() {
+		return false
+	}
+	t := l.pickReaderLocked(off, int64(len(p)))
+	l.mu.Unlock()
+	defer t.refs.Done()
+	return block.TryReadAt(t.dev, p, off)
+}
+
 // pickReader chooses the leg for a read of [off, off+n) and references it.
 func (l *Layer) pickReader(off, n int64) target {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.pickReaderLocked(off, n)
+}
+
+func (l *Layer) pickReaderLocked(off, n int64) target {
 	if l.unsynced > 0 {
 		for r := off >> l.shift; r <= (off+n-1)>>l.shift; r++ {
 			if rs := l.dirty[r]; rs != nil && rs.unsynced {
