@@ -764,6 +764,27 @@ func (l *Layer) ReadAt(p []byte, off int64) error {
 	return l.retry(true, func() (bool, error) { return false, l.readRange(p, off) })
 }
 
+// TryReadAt implements block.NoWaitReader: a read inside one chunk whose
+// leg holds it valid, from that leg at once or not at all. Anything else
+// (several chunks, a chunk to reconstruct, a leg that fails, the layer
+// changing mode) is left to ReadAt.
+func (l *Layer) TryReadAt(p []byte, off int64) bool {
+	if len(p) == 0 || !l.mode.TryRLock() {
+		return false
+	}
+	defer l.mode.RUnlock()
+	C := l.chunk
+	s, w := off/l.dsz, off%l.dsz
+	if l.closed || w%C+int64(len(p)) > C {
+		return false
+	}
+	leg := l.dataLeg(s, int(w/C))
+	if !l.legValid(s, leg) || l.isLost(s, leg) {
+		return false
+	}
+	return block.TryReadAt(l.children[leg], p, s*C+w%C)
+}
+
 func (l *Layer) readRange(p []byte, off int64) error {
 	C := l.chunk
 	if s, w := off/l.dsz, off%l.dsz; w%C+int64(len(p)) <= C { // one chunk: the common small read

@@ -13,6 +13,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
 	"golang.org/x/time/rate"
@@ -90,6 +91,31 @@ func (l *Layer) ReadAt(p []byte, off int64) error {
 		return err
 	}
 	return l.child.ReadAt(p, off)
+}
+
+// TryReadAt implements block.NoWaitReader: when the limits allow the read
+// now and the child answers it at once. Tokens taken for a read the child
+// cannot answer at once are given back (ReadAt takes them again).
+func (l *Layer) TryReadAt(p []byte, off int64) bool {
+	now := time.Now()
+	var taken []*rate.Reservation
+	take := func(lim *rate.Limiter, n int) bool {
+		r := lim.ReserveN(now, n)
+		if !r.OK() {
+			return false
+		}
+		taken = append(taken, r)
+		return r.DelayFrom(now) == 0
+	}
+	ok := (l.ops == nil || take(l.ops, 1)) &&
+		(l.bytes == nil || len(p) == 0 || len(p) <= l.burst && take(l.bytes, len(p))) &&
+		block.TryReadAt(l.child, p, off)
+	if !ok {
+		for _, r := range taken {
+			r.CancelAt(now)
+		}
+	}
+	return ok
 }
 
 // WriteAt implements block.Device.
