@@ -29,10 +29,10 @@ func Spec(t testing.TB, s string) block.Spec {
 // with ops random reads, writes (some FUA), write-zeroes, trims and extent
 // queries, comparing every read with a byte model, then flushes, closes,
 // reopens (Create false) and compares the whole device again. A device
-// that offers block.NoWaitReader has every read tried that way too, and
-// what it answers compared alike (with at least one answer required: its
-// data was just written, so the page cache holds it). It returns the model
-// so callers can check more.
+// that offers block.NoWaitReader has every read tried that way too (and
+// a 4 KiB read at its start), and what it answers compared alike (with
+// at least one answer required: its data was just written, so the page
+// cache holds it). It returns the model so callers can check more.
 func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 	t.Helper()
 	l, err := block.Build(env, Spec(t, spec))
@@ -85,11 +85,15 @@ func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 			if !tryable {
 				continue
 			}
-			clear(got)
-			if nowait.TryReadAt(got, off) {
-				tried++
-				if !bytes.Equal(got, model[off:off+n]) {
-					t.Fatalf("op %d: TryReadAt %d+%d differs from the model", i, off, n)
+			// The same range, then its first aligned 4 KiB (the size of
+			// most small reads, which some layers limit TryReadAt to).
+			for _, r := range [][2]int64{{off, n}, {off &^ 4095, min(4096, size-off&^4095)}} {
+				got := make([]byte, r[1])
+				if nowait.TryReadAt(got, r[0]) {
+					tried++
+					if !bytes.Equal(got, model[r[0]:r[0]+r[1]]) {
+						t.Fatalf("op %d: TryReadAt %d+%d differs from the model", i, r[0], r[1])
+					}
 				}
 			}
 		case 4:

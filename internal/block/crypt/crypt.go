@@ -342,6 +342,29 @@ func (l *Layer) ReadAt(p []byte, off int64) error {
 	return nil
 }
 
+// tryReadMax: TryReadAt takes reads up to this size. It decrypts in the
+// caller's goroutine (about 13 µs per 4 KiB sector here); bigger reads go
+// to ReadAt, which spreads the work over goroutines.
+const tryReadMax = 16 << 10
+
+// TryReadAt implements block.NoWaitReader for small whole-sector reads:
+// the ciphertext read from the child at once into p, then decrypted in
+// place.
+func (l *Layer) TryReadAt(p []byte, off int64) bool {
+	n := int64(len(p))
+	if n == 0 || n > tryReadMax || off%SectorSize != 0 || n%SectorSize != 0 || l.check(false) != nil {
+		return false
+	}
+	if !block.TryReadAt(l.child, p, DataOffset+off) {
+		return false
+	}
+	for i := int64(0); i < n/SectorSize; i++ {
+		sec := p[i*SectorSize : (i+1)*SectorSize]
+		l.decrypt(sec, sec, off/SectorSize+i)
+	}
+	return true
+}
+
 // WriteAt implements block.Device: encrypt into a pooled buffer, one child
 // write per chunk of up to 1 MiB; partial edge sectors are read, decrypted,
 // patched and re-encrypted under the sector lock.
