@@ -25,9 +25,9 @@ func (l *Layer) ReadAt(p []byte, off int64) error {
 }
 
 // TryReadAt implements block.NoWaitReader: whole blocks whose tables are
-// in memory, read from the child at once and verified. Anything else —
-// a partial block, a table to load, a lock held, a block that does not
-// verify (its repair writes) — is left to ReadAt.
+// in memory, read from the child at once and verified. A partial block, a
+// table to load, a lock held is left to ReadAt. A block that does not
+// verify is repaired at once (rare, and it writes): see tryReadGroup.
 func (l *Layer) TryReadAt(p []byte, off int64) bool {
 	if len(p) == 0 || !l.mu.TryRLock() {
 		return false
@@ -56,24 +56,28 @@ func (l *Layer) tryReadGroup(g, off int64, p []byte) bool {
 	if !st.mu.TryRLock() {
 		return false
 	}
-	defer st.mu.RUnlock()
-	if st.stale {
-		return false
-	}
 	t := l.pinned[g]
 	if t == nil {
 		t = l.cache.get(g)
 	}
-	if t == nil || !block.TryReadAt(l.child, p, dataOff(off)) {
+	if st.stale || t == nil || !block.TryReadAt(l.child, p, dataOff(off)) {
+		st.mu.RUnlock()
 		return false
 	}
+	var bad []int64
 	for b := s.b0; b < s.b1; b++ {
 		lo := (b - s.b0) * BlockSize
-		if entryOf(p[lo:min(lo+BlockSize, int64(len(p)))]) != t[b%TableEntries] {
-			return false
+		hi := min(lo+BlockSize, int64(len(p)))
+		if entryOf(p[lo:hi]) != t[b%TableEntries] {
+			bad = append(bad, b)
+			clear(p[lo:hi])
 		}
 	}
-	return true
+	st.mu.RUnlock()
+	// A block that does not verify is repaired now, as ReadAt would: left
+	// to ReadAt, its read could be served by a good copy (a mirror takes
+	// turns between legs) and the bad one would stay as it is.
+	return len(bad) == 0 || l.repairBad(g, off, p, bad) == nil
 }
 
 // readGroup reads [off, off+len(p)) of group g.
@@ -87,16 +91,26 @@ func (l *Layer) readGroup(g, off int64, p []byte) error {
 	if err != nil || len(bad) == 0 {
 		return err
 	}
-	// Repair rewrites data or tables: it needs the group to itself. A
-	// write may have replaced the block meanwhile; repairBlock reads it
-	// afresh, so it serves whatever verifies now.
+	if err := l.repairBad(g, off, p, bad); err != nil {
+		l.corruptReads.Add(1)
+		return err
+	}
+	return nil
+}
+
+// repairBad repairs the blocks of group g that failed to verify in a read
+// of [off, off+len(p)) and copies what verifies now into p. Repair
+// rewrites data or tables: it needs the group to itself. A write may have
+// replaced a block meanwhile; repairBlock reads it afresh, so it serves
+// whatever verifies now.
+func (l *Layer) repairBad(g, off int64, p []byte, bad []int64) error {
+	st := l.groups[g]
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	end := off + int64(len(p))
 	for _, b := range bad {
 		_, data, _, err := l.repairBlock(g, b, true)
 		if err != nil {
-			l.corruptReads.Add(1)
 			return err
 		}
 		lo, hi := max(b*BlockSize, off), min(b*BlockSize+int64(len(data)), end)
