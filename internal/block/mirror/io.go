@@ -60,26 +60,35 @@ func (l *Layer) withReader(off, n int64, what string, fn func(block.Layer) error
 }
 
 // TryReadAt implements block.NoWaitReader: the leg a read would use, at
-// once or not at all. A leg that cannot answer at once, or fails, is left
-// to ReadAt, which meets the error and fails the leg over.
+// once or not at all. Only an answered read moves the round robin on:
+// otherwise ReadAt picks the same leg, and meets whatever kept it from
+// answering — an error fails that leg over, as if TryReadAt had not been
+// tried (else a broken leg could go unnoticed by reads, their retries
+// always landing on the next leg).
 func (l *Layer) TryReadAt(p []byte, off int64) bool {
 	if len(p) == 0 || l.usable() != nil || !l.mu.TryLock() {
 		return false
 	}
-	t := l.pickReaderLocked(off, int64(len(p)))
+	t := l.pickReaderLocked(off, int64(len(p)), false)
 	l.mu.Unlock()
 	defer t.refs.Done()
-	return block.TryReadAt(t.dev, p, off)
+	if !block.TryReadAt(t.dev, p, off) {
+		return false
+	}
+	l.rr.Add(1)
+	return true
 }
 
 // pickReader chooses the leg for a read of [off, off+n) and references it.
 func (l *Layer) pickReader(off, n int64) target {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.pickReaderLocked(off, n)
+	return l.pickReaderLocked(off, n, true)
 }
 
-func (l *Layer) pickReaderLocked(off, n int64) target {
+// pickReaderLocked is pickReader with l.mu held; without advance it
+// leaves the round robin where it is.
+func (l *Layer) pickReaderLocked(off, n int64, advance bool) target {
 	if l.unsynced > 0 {
 		for r := off >> l.shift; r <= (off+n-1)>>l.shift; r++ {
 			if rs := l.dirty[r]; rs != nil && rs.unsynced {
@@ -93,7 +102,11 @@ func (l *Layer) pickReaderLocked(off, n int64) target {
 			oks = append(oks, i)
 		}
 	}
-	return l.acquireLocked(oks[l.rr.Add(1)%uint64(len(oks))])
+	next := l.rr.Load() + 1
+	if advance {
+		next = l.rr.Add(1)
+	}
+	return l.acquireLocked(oks[next%uint64(len(oks))])
 }
 
 // WriteAt implements block.Device.

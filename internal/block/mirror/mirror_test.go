@@ -441,6 +441,34 @@ func TestLegErrors(t *testing.T) {
 		t.Fatalf("after read errors: %v", got)
 	}
 	sa.read.Store(false)
+	// Reads as the NBD server makes them — TryReadAt, then ReadAt when it
+	// declines — meet a broken leg too, whichever leg the round robin
+	// starts at (a TryReadAt that moved it on sent every retry to the
+	// other leg).
+	for start := range 2 {
+		if err := l.Repair(context.Background(), nil); err != nil {
+			t.Fatal(err)
+		}
+		for range start {
+			checkAll(t, l, model)
+		}
+		sa.read.Store(true)
+		for range 4 {
+			p := make([]byte, 4096)
+			if !l.TryReadAt(p, 0) {
+				if err := l.ReadAt(p, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !bytes.Equal(p, model[:4096]) {
+				t.Fatal("read differs from the model")
+			}
+		}
+		if got := legStates(l); got[0] != legFailed || got[1] != legOK {
+			t.Fatalf("round robin at %d: after read errors met through TryReadAt: %v", start, got)
+		}
+		sa.read.Store(false)
+	}
 	// A flush error fails the leg; the flush succeeds on the other.
 	if err := l.Repair(context.Background(), nil); err != nil {
 		t.Fatal(err)
