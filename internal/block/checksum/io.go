@@ -64,15 +64,7 @@ func (l *Layer) tryReadGroup(g, off int64, p []byte) bool {
 		st.mu.RUnlock()
 		return false
 	}
-	var bad []int64
-	for b := s.b0; b < s.b1; b++ {
-		lo := (b - s.b0) * BlockSize
-		hi := min(lo+BlockSize, int64(len(p)))
-		if entryOf(p[lo:hi]) != t[b%TableEntries] {
-			bad = append(bad, b)
-			clear(p[lo:hi])
-		}
-	}
+	bad := verify(t, s, p)
 	st.mu.RUnlock()
 	// A block that does not verify is repaired now, as ReadAt would: left
 	// to ReadAt, its read could be served by a good copy (a mirror takes
@@ -136,6 +128,16 @@ func (l *Layer) readVerify(g, off int64, p []byte) (bad []int64, err error) {
 	if err := l.child.ReadAt(buf, dataOff(s.start)); err != nil {
 		return nil, fmt.Errorf("checksum: read %d+%d: %w", s.start, len(buf), err)
 	}
+	bad = verify(t, s, buf)
+	if !direct {
+		copy(p, buf[off-s.start:])
+	}
+	return bad, nil
+}
+
+// verify checks buf, the bytes of span s, against table t: it returns the
+// blocks that do not match and clears their bytes in buf.
+func verify(t *table, s span, buf []byte) (bad []int64) {
 	for b := s.b0; b < s.b1; b++ {
 		lo := (b - s.b0) * BlockSize
 		hi := min(lo+BlockSize, int64(len(buf)))
@@ -144,10 +146,7 @@ func (l *Layer) readVerify(g, off int64, p []byte) (bad []int64, err error) {
 			clear(buf[lo:hi])
 		}
 	}
-	if !direct {
-		copy(p, buf[off-s.start:])
-	}
-	return bad, nil
+	return bad
 }
 
 // readBlock reads block b of group g, verified (repairing it if it can);
