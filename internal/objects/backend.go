@@ -263,7 +263,7 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 
 // Middleware is the fiber middleware the gateway mounts in front of
 // s3api's routes (s3api.WithMiddleware("/", objects.Middleware())). It
-// completes two answers s3api cannot give from a backend alone:
+// completes what s3api cannot do from a backend alone:
 //
 //   - A key s3api refuses before the backend sees it ("a/../../b", "..",
 //     "./") would get a bare 400 "Bad Request"; Middleware answers first,
@@ -272,11 +272,16 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 //     Last-Modified from the output a backend returns with its error, but
 //     not x-amz-version-id; the backend leaves the marker's id in the
 //     request (noteVersionID) and Middleware adds the header.
+//   - A chunked request body is read to its end before the connection
+//     takes its next request (chunkedBody).
 //
-// It must run before s3api's DecodeURL (WithMiddleware mounts it there),
-// so it unescapes the path itself, the same way.
+// It must run before s3api's DecodeURL and authentication (WithMiddleware
+// mounts it there), so it unescapes the path itself, the same way.
 func Middleware() fiber.Handler {
 	return func(c fiber.Ctx) error {
+		if body := watchChunkedBody(c); body != nil {
+			defer body.finish(c)
+		}
 		if err := pathKeyError(c); err != nil {
 			requestID, hostID := utils.EnsureRequestIDs(c)
 			c.Response().Header.SetContentType(fiber.MIMEApplicationXML)
