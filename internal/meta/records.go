@@ -148,9 +148,6 @@ type Snapshot struct {
 	// Stack is the source volume's stack: clones are made with it.
 	Stack json.RawMessage `json:"stack_spec,omitempty"`
 	Type  string          `json:"type,omitempty"`
-	// Cloning lists volumes being created from this snapshot; while
-	// non-empty the snapshot (and so its image) may not be deleted.
-	Cloning []string `json:"cloning,omitempty"`
 	// RequestedBy is the node that accepted the create call when another
 	// node (Node, the volume's writer) takes the snapshot.
 	RequestedBy string `json:"requested_by,omitempty"`

@@ -78,7 +78,7 @@ func TestRecords(t *testing.T) {
 	u := &User{Name: uniq("user"), ID: "id1", Admin: true, UID: &uid, AccessKeyID: uniq("AK"), SecretKey: "secret", CreatedAt: time.Now().UTC().Truncate(time.Millisecond)}
 	v := &Volume{ID: uniq("vol"), Name: "n", Owner: u.Name, OwnerID: u.ID, SizeBytes: 4096, Status: StatusAvailable, Type: "standard",
 		Job: &Job{Kind: JobFlatten, Done: 1, Total: 4096}, Snapshotting: []string{"snap-a"}}
-	sn := &Snapshot{ID: uniq("snap"), Owner: u.Name, OwnerID: u.ID, VolumeID: v.ID, SizeBytes: 4096, Status: StatusCreating, Cloning: []string{"vol-b"}}
+	sn := &Snapshot{ID: uniq("snap"), Owner: u.Name, OwnerID: u.ID, VolumeID: v.ID, SizeBytes: 4096, Status: StatusCreating, Image: "img-1"}
 	if err := s.Update(ctx, func(tx *Tx) error {
 		tx.PutUser(u)
 		tx.PutVolume(v)
@@ -112,7 +112,7 @@ func TestRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if gs.VolumeID != v.ID || len(gs.Cloning) != 1 || gs.Status != StatusCreating {
+	if gs.VolumeID != v.ID || gs.Image != "img-1" || gs.Status != StatusCreating {
 		t.Fatalf("snapshot round trip: %+v", gs)
 	}
 	contains := func(ids []string, id string) bool {

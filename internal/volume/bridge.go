@@ -295,7 +295,7 @@ func (s *Service) startImport(id string) {
 		defer s.jobs.Done()
 		v, err := s.meta.Volume(s.ctx, id)
 		if err == nil {
-			_, err = s.finishCreate(s.ctx, v)
+			_, err = s.finishImport(s.ctx, v)
 		}
 		if err != nil && s.ctx.Err() == nil {
 			s.logFor("volume", id).Error("create from object failed", "err", err)

@@ -1,6 +1,9 @@
 package volume
 
 import (
+	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -44,4 +47,57 @@ func TestCollector(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a waiter on a stopped service hangs")
 	}
+}
+
+// TestSweepStacks: a collection removes the stacks of volumes that have
+// no record and are older than the grace, unless this node is creating
+// them; recorded volumes keep theirs however old.
+func TestSweepStacks(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{ImageGrace: time.Hour})
+	alice := caller("alice")
+	v, err := s.CreateVolume(ctxT(t), alice, CreateVolume{SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	past := time.Now().Add(-2 * time.Hour)
+	stack := func(id string, mtime time.Time) {
+		t.Helper()
+		dir := e.st.VolumeDir(id)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cow.sb"), []byte("leftover"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(dir, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chtimes(e.st.VolumeDir(v.ID), past, past); err != nil {
+		t.Fatal(err)
+	}
+	old, young, creating := newID("vol-"), newID("vol-"), newID("vol-")
+	stack(old, past)
+	stack(young, time.Now())
+	stack(creating, past)
+	s.claim("create/" + creating)
+	collect := func() {
+		s.collectSoon()
+		s.collected()
+	}
+	collect()
+	want := []string{v.ID, young, creating}
+	slices.Sort(want)
+	if got := e.volumeDirs(); !slices.Equal(got, want) {
+		t.Fatalf("volume directories after a collection: %v, want %v (the recorded, the young and the one being created)", got, want)
+	}
+	s.unclaim("create/" + creating)
+	collect()
+	want = []string{v.ID, young}
+	slices.Sort(want)
+	if got := e.volumeDirs(); !slices.Equal(got, want) {
+		t.Fatalf("volume directories once the create gave up: %v, want %v", got, want)
+	}
+	e.sameVolume(s, v.ID, make([]byte, 1<<20), "the recorded volume")
 }

@@ -9,7 +9,9 @@ import (
 
 // Start resumes this node's interrupted workflows: every record left in a
 // transitional status is driven to available or error, and recorded jobs
-// run again. Call once, before serving requests.
+// run again; the collection it asks for removes the stacks of volume
+// creates and deletes that were interrupted (they have no record). Call
+// once, before serving requests.
 func (s *Service) Start(ctx context.Context) error {
 	s.leases.renew(ctx) // a lease before the first attachment opens
 	s.jobs.Add(2)
@@ -31,16 +33,11 @@ func (s *Service) Start(ctx context.Context) error {
 		}
 		var err error
 		switch v.Status {
-		case meta.StatusCreating:
-			if v.SourceObject != "" {
-				s.startImport(v.ID) // long: in the background, as at create
-				continue
-			}
-			_, err = s.finishCreate(ctx, v)
+		case meta.StatusCreating: // only imports have a record while creating
+			s.startImport(v.ID) // long: in the background, as at create
+			continue
 		case meta.StatusExtending:
 			_, err = s.finishExtend(ctx, v.ID)
-		case meta.StatusDeleting:
-			err = s.finishDeleteVolume(ctx, v.ID)
 		default:
 			continue
 		}

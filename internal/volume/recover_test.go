@@ -16,13 +16,15 @@ import (
 // TestRecoverTransitions: records a node left in a transitional status —
 // it died between a workflow's first transaction and its last — are driven
 // to rest by that node's next Start, whatever of the data work was done;
-// another node's records are left alone.
+// another node's records are left alone. Volume creates and deletes have
+// one transaction and no transitional status: a node that died in one
+// leaves a stack without a record, which a collection removes.
 //
 //	A  volume extending, resize not done        -> available, grown
 //	A2 volume extending, resize done            -> available, same data
-//	B  volume deleting, directory still there   -> gone, images collected
-//	C  volume creating, a torn directory        -> available, empty
-//	C2 clone creating (pins its snapshot)       -> available, the snapshot's data
+//	B  volume deleted, its stack still there    -> stack gone, images collected
+//	C  volume create died building its stack    -> stack gone
+//	C2 clone create died before its commit      -> stack gone, snapshot kept
 //	D  volume extending, driven by another node -> untouched
 //	E  snapshot deleting                        -> gone
 //	F  snapshot creating, freeze not done       -> available, exact
@@ -33,10 +35,6 @@ func TestRecoverTransitions(t *testing.T) {
 	alice := caller("alice")
 	s0 := e.started(Config{})
 	base := e.provisioned()
-	std, err := s0.VolumeType(ctx, "standard")
-	if err != nil {
-		t.Fatal(err)
-	}
 	newVol := func(name string, size int64, model []byte, seed uint64) *meta.Volume {
 		t.Helper()
 		v, err := s0.CreateVolume(ctx, alice, CreateVolume{Name: name, SizeBytes: size})
@@ -98,53 +96,37 @@ func TestRecoverTransitions(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	// B: deleting (name released, directory and images still there).
+	// B: deleted (DeleteVolume's transaction), the stack not removed.
 	b := newVol("b", 1<<20, make([]byte, 1<<20), 12)
 	bTop := e.top(b.ID)
 	e.update(func(tx *meta.Tx) error {
 		v, _ := tx.Volume(b.ID)
 		tx.ReleaseName(meta.NameVolume, v.OwnerID, v.Name, v.ID)
-		v.Status, v.Node = meta.StatusDeleting, e.node
-		tx.PutVolume(v)
-		return nil
+		tx.DeleteVolume(v.ID)
+		return tx.Provision(-v.SizeBytes, 0)
 	})
-	// C: creating; the node died while building the stack, leaving a
-	// directory with junk.
+	// C: the node died while building a new volume's stack, leaving a
+	// directory with junk and no record.
 	cID := newID("vol-")
-	e.update(func(tx *meta.Tx) error {
-		if err := tx.ClaimName(meta.NameVolume, alice.ID, "c", cID); err != nil {
-			return err
-		}
-		t0 := now()
-		tx.PutVolume(&meta.Volume{ID: cID, Name: "c", Owner: alice.Name, OwnerID: alice.ID, SizeBytes: 2 << 20,
-			Status: meta.StatusCreating, Type: "standard", Stack: std.Stack, CreatedAt: t0, UpdatedAt: t0, Node: e.node})
-		return tx.Provision(2<<20, math.MaxInt64)
-	})
 	if err := os.MkdirAll(e.st.VolumeDir(cID), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(e.st.VolumeDir(cID), "cow.sb"), []byte("torn"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// C2: a clone creating, bigger than its snapshot; the snapshot is
-	// pinned meanwhile.
+	// C2: a clone bigger than its snapshot, its stack built on the
+	// snapshot's image, the node dead before the record's commit.
 	srcData := make([]byte, 1<<20)
 	src := newVol("src", 1<<20, srcData, 13)
 	srcSnap, err := s0.CreateSnapshot(ctx, alice, src.ID, "srcsnap", "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c2ID := newID("vol-")
-	e.update(func(tx *meta.Tx) error {
-		t0 := now()
-		tx.PutVolume(&meta.Volume{ID: c2ID, Owner: alice.Name, OwnerID: alice.ID, SizeBytes: 2 << 20,
-			Status: meta.StatusCreating, Type: srcSnap.Type, Stack: srcSnap.Stack, SourceSnapshot: srcSnap.ID,
-			CreatedAt: t0, UpdatedAt: t0, Node: e.node})
-		sn, _ := tx.Snapshot(srcSnap.ID)
-		sn.Cloning = append(sn.Cloning, c2ID)
-		tx.PutSnapshot(sn)
-		return tx.Provision(2<<20, math.MaxInt64)
-	})
+	c2 := &meta.Volume{ID: newID("vol-"), SizeBytes: 2 << 20, Type: srcSnap.Type, Stack: srcSnap.Stack}
+	if err := s0.createStack(c2, srcSnap.Image); err != nil {
+		t.Fatal(err)
+	}
+	c2Top := e.top(c2.ID)
 	// D: extending, driven by another node: not ours to finish.
 	d := newVol("d", 1<<20, nil, 0)
 	extending(d.ID, 2<<20, "some-other-node")
@@ -184,14 +166,12 @@ func TestRecoverTransitions(t *testing.T) {
 	s0.Stop()
 	checkProvisioned(t)
 
-	// The clone's snapshot is pinned until the clone exists.
-	wantCode(t, s0.DeleteSnapshot(ctx, alice, srcSnap.ID), errs.CodeSnapshotInUse)
 	// F's and G's volumes are blocked until their snapshots exist.
 	wantCode(t, s0.DeleteVolume(ctx, alice, fv.ID), errs.CodeVolumeBusy)
 
 	// Another node's Start leaves all of it alone.
 	other := e.started(Config{Node: uniq("othernode")})
-	for _, id := range []string{a.ID, a2.ID, b.ID, cID, c2ID} {
+	for _, id := range []string{a.ID, a2.ID} {
 		if v := e.volume(id); v.Status == meta.StatusAvailable {
 			t.Fatalf("another node finished volume %s: %+v", id, v)
 		}
@@ -220,33 +200,17 @@ func TestRecoverTransitions(t *testing.T) {
 		t.Fatalf("A2 after recovery: %+v", a2v)
 	}
 	e.sameVolume(s1, a2.ID, append(a2Data, make([]byte, 2<<20)...), "A2")
-	// B: gone with its directory and its image.
-	if _, err := e.meta.Volume(ctx, b.ID); !errs.IsCode(err, errs.CodeNotFound) {
-		t.Fatalf("B after recovery: %v", err)
+	// B, C, C2: their stacks removed, and the images only they used.
+	for _, id := range []string{b.ID, cID, c2.ID} {
+		if exists(e.st.VolumeDir(id)) {
+			t.Errorf("the stack of %s (no record) survived", id)
+		}
 	}
-	if exists(e.st.VolumeDir(b.ID)) || e.hasImage(bTop) {
-		t.Fatal("B's directory or image survived")
+	if e.hasImage(bTop) || e.hasImage(c2Top) {
+		t.Error("an image of a recordless stack survived")
 	}
-	// C: available, empty, by name.
-	cv := e.volume(cID)
-	if cv.Status != meta.StatusAvailable || cv.Node != "" || cv.StatusMessage != "" {
-		t.Fatalf("C after recovery: %+v", cv)
-	}
-	e.sameVolume(s1, cID, make([]byte, 2<<20), "C")
-	if got, err := s1.Volume(ctx, alice, "c"); err != nil || got.ID != cID {
-		t.Fatalf("C by name: %v", err)
-	}
-	// C2: the snapshot's data then zeroes; the snapshot released.
-	c2v := e.volume(c2ID)
-	if c2v.Status != meta.StatusAvailable || c2v.Node != "" {
-		t.Fatalf("C2 after recovery: %+v", c2v)
-	}
-	e.sameVolume(s1, c2ID, append(slices.Clone(srcData), make([]byte, 1<<20)...), "C2")
-	if ch := e.chain(c2ID); len(ch) != 2 || ch[1] != srcSnap.Image {
-		t.Fatalf("C2's chain %v, want a top on %s", ch, srcSnap.Image)
-	}
-	if sn := e.snapshot(srcSnap.ID); len(sn.Cloning) != 0 {
-		t.Fatalf("C2's snapshot still pinned: %v", sn.Cloning)
+	if !e.hasImage(srcSnap.Image) {
+		t.Error("C2's snapshot lost its image")
 	}
 	// D: untouched.
 	dv := e.volume(d.ID)

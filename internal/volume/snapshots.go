@@ -261,9 +261,6 @@ func (s *Service) DeleteSnapshot(ctx context.Context, c Caller, ref string) erro
 		default:
 			return errs.Conflict(errs.CodeSnapshotNotReady, "snapshot %s is %s; delete it when that finishes", cur.ID, cur.Status)
 		}
-		if len(cur.Cloning) > 0 {
-			return errs.Conflict(errs.CodeSnapshotInUse, "volume %s is being created from snapshot %s; delete it when that finishes", cur.Cloning[0], cur.ID)
-		}
 		if cur.Job != nil {
 			return errs.Conflict(errs.CodeSnapshotInUse, "snapshot %s is being exported to %s; delete it when that finishes", cur.ID, cur.Job.Object)
 		}

@@ -211,7 +211,8 @@ func (s *Service) Stack(ctx context.Context, v *meta.Volume) (*block.Node, error
 	return &n, nil
 }
 
-// collect removes the copy-on-write images no volume and no snapshot
+// collect removes the stacks of volumes that have no record
+// (sweepStacks), then the copy-on-write images no volume and no snapshot
 // needs. Roots: every snapshot record's image and every volume's top;
 // images younger than the grace period are spared (another node may be
 // creating them right now).
@@ -222,6 +223,7 @@ func (s *Service) Stack(ctx context.Context, v *meta.Volume) (*block.Node, error
 // The snapshot records are read before (a snapshot made since has its
 // image in its volume's new top's chain), the sweep runs after.
 func (s *Service) collect(ctx context.Context) {
+	s.sweepStacks(ctx)
 	snaps, err := s.meta.Snapshots(ctx)
 	if err != nil {
 		s.log.Warn("image collection skipped", "err", err)
@@ -248,6 +250,59 @@ func (s *Service) collect(ctx context.Context) {
 	}
 	if err != nil {
 		s.log.Warn("image collection", "err", err)
+	}
+}
+
+// sweepStacks removes the stack directories of volumes that have no
+// record: left by a create that failed or died before its commit, or by a
+// delete that died (or could not remove them) after its commit. Spared:
+// stacks younger than the image grace (another node may be about to
+// commit their record) and those this node is creating (their claim).
+// The directories are listed and the claims checked before the records
+// are read, so a stack whose record is committed meanwhile is spared.
+func (s *Service) sweepStacks(ctx context.Context) {
+	dir := filepath.Dir(s.store.VolumeDir("x"))
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			s.log.Warn("stack collection skipped", "err", err)
+		}
+		return
+	}
+	var old []string
+	for _, d := range ents {
+		info, err := d.Info()
+		if err != nil || time.Since(info.ModTime()) < s.cfg.ImageGrace {
+			continue // removed meanwhile, or young
+		}
+		if _, creating := s.claims.Load("create/" + d.Name()); creating {
+			// Checked before the records are read: a create that has
+			// released its claim has committed (or given up) by then.
+			continue
+		}
+		old = append(old, d.Name())
+	}
+	if len(old) == 0 {
+		return
+	}
+	vols, err := s.meta.Volumes(ctx)
+	if err != nil {
+		s.log.Warn("stack collection skipped", "err", err)
+		return
+	}
+	recorded := make(map[string]bool, len(vols))
+	for _, v := range vols {
+		recorded[v.ID] = true
+	}
+	for _, id := range old {
+		if recorded[id] {
+			continue
+		}
+		if err := s.store.RemoveVolume(id); err != nil {
+			s.log.Warn("stack collection", "volume", id, "err", err)
+			continue
+		}
+		s.logFor("volume", id).Info("stack without a record removed")
 	}
 }
 

@@ -304,6 +304,20 @@ func (e *env) images() []string {
 }
 
 // top is the image volume id writes into (its cow.sb on disk).
+// volumeDirs lists the store's volume directories.
+func (e *env) volumeDirs() []string {
+	e.t.Helper()
+	ents, err := os.ReadDir(filepath.Dir(e.st.VolumeDir("x")))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var names []string
+	for _, d := range ents {
+		names = append(names, d.Name())
+	}
+	return names
+}
+
 func (e *env) top(id string) string {
 	e.t.Helper()
 	img, err := cow.TopOf(e.st.VolumeDir(id))

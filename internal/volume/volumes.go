@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
@@ -89,11 +88,17 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 	if err != nil {
 		return nil, err
 	}
+	if req.SizeBytes > limit {
+		// Refused before a stack is built (the transaction checks the
+		// rest): none this big could ever be provisioned.
+		return nil, errs.New(errs.KindInsufficientStorage, errs.CodeInsufficientCapacity,
+			"not enough capacity: %d bytes requested, %d bytes provisionable in all", req.SizeBytes, limit)
+	}
 	t := now()
 	v := &meta.Volume{
 		ID: newID("vol-"), Name: req.Name, Owner: c.Name, OwnerID: c.ID, SizeBytes: req.SizeBytes,
-		Status: meta.StatusCreating, Type: req.Type, Stack: stack, Multiattach: req.Multiattach,
-		ClientToken: req.ClientToken, CreatedAt: t, UpdatedAt: t, Node: s.cfg.Node,
+		Status: meta.StatusAvailable, Type: req.Type, Stack: stack, Multiattach: req.Multiattach,
+		ClientToken: req.ClientToken, CreatedAt: t, UpdatedAt: t,
 	}
 	if req.ClientToken != "" {
 		v.TokenParams = fingerprint(req.Name, req.SizeBytes, req.Type, req.FromSnapshot, req.Multiattach, req.FromObject)
@@ -102,8 +107,31 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		v.SourceSnapshot = src.ID
 	}
 	if req.FromObject != "" {
-		v.SourceObject = req.FromObject
+		// An import takes time: its record comes first, creating, and
+		// names this node to finish it (recover.go).
+		v.Status, v.Node, v.SourceObject = meta.StatusCreating, s.cfg.Node, req.FromObject
 		v.Job = &meta.Job{Kind: meta.JobImport, Node: s.cfg.Node, StartedAt: t, Object: req.FromObject}
+	} else {
+		// The stack first, then the record, available, in one commit: a
+		// record never names a stack that is not there, and a stack
+		// without a record (a failed commit, a crash in between) is an
+		// orphan the collector removes (sweepStacks). The claim keeps
+		// this node's collector off it meanwhile; other nodes' spare it
+		// for the image grace.
+		key := "create/" + v.ID
+		s.claim(key)
+		defer s.unclaim(key)
+		base := ""
+		if src != nil {
+			base = src.Image
+		}
+		s.gcMu.RLock()
+		err := s.createStack(v, base)
+		s.gcMu.RUnlock()
+		if err != nil {
+			s.discardStack(v.ID)
+			return nil, fmt.Errorf("create volume %s: %w", v.ID, err)
+		}
 	}
 	var replay *meta.Volume
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
@@ -125,8 +153,8 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 			return err
 		}
 		if src != nil {
-			// Held until the clone exists: the snapshot (and so its
-			// image) cannot be deleted meanwhile.
+			// Held under the snapshot's read lock, so still there; the
+			// check is the transaction's proof of it.
 			sn, err := tx.Snapshot(src.ID)
 			if err != nil {
 				return err
@@ -134,8 +162,6 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 			if sn == nil || sn.Status != meta.StatusAvailable {
 				return errs.Conflict(errs.CodeSnapshotNotReady, "snapshot %s is not available", src.ID)
 			}
-			sn.Cloning = append(sn.Cloning, v.ID)
-			tx.PutSnapshot(sn)
 		}
 		if err := tx.Provision(v.SizeBytes, limit); err != nil {
 			return err
@@ -144,69 +170,76 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		tx.PutVolume(v)
 		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	if replay != nil {
+	if err != nil || replay != nil {
+		if v.SourceObject == "" && (replay != nil || refused(err)) {
+			// Surely not committed. After any other error the commit
+			// may have happened: the stack stays, for the collector to
+			// remove if no record names it.
+			s.discardStack(v.ID)
+		}
+		if err != nil {
+			return nil, err
+		}
 		return replay, nil
 	}
 	s.logFor("volume", v.ID).Info("volume create", "owner", v.Owner, "size", v.SizeBytes, "type", v.Type,
 		"from", v.SourceSnapshot, "from_object", v.SourceObject)
 	if v.SourceObject != "" {
 		s.startImport(v.ID)
-		return v, nil
 	}
-	return s.finishCreate(ctx, v)
+	return v, nil
 }
 
-// finishCreate builds the stack of v, a volume record read in status
-// creating (on its snapshot's image for a clone; filled from its object for
-// an import), and marks the volume available.
-func (s *Service) finishCreate(ctx context.Context, v *meta.Volume) (*meta.Volume, error) {
-	id := v.ID
-	var base string
-	if v.SourceSnapshot != "" {
-		sn, err := s.meta.Snapshot(ctx, v.SourceSnapshot)
-		if err != nil {
-			return nil, s.failVolume(ctx, id, fmt.Errorf("snapshot %s: %w", v.SourceSnapshot, err))
-		}
-		base = sn.Image
+// refused reports whether err is a transaction's own refusal (a name
+// taken, no capacity, a token mismatch), which commits nothing — unlike a
+// failure to reach the metadata store, after which a commit may or may
+// not have happened.
+func refused(err error) bool {
+	e, ok := errs.As(err)
+	return ok && e.Kind != errs.KindInternal && e.Kind != errs.KindUnavailable
+}
+
+// discardStack removes the stack of volume id, which has no record, and
+// asks for a collection of the images it used; a stack it cannot remove
+// is left to that collection.
+func (s *Service) discardStack(id string) {
+	if err := s.store.RemoveVolume(id); err != nil {
+		s.logFor("volume", id).Warn("stack left for the collector", "err", err)
 	}
+	s.collectSoon()
+}
+
+// finishImport builds the stack of v, a volume record read in status
+// creating, fills it from its object and marks the volume available.
+func (s *Service) finishImport(ctx context.Context, v *meta.Volume) (*meta.Volume, error) {
+	id := v.ID
 	start := time.Now()
 	s.gcMu.RLock()
-	err := s.createStack(v, base)
+	err := s.createStack(v, "")
 	s.gcMu.RUnlock()
 	if err != nil {
 		return nil, s.failVolume(ctx, id, err)
 	}
-	var imported *meta.JobResult
-	if v.SourceObject != "" {
-		rep, err := s.importObject(ctx, v)
-		if ctx.Err() != nil {
-			return nil, ctx.Err() // shutdown: Start imports again
-		}
-		if err != nil {
-			return nil, s.failVolume(ctx, id, fmt.Errorf("import %s: %w", v.SourceObject, err))
-		}
-		imported = &meta.JobResult{Kind: meta.JobImport, Report: rep, Finished: now()}
+	rep, err := s.importObject(ctx, v)
+	if ctx.Err() != nil {
+		return nil, ctx.Err() // shutdown: Start imports again
 	}
+	if err != nil {
+		return nil, s.failVolume(ctx, id, fmt.Errorf("import %s: %w", v.SourceObject, err))
+	}
+	imported := &meta.JobResult{Kind: meta.JobImport, Report: rep, Finished: now()}
 	out, err := s.transitionVolume(ctx, id, meta.StatusCreating, func(v *meta.Volume) {
 		v.Status = resting(v)
-		if imported != nil {
-			v.Job, v.LastJob = nil, imported
-		}
-	}, func(tx *meta.Tx, v *meta.Volume) error {
-		return dropFromSnapshot(tx, v.SourceSnapshot, v.ID)
+		v.Job, v.LastJob = nil, imported
 	})
 	if err == nil {
-		s.logFor("volume", id).Info("volume available", "from", v.SourceSnapshot, "took", time.Since(start).String())
+		s.logFor("volume", id).Info("volume available", "from_object", v.SourceObject, "took", time.Since(start).String())
 	}
 	return out, err
 }
 
-// transitionVolume applies fn to a volume that is still in status from,
-// and runs also (if any) in the same transaction.
-func (s *Service) transitionVolume(ctx context.Context, id, from string, fn func(*meta.Volume), also ...func(*meta.Tx, *meta.Volume) error) (*meta.Volume, error) {
+// transitionVolume applies fn to a volume that is still in status from.
+func (s *Service) transitionVolume(ctx context.Context, id, from string, fn func(*meta.Volume)) (*meta.Volume, error) {
 	var out *meta.Volume
 	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 		v, err := tx.Volume(id)
@@ -221,11 +254,6 @@ func (s *Service) transitionVolume(ctx context.Context, id, from string, fn func
 		}
 		v.StatusMessage = "" // a message describes the last failure; this transition succeeded
 		fn(v)
-		for _, f := range also {
-			if err := f(tx, v); err != nil {
-				return err
-			}
-		}
 		v.Node = ""
 		v.UpdatedAt = now()
 		tx.PutVolume(v)
@@ -243,13 +271,8 @@ func (s *Service) failVolume(ctx context.Context, id string, cause error) error 
 		if err != nil || v == nil {
 			return err
 		}
-		if v.Status == meta.StatusCreating {
-			if err := dropFromSnapshot(tx, v.SourceSnapshot, id); err != nil {
-				return err
-			}
-			if v.Job != nil && v.Job.Kind == meta.JobImport {
-				v.Job, v.LastJob = nil, &meta.JobResult{Kind: meta.JobImport, Error: cause.Error(), Finished: now()}
-			}
+		if v.Status == meta.StatusCreating && v.Job != nil && v.Job.Kind == meta.JobImport {
+			v.Job, v.LastJob = nil, &meta.JobResult{Kind: meta.JobImport, Error: cause.Error(), Finished: now()}
 		}
 		v.Status, v.StatusMessage, v.Node, v.UpdatedAt = meta.StatusError, cause.Error(), "", now()
 		tx.PutVolume(v)
@@ -259,19 +282,6 @@ func (s *Service) failVolume(ctx context.Context, id string, cause error) error 
 		s.logFor("volume", id).Error("cannot record failure", "err", err)
 	}
 	return cause
-}
-
-func dropFromSnapshot(tx *meta.Tx, snapID, volID string) error {
-	if snapID == "" {
-		return nil
-	}
-	sn, err := tx.Snapshot(snapID)
-	if err != nil || sn == nil {
-		return err
-	}
-	sn.Cloning = slices.DeleteFunc(sn.Cloning, func(x string) bool { return x == volID })
-	tx.PutSnapshot(sn)
-	return nil
 }
 
 // Volume returns a volume the caller may see, by id or name.
@@ -405,79 +415,44 @@ func (s *Service) resize(v *meta.Volume) error {
 
 // DeleteVolume deletes a volume and its data. Snapshots of it stay.
 //
-// Most deletes meet no other workflow on their volume. Then the transaction
-// that marks the volume deleting also proves its lock queue empty (at its
-// commit), which excludes every workflow as the write lock would — one that
-// queues later finds the volume deleting and refuses — without the lock's
-// two commits. When the queue is not empty, the delete takes the write lock
-// as other workflows do. A delete that finds the volume already being
-// deleted waits for that deletion, as for any other workflow, and then
-// answers NotFound: one volume, one successful delete.
+// One commit removes the record, its name and its provisioned bytes; the
+// stack goes after it (a stack left by a crash or a failed removal is an
+// orphan the collector removes, sweepStacks). Most deletes meet no other
+// workflow on their volume: then that transaction also proves the
+// volume's lock queue empty (at its commit), which excludes every workflow
+// as the write lock would — one that queues later finds no volume —
+// without the lock's two commits. When the queue is not empty, the delete
+// takes the write lock as other workflows do. Of two deletes of one
+// volume, one commits and the other finds no volume: NotFound.
 func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error {
 	v, err := s.resolveVolume(ctx, c, ref)
 	if err != nil {
 		return err
 	}
-	err = s.markDeleting(ctx, v.ID, ref, lock.QueuePrefix(meta.LocksPrefix, "volume/"+v.ID))
+	err = s.deleteRecord(ctx, v.ID, ref, lock.QueuePrefix(meta.LocksPrefix, "volume/"+v.ID))
 	if errors.Is(err, errLocked) {
 		unlock, lerr := s.lockFor(ctx, "volume", v.ID, lock.Write)
 		if lerr != nil {
 			return lerr
 		}
-		if err = s.markDeleting(ctx, v.ID, ref, ""); err == nil {
-			defer unlock()
-			return s.finishDeleteVolume(ctx, v.ID)
-		}
+		err = s.deleteRecord(ctx, v.ID, ref, "")
 		unlock()
 	}
-	if errors.Is(err, errBeingDeleted) {
-		return s.awaitDeleted(ctx, v.ID, ref)
-	}
 	if err != nil {
 		return err
 	}
-	return s.finishDeleteVolume(ctx, v.ID)
+	s.discardStack(v.ID)
+	s.logFor("volume", v.ID).Info("volume deleted")
+	return nil
 }
 
-var (
-	// errLocked: the delete must take the volume's workflow lock.
-	errLocked = errors.New("volume workflow lock needed")
-	// errBeingDeleted: another delete marked the volume deleting.
-	errBeingDeleted = errors.New("volume being deleted")
-)
+// errLocked: the delete must take the volume's workflow lock.
+var errLocked = errors.New("volume workflow lock needed")
 
-// awaitDeleted waits up to lockWait for another request's delete of volume
-// id to end and answers NotFound. A volume still deleting after that lost
-// its deleter (a node that died mid-delete, and was not restarted): this
-// call finishes the deletion, under the write lock so that two such calls
-// do not run at once.
-func (s *Service) awaitDeleted(ctx context.Context, id, ref string) error {
-	for deadline := time.Now().Add(lockWait); time.Now().Before(deadline); {
-		if _, err := s.meta.Volume(ctx, id); errs.IsCode(err, errs.CodeNotFound) {
-			return errs.NotFound("volume", ref)
-		} else if err != nil {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	unlock, err := s.lockFor(ctx, "volume", id, lock.Write)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	s.logFor("volume", id).Warn("finishing a deletion another request left unfinished")
-	return s.finishDeleteVolume(ctx, id)
-}
-
-// markDeleting marks volume id deleting and releases its name, if it may
-// be deleted. With a queue (the volume's lock queue: the delete does not
-// hold the lock) it fails with errLocked unless the queue is empty; a
-// volume already deleting fails with errBeingDeleted.
-func (s *Service) markDeleting(ctx context.Context, id, ref, queue string) error {
+// deleteRecord deletes the record of volume id, if it may be deleted. With
+// a queue (the volume's lock queue: the delete does not hold the lock) it
+// fails with errLocked unless the queue is empty.
+func (s *Service) deleteRecord(ctx context.Context, id, ref, queue string) error {
 	return s.meta.Update(ctx, func(tx *meta.Tx) error {
 		cur, err := tx.Volume(id)
 		if err != nil {
@@ -485,9 +460,6 @@ func (s *Service) markDeleting(ctx context.Context, id, ref, queue string) error
 		}
 		if cur == nil {
 			return errs.NotFound("volume", ref)
-		}
-		if cur.Status == meta.StatusDeleting {
-			return errBeingDeleted
 		}
 		if queue != "" && !tx.Empty(queue) {
 			return errLocked
@@ -507,27 +479,7 @@ func (s *Service) markDeleting(ctx context.Context, id, ref, queue string) error
 		}
 		tx.ReleaseName(meta.NameVolume, cur.OwnerID, cur.Name, cur.ID)
 		tx.DeleteToken(meta.NameVolume, cur.OwnerID, cur.ClientToken)
-		cur.Status, cur.Node, cur.UpdatedAt = meta.StatusDeleting, s.cfg.Node, now()
-		tx.PutVolume(cur)
-		return nil
-	})
-}
-
-func (s *Service) finishDeleteVolume(ctx context.Context, id string) error {
-	if err := s.store.RemoveVolume(id); err != nil {
-		return s.failVolume(ctx, id, err)
-	}
-	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
-		v, err := tx.Volume(id)
-		if err != nil || v == nil {
-			return err
-		}
 		tx.DeleteVolume(id)
-		return tx.Provision(-v.SizeBytes, 0)
+		return tx.Provision(-cur.SizeBytes, 0)
 	})
-	if err == nil {
-		s.logFor("volume", id).Info("volume deleted")
-		s.collectSoon()
-	}
-	return err
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -435,6 +436,32 @@ func TestProvisioningLimit(t *testing.T) {
 	if got := e.provisioned(); got != base {
 		t.Fatalf("provisioned changed by %d", got-base)
 	}
+
+	// A create that fits the limit but not beside what is provisioned:
+	// its stack is built, the transaction refuses it, the stack and its
+	// image are removed.
+	c, err := e.st.Capacity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	small := e.started(Config{Overcommit: float64(base+3<<20) / float64(c.TotalBytes)})
+	first, err := small.CreateVolume(ctx, alice, CreateVolume{Name: "first", SizeBytes: 2 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstImages := e.images()
+	_, err = small.CreateVolume(ctx, alice, CreateVolume{Name: "second", SizeBytes: 2 << 20})
+	wantCode(t, err, errs.CodeInsufficientCapacity)
+	if dirs := e.volumeDirs(); !slices.Equal(dirs, []string{first.ID}) {
+		t.Fatalf("volume directories after the refused create: %v, want %s's only", dirs, first.ID)
+	}
+	if imgs := e.images(); !slices.Equal(imgs, firstImages) {
+		t.Fatalf("images after the refused create: %v, want %v", imgs, firstImages)
+	}
+	if err := small.DeleteVolume(ctx, alice, first.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.settle() // two services, one store, no grace: one collects while the other creates
 
 	// With the default overcommit the same create works; extending or
 	// snapshotting it through the tiny-limit service is refused.
