@@ -495,10 +495,10 @@ func (t *Target) rawOps(ctx context.Context, n int) {
 }
 
 // pairShape replays, on keys of its own, the etcd requests basalt makes
-// for one volume create + delete (4 Raft proposals: creating, available,
-// deleting, gone; the transactions' reads, the delete's resolve, its look
-// at the lock queue and the image collection's snapshot list), one at a
-// time, through the node's own member. serial makes every read
+// for one volume create + delete (2 Raft proposals: the record written
+// available, the record deleted; the transactions' reads, the delete's
+// look at the lock queue and the collection's lists of snapshots and
+// volumes), one at a time, through the node's own member. serial makes every read
 // serializable (answered by the member alone; the STM commits still
 // compare the mod revisions of what they read): what the pair would cost
 // if no read waited for the leader.
@@ -521,23 +521,20 @@ func (t *Target) pairShape(ctx context.Context, serial bool) error {
 		return err
 	}
 	steps := []func() error{
-		// create (the caller is authenticated from the node's user mirror)
-		func() error { // the creating record, its name, capacity
+		// create (the caller is authenticated from the node's user mirror;
+		// the stack is built before the one transaction)
+		func() error { // the record, its name, capacity
 			return stm(func(s concurrency.STM) { s.Get(name); s.Get(prov); s.Put(name, val); s.Put(prov, "1"); s.Put(vol, val) })
 		},
-		func() error { return stm(func(s concurrency.STM) { s.Get(vol); s.Put(vol, val) }) }, // available
-		// delete
-		func() error { return get(vol) }, // resolve the volume
-		func() error { // deleting, release the name; the lock queue must be empty
+		// delete (the volume resolved inside its transaction)
+		func() error { // the record, its name, capacity; the lock queue must be empty
 			if err := get(k("lock/"), clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
 				return err
 			}
-			return stm(func(s concurrency.STM) { s.Get(vol); s.Get(name); s.Put(vol, val); s.Del(name) })
+			return stm(func(s concurrency.STM) { s.Get(vol); s.Get(prov); s.Del(vol); s.Del(name); s.Put(prov, "0") })
 		},
-		func() error {
-			return stm(func(s concurrency.STM) { s.Get(vol); s.Get(prov); s.Del(vol); s.Put(prov, "0") })
-		},
-		func() error { return get(k("snapshots/"), clientv3.WithPrefix()) }, // image collection lists snapshots
+		func() error { return get(k("snapshots/"), clientv3.WithPrefix()) }, // the collection lists snapshots
+		func() error { return get(k("volumes/"), clientv3.WithPrefix()) },   // and volumes (sweepStacks)
 	}
 	for _, f := range steps {
 		if err := f(); err != nil {

@@ -289,6 +289,24 @@ func (s *Service) Volume(ctx context.Context, c Caller, ref string) (*meta.Volum
 	return s.resolveVolume(ctx, c, ref)
 }
 
+// volumeIn is resolveVolume inside a transaction.
+func volumeIn(tx *meta.Tx, c Caller, ref string) (*meta.Volume, error) {
+	id := ref
+	if !volumeIDRE.MatchString(ref) {
+		if id = tx.NameOwner(meta.NameVolume, c.ID, ref); id == "" {
+			return nil, errs.NotFound("volume", ref)
+		}
+	}
+	v, err := tx.Volume(id)
+	if err != nil {
+		return nil, err
+	}
+	if v == nil || !c.sees(v.OwnedBy()) {
+		return nil, errs.NotFound("volume", ref)
+	}
+	return v, nil
+}
+
 func (s *Service) resolveVolume(ctx context.Context, c Caller, ref string) (*meta.Volume, error) {
 	id := ref
 	if !volumeIDRE.MatchString(ref) {
@@ -423,45 +441,44 @@ func (s *Service) resize(v *meta.Volume) error {
 // as the write lock would — one that queues later finds no volume —
 // without the lock's two commits. When the queue is not empty, the delete
 // takes the write lock as other workflows do. Of two deletes of one
-// volume, one commits and the other finds no volume: NotFound.
+// volume, one commits and the other finds no volume: NotFound. The volume
+// is resolved inside the transaction, so a delete makes no read of its
+// own before it.
 func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error {
-	v, err := s.resolveVolume(ctx, c, ref)
-	if err != nil {
-		return err
-	}
-	err = s.deleteRecord(ctx, v.ID, ref, lock.QueuePrefix(meta.LocksPrefix, "volume/"+v.ID))
+	id, err := s.deleteRecord(ctx, c, ref, false)
 	if errors.Is(err, errLocked) {
-		unlock, lerr := s.lockFor(ctx, "volume", v.ID, lock.Write)
+		unlock, lerr := s.lockFor(ctx, "volume", id, lock.Write)
 		if lerr != nil {
 			return lerr
 		}
-		err = s.deleteRecord(ctx, v.ID, ref, "")
+		// By id: the name may have passed to another volume meanwhile.
+		_, err = s.deleteRecord(ctx, c, id, true)
 		unlock()
 	}
 	if err != nil {
 		return err
 	}
-	s.discardStack(v.ID)
-	s.logFor("volume", v.ID).Info("volume deleted")
+	s.discardStack(id)
+	s.logFor("volume", id).Info("volume deleted")
 	return nil
 }
 
 // errLocked: the delete must take the volume's workflow lock.
 var errLocked = errors.New("volume workflow lock needed")
 
-// deleteRecord deletes the record of volume id, if it may be deleted. With
-// a queue (the volume's lock queue: the delete does not hold the lock) it
-// fails with errLocked unless the queue is empty.
-func (s *Service) deleteRecord(ctx context.Context, id, ref, queue string) error {
-	return s.meta.Update(ctx, func(tx *meta.Tx) error {
-		cur, err := tx.Volume(id)
+// deleteRecord deletes the record of the volume ref names, if the caller
+// sees it and it may be deleted, and returns its id. Unless locked (the
+// delete holds the volume's workflow lock) it fails with errLocked when
+// the volume's lock queue is not empty.
+func (s *Service) deleteRecord(ctx context.Context, c Caller, ref string, locked bool) (string, error) {
+	var id string
+	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
+		cur, err := volumeIn(tx, c, ref)
 		if err != nil {
 			return err
 		}
-		if cur == nil {
-			return errs.NotFound("volume", ref)
-		}
-		if queue != "" && !tx.Empty(queue) {
+		id = cur.ID
+		if !locked && !tx.Empty(lock.QueuePrefix(meta.LocksPrefix, "volume/"+cur.ID)) {
 			return errLocked
 		}
 		switch cur.Status {
@@ -479,7 +496,8 @@ func (s *Service) deleteRecord(ctx context.Context, id, ref, queue string) error
 		}
 		tx.ReleaseName(meta.NameVolume, cur.OwnerID, cur.Name, cur.ID)
 		tx.DeleteToken(meta.NameVolume, cur.OwnerID, cur.ClientToken)
-		tx.DeleteVolume(id)
+		tx.DeleteVolume(cur.ID)
 		return tx.Provision(-cur.SizeBytes, 0)
 	})
+	return id, err
 }
