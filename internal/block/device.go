@@ -95,6 +95,32 @@ type NoWaitReader interface {
 	TryReadAt(p []byte, off int64) bool
 }
 
+// VectorWriter is implemented by devices that take one write given in
+// several buffers, for consecutive bytes from off, in one call — for a
+// file, one pwritev instead of a pwrite per buffer, which the kernel
+// copies into the page cache as one write. A layer that splits requests
+// (stripe) hands each child its pieces that way. As with NoWaitReader, a
+// layer offers it only by implementing it itself.
+type VectorWriter interface {
+	// WriteAtV is WriteAt of the buffers' concatenation.
+	WriteAtV(bufs [][]byte, off int64, fua bool) error
+}
+
+// WriteAtV writes bufs to d at consecutive offsets from off: in one call
+// when d offers VectorWriter, else one WriteAt per buffer.
+func WriteAtV(d Device, bufs [][]byte, off int64, fua bool) error {
+	if v, ok := d.(VectorWriter); ok {
+		return v.WriteAtV(bufs, off, fua)
+	}
+	for _, b := range bufs {
+		if err := d.WriteAt(b, off, fua); err != nil {
+			return err
+		}
+		off += int64(len(b))
+	}
+	return nil
+}
+
 // TryReadAt is d's TryReadAt when d offers it, else false.
 func TryReadAt(d Device, p []byte, off int64) bool {
 	t, ok := d.(NoWaitReader)

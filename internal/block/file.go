@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -133,11 +134,17 @@ func (d *File) TryReadAt(p []byte, off int64) bool {
 
 // WriteAt implements Device.
 func (d *File) WriteAt(p []byte, off int64, fua bool) error {
+	return d.WriteAtV([][]byte{p}, off, fua)
+}
+
+// WriteAtV implements VectorWriter: pwritev, or pwritev2 with RWF_DSYNC
+// for FUA.
+func (d *File) WriteAtV(bufs [][]byte, off int64, fua bool) error {
 	if err := d.writable(); err != nil {
 		return err
 	}
 	if fua && d.dsync.Load() {
-		err := d.pwriteFlags(p, off, unix.RWF_DSYNC)
+		err := d.pwrite(bufs, off, unix.RWF_DSYNC)
 		if err == nil {
 			return d.linked()
 		}
@@ -146,7 +153,7 @@ func (d *File) WriteAt(p []byte, off int64, fua bool) error {
 		}
 		d.dsync.Store(false) // an old kernel or file system: write then sync
 	}
-	if err := d.pwriteFlags(p, off, 0); err != nil {
+	if err := d.pwrite(bufs, off, 0); err != nil {
 		return err
 	}
 	if fua {
@@ -155,14 +162,27 @@ func (d *File) WriteAt(p []byte, off int64, fua bool) error {
 	return nil
 }
 
-func (d *File) pwriteFlags(p []byte, off int64, flags int) error {
-	for len(p) > 0 {
+// iovMax is the most buffers one pwritev takes (IOV_MAX on Linux).
+const iovMax = 1024
+
+// pwrite writes bufs from off, going on after short writes.
+func (d *File) pwrite(bufs [][]byte, off int64, flags int) error {
+	cloned := false
+	for len(bufs) > 0 {
+		if len(bufs[0]) == 0 {
+			bufs = bufs[1:]
+			continue
+		}
+		batch := bufs[:min(len(bufs), iovMax)]
 		var n int
 		var err error
-		if flags == 0 {
-			n, err = unix.Pwrite(d.fd, p, off)
-		} else {
-			n, err = unix.Pwritev2(d.fd, [][]byte{p}, off, flags)
+		switch {
+		case flags != 0:
+			n, err = unix.Pwritev2(d.fd, batch, off, flags)
+		case len(batch) == 1:
+			n, err = unix.Pwrite(d.fd, batch[0], off)
+		default:
+			n, err = unix.Pwritev(d.fd, batch, off)
 		}
 		if err != nil {
 			if err == unix.EINTR {
@@ -170,7 +190,17 @@ func (d *File) pwriteFlags(p []byte, off int64, flags int) error {
 			}
 			return fmt.Errorf("write at %d: %w", off, err)
 		}
-		p, off = p[n:], off+int64(n)
+		off += int64(n)
+		for n > 0 && n >= len(bufs[0]) {
+			n -= len(bufs[0])
+			bufs = bufs[1:]
+		}
+		if n > 0 { // a short write ended inside bufs[0]: the caller's slice is not ours to change
+			if !cloned {
+				bufs, cloned = slices.Clone(bufs), true
+			}
+			bufs[0] = bufs[0][n:]
+		}
 	}
 	return nil
 }
@@ -206,7 +236,7 @@ func (d *File) writeZeroBuffers(off, length int64) error {
 	buf := make([]byte, min(length, 1<<20))
 	for length > 0 {
 		n := min(length, int64(len(buf)))
-		if err := d.pwriteFlags(buf[:n], off, 0); err != nil {
+		if err := d.pwrite([][]byte{buf[:n]}, off, 0); err != nil {
 			return err
 		}
 		off, length = off+n, length-n

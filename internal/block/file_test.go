@@ -1,9 +1,11 @@
 package block
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -37,5 +39,49 @@ func TestFileUnlinkedIsNotDurable(t *testing.T) {
 	}
 	if err := d.WriteAt(buf, 8192, true); !errors.Is(err, ErrUnlinked) {
 		t.Fatalf("FUA write after unlink = %v, want ErrUnlinked", err)
+	}
+}
+
+// WriteAtV lands the buffers' concatenation, more of them than one
+// pwritev takes (IOV_MAX), empty ones included, with and without FUA; the
+// caller's slice is left as it was.
+func TestFileWriteAtV(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "data.img")
+	if err := os.WriteFile(path, make([]byte, 8<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, err := OpenFile(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	for _, fua := range []bool{false, true} {
+		var bufs [][]byte
+		var want []byte
+		for i := range 2*iovMax + 7 {
+			b := bytes.Repeat([]byte{byte(i)}, i%5*301)
+			bufs = append(bufs, b)
+			want = append(want, b...)
+		}
+		kept := slices.Clone(bufs)
+		off := int64(12345)
+		if fua {
+			off = 3 << 20
+		}
+		if err := d.WriteAtV(bufs, off, fua); err != nil {
+			t.Fatalf("WriteAtV (fua %v): %v", fua, err)
+		}
+		got := make([]byte, len(want))
+		if err := d.ReadAt(got, off); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("WriteAtV (fua %v): the file differs from the buffers' concatenation", fua)
+		}
+		for i := range bufs {
+			if len(bufs[i]) != len(kept[i]) {
+				t.Fatalf("WriteAtV changed the caller's buffer %d", i)
+			}
+		}
 	}
 }

@@ -108,19 +108,25 @@ func (l *Layer) split(off, n int64) ([][]piece, int) {
 	return out, used
 }
 
-// each runs fn for every child's pieces, concurrently when more than one
-// child is involved (the calling goroutine takes one child's share), and
-// returns the first error.
+// each runs fn for every piece, a child's pieces in order, children
+// concurrently (eachChild).
 func (l *Layer) each(off, n int64, fn func(c block.Layer, p piece) error) error {
-	parts, used := l.split(off, n)
-	run := func(ci int) error {
-		for _, p := range parts[ci] {
-			if err := fn(l.children[ci], p); err != nil {
+	return l.eachChild(off, n, func(c block.Layer, ps []piece) error {
+		for _, p := range ps {
+			if err := fn(c, p); err != nil {
 				return err
 			}
 		}
 		return nil
-	}
+	})
+}
+
+// eachChild runs fn for every child's pieces, concurrently when more than
+// one child is involved (the calling goroutine takes one child's share),
+// and returns the errors joined.
+func (l *Layer) eachChild(off, n int64, fn func(c block.Layer, ps []piece) error) error {
+	parts, used := l.split(off, n)
+	run := func(ci int) error { return fn(l.children[ci], parts[ci]) }
 	var wg sync.WaitGroup
 	errs := make([]error, len(parts))
 	mine := -1
@@ -192,10 +198,26 @@ func (l *Layer) TryReadAt(b []byte, off int64) bool {
 	return true
 }
 
-// WriteAt implements block.Device.
+// WriteAt implements block.Device. A child's pieces of one request are
+// consecutive on the child (chunks k, k+n, k+2n… of the volume are
+// neighbours there), so each child gets them in one vectored write.
 func (l *Layer) WriteAt(b []byte, off int64, fua bool) error {
-	return l.each(off, int64(len(b)), func(c block.Layer, p piece) error {
-		return c.WriteAt(b[p.at:p.at+p.len], p.off, fua)
+	return l.eachChild(off, int64(len(b)), func(c block.Layer, ps []piece) error {
+		start := 0
+		for i := 1; i <= len(ps); i++ {
+			if i < len(ps) && ps[i].off == ps[i-1].off+ps[i-1].len {
+				continue
+			}
+			bufs := make([][]byte, 0, i-start)
+			for _, p := range ps[start:i] {
+				bufs = append(bufs, b[p.at:p.at+p.len])
+			}
+			if err := block.WriteAtV(c, bufs, ps[start].off, fua); err != nil {
+				return err
+			}
+			start = i
+		}
+		return nil
 	})
 }
 
