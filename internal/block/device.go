@@ -121,6 +121,47 @@ func WriteAtV(d Device, bufs [][]byte, off int64, fua bool) error {
 	return nil
 }
 
+// VectorReader is the read side of VectorWriter: reads into several
+// buffers, for consecutive bytes from off, in one call (for a file,
+// preadv; preadv2 with RWF_NOWAIT for TryReadAtV).
+type VectorReader interface {
+	// ReadAtV is ReadAt into the buffers' concatenation.
+	ReadAtV(bufs [][]byte, off int64) error
+	// TryReadAtV is TryReadAt (NoWaitReader) into the buffers'
+	// concatenation.
+	TryReadAtV(bufs [][]byte, off int64) bool
+}
+
+// ReadAtV reads bufs from d at consecutive offsets from off: in one call
+// when d offers VectorReader, else one ReadAt per buffer.
+func ReadAtV(d Device, bufs [][]byte, off int64) error {
+	if v, ok := d.(VectorReader); ok {
+		return v.ReadAtV(bufs, off)
+	}
+	for _, b := range bufs {
+		if err := d.ReadAt(b, off); err != nil {
+			return err
+		}
+		off += int64(len(b))
+	}
+	return nil
+}
+
+// TryReadAtV is TryReadAt of bufs at consecutive offsets from off: in one
+// call when d offers VectorReader, else one TryReadAt per buffer.
+func TryReadAtV(d Device, bufs [][]byte, off int64) bool {
+	if v, ok := d.(VectorReader); ok {
+		return v.TryReadAtV(bufs, off)
+	}
+	for _, b := range bufs {
+		if !TryReadAt(d, b, off) {
+			return false
+		}
+		off += int64(len(b))
+	}
+	return true
+}
+
 // TryReadAt is d's TryReadAt when d offers it, else false.
 func TryReadAt(d Device, p []byte, off int64) bool {
 	t, ok := d.(NoWaitReader)

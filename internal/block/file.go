@@ -97,11 +97,30 @@ func (d *File) Capabilities() Capabilities {
 
 // ReadAt implements Device.
 func (d *File) ReadAt(p []byte, off int64) error {
+	return d.ReadAtV([][]byte{p}, off)
+}
+
+// ReadAtV implements VectorReader: preadv, going on after short reads;
+// what lies beyond the end of a file shorter than its device reads as
+// zeroes.
+func (d *File) ReadAtV(bufs [][]byte, off int64) error {
 	if d.closed.Load() {
 		return ErrClosed
 	}
-	for len(p) > 0 {
-		n, err := unix.Pread(d.fd, p, off)
+	owned := false
+	for len(bufs) > 0 {
+		if len(bufs[0]) == 0 {
+			bufs = bufs[1:]
+			continue
+		}
+		batch := bufs[:min(len(bufs), iovMax)]
+		var n int
+		var err error
+		if len(batch) == 1 {
+			n, err = unix.Pread(d.fd, batch[0], off)
+		} else {
+			n, err = unix.Preadv(d.fd, batch, off)
+		}
 		if err != nil {
 			if err == unix.EINTR {
 				continue
@@ -109,10 +128,13 @@ func (d *File) ReadAt(p []byte, off int64) error {
 			return fmt.Errorf("read at %d: %w", off, err)
 		}
 		if n == 0 { // beyond EOF of a file shorter than its device: zeroes
-			clear(p)
+			for _, b := range bufs {
+				clear(b)
+			}
 			return nil
 		}
-		p, off = p[n:], off+int64(n)
+		off += int64(n)
+		bufs = consume(bufs, n, &owned)
 	}
 	return nil
 }
@@ -122,14 +144,24 @@ func (d *File) ReadAt(p []byte, off int64) error {
 // cached, or the file ends) is left to ReadAt; so is everything on a file
 // system that does not support the flag.
 func (d *File) TryReadAt(p []byte, off int64) bool {
-	if !d.noWait.Load() || d.closed.Load() {
+	return d.TryReadAtV([][]byte{p}, off)
+}
+
+// TryReadAtV implements VectorReader: TryReadAt into several buffers (at
+// most iovMax of them; more are left to ReadAtV).
+func (d *File) TryReadAtV(bufs [][]byte, off int64) bool {
+	if !d.noWait.Load() || d.closed.Load() || len(bufs) > iovMax {
 		return false
 	}
-	n, err := unix.Preadv2(d.fd, [][]byte{p}, off, unix.RWF_NOWAIT)
+	n, err := unix.Preadv2(d.fd, bufs, off, unix.RWF_NOWAIT)
 	if err == unix.EOPNOTSUPP || err == unix.EINVAL {
 		d.noWait.Store(false)
 	}
-	return err == nil && n == len(p)
+	total := 0
+	for _, b := range bufs {
+		total += len(b)
+	}
+	return err == nil && n == total
 }
 
 // WriteAt implements Device.
@@ -167,7 +199,7 @@ const iovMax = 1024
 
 // pwrite writes bufs from off, going on after short writes.
 func (d *File) pwrite(bufs [][]byte, off int64, flags int) error {
-	cloned := false
+	owned := false
 	for len(bufs) > 0 {
 		if len(bufs[0]) == 0 {
 			bufs = bufs[1:]
@@ -191,18 +223,26 @@ func (d *File) pwrite(bufs [][]byte, off int64, flags int) error {
 			return fmt.Errorf("write at %d: %w", off, err)
 		}
 		off += int64(n)
-		for n > 0 && n >= len(bufs[0]) {
-			n -= len(bufs[0])
-			bufs = bufs[1:]
-		}
-		if n > 0 { // a short write ended inside bufs[0]: the caller's slice is not ours to change
-			if !cloned {
-				bufs, cloned = slices.Clone(bufs), true
-			}
-			bufs[0] = bufs[0][n:]
-		}
+		bufs = consume(bufs, n, &owned)
 	}
 	return nil
+}
+
+// consume drops the first n bytes of bufs. A buffer cut in the middle is
+// cut in a copy of bufs (then *owned is set): the caller's slice is not
+// ours to change.
+func consume(bufs [][]byte, n int, owned *bool) [][]byte {
+	for n > 0 && n >= len(bufs[0]) {
+		n -= len(bufs[0])
+		bufs = bufs[1:]
+	}
+	if n > 0 {
+		if !*owned {
+			bufs, *owned = slices.Clone(bufs), true
+		}
+		bufs[0] = bufs[0][n:]
+	}
+	return bufs
 }
 
 // WriteZeroes implements Device: a punched hole unless NoHole, else a

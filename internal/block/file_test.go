@@ -43,9 +43,11 @@ func TestFileUnlinkedIsNotDurable(t *testing.T) {
 }
 
 // WriteAtV lands the buffers' concatenation, more of them than one
-// pwritev takes (IOV_MAX), empty ones included, with and without FUA; the
-// caller's slice is left as it was.
-func TestFileWriteAtV(t *testing.T) {
+// pwritev takes (IOV_MAX), empty ones included, with and without FUA;
+// ReadAtV and (for the page cache holds it) TryReadAtV read it back into
+// buffers cut another way; the callers' slices are left as they were;
+// beyond the end of a file shorter than its device ReadAtV reads zeroes.
+func TestFileVectors(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "data.img")
 	if err := os.WriteFile(path, make([]byte, 8<<20), 0o600); err != nil {
 		t.Fatal(err)
@@ -83,5 +85,43 @@ func TestFileWriteAtV(t *testing.T) {
 				t.Fatalf("WriteAtV changed the caller's buffer %d", i)
 			}
 		}
+		back := make([]byte, len(want))
+		var rbufs [][]byte
+		for rest := back; len(rest) > 0; {
+			n := min(len(rest), 1+len(rbufs)%3*700)
+			rbufs = append(rbufs, rest[:n])
+			rest = rest[n:]
+		}
+		if err := d.ReadAtV(rbufs, off); err != nil || !bytes.Equal(back, want) {
+			t.Fatalf("ReadAtV (%d buffers): %v, or the bytes differ", len(rbufs), err)
+		}
+		clear(back)
+		if !d.TryReadAtV(rbufs[:iovMax], off) {
+			t.Fatal("TryReadAtV of what was just written: not answered")
+		}
+		if n := sumLen(rbufs[:iovMax]); !bytes.Equal(back[:n], want[:n]) {
+			t.Fatal("TryReadAtV: the bytes differ")
+		}
+		if d.TryReadAtV(rbufs, off) {
+			t.Fatal("TryReadAtV of more than IOV_MAX buffers answered")
+		}
 	}
+	// Past the file's end (the device is bigger than the file): zeroes.
+	if err := os.Truncate(path, 8<<20-100); err != nil {
+		t.Fatal(err)
+	}
+	tail := [][]byte{bytes.Repeat([]byte{1}, 150), bytes.Repeat([]byte{1}, 50)}
+	if err := d.ReadAtV(tail, 8<<20-200); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(tail[1], make([]byte, 50)) || !bytes.Equal(tail[0][100:], make([]byte, 50)) {
+		t.Fatalf("ReadAtV past the end of the file: %v", tail)
+	}
+}
+
+func sumLen(bufs [][]byte) (n int) {
+	for _, b := range bufs {
+		n += len(b)
+	}
+	return n
 }

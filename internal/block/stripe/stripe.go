@@ -177,47 +177,66 @@ func (l *Layer) Resize(n int64) error {
 // Capabilities implements block.Device.
 func (l *Layer) Capabilities() block.Capabilities { return l.caps }
 
+// A child's pieces of one request are consecutive on the child (chunks k,
+// k+n, k+2n… of the volume are neighbours there), so reads and writes
+// hand each child its pieces in one vectored call (block.VectorReader,
+// block.VectorWriter): for a file, one preadv or pwritev.
+
+// runs calls fn with the buffers of each run of ps consecutive on the
+// child (normally one run) and the run's offset there, until fn is false.
+func runs(b []byte, ps []piece, fn func(bufs [][]byte, off int64) bool) {
+	start := 0
+	for i := 1; i <= len(ps); i++ {
+		if i < len(ps) && ps[i].off == ps[i-1].off+ps[i-1].len {
+			continue
+		}
+		bufs := make([][]byte, 0, i-start)
+		for _, p := range ps[start:i] {
+			bufs = append(bufs, b[p.at:p.at+p.len])
+		}
+		if !fn(bufs, ps[start].off) {
+			return
+		}
+		start = i
+	}
+}
+
 // ReadAt implements block.Device.
 func (l *Layer) ReadAt(b []byte, off int64) error {
-	return l.each(off, int64(len(b)), func(c block.Layer, p piece) error {
-		return c.ReadAt(b[p.at:p.at+p.len], p.off)
+	return l.eachChild(off, int64(len(b)), func(c block.Layer, ps []piece) (err error) {
+		runs(b, ps, func(bufs [][]byte, coff int64) bool {
+			err = block.ReadAtV(c, bufs, coff)
+			return err == nil
+		})
+		return err
 	})
 }
 
-// TryReadAt implements block.NoWaitReader: every piece, one after the
-// other, each child at once or not at all.
+// TryReadAt implements block.NoWaitReader: every child, one after the
+// other, each at once or not at all.
 func (l *Layer) TryReadAt(b []byte, off int64) bool {
 	parts, _ := l.split(off, int64(len(b)))
+	ok := true
 	for ci, ps := range parts {
-		for _, p := range ps {
-			if !block.TryReadAt(l.children[ci], b[p.at:p.at+p.len], p.off) {
-				return false
-			}
+		runs(b, ps, func(bufs [][]byte, coff int64) bool {
+			ok = block.TryReadAtV(l.children[ci], bufs, coff)
+			return ok
+		})
+		if !ok {
+			return false
 		}
 	}
 	return true
 }
 
-// WriteAt implements block.Device. A child's pieces of one request are
-// consecutive on the child (chunks k, k+n, k+2n… of the volume are
-// neighbours there), so each child gets them in one vectored write.
+// WriteAt implements block.Device.
 func (l *Layer) WriteAt(b []byte, off int64, fua bool) error {
-	return l.eachChild(off, int64(len(b)), func(c block.Layer, ps []piece) error {
-		start := 0
-		for i := 1; i <= len(ps); i++ {
-			if i < len(ps) && ps[i].off == ps[i-1].off+ps[i-1].len {
-				continue
-			}
-			bufs := make([][]byte, 0, i-start)
-			for _, p := range ps[start:i] {
-				bufs = append(bufs, b[p.at:p.at+p.len])
-			}
-			if err := block.WriteAtV(c, bufs, ps[start].off, fua); err != nil {
-				return err
-			}
-			start = i
-		}
-		return nil
+	return l.eachChild(off, int64(len(b)), func(c block.Layer, ps []piece) (err error) {
+		runs(b, ps, func(bufs [][]byte, coff int64) bool {
+			err = block.WriteAtV(c, bufs, coff, fua)
+			return err == nil
+		})
+		return err
 	})
 }
 
