@@ -201,8 +201,22 @@ func runs(b []byte, ps []piece, fn func(bufs [][]byte, off int64) bool) {
 	}
 }
 
+// within returns the child and its offset when [off, off+n) lies in one
+// chunk (most small requests): then no split is needed.
+func (l *Layer) within(off, n int64) (block.Layer, int64, bool) {
+	k := off / l.chunk
+	if n <= 0 || (off+n-1)/l.chunk != k {
+		return nil, 0, false
+	}
+	nc := int64(len(l.children))
+	return l.children[k%nc], (k/nc)*l.chunk + off%l.chunk, true
+}
+
 // ReadAt implements block.Device.
 func (l *Layer) ReadAt(b []byte, off int64) error {
+	if c, coff, ok := l.within(off, int64(len(b))); ok {
+		return c.ReadAt(b, coff)
+	}
 	return l.eachChild(off, int64(len(b)), func(c block.Layer, ps []piece) (err error) {
 		runs(b, ps, func(bufs [][]byte, coff int64) bool {
 			err = block.ReadAtV(c, bufs, coff)
@@ -215,6 +229,9 @@ func (l *Layer) ReadAt(b []byte, off int64) error {
 // TryReadAt implements block.NoWaitReader: every child, one after the
 // other, each at once or not at all.
 func (l *Layer) TryReadAt(b []byte, off int64) bool {
+	if c, coff, ok := l.within(off, int64(len(b))); ok {
+		return block.TryReadAt(c, b, coff)
+	}
 	parts, _ := l.split(off, int64(len(b)))
 	ok := true
 	for ci, ps := range parts {
@@ -231,6 +248,9 @@ func (l *Layer) TryReadAt(b []byte, off int64) bool {
 
 // WriteAt implements block.Device.
 func (l *Layer) WriteAt(b []byte, off int64, fua bool) error {
+	if c, coff, ok := l.within(off, int64(len(b))); ok {
+		return c.WriteAt(b, coff, fua)
+	}
 	return l.eachChild(off, int64(len(b)), func(c block.Layer, ps []piece) (err error) {
 		runs(b, ps, func(bufs [][]byte, coff int64) bool {
 			err = block.WriteAtV(c, bufs, coff, fua)
