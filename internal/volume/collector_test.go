@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/basalt-storage/basalt/internal/meta"
 )
 
 // TestCollector: requests from many goroutines are served; a waiter
@@ -51,7 +53,8 @@ func TestCollector(t *testing.T) {
 
 // TestSweepStacks: a collection removes the stacks of volumes that have
 // no record and are older than the grace, unless this node is creating
-// them; recorded volumes keep theirs however old.
+// them or it could only read a stale copy of the records; recorded volumes
+// keep theirs however old.
 func TestSweepStacks(t *testing.T) {
 	e := newEnv(t)
 	s := e.started(Config{ImageGrace: time.Hour})
@@ -82,6 +85,12 @@ func TestSweepStacks(t *testing.T) {
 	stack(young, time.Now())
 	stack(creating, past)
 	s.claim("create/" + creating)
+	// A stale copy of the records (what a node without quorum reads)
+	// proves nothing: the sweep removes nothing from it.
+	s.sweepStacks(meta.Stale(ctxT(t)))
+	if !exists(e.st.VolumeDir(old)) {
+		t.Fatal("a sweep over a stale copy of the records removed a stack")
+	}
 	collect := func() {
 		s.collectSoon()
 		s.collected()

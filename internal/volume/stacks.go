@@ -259,7 +259,8 @@ func (s *Service) collect(ctx context.Context) {
 // stacks younger than the image grace (another node may be about to
 // commit their record) and those this node is creating (their claim).
 // The directories are listed and the claims checked before the records
-// are read, so a stack whose record is committed meanwhile is spared.
+// are read, so a stack whose record is committed meanwhile is spared; the
+// records must be read linearizably (never from a stale local copy).
 func (s *Service) sweepStacks(ctx context.Context) {
 	dir := filepath.Dir(s.store.VolumeDir("x"))
 	ents, err := os.ReadDir(dir)
@@ -285,7 +286,14 @@ func (s *Service) sweepStacks(ctx context.Context) {
 	if len(old) == 0 {
 		return
 	}
-	vols, err := s.meta.Volumes(ctx)
+	// Only a current list will do: a node cut off from the quorum reads
+	// its own copy, which may lack volumes created meanwhile elsewhere,
+	// and would take their stacks for orphans.
+	rctx, ri := meta.WithReadInfo(ctx)
+	vols, err := s.meta.Volumes(rctx)
+	if err == nil && ri.Local {
+		err = errors.New("no quorum: only a possibly stale copy of the volume records could be read")
+	}
 	if err != nil {
 		s.log.Warn("stack collection skipped", "err", err)
 		return
