@@ -3,6 +3,7 @@ package block
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"sync/atomic"
@@ -107,34 +108,17 @@ func (d *File) ReadAtV(bufs [][]byte, off int64) error {
 	if d.closed.Load() {
 		return ErrClosed
 	}
-	owned := false
-	for len(bufs) > 0 {
-		if len(bufs[0]) == 0 {
-			bufs = bufs[1:]
-			continue
-		}
-		batch := bufs[:min(len(bufs), iovMax)]
-		var n int
-		var err error
+	rest, err := transfer(bufs, off, func(batch [][]byte, off int64) (int, error) {
 		if len(batch) == 1 {
-			n, err = unix.Pread(d.fd, batch[0], off)
-		} else {
-			n, err = unix.Preadv(d.fd, batch, off)
+			return unix.Pread(d.fd, batch[0], off)
 		}
-		if err != nil {
-			if err == unix.EINTR {
-				continue
-			}
-			return fmt.Errorf("read at %d: %w", off, err)
-		}
-		if n == 0 { // beyond EOF of a file shorter than its device: zeroes
-			for _, b := range bufs {
-				clear(b)
-			}
-			return nil
-		}
-		off += int64(n)
-		bufs = consume(bufs, n, &owned)
+		return unix.Preadv(d.fd, batch, off)
+	})
+	if err != nil {
+		return fmt.Errorf("read at %d: %w", off, err)
+	}
+	for _, b := range rest { // beyond EOF of a file shorter than its device: zeroes
+		clear(b)
 	}
 	return nil
 }
@@ -197,35 +181,49 @@ func (d *File) WriteAtV(bufs [][]byte, off int64, fua bool) error {
 // iovMax is the most buffers one pwritev takes (IOV_MAX on Linux).
 const iovMax = 1024
 
-// pwrite writes bufs from off, going on after short writes.
+// pwrite writes bufs from off.
 func (d *File) pwrite(bufs [][]byte, off int64, flags int) error {
+	rest, err := transfer(bufs, off, func(batch [][]byte, off int64) (int, error) {
+		switch {
+		case flags != 0:
+			return unix.Pwritev2(d.fd, batch, off, flags)
+		case len(batch) == 1:
+			return unix.Pwrite(d.fd, batch[0], off)
+		default:
+			return unix.Pwritev(d.fd, batch, off)
+		}
+	})
+	if err == nil && len(rest) > 0 {
+		err = io.ErrShortWrite // no byte written and no error: never from a file
+	}
+	if err != nil {
+		return fmt.Errorf("write at %d: %w", off, err)
+	}
+	return nil
+}
+
+// transfer runs op (one pread- or pwrite-like call) over bufs from off,
+// at most iovMax buffers a call, going on after short transfers and
+// EINTR. It returns the buffers not reached when op moved nothing (the
+// end of a file, for reads).
+func transfer(bufs [][]byte, off int64, op func(batch [][]byte, off int64) (int, error)) ([][]byte, error) {
 	owned := false
 	for len(bufs) > 0 {
 		if len(bufs[0]) == 0 {
 			bufs = bufs[1:]
 			continue
 		}
-		batch := bufs[:min(len(bufs), iovMax)]
-		var n int
-		var err error
-		switch {
-		case flags != 0:
-			n, err = unix.Pwritev2(d.fd, batch, off, flags)
-		case len(batch) == 1:
-			n, err = unix.Pwrite(d.fd, batch[0], off)
-		default:
-			n, err = unix.Pwritev(d.fd, batch, off)
+		n, err := op(bufs[:min(len(bufs), iovMax)], off)
+		if err == unix.EINTR {
+			continue
 		}
-		if err != nil {
-			if err == unix.EINTR {
-				continue
-			}
-			return fmt.Errorf("write at %d: %w", off, err)
+		if err != nil || n == 0 {
+			return bufs, err
 		}
 		off += int64(n)
 		bufs = consume(bufs, n, &owned)
 	}
-	return nil
+	return nil, nil
 }
 
 // consume drops the first n bytes of bufs. A buffer cut in the middle is
