@@ -2,6 +2,7 @@ package volume
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -187,6 +188,15 @@ func (s *Service) freeze(v *meta.Volume, tag string) (string, error) {
 	c, ok := find[*cow.Layer](l)
 	if !ok {
 		return "", notSupported(v, "be snapshotted")
+	}
+	// Layers above cow may hold writes back until a flush (checksum's
+	// tables): flush the whole stack first, so that the frozen image holds
+	// everything written so far, not only what reached cow. The caller
+	// keeps writers out meanwhile.
+	if l.Capabilities().Flush {
+		if err := l.Flush(); err != nil {
+			return "", fmt.Errorf("flush before snapshot: %w", err)
+		}
 	}
 	s.gcMu.RLock()
 	defer s.gcMu.RUnlock()

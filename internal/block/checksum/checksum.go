@@ -68,8 +68,19 @@
 //     child is flushed and the bits cleared.
 //   - I4: one RWMutex per group orders table updates: readers share it
 //     (data and table read together are consistent), writers hold it
-//     exclusively for read-modify-write, data, then table. Cached tables
-//     equal the child's (write-through, under the lock).
+//     exclusively for read-modify-write, data, then table.
+//   - I5: tables are written back, not through: a write without FUA
+//     leaves its group's new table in memory (dirty), and Flush writes
+//     every dirty table before it flushes the child. A dirty table is
+//     the group's table (reads verify against it), is never evicted, and
+//     its group is in flux (I1 marked it; I2 clears the bit only after
+//     the write-back was flushed). A FUA write, a write finding too many
+//     tables dirty, and every repair write their table through. So a 4
+//     KiB write costs one child write, not two; a crash loses only what
+//     I3 reconciles anyway. Whatever reads the child directly (a cow
+//     snapshot below, scrub, resize) needs the tables written first: the
+//     volume service flushes the whole stack before freezing cow, and
+//     Scrub and Resize write back what they cover.
 //
 // The price of I3: corruption that strikes a block of a group while it is
 // in flux, followed by a crash, is accepted rather than reported. Close
@@ -134,6 +145,11 @@ const DefaultMeta = "checksum.meta"
 // covering 1 GiB of data; beyond it tables are read from the child, where
 // a file child's page cache usually holds them).
 const cachedTables = 256
+
+// dirtyMax bounds the tables written back rather than through (I5), for
+// the same memory: writes spread over more than 1 GiB of data between
+// flushes write the tables beyond it through.
+const dirtyMax = 256
 
 // Params are the checksum layer's parameters.
 type Params struct {
@@ -206,7 +222,12 @@ type Layer struct {
 	epoch atomic.Uint64
 
 	cache  *tableCache
+	dirty  *dirtyTables     // tables not yet written to the child (I5)
 	pinned map[int64]*table // read-only: reconciled tables of groups in flux
+
+	// flushMu serialises Flush: a write-back one Flush started must be
+	// durable before another clears the bits it covers.
+	flushMu sync.Mutex
 
 	closed                             atomic.Bool
 	repaired, corruptReads, reconciled atomic.Int64
@@ -229,7 +250,7 @@ func New(env block.Env, raw json.RawMessage, children []block.Layer) (block.Laye
 	cc := child.Capabilities()
 	l := &Layer{
 		child: child, params: raw, readOnly: env.ReadOnly || cc.ReadOnly, cc: cc,
-		log: env.Log, cache: newTableCache(cachedTables), pinned: map[int64]*table{}, bad: map[int64]struct{}{},
+		log: env.Log, cache: newTableCache(cachedTables), dirty: newDirtyTables(dirtyMax), pinned: map[int64]*table{}, bad: map[int64]struct{}{},
 	}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
@@ -429,10 +450,7 @@ func (l *Layer) blockLen(b int64) int64 { return min(BlockSize, l.size-b*BlockSi
 
 // loadTable returns group g's table; the caller holds the group lock.
 func (l *Layer) loadTable(g int64) (*table, error) {
-	if t := l.pinned[g]; t != nil {
-		return t, nil
-	}
-	if t := l.cache.get(g); t != nil {
+	if t := l.cachedTable(g); t != nil {
 		return t, nil
 	}
 	t, err := l.readTable(g)
@@ -499,23 +517,101 @@ func (l *Layer) readTable(g int64) (*table, error) {
 }
 
 // cachedTable is the table this layer believes in without reading the
-// child, or nil.
+// child, or nil: pinned, dirty or cached, in that order. The caller holds
+// the group lock.
 func (l *Layer) cachedTable(g int64) *table {
 	if t := l.pinned[g]; t != nil {
+		return t
+	}
+	if t := l.dirty.get(g); t != nil {
 		return t
 	}
 	return l.cache.get(g)
 }
 
-// writeTable stores t as group g's table; the caller holds the group lock
-// exclusively.
+// keepTable replaces group g's table in memory only: the dirty one if
+// the group has one, else the cached one (the caller wrote the child's
+// copies to match). The caller holds the group lock exclusively.
+func (l *Layer) keepTable(g int64, t *table) {
+	if l.dirty.get(g) != nil {
+		l.dirty.put(g, t)
+		return
+	}
+	l.cache.put(g, t)
+}
+
+// storeTable makes t group g's table after a write into the group (I5):
+// in memory until the next Flush while the child can flush and the dirty
+// set has room, else written through. The caller holds the gate shared
+// and the group lock exclusively, and marked the group in flux.
+func (l *Layer) storeTable(g int64, t *table, fua bool) error {
+	if !fua && l.cc.Flush && l.dirty.put(g, t) {
+		l.cache.drop(g)
+		return nil
+	}
+	return l.writeTable(g, t, fua)
+}
+
+// setEntries sets the entries of blocks b0, b0+1, ... in group g's table
+// t after their data was written, and stores the table (storeTable). The
+// group's dirty table is changed in place — readers hold the group lock
+// shared, the caller holds it exclusively — so a write into a group
+// already dirty copies nothing; any other table is copied first.
+func (l *Layer) setEntries(g int64, t *table, b0 int64, entries []uint32, fua bool) error {
+	if !fua && l.dirty.get(g) == t {
+		for i, e := range entries {
+			t[(b0+int64(i))%TableEntries] = e
+		}
+		return nil
+	}
+	nt := *t
+	for i, e := range entries {
+		nt[(b0+int64(i))%TableEntries] = e
+	}
+	return l.storeTable(g, &nt, fua)
+}
+
+// writeTable writes t to the child as group g's table; the caller holds
+// the group lock exclusively. On failure the group's dirty table, if it
+// has one, stays: it holds acknowledged entries that reconcile prefers.
 func (l *Layer) writeTable(g int64, t *table, fua bool) error {
 	if err := l.childWrite(t.encode(), tableOff(g), fua); err != nil {
 		l.cache.drop(g)
 		return fmt.Errorf("checksum: write table of group %d: %w", g, err)
 	}
+	l.dirty.drop(g)
 	l.cache.put(g, t)
 	return nil
+}
+
+// writeBack writes group g's dirty table, if it has one, to the child;
+// the caller holds the group lock exclusively, and the gate shared unless
+// it is Flush (whose child flush follows). A failure leaves the group
+// stale: reconcile settles it from its data, starting from the dirty
+// table.
+func (l *Layer) writeBack(g int64, st *groupState) error {
+	t := l.dirty.get(g)
+	if t == nil {
+		return nil
+	}
+	if err := l.writeTable(g, t, false); err != nil {
+		st.stale = true
+		return err
+	}
+	return nil
+}
+
+// writeBackAll writes every dirty table; the caller holds l.mu (either
+// way) and, unless it is Flush, keeps writes out.
+func (l *Layer) writeBackAll() error {
+	var errs error
+	for _, g := range l.dirty.groups() {
+		st := l.groups[g]
+		st.mu.Lock()
+		errs = errors.Join(errs, l.writeBack(g, st))
+		st.mu.Unlock()
+	}
+	return errs
 }
 
 // childWrite writes to the child, emulating FUA by a flush when the child
@@ -616,9 +712,19 @@ func (l *Layer) markInFlux(g int64, st *groupState) error {
 // changed. The caller holds the group lock exclusively (or is New).
 func (l *Layer) reconcile(g int64, write bool) (*table, int, error) {
 	l.cache.drop(g)
-	t, err := l.readTable(g)
-	if err != nil {
-		return nil, 0, fmt.Errorf("read table: %w", err)
+	// A dirty table (a live group whose write failed) holds the entries
+	// of acknowledged writes the child's table lacks: start from it, and
+	// let repairBlock prefer it over the copies' tables.
+	var t *table
+	dirty := l.dirty.get(g)
+	if dirty != nil {
+		cp := *dirty
+		t = &cp
+	} else {
+		var err error
+		if t, err = l.readTable(g); err != nil {
+			return nil, 0, fmt.Errorf("read table: %w", err)
+		}
 	}
 	gs := g * GroupData
 	ge := min(gs+GroupData, l.size)
@@ -662,7 +768,7 @@ func (l *Layer) reconcile(g int64, write bool) (*table, int, error) {
 		t[i] = e
 		changed++
 	}
-	if changed > 0 && write {
+	if write && (changed > 0 || dirty != nil) {
 		if err := l.writeTable(g, t, false); err != nil {
 			return nil, 0, err
 		}

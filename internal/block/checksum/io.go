@@ -56,10 +56,7 @@ func (l *Layer) tryReadGroup(g, off int64, p []byte) bool {
 	if !st.mu.TryRLock() {
 		return false
 	}
-	t := l.pinned[g]
-	if t == nil {
-		t = l.cache.get(g)
-	}
+	t := l.cachedTable(g)
 	if st.stale || t == nil || !block.TryReadAt(l.child, p, dataOff(off)) {
 		st.mu.RUnlock()
 		return false
@@ -233,19 +230,17 @@ func (l *Layer) writeGroup(g, off int64, p []byte, fua bool) error {
 		}
 		copy(buf[off-s.start:], p)
 	}
+	if !aligned {
+		entries = make([]uint32, s.b1-s.b0)
+		for b := s.b0; b < s.b1; b++ {
+			lo := (b - s.b0) * BlockSize
+			entries[b-s.b0] = entryOf(buf[lo:min(lo+BlockSize, int64(len(buf)))])
+		}
+	}
 	// Load the table only now: repairing an edge block may have fixed it.
 	t, err := l.loadTable(g)
 	if err != nil {
 		return err
-	}
-	nt := *t
-	for b := s.b0; b < s.b1; b++ {
-		if aligned {
-			nt[b%TableEntries] = entries[b-s.b0]
-			continue
-		}
-		lo := (b - s.b0) * BlockSize
-		nt[b%TableEntries] = entryOf(buf[lo:min(lo+BlockSize, int64(len(buf)))])
 	}
 	if err := l.markInFlux(g, st); err != nil {
 		return err
@@ -254,7 +249,7 @@ func (l *Layer) writeGroup(g, off int64, p []byte, fua bool) error {
 		st.stale = true
 		return fmt.Errorf("checksum: write %d+%d: %w", s.start, len(buf), err)
 	}
-	if err := l.writeTable(g, &nt, fua); err != nil {
+	if err := l.setEntries(g, t, s.b0, entries, fua); err != nil {
 		st.stale = true
 		return err
 	}
@@ -361,7 +356,7 @@ func (l *Layer) zeroGroup(g, off, n int64, f block.ZeroFlags, trim bool) error {
 		}
 		nt[e.b%TableEntries] = entryOf(e.data)
 	}
-	if err := l.writeTable(g, &nt, f.FUA); err != nil {
+	if err := l.storeTable(g, &nt, f.FUA); err != nil {
 		st.stale = true
 		return err
 	}
@@ -386,8 +381,9 @@ func (l *Layer) writeZeroBuffers(off, n int64, fua bool) error {
 	return nil
 }
 
-// Flush implements block.Device: flush the child, then take out of flux
-// every group whose writes all started before (I2).
+// Flush implements block.Device: write the dirty tables back (I5), flush
+// the child, then take out of flux every group whose writes all started
+// before (I2).
 func (l *Layer) Flush() error {
 	if l.closed.Load() {
 		return block.ErrClosed
@@ -398,9 +394,20 @@ func (l *Layer) Flush() error {
 	if l.readOnly {
 		return nil
 	}
+	l.flushMu.Lock()
+	defer l.flushMu.Unlock()
 	l.gate.Lock()
 	e := l.epoch.Add(1) // writes from now on are of epoch e
 	l.gate.Unlock()
+	// Every table dirtied in an older epoch is written here, before the
+	// child flush; tables of epoch e written along with them are of
+	// groups whose bits stay.
+	l.mu.RLock()
+	err := l.writeBackAll()
+	l.mu.RUnlock()
+	if err != nil {
+		return fmt.Errorf("checksum: flush: %w", err)
+	}
 	if err := l.child.Flush(); err != nil {
 		return fmt.Errorf("checksum: flush: %w", err)
 	}
@@ -491,6 +498,12 @@ func (l *Layer) Resize(n int64) error {
 	}
 	if n == old {
 		return nil
+	}
+	// What follows reads and rewrites tables in the child; no I/O runs
+	// (l.mu is held exclusively), so the tables can be written back now.
+	// Their bits are cleared by the next Flush, which covers the write.
+	if err := l.writeBackAll(); err != nil {
+		return fmt.Errorf("checksum: resize: %w", err)
 	}
 	oldGroups, newGroups := int64(len(l.groups)), groupsFor(n)
 	first := oldGroups

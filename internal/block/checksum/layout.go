@@ -80,8 +80,10 @@ func dataOff(off int64) int64 {
 	return off/ExtentData*extentSpan + ExtentTables + off%ExtentData
 }
 
-// table is a group's checksum table, decoded. Tables handed out by the
-// cache are never modified: writers change a copy and put that back.
+// table is a group's checksum table, decoded. Clean tables (cached or
+// pinned) are never modified: writers change a copy, which becomes the
+// group's dirty table or is written through. A dirty table is changed in
+// place, under its group's lock held exclusively.
 type table [TableEntries]uint32
 
 func decodeTable(raw []byte) *table {
@@ -100,11 +102,11 @@ func (t *table) encode() []byte {
 	return raw
 }
 
-// tableCache keeps recently used tables. It is write-through: an entry is
-// put only after the table was read from, or successfully written to, the
-// child, while the caller holds the group's lock (shared for a read,
-// exclusive for a write), so a cached table always equals what this layer
-// last stored.
+// tableCache keeps recently used tables that equal the child's: an entry
+// is put only after the table was read from, or successfully written to,
+// the child, while the caller holds the group's lock (shared for a read,
+// exclusive for a write). Tables changed since they were last written are
+// in dirtyTables instead, which is consulted first.
 type tableCache struct {
 	mu  sync.Mutex
 	max int
@@ -154,4 +156,54 @@ func (c *tableCache) drop(g int64) {
 		c.lru.Remove(e)
 		delete(c.m, g)
 	}
+}
+
+// dirtyTables holds the tables changed by writes but not yet written to
+// the child (write-back: Flush writes them, before it flushes the child).
+// An entry changes only under its group's lock held exclusively; readers
+// hold it shared. Entries are never evicted: the set is bounded by max,
+// and a writer that finds it full writes its table through instead.
+type dirtyTables struct {
+	mu  sync.Mutex
+	max int
+	m   map[int64]*table
+}
+
+func newDirtyTables(max int) *dirtyTables {
+	return &dirtyTables{max: max, m: map[int64]*table{}}
+}
+
+func (d *dirtyTables) get(g int64) *table {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.m[g]
+}
+
+// put records t as group g's table; false if the set is full (and g is
+// not in it).
+func (d *dirtyTables) put(g int64, t *table) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.m[g]; !ok && len(d.m) >= d.max {
+		return false
+	}
+	d.m[g] = t
+	return true
+}
+
+func (d *dirtyTables) drop(g int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.m, g)
+}
+
+// groups lists the groups with a dirty table, in no order.
+func (d *dirtyTables) groups() []int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]int64, 0, len(d.m))
+	for g := range d.m {
+		out = append(out, g)
+	}
+	return out
 }

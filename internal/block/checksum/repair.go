@@ -114,9 +114,10 @@ search:
 		return 0, nil, 0, fmt.Errorf("checksum: block at %d: %w", off, ErrCorrupt)
 	}
 	data = views[good].data
-	// A pinned table (read-only open after a crash) replaces the child's,
-	// which is known to be out of date: only the data is compared.
-	trustTables := l.pinned[g] == nil
+	// A pinned table (read-only open after a crash) or a dirty one (I5)
+	// replaces the child's, which is known to be out of date: only the
+	// data is compared.
+	trustTables := l.pinned[g] == nil && l.dirty.get(g) == nil
 	needCache := cached != nil && cached[i] != entry
 	var fixes int
 	for _, v := range views {
@@ -153,7 +154,7 @@ search:
 	if needCache {
 		nt := *cached
 		nt[i] = entry
-		l.cache.put(g, &nt)
+		l.keepTable(g, &nt)
 	}
 	if !ok {
 		l.noteBad(b)
@@ -206,6 +207,19 @@ func (l *Layer) Scrub(ctx context.Context, progress block.Progress) (block.Scrub
 // scrubGroup verifies group g in every copy; the caller holds l.mu shared.
 func (l *Layer) scrubGroup(g int64, bufs [][]byte, rep *block.ScrubReport) error {
 	st := l.groups[g]
+	// Scrub checks the tables in the child: write back the group's first
+	// (I5), as a write of this epoch so the next Flush covers it.
+	if l.dirty.get(g) != nil {
+		l.gate.RLock()
+		st.mu.Lock()
+		st.epoch = l.epoch.Load()
+		err := l.writeBack(g, st)
+		st.mu.Unlock()
+		l.gate.RUnlock()
+		if err != nil {
+			return fmt.Errorf("checksum: scrub: %w", err)
+		}
+	}
 	if err := l.lockShared(g, st); err != nil {
 		return err
 	}
@@ -229,7 +243,7 @@ func (l *Layer) scrubGroup(g int64, bufs [][]byte, rep *block.ScrubReport) error
 		readable++
 	}
 	cached := l.cachedTable(g)
-	trustTables := l.pinned[g] == nil
+	trustTables := l.pinned[g] == nil && l.dirty.get(g) == nil
 	var suspects []int64
 	for j := range nb {
 		lo, hi := j*BlockSize, min(j*BlockSize+BlockSize, ge-gs)
