@@ -652,6 +652,26 @@ func TestReadOnly(t *testing.T) {
 	must(t, l.Flush())
 }
 
+// over builds a checksum layer of size bytes in dir over the file a.img
+// (created, sparse, when create) wrapped by wrap: a child whose behaviour
+// the test controls or observes.
+func over[C block.Layer](t *testing.T, dir string, size int64, create bool, wrap func(*block.File) C) (*Layer, C) {
+	t.Helper()
+	path := filepath.Join(dir, "a.img")
+	if create {
+		f, err := os.Create(path)
+		must(t, err)
+		must(t, f.Truncate(ChildSize(size)))
+		f.Close()
+	}
+	bf, err := block.OpenFile(path, false)
+	must(t, err)
+	c := wrap(bf)
+	l, err := New(block.Env{Dir: dir, Size: size, Create: create}, nil, []block.Layer{c})
+	must(t, err)
+	return l.(*Layer), c
+}
+
 // flaky is a child whose writes can be made to fail after landing half
 // their bytes: a failed write in a running system.
 type flaky struct {
@@ -674,19 +694,9 @@ func (f *flaky) Describe() block.Node { return block.Node{Type: "flaky", State: 
 // so nothing reads as corrupt, and the next Flush leaves nothing in flux.
 func TestFailedWriteIsReconciled(t *testing.T) {
 	dir := t.TempDir()
-	path := filepath.Join(dir, "a.img")
 	size := int64(GroupData)
-	f, err := os.Create(path)
-	must(t, err)
-	must(t, f.Truncate(ChildSize(size)))
-	f.Close()
 	open := func(create bool) (*Layer, *flaky) {
-		bf, err := block.OpenFile(path, false)
-		must(t, err)
-		c := &flaky{File: bf}
-		l, err := New(block.Env{Dir: dir, Size: size, Create: create}, nil, []block.Layer{c})
-		must(t, err)
-		return l.(*Layer), c
+		return over(t, dir, size, create, func(f *block.File) *flaky { return &flaky{File: f} })
 	}
 	l, c := open(true)
 	old := random(12, 64<<10)

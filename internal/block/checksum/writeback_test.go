@@ -3,7 +3,6 @@ package checksum
 import (
 	"bytes"
 	"context"
-	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -32,19 +31,7 @@ func (c *counting) Describe() block.Node { return block.Node{Type: "counting", S
 // child in dir (created when create).
 func openCounting(t *testing.T, dir string, size int64, create bool) (*Layer, *counting) {
 	t.Helper()
-	path := filepath.Join(dir, "a.img")
-	if create {
-		f, err := os.Create(path)
-		must(t, err)
-		must(t, f.Truncate(ChildSize(size)))
-		f.Close()
-	}
-	bf, err := block.OpenFile(path, false)
-	must(t, err)
-	c := &counting{File: bf}
-	l, err := New(block.Env{Dir: dir, Size: size, Create: create}, nil, []block.Layer{c})
-	must(t, err)
-	return l.(*Layer), c
+	return over(t, dir, size, create, func(f *block.File) *counting { return &counting{File: f} })
 }
 
 // TestTablesWrittenBack (I5): a write without FUA costs one child write —
