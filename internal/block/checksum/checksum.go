@@ -93,7 +93,8 @@
 // Flush may read as corrupt (detected, never wrong data).
 //
 // A data or table write that fails marks its group stale: it is
-// reconciled (I3) before the group is used again, and its bit is kept.
+// reconciled (I3) before the group is used again or by the next Flush,
+// whichever comes first, and its bit is kept.
 // Resize puts the groups whose layout changes (a partial last one, the
 // new ones) in flux, grows the child, zeroes the grown range (so new
 // blocks verify as zeroes whatever the child grew with), flushes, and
@@ -228,6 +229,9 @@ type Layer struct {
 	// flushMu serialises Flush: a write-back one Flush started must be
 	// durable before another clears the bits it covers.
 	flushMu sync.Mutex
+	// anyStale: some group may be stale (set with the group's flag;
+	// cleared by the Flush that reconciles them all).
+	anyStale atomic.Bool
 
 	closed                             atomic.Bool
 	repaired, corruptReads, reconciled atomic.Int64
@@ -595,7 +599,7 @@ func (l *Layer) writeBack(g int64, st *groupState) error {
 		return nil
 	}
 	if err := l.writeTable(g, t, false); err != nil {
-		st.stale = true
+		l.markStale(st)
 		return err
 	}
 	return nil
@@ -684,6 +688,36 @@ func (l *Layer) reconcileStale(g int64, st *groupState) error {
 	}
 	st.stale = false
 	return nil
+}
+
+// markStale notes that a write into group g failed part-way; the caller
+// holds the group lock exclusively.
+func (l *Layer) markStale(st *groupState) {
+	st.stale = true
+	l.anyStale.Store(true)
+}
+
+// settleStale reconciles every group a failed write left stale, so that
+// after a Flush each group's table in the child matches its data — which
+// a snapshot of the child (cow below) relies on, as its clones open with
+// nothing in flux. The caller holds l.mu shared and not the gate.
+func (l *Layer) settleStale() error {
+	if !l.anyStale.Swap(false) {
+		return nil
+	}
+	l.gate.RLock()
+	defer l.gate.RUnlock()
+	var errs error
+	for g, st := range l.groups {
+		st.mu.Lock()
+		err := l.reconcileStale(int64(g), st)
+		if st.stale {
+			l.anyStale.Store(true)
+		}
+		st.mu.Unlock()
+		errs = errors.Join(errs, err)
+	}
+	return errs
 }
 
 // markInFlux readies group g for its first child write of an operation

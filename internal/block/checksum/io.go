@@ -246,11 +246,11 @@ func (l *Layer) writeGroup(g, off int64, p []byte, fua bool) error {
 		return err
 	}
 	if err := l.childWrite(buf, dataOff(s.start), fua); err != nil {
-		st.stale = true
+		l.markStale(st)
 		return fmt.Errorf("checksum: write %d+%d: %w", s.start, len(buf), err)
 	}
 	if err := l.setEntries(g, t, s.b0, entries, fua); err != nil {
-		st.stale = true
+		l.markStale(st)
 		return err
 	}
 	l.forgetBad(s.b0, s.b1)
@@ -342,7 +342,7 @@ func (l *Layer) zeroGroup(g, off, n int64, f block.ZeroFlags, trim bool) error {
 			err = l.writeZeroBuffers(dataOff(zs), ze-zs, f.FUA)
 		}
 		if err != nil {
-			st.stale = true
+			l.markStale(st)
 			return fmt.Errorf("checksum: zero %d+%d: %w", zs, ze-zs, err)
 		}
 		for b := w0; b < w1; b++ {
@@ -351,13 +351,13 @@ func (l *Layer) zeroGroup(g, off, n int64, f block.ZeroFlags, trim bool) error {
 	}
 	for _, e := range edges {
 		if err := l.childWrite(e.data, dataOff(e.b*BlockSize), f.FUA); err != nil {
-			st.stale = true
+			l.markStale(st)
 			return fmt.Errorf("checksum: write block at %d: %w", e.b*BlockSize, err)
 		}
 		nt[e.b%TableEntries] = entryOf(e.data)
 	}
 	if err := l.storeTable(g, &nt, f.FUA); err != nil {
-		st.stale = true
+		l.markStale(st)
 		return err
 	}
 	if trim {
@@ -381,9 +381,9 @@ func (l *Layer) writeZeroBuffers(off, n int64, fua bool) error {
 	return nil
 }
 
-// Flush implements block.Device: write the dirty tables back (I5), flush
-// the child, then take out of flux every group whose writes all started
-// before (I2).
+// Flush implements block.Device: reconcile the groups failed writes left
+// stale, write the dirty tables back (I5), flush the child, then take out
+// of flux every group whose writes all started before (I2).
 func (l *Layer) Flush() error {
 	if l.closed.Load() {
 		return block.ErrClosed
@@ -403,7 +403,10 @@ func (l *Layer) Flush() error {
 	// child flush; tables of epoch e written along with them are of
 	// groups whose bits stay.
 	l.mu.RLock()
-	err := l.writeBackAll()
+	err := l.settleStale()
+	if err == nil {
+		err = l.writeBackAll()
+	}
 	l.mu.RUnlock()
 	if err != nil {
 		return fmt.Errorf("checksum: flush: %w", err)
@@ -571,7 +574,7 @@ func (l *Layer) Resize(n int64) error {
 	// touches are stale: if Resize fails from here on, they are
 	// reconciled before use and keep their bits.
 	for g := first; g < int64(len(l.groups)); g++ {
-		l.groups[g].stale = true
+		l.markStale(l.groups[g])
 	}
 	if len(zero) > 0 {
 		var err error

@@ -87,12 +87,18 @@ func (l *Layer) repairBlock(g, b int64, note bool) (entry uint32, data []byte, s
 		return 0, nil, 0, fmt.Errorf("checksum: read block at %d: %w", off, readErr)
 	}
 	cached := l.cachedTable(g)
+	// A pinned table (read-only open after a crash) or a dirty one (I5)
+	// replaces the child's, which is known to be out of date: then the
+	// copies' entries are no candidates (an old entry would serve a block
+	// whose latest write the child lost as its previous contents), and
+	// only the data is compared.
+	trustTables := l.pinned[g] == nil && l.dirty.get(g) == nil
 	var cands []uint32
 	if cached != nil {
 		cands = append(cands, cached[i])
 	}
 	for _, v := range views {
-		if v.ok && !slices.Contains(cands, v.entry) {
+		if v.ok && (trustTables || cached == nil) && !slices.Contains(cands, v.entry) {
 			cands = append(cands, v.entry)
 		}
 	}
@@ -114,10 +120,6 @@ search:
 		return 0, nil, 0, fmt.Errorf("checksum: block at %d: %w", off, ErrCorrupt)
 	}
 	data = views[good].data
-	// A pinned table (read-only open after a crash) or a dirty one (I5)
-	// replaces the child's, which is known to be out of date: only the
-	// data is compared.
-	trustTables := l.pinned[g] == nil && l.dirty.get(g) == nil
 	needCache := cached != nil && cached[i] != entry
 	var fixes int
 	for _, v := range views {

@@ -3,6 +3,8 @@ package checksum
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -152,5 +154,90 @@ func TestResizeWritesTablesBack(t *testing.T) {
 	}
 	if err := l.ReadAt(got, at); err != nil || !bytes.Equal(got, p) {
 		t.Fatalf("a write before the resize, after a crash: equal %v, err %v", bytes.Equal(got, p), err)
+	}
+}
+
+// lossy is a file child that acknowledges one write without storing it (a
+// lost write: the fault the checksum layer exists to see).
+type lossy struct {
+	*block.File
+	dropAt atomic.Int64 // child offset of the write to drop; -1: none
+}
+
+func (c *lossy) WriteAt(p []byte, off int64, fua bool) error {
+	if c.dropAt.CompareAndSwap(off, -1) {
+		return nil
+	}
+	return c.File.WriteAt(p, off, fua)
+}
+
+func (c *lossy) Describe() block.Node { return block.Node{Type: "lossy", State: block.StateOK} }
+
+// TestLostWriteIsCorrupt: a write whose data the child lost reads back as
+// corrupt — never as the block's previous contents — while its entry is
+// only in memory (I5: the child's table still holds the previous entry,
+// which must not be taken for a good version), whether the block was
+// written and flushed before or never; a partial write into it refuses
+// too; and a Flush does not make the previous contents valid.
+func TestLostWriteIsCorrupt(t *testing.T) {
+	for _, flushed := range []bool{false, true} {
+		for _, fresh := range []bool{false, true} {
+			t.Run(fmt.Sprintf("flushed=%v/fresh=%v", flushed, fresh), func(t *testing.T) {
+				l, c := over(t, t.TempDir(), GroupData, true, func(f *block.File) *lossy {
+					x := &lossy{File: f}
+					x.dropAt.Store(-1)
+					return x
+				})
+				defer l.Close()
+				if !fresh {
+					must(t, l.WriteAt(random(1, 2*BlockSize), 3*BlockSize, false))
+				}
+				if flushed {
+					must(t, l.Flush()) // the previous entries are in the child's table
+				}
+				c.dropAt.Store(dataOff(3 * BlockSize))
+				must(t, l.WriteAt(random(2, BlockSize), 3*BlockSize, false)) // lost
+				c.dropAt.Store(dataOff(4 * BlockSize))
+				must(t, l.WriteAt(random(3, BlockSize), 4*BlockSize, false)) // lost
+				if err := l.WriteAt([]byte("x"), 4*BlockSize+5, false); !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("partial write into a block whose last write was lost: %v", err)
+				}
+				got := make([]byte, BlockSize)
+				if err := l.ReadAt(got, 3*BlockSize); !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("read of a block whose last write was lost: %v", err)
+				}
+				must(t, l.Flush())
+				if err := l.ReadAt(got, 3*BlockSize); !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("after a flush, read of a block whose last write was lost: %v", err)
+				}
+			})
+		}
+	}
+}
+
+// TestFlushSettlesStaleGroups: a group a failed write left stale is
+// reconciled by the next Flush, not only by its next use, so that after
+// a Flush the child's tables match its data everywhere — what a snapshot
+// of the child (cow below) and its clones, which open with nothing in
+// flux, rely on.
+func TestFlushSettlesStaleGroups(t *testing.T) {
+	dir := t.TempDir()
+	l, c := over(t, dir, 2*GroupData, true, func(f *block.File) *flaky { return &flaky{File: f} })
+	defer l.Close()
+	must(t, l.WriteAt(random(1, 64<<10), GroupData, false))
+	must(t, l.Flush())
+	c.fail.Store(true)
+	if err := l.WriteAt(random(2, 64<<10), GroupData, false); err == nil {
+		t.Fatal("injected failure not reported")
+	}
+	c.fail.Store(false)
+	must(t, l.Flush())
+	img := filepath.Join(dir, "a.img")
+	tab := decodeTable(rawRead(t, img, BlockSize, tableOff(1)))
+	for b := range int64(16) {
+		data := rawRead(t, img, BlockSize, dataOff(GroupData+b*BlockSize))
+		if tab[b] != entryOf(data) {
+			t.Fatalf("after a flush, block %d of the group a failed write left stale does not match its entry in the child", b)
+		}
 	}
 }
