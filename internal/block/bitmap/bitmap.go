@@ -9,10 +9,12 @@
 //
 //	slot: magic "BSLTBM01" (8) | generation u64 | page index u32 | crc32c u32 | bits (SlotSize-24)
 //
-// all big-endian; the crc covers generation, page index and bits. A page
-// reads from its valid slot with the higher generation; a page with no
-// valid slot reads as all zeroes (it was never synced, or its only write
-// was torn — then its previous content was the zero page).
+// all big-endian; the crc covers generation, page index and bits;
+// generation g (from 1) is written to slot g mod 2 and valid only there.
+// A page reads from its valid slot with the higher generation; a page with
+// no valid slot reads as all zeroes (it was never synced, or its only
+// write was torn — then its previous content was the zero page). A slot
+// the file ends inside is read as if zero-padded.
 //
 // Updates are in memory until Sync, which writes every page changed since
 // the last Sync into its older slot and fdatasyncs. Invariant: after Sync
@@ -32,6 +34,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math"
 	"math/bits"
 	"os"
 	"sync"
@@ -95,7 +98,10 @@ func OpenFile(f File, n int64) (*Bitmap, error) {
 	slot := make([]byte, SlotSize)
 	for p := range pages {
 		for s := range 2 {
-			gen, ok := b.readSlot(slot, p, s)
+			gen, ok, err := b.readSlot(slot, p, s)
+			if err != nil {
+				return nil, err
+			}
 			if ok && gen > b.gens[p] {
 				b.gens[p] = gen
 				page := b.words[p*wordsPerPg : (p+1)*wordsPerPg]
@@ -112,22 +118,32 @@ func OpenFile(f File, n int64) (*Bitmap, error) {
 
 func pagesFor(n int64) int { return int((n + BitsPerPage - 1) / BitsPerPage) }
 
-// readSlot reads and validates slot s of page p.
-func (b *Bitmap) readSlot(buf []byte, p, s int) (gen uint64, ok bool) {
+// readSlot reads and validates slot s of page p. A file ending inside
+// (or before) the slot is read as if zero-padded: that is what it holds
+// once a later write extends the file, so a slot cut short must not be
+// invalid now and valid — and perhaps newer than what a Sync wrote
+// meanwhile — after. Generation g is valid only in slot g mod 2, where
+// Sync puts it. An error is a failed read, not an invalid slot.
+func (b *Bitmap) readSlot(buf []byte, p, s int) (gen uint64, ok bool, err error) {
 	off := int64(2*p+s) * SlotSize
-	if n, err := b.f.ReadAt(buf, off); n != len(buf) && !(errors.Is(err, io.EOF) && n == len(buf)) {
-		return 0, false
+	n, err := b.f.ReadAt(buf, off)
+	if n < len(buf) {
+		if !errors.Is(err, io.EOF) {
+			return 0, false, fmt.Errorf("bitmap: read page %d slot %d: %w", p, s, err)
+		}
+		clear(buf[n:])
 	}
 	if string(buf[:8]) != magic || binary.BigEndian.Uint32(buf[16:]) != uint32(p) {
-		return 0, false
+		return 0, false, nil
 	}
 	sum := binary.BigEndian.Uint32(buf[20:])
 	c := crc32.Update(0, castagnoli, buf[8:20])
 	c = crc32.Update(c, castagnoli, buf[headerSize:])
 	if c != sum {
-		return 0, false
+		return 0, false, nil
 	}
-	return binary.BigEndian.Uint64(buf[8:]), true
+	gen = binary.BigEndian.Uint64(buf[8:])
+	return gen, gen%2 == uint64(s), nil
 }
 
 func (b *Bitmap) clearTail() {
@@ -252,6 +268,14 @@ func (b *Bitmap) Sync() error {
 	if b.closed {
 		b.mu.Unlock()
 		return errors.New("bitmap: closed")
+	}
+	for p, d := range b.dirty {
+		if d && b.gens[p] == math.MaxUint64 {
+			// Only a forged file gets here (2^64 syncs of one page):
+			// generation 0 would read as never written.
+			b.mu.Unlock()
+			return fmt.Errorf("bitmap: page %d: generation exhausted", p)
+		}
 	}
 	for p, d := range b.dirty {
 		if !d {
