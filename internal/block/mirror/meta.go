@@ -42,6 +42,10 @@ type sbState struct {
 	Legs    []string `json:"legs"`   // per leg: ok, failed or rebuilding
 }
 
+// maxSize bounds a recorded size (as crypt's header does): far beyond any
+// real volume, and small enough that sizes and offsets cannot overflow.
+const maxSize = 1 << 62
+
 func decodeState(p []byte) (sbState, error) {
 	var s sbState
 	d := json.NewDecoder(bytes.NewReader(p))
@@ -49,10 +53,13 @@ func decodeState(p []byte) (sbState, error) {
 	if err := d.Decode(&s); err != nil {
 		return s, fmt.Errorf("superblock payload: %w", err)
 	}
+	if _, err := d.Token(); err != io.EOF {
+		return s, errors.New("superblock payload: data after the JSON object")
+	}
 	if s.Version != formatV1 {
 		return s, fmt.Errorf("superblock format version %d, this build reads %d", s.Version, formatV1)
 	}
-	if s.Region < 4096 || s.Region&(s.Region-1) != 0 || s.Size <= 0 {
+	if s.Region < 4096 || s.Region&(s.Region-1) != 0 || s.Size <= 0 || s.Size > maxSize {
 		return s, fmt.Errorf("superblock: implausible region %d or size %d", s.Region, s.Size)
 	}
 	for i, st := range s.Legs {

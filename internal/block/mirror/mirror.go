@@ -304,6 +304,18 @@ func (l *Layer) open(children []block.Layer) error {
 		if len(st.Legs) != n {
 			return fmt.Errorf("mirror metadata %s records %d legs, the spec has %d", l.metaName, len(st.Legs), n)
 		}
+		// The size sizes the maps below: a forged one must not make them
+		// huge. Some leg that opened must hold it (the mirror was made no
+		// bigger than its smallest leg; legs only grow).
+		biggest := int64(0)
+		for i, c := range children {
+			if placeholder[i] == nil {
+				biggest = max(biggest, c.Size())
+			}
+		}
+		if biggest > 0 && st.Size > biggest {
+			return fmt.Errorf("mirror metadata %s records a size of %d bytes, more than any leg holds (%d)", l.metaName, st.Size, biggest)
+		}
 	}
 	l.sbSize = st.Size
 	l.size.Store(st.Size)

@@ -3,6 +3,7 @@ package mirror
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/block/blocktest"
+	"github.com/basalt-storage/basalt/internal/block/superblock"
 )
 
 func TestConformance(t *testing.T) {
@@ -896,5 +898,38 @@ func TestRepairRebuildsSubtreeLegFromItsSpec(t *testing.T) {
 	}
 	if !bytes.Equal(got[8192:8192+len(data)], data) {
 		t.Fatal("rebuilt leg lacks the data")
+	}
+}
+
+// A superblock recording a size larger than any leg (forged, or from
+// another mirror) is refused on open, before the maps that size would
+// size are allocated.
+func TestOpenRefusesSizeNoLegHolds(t *testing.T) {
+	t.Parallel()
+	env := block.Env{Dir: t.TempDir(), Size: 1 << 20, Create: true}
+	spec := mirrorSpec("", "a.img", "b.img")
+	mustClose(t, openMirror(t, env, spec))
+	mf, err := os.OpenFile(filepath.Join(env.Dir, DefaultMeta), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, payload, err := superblock.OpenFile(sbSection{mf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := decodeState(payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Size = 1 << 60
+	forged, _ := json.Marshal(st)
+	if err := sb.Write(forged); err != nil {
+		t.Fatal(err)
+	}
+	mf.Close()
+	env.Create = false
+	_, err = block.Build(env, blocktest.Spec(t, spec))
+	if err == nil || !strings.Contains(err.Error(), "more than any leg holds") {
+		t.Fatalf("open with a size no leg holds: %v", err)
 	}
 }
