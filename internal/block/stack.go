@@ -188,6 +188,16 @@ type Type struct {
 	// children itself from their specs (cow builds one child stack per
 	// image, each in its own directory).
 	Compose func(env Env, params json.RawMessage, children []Spec) (Layer, error)
+	// Files lists the files the layer opens in its directory, as its
+	// parameters name them, defaults included (a backing file, a metadata
+	// file); nil when it opens none or its parameters do not decode (New
+	// reports that). Check refuses a stack in which two layers sharing a
+	// directory would open the same file: each would overwrite the other's.
+	Files func(params json.RawMessage) []string
+	// ChildDir, when set, says the children live in directories of their
+	// own (cow: one per image), in which the layer itself keeps these
+	// files; else they share the layer's directory.
+	ChildDir []string
 }
 
 var (
@@ -218,9 +228,26 @@ func Types() []Type {
 	return out
 }
 
-// Check validates a spec's shape (known types, child counts) without
-// building anything.
+// Check validates a spec without building anything: known types, child
+// counts, and no file opened by two layers in one directory.
 func Check(s Spec) error {
+	return check(s, dirFiles{})
+}
+
+// dirFiles maps the files of one directory to the layer opening each.
+type dirFiles map[string]string
+
+// claim records that layer typ opens name in the directory of files.
+func (files dirFiles) claim(name, typ string) error {
+	key := filepath.Clean(name)
+	if other, ok := files[key]; ok {
+		return fmt.Errorf("layer %q would open %q, which layer %q in the same directory opens too: give one of them another name", typ, name, other)
+	}
+	files[key] = typ
+	return nil
+}
+
+func check(s Spec, files dirFiles) error {
 	registryMu.RLock()
 	t, ok := registry[s.Type]
 	registryMu.RUnlock()
@@ -230,12 +257,42 @@ func Check(s Spec) error {
 	if n := len(s.Children); n < t.MinChildren || (t.MaxChildren >= 0 && n > t.MaxChildren) {
 		return fmt.Errorf("layer %q takes %s children, not %d", s.Type, childRange(t), n)
 	}
+	if t.Files != nil {
+		for _, name := range t.Files(s.Params) {
+			if err := files.claim(name, s.Type); err != nil {
+				return err
+			}
+		}
+	}
 	for i, c := range s.Children {
-		if err := Check(c); err != nil {
+		kids := files
+		if t.ChildDir != nil {
+			kids = dirFiles{}
+			for _, name := range t.ChildDir {
+				kids.claim(name, s.Type)
+			}
+		}
+		if err := check(c, kids); err != nil {
 			return fmt.Errorf("%s child %d: %w", s.Type, i, err)
 		}
 	}
 	return nil
+}
+
+// Files lists every file name the layers of s open, as their parameters
+// give them (see Type.Files).
+func Files(s Spec) []string {
+	registryMu.RLock()
+	t := registry[s.Type]
+	registryMu.RUnlock()
+	var out []string
+	if t.Files != nil {
+		out = t.Files(s.Params)
+	}
+	for _, c := range s.Children {
+		out = append(out, Files(c)...)
+	}
+	return out
 }
 
 func childRange(t Type) string {

@@ -208,21 +208,13 @@ func countLayers(spec block.Spec, typ string) int {
 	return n
 }
 
-// checkPaths refuses file layers whose path leaves the layer's directory:
-// a template must not name files elsewhere on the node.
+// checkPaths refuses a stack naming a file — a backing file or a layer's
+// metadata file — that leaves the layer's directory: a template must not
+// name files elsewhere on the node.
 func checkPaths(spec block.Spec) error {
-	if spec.Type == "file" {
-		var p struct {
-			Path string `json:"path"`
-		}
-		json.Unmarshal(spec.Params, &p)
-		if filepath.IsAbs(p.Path) || p.Path != filepath.Clean(p.Path) || strings.HasPrefix(p.Path, "..") {
-			return errs.Invalid(errs.CodeInvalidStack, "file layer path %q must be a plain relative name", p.Path)
-		}
-	}
-	for _, c := range spec.Children {
-		if err := checkPaths(c); err != nil {
-			return err
+	for _, name := range block.Files(spec) {
+		if !filepath.IsLocal(name) || name != filepath.Clean(name) {
+			return errs.Invalid(errs.CodeInvalidStack, "file name %q in the stack must be a plain relative name", name)
 		}
 	}
 	return nil

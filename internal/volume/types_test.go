@@ -354,6 +354,11 @@ func TestVolumeTypeValidation(t *testing.T) {
 		{"sneaky parent path", cowOver(fileAt("sub/../../escape.img"))},
 		{"unclean path", cowOver(fileAt("./data.img"))},
 		{"same file twice", cowOver(`{"type":"stripe","children":[` + fileLeaf + `,` + fileLeaf + `]}`)},
+		{"absolute metadata file", `{"type":"checksum","params":{"meta":"/tmp/x.meta"},"children":[` + cowOver(fileLeaf) + `]}`},
+		{"metadata file in the parent", cowOver(`{"type":"mirror","params":{"meta":"../m.meta"},"children":[` + fileLeaf + `,` + fileAt("b.img") + `]}`)},
+		{"metadata file over the data", cowOver(`{"type":"checksum","params":{"meta":"data.img"},"children":[` + fileLeaf + `]}`)},
+		{"two checksums on one metadata file", `{"type":"checksum","children":[{"type":"checksum","children":[` + cowOver(fileLeaf) + `]}]}`},
+		{"a file over cow's image metadata", cowOver(fileAt("alloc.map"))},
 	} {
 		name := uniq("bad")
 		_, err := s.CreateVolumeType(ctx, name, "", json.RawMessage(c.stack))

@@ -132,6 +132,13 @@ func init() {
 	block.Register(block.Type{
 		Name: "checksum", Doc: "per-block CRC-32C in band, verified on every read; scrub and repair from copies",
 		MinChildren: 1, MaxChildren: 1, New: New, ChildSize: childSize,
+		Files: func(raw json.RawMessage) []string {
+			p, err := decodeParams(raw)
+			if err != nil {
+				return nil // New refuses these params
+			}
+			return []string{p.Meta}
+		},
 	})
 }
 

@@ -57,6 +57,8 @@ func init() {
 	block.Register(block.Type{
 		Name: "cow", Doc: "copy-on-write images: O(1) snapshots and clones",
 		MinChildren: 1, MaxChildren: 1, Compose: Compose,
+		Files:    func(json.RawMessage) []string { return []string{volFile} },
+		ChildDir: []string{imgFile, mapFile},
 	})
 }
 

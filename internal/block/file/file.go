@@ -23,6 +23,13 @@ func init() {
 	block.Register(block.Type{
 		Name: "file", Doc: "a sparse file on a pool (leaf)",
 		MinChildren: 0, MaxChildren: 0, New: New,
+		Files: func(raw json.RawMessage) []string {
+			var p Params
+			if block.DecodeParams(raw, &p) != nil || p.Path == "" {
+				return nil // New refuses these params
+			}
+			return []string{p.Path}
+		},
 	})
 }
 

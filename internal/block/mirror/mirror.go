@@ -82,6 +82,13 @@ func init() {
 	block.Register(block.Type{
 		Name: "mirror", Doc: "RAID-1 across its children, with write-intent and stale-region resync",
 		MinChildren: 2, MaxChildren: -1, TolerateFailedChildren: true, New: New,
+		Files: func(raw json.RawMessage) []string {
+			p := Params{Meta: DefaultMeta}
+			if block.DecodeParams(raw, &p) != nil || p.Meta == "" {
+				return nil // New refuses these params
+			}
+			return []string{p.Meta}
+		},
 	})
 }
 

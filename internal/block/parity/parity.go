@@ -140,6 +140,13 @@ func init() {
 		Name: "parity", Doc: "RAID-5: striped data plus one rotating parity chunk per stripe",
 		MinChildren: 3, MaxChildren: -1, TolerateFailedChildren: true,
 		ChildSize: childSize, New: New,
+		Files: func(raw json.RawMessage) []string {
+			p := Params{Meta: DefaultMeta}
+			if block.DecodeParams(raw, &p) != nil || p.Meta == "" {
+				return nil // New refuses these params
+			}
+			return []string{p.Meta}
+		},
 	})
 }
 
