@@ -6,6 +6,7 @@
 #
 #   bench/layers.sh                        # SIZE=1G, ROUNDS=2 rounds of RUNTIME=6 s
 #   LAYERS="file crypt" RUNTIME=10 bench/layers.sh
+#   LAYERS="file checksum" JOBS=read-1M ROUNDS=7 bench/layers.sh   # a subset of the jobs
 #
 # Needs: go, fio (with the nbd engine), python3 (`make deps`).
 #
@@ -42,6 +43,13 @@ declare -A stacks=(
   [stack4]="{\"type\":\"crypt\",\"children\":[{\"type\":\"checksum\",\"children\":[{\"type\":\"cow\",\"children\":[{\"type\":\"stripe\",\"children\":[$(fs stripe 4)]}]}]}]}"
 )
 
+# job name -> fio rw, block size, queue depth (as bench/nbd.sh)
+declare -A spec=([randread-4k]="randread 4k 32" [randwrite-4k]="randwrite 4k 32" [read-1M]="read 1M 8" [write-1M]="write 1M 8")
+JOBS=${JOBS:-randread-4k randwrite-4k read-1M write-1M}
+for j in $JOBS; do
+  [[ -n ${spec[$j]:-} ]] || { echo "unknown job $j (known: ${!spec[*]})" >&2; exit 2; }
+done
+
 declare -A uris
 for l in $LAYERS; do
   [[ -n ${stacks[$l]:-} ]] || { echo "unknown layer $l (known: ${!stacks[*]})" >&2; exit 2; }
@@ -53,11 +61,10 @@ for l in $LAYERS; do
     --size="$SIZE" --refill_buffers --output=/dev/null
 done
 
-jobs=("randread 4k 32" "randwrite 4k 32" "read 1M 8" "write 1M 8")
 results=$work/results
 read -ra order <<<"$LAYERS"
-for j in "${jobs[@]}"; do
-  set -- $j
+for j in $JOBS; do
+  set -- ${spec[$j]}
   for round in $(seq "$ROUNDS"); do
     # Each run starts with no dirty pages left by the previous one (write
     # back would be charged to whoever runs next), and the order rotates
@@ -72,10 +79,10 @@ for j in "${jobs[@]}"; do
   done
 done
 
-python3 - "$results" "$RUNTIME" "$SIZE" "$ROUNDS" $LAYERS <<'PY'
+python3 - "$results" "$RUNTIME" "$SIZE" "$ROUNDS" "$JOBS" $LAYERS <<'PY'
 import json, sys, platform, os, datetime
-base, runtime, size, rounds, *layers = sys.argv[1:]
-jobs = ["randread-4k", "randwrite-4k", "read-1M", "write-1M"]
+base, runtime, size, rounds, jobs, *layers = sys.argv[1:]
+jobs = jobs.split()
 targets = {"stripe": 10, "mirror": 10, "cow": 10, "checksum": 10, "crypt": 10, "stack4": 25}
 def one(l, j, r):
     d = json.load(open(f"{base}.{l}.{j}.{r}.json"))["jobs"][0]
