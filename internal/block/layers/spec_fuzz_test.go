@@ -107,27 +107,26 @@ func usesAFileTwice(s block.Spec) bool {
 			return false
 		}
 		twice := false
+		// named: the file a layer's params name (strictly decoded, as
+		// the layer does), if they decode and name one.
+		named := func(p any, name *string) {
+			if block.DecodeParams(s.Params, p) == nil && *name != "" {
+				twice = use(*name)
+			}
+		}
 		switch s.Type {
 		case "file":
 			var p file.Params
-			if block.DecodeParams(s.Params, &p) == nil && p.Path != "" {
-				twice = use(p.Path)
-			}
+			named(&p, &p.Path)
 		case "checksum":
 			p := checksum.Params{Meta: checksum.DefaultMeta}
-			if block.DecodeParams(s.Params, &p) == nil && p.Meta != "" {
-				twice = use(p.Meta)
-			}
+			named(&p, &p.Meta)
 		case "mirror":
 			p := mirror.Params{Meta: mirror.DefaultMeta}
-			if block.DecodeParams(s.Params, &p) == nil && p.Meta != "" {
-				twice = use(p.Meta)
-			}
+			named(&p, &p.Meta)
 		case "parity":
 			p := parity.Params{Meta: parity.DefaultMeta}
-			if block.DecodeParams(s.Params, &p) == nil && p.Meta != "" {
-				twice = use(p.Meta)
-			}
+			named(&p, &p.Meta)
 		case "cow":
 			twice = use("cow.sb")
 		}
