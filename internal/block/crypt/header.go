@@ -121,7 +121,10 @@ func decodeHeader(p []byte) (header, error) {
 		return h, fmt.Errorf("crypt header: %w", err)
 	}
 	name := make([]byte, n)
-	if _, err := io.ReadFull(r, name); err != nil || string(name) != CipherName {
+	if _, err := io.ReadFull(r, name); err != nil {
+		return h, fmt.Errorf("crypt header: cipher name: %w", err)
+	}
+	if string(name) != CipherName {
 		return h, fmt.Errorf("crypt header: cipher %q is not supported (want %q)", name, CipherName)
 	}
 	var wl uint16
