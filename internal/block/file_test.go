@@ -9,17 +9,24 @@ import (
 	"testing"
 )
 
-// A file removed while open takes later writes with it at Close: Flush and
-// FUA writes must not call them durable.
-func TestFileUnlinkedIsNotDurable(t *testing.T) {
+// openZeroed opens a new file of n zero bytes as a File.
+func openZeroed(t *testing.T, n int) (string, *File) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "data.img")
-	if err := os.WriteFile(path, make([]byte, 1<<20), 0o600); err != nil {
+	if err := os.WriteFile(path, make([]byte, n), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	d, err := OpenFile(path, false)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return path, d
+}
+
+// A file removed while open takes later writes with it at Close: Flush and
+// FUA writes must not call them durable.
+func TestFileUnlinkedIsNotDurable(t *testing.T) {
+	path, d := openZeroed(t, 1<<20)
 	defer d.Close()
 	buf := []byte("still here")
 	if err := d.WriteAt(buf, 0, true); err != nil {
@@ -48,14 +55,7 @@ func TestFileUnlinkedIsNotDurable(t *testing.T) {
 // buffers cut another way; the callers' slices are left as they were;
 // beyond the end of a file shorter than its device ReadAtV reads zeroes.
 func TestFileVectors(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "data.img")
-	if err := os.WriteFile(path, make([]byte, 8<<20), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	d, err := OpenFile(path, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	path, d := openZeroed(t, 8<<20)
 	defer d.Close()
 	for _, fua := range []bool{false, true} {
 		var bufs [][]byte
