@@ -9,12 +9,24 @@ import (
 	"golang.org/x/crypto/xts"
 )
 
-// The reference: golang.org/x/crypto/xts with the same key.
-func xtsPair(t testing.TB, key []byte) (*xtsCipher, *xts.Cipher) {
+// impls are the implementations a CPU may run: the best it has, then
+// each slower one in turn, so that all of them are held to x/crypto/xts
+// on a CPU that has the best.
+var impls = []string{"best", "narrow", "generic"}
+
+// The reference: golang.org/x/crypto/xts with the same key; ours in
+// implementation impl.
+func xtsPair(t testing.TB, key []byte, impl string) (*xtsCipher, *xts.Cipher) {
 	t.Helper()
 	ours, err := newXTS(key)
 	if err != nil {
 		t.Fatal(err)
+	}
+	switch {
+	case impl == "narrow" && ours.kernel != nil:
+		ours.kernel.wide = false
+	case impl == "generic":
+		ours.kernel = nil
 	}
 	ref, err := xts.NewCipher(aes.NewCipher, key)
 	if err != nil {
@@ -47,16 +59,33 @@ func checkXTS(t testing.TB, ours *xtsCipher, ref *xts.Cipher, plain []byte, sect
 }
 
 func TestXTSMatchesXCrypto(t *testing.T) {
+	switch k := newKernel(make([]byte, 32)); {
+	case k == nil:
+		t.Log("no assembly kernel on this CPU: testing the generic implementation only")
+	case !k.wide:
+		t.Log("no VAES kernel on this CPU: testing the AES-NI and generic ones")
+	}
+	for _, impl := range impls {
+		testXTSMatchesXCrypto(t, impl)
+	}
+	if _, err := newXTS(make([]byte, 32)); err == nil {
+		t.Fatal("a 32-byte key was accepted")
+	}
+}
+
+func testXTSMatchesXCrypto(t *testing.T, impl string) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 50 {
 		key := make([]byte, 64)
 		for i := range key {
 			key[i] = byte(rng.Uint32())
 		}
-		ours, ref := xtsPair(t, key)
+		ours, ref := xtsPair(t, key, impl)
 		// Sector numbers with high bits set and sectors long enough for the
-		// tweak's doubling to carry out of both words many times.
-		for _, n := range []int{16, 32, 512, SectorSize} {
+		// tweak's doubling to carry out of both words many times; lengths
+		// that are and are not whole batches of the kernels' eight and
+		// sixteen blocks.
+		for _, n := range []int{16, 32, 128, 144, 240, 256, 272, 512, 784, SectorSize} {
 			plain := make([]byte, n)
 			for i := range plain {
 				plain[i] = byte(rng.Uint32())
@@ -64,9 +93,6 @@ func TestXTSMatchesXCrypto(t *testing.T) {
 			checkXTS(t, ours, ref, plain, rng.Uint64())
 			checkXTS(t, ours, ref, plain, uint64(rng.IntN(1<<20)))
 		}
-	}
-	if _, err := newXTS(make([]byte, 32)); err == nil {
-		t.Fatal("a 32-byte key was accepted")
 	}
 }
 
@@ -77,13 +103,16 @@ func FuzzXTS(f *testing.F) {
 		if len(key) < 64 || len(plain) < 16 {
 			return
 		}
-		ours, ref := xtsPair(t, key[:64])
-		checkXTS(t, ours, ref, plain[:len(plain)/16*16], sector)
+		for _, impl := range impls {
+			ours, ref := xtsPair(t, key[:64], impl)
+			checkXTS(t, ours, ref, plain[:len(plain)/16*16], sector)
+		}
 	})
 }
 
 func BenchmarkXTS(b *testing.B) {
-	ours, ref := xtsPair(b, bytes.Repeat([]byte{7}, 64))
+	key := bytes.Repeat([]byte{7}, 64)
+	_, ref := xtsPair(b, key, "generic")
 	buf := make([]byte, SectorSize)
 	b.Run("x-crypto", func(b *testing.B) {
 		b.SetBytes(SectorSize)
@@ -91,10 +120,13 @@ func BenchmarkXTS(b *testing.B) {
 			ref.Encrypt(buf, buf, uint64(i))
 		}
 	})
-	b.Run("basalt", func(b *testing.B) {
-		b.SetBytes(SectorSize)
-		for i := range b.N {
-			ours.Encrypt(buf, buf, uint64(i))
-		}
-	})
+	for _, impl := range impls {
+		ours, _ := xtsPair(b, key, impl)
+		b.Run(impl, func(b *testing.B) {
+			b.SetBytes(SectorSize)
+			for i := range b.N {
+				ours.Encrypt(buf, buf, uint64(i))
+			}
+		})
+	}
 }
