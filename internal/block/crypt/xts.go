@@ -12,7 +12,8 @@ import (
 // (TestXTSMatchesXCrypto, FuzzXTS), in two implementations:
 //
 //   - kernel (xts_amd64.s, where the CPU has AES-NI): eight blocks at a
-//     time, about 4 GB/s per core here against 0.37 for the one below.
+//     time, or sixteen with VAES; 5.9 and 9 GB/s per core here against
+//     0.6 for the one below.
 //     AES's rounds have a latency of several cycles each; the standard
 //     library's cipher.Block encrypts one block per call, so every round
 //     waits for the one before, and the block mode built on it can never
