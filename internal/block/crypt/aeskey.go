@@ -48,16 +48,27 @@ var sbox = sync.OnceValue(func() (s [256]byte) {
 // ones passed through InvMixColumns.
 func expandKey256(key []byte) (enc, dec roundKeys) {
 	s := sbox()
+	// sub looks a key byte up in the S-box in constant time: reading
+	// s[x] directly would leave which cache line holds x — part of the
+	// key — to be measured by anyone sharing the CPU's caches.
+	sub := func(x byte) byte {
+		var v byte
+		for i := range 256 {
+			eq := uint(i ^ int(x))      // 0 only at i == x
+			v |= s[i] & byte((eq-1)>>8) // mask 0xff only when eq == 0
+		}
+		return v
+	}
 	copy(enc[:32], key)
 	rcon := byte(1)
 	for i := 32; i < len(enc); i += 4 {
 		t := [4]byte(enc[i-4 : i])
 		switch i / 4 % 8 {
 		case 0: // RotWord, SubWord, Rcon
-			t = [4]byte{s[t[1]] ^ rcon, s[t[2]], s[t[3]], s[t[0]]}
+			t = [4]byte{sub(t[1]) ^ rcon, sub(t[2]), sub(t[3]), sub(t[0])}
 			rcon = gmul(rcon, 2)
 		case 4: // SubWord
-			t = [4]byte{s[t[0]], s[t[1]], s[t[2]], s[t[3]]}
+			t = [4]byte{sub(t[0]), sub(t[1]), sub(t[2]), sub(t[3])}
 		}
 		for j := range 4 {
 			enc[i+j] = enc[i-32+j] ^ t[j]

@@ -100,7 +100,9 @@ func childSize(raw json.RawMessage, size int64, _ int) (int64, error) {
 
 func roundUp(n int64) int64 { return (n + SectorSize - 1) / SectorSize * SectorSize }
 
-// chunkSectors bounds one child I/O (and one pooled buffer): 1 MiB.
+// chunkSectors bounds one pooled buffer (1 MiB), hence one child I/O of
+// a write or of a read that is not whole sectors; a whole-sector read
+// goes to the child in one piece, straight into the caller's buffer.
 const chunkSectors = 256
 
 var bufPool = sync.Pool{New: func() any {
@@ -352,15 +354,23 @@ func (l *Layer) ReadAt(p []byte, off int64) error {
 	return nil
 }
 
-// TryReadAt implements block.NoWaitReader for whole-sector reads of any
-// size: the ciphertext read from the child at once into p, then decrypted
-// in place (spread over the CPUs from 64 KiB, as ReadAt does). With the
-// assembly kernels a 1 MiB read decrypts in about 120 µs on one core
-// here, less than handing it to another goroutine costs in a loaded
-// server (bench/RESULTS.md 2026-11-26).
+// genericTryMax: without an assembly kernel (XTS at about 0.6 GB/s per
+// core), TryReadAt takes reads up to this size; decrypting 2 MiB would
+// hold the caller (the NBD server's reader) for milliseconds.
+const genericTryMax = 16 << 10
+
+// TryReadAt implements block.NoWaitReader for whole-sector reads: the
+// ciphertext read from the child at once into p, then decrypted in place
+// (spread over the CPUs from 64 KiB, as ReadAt does). With an assembly
+// kernel it takes any size: a 1 MiB read decrypts in about 120 µs on one
+// core here, and answering it in the NBD reader measured faster than
+// handing it to another goroutine (bench/RESULTS.md 2026-11-26).
 func (l *Layer) TryReadAt(p []byte, off int64) bool {
 	n := int64(len(p))
 	if n == 0 || off%SectorSize != 0 || n%SectorSize != 0 || l.check(false) != nil {
+		return false
+	}
+	if l.cipher.kernel == nil && n > genericTryMax {
 		return false
 	}
 	if !block.TryReadAt(l.child, p, DataOffset+off) {

@@ -1066,3 +1066,48 @@ func TestCloneKeepsKey(t *testing.T) {
 		t.Error("the origin changed through its clones")
 	}
 }
+
+// TestTryReadAt: whole-sector reads answered without waiting decrypt like
+// ReadAt, at any size with an assembly kernel and up to genericTryMax
+// without one; partial sectors are left to ReadAt.
+func TestTryReadAt(t *testing.T) {
+	l := build(t, block.Env{Dir: t.TempDir(), Size: 4 << 20, Create: true, Keys: newKeys(t)}).(*Layer)
+	defer l.Close()
+	data := pattern(4<<20, 5)
+	if err := l.WriteAt(data, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	// Whether the child answers without waiting depends on its page cache
+	// and file system; what crypt must do is answer whenever it may.
+	childCan := func(off, n int64) bool {
+		return block.TryReadAt(l.child, make([]byte, n), DataOffset+off)
+	}
+	try := func(off, n int64) bool {
+		t.Helper()
+		p := make([]byte, n)
+		if !l.TryReadAt(p, off) {
+			return false
+		}
+		if !bytes.Equal(p, data[off:off+n]) {
+			t.Fatalf("TryReadAt %d+%d returned other bytes than were written", off, n)
+		}
+		return true
+	}
+	for _, r := range [][2]int64{{0, SectorSize}, {SectorSize, 4 * SectorSize}, {1 << 20, 1 << 20}, {0, 4 << 20}} {
+		if childCan(r[0], r[1]) && !try(r[0], r[1]) {
+			t.Errorf("TryReadAt %d+%d refused though the child answers", r[0], r[1])
+		}
+	}
+	for _, r := range [][2]int64{{1, SectorSize}, {0, SectorSize + 1}, {100, 200}} {
+		if try(r[0], r[1]) {
+			t.Errorf("TryReadAt %d+%d (not whole sectors) answered", r[0], r[1])
+		}
+	}
+	l.cipher.kernel = nil
+	if childCan(0, genericTryMax) && !try(0, genericTryMax) {
+		t.Errorf("generic TryReadAt of %d bytes refused", genericTryMax)
+	}
+	if try(0, genericTryMax+SectorSize) {
+		t.Errorf("generic TryReadAt of more than %d bytes answered", genericTryMax)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"crypto/cipher"
 	"encoding/binary"
 	"fmt"
+	"unsafe"
 )
 
 // xtsCipher is AES-XTS (IEEE 1619): the same transform as
@@ -73,16 +74,31 @@ func (c *xtsCipher) Decrypt(dst, src []byte, sector uint64) {
 	generic(dst, src, t, c.k1.Decrypt)
 }
 
-// tweak checks the lengths and returns the sector's first tweak: its
+// tweak checks the buffers and returns the sector's first tweak: its
 // number, little-endian, encrypted with k2.
 func (c *xtsCipher) tweak(dst, src []byte, sector uint64) [16]byte {
 	if len(src)%16 != 0 || len(dst) < len(src) {
 		panic("xts: sector is not a whole number of 16-byte blocks")
 	}
+	if inexactOverlap(dst[:len(src)], src) {
+		// Every implementation reads a batch of blocks before it writes
+		// them, so a dst that starts inside src is silently wrong.
+		panic("xts: dst and src overlap but are not the same")
+	}
 	var t [16]byte
 	binary.LittleEndian.PutUint64(t[:8], sector)
 	c.k2.Encrypt(t[:], t[:])
 	return t
+}
+
+// inexactOverlap reports whether x and y share memory without starting
+// at the same place.
+func inexactOverlap(x, y []byte) bool {
+	if len(x) == 0 || len(y) == 0 || &x[0] == &y[0] {
+		return false
+	}
+	xs, ys := uintptr(unsafe.Pointer(&x[0])), uintptr(unsafe.Pointer(&y[0]))
+	return xs < ys+uintptr(len(y)) && ys < xs+uintptr(len(x))
 }
 
 // generic runs XTS a block at a time through block (k1's Encrypt or

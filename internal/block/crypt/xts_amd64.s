@@ -118,7 +118,8 @@ TEXT ·xtsDecryptAsm(SB), NOSPLIT, $128-64
 // bytes within its lane, the two bytes shifted out folded back in by one
 // carry-less multiplication by x^7 + x^2 + x + 1 (x^128 modulo the field
 // polynomial). Registers: Y0-Y7 blocks, Y8 round key, Y11 that polynomial
-// in each lane, Y12-Y13 scratch.
+// in each lane, Y12-Y13 scratch. (A remainder of fewer than sixteen blocks
+// would be left as it is; the caller passes none.)
 
 // Qwords {0x87, 0}: x^128 modulo x^128 + x^7 + x^2 + x + 1.
 DATA xtsPoly<>+0(SB)/8, $0x87
@@ -165,10 +166,10 @@ GLOBL xtsPoly<>(SB), RODATA|NOPTR, $16
 	FIRST(0); FIRST(1); FIRST(2); FIRST(3); FIRST(4); FIRST(5); FIRST(6); FIRST(7); \
 	FIRST(8); FIRST(9); FIRST(10); FIRST(11); FIRST(12); FIRST(13); FIRST(14); FIRST(15); \
 	VBROADCASTI128 xtsPoly<>(SB), Y11; \
-	TESTQ CX, CX; \
-	JZ    done; \
 	; \
 loop16: \
+	CMPQ  CX, $16; \
+	JB    done; \
 	VWHITEN(0, Y0); VWHITEN(1, Y1); VWHITEN(2, Y2); VWHITEN(3, Y3); \
 	VWHITEN(4, Y4); VWHITEN(5, Y5); VWHITEN(6, Y6); VWHITEN(7, Y7); \
 	VROUND8(VPXOR, 0); \
@@ -183,7 +184,7 @@ loop16: \
 	ADDQ  $256, SI; \
 	ADDQ  $256, DI; \
 	SUBQ  $16, CX; \
-	JNZ   loop16; \
+	JMP   loop16; \
 	; \
 done: \
 	VMOVDQU (SP), X9; \
