@@ -53,9 +53,18 @@ GLOBL xtsMask<>(SB), RODATA|NOPTR, $16
 	MOVOU (r*16)(AX), X8; \
 	OP X8, X0
 
-// XTS(OP, LAST) is the body of xtsEncryptAsm and xtsDecryptAsm: OP is
-// AESENC or AESDEC, LAST the matching last-round instruction.
-#define XTS(OP, LAST) \
+// ROUNDS runs AES-256 with the round macro R: the whitening with round
+// key 0 (XOR), thirteen rounds (OP) and the last (LAST).
+#define ROUNDS(R, XOR, OP, LAST) \
+	R(XOR, 0); \
+	R(OP, 1); R(OP, 2); R(OP, 3); R(OP, 4); R(OP, 5); R(OP, 6); R(OP, 7); \
+	R(OP, 8); R(OP, 9); R(OP, 10); R(OP, 11); R(OP, 12); R(OP, 13); \
+	R(LAST, 14)
+
+// ARGS loads the arguments: AX round keys, DI dst, SI src, CX the number
+// of blocks, DX the tweak's address and X9 the tweak; and X11 the
+// doubling mask.
+#define ARGS \
 	MOVQ  rk+0(FP), AX; \
 	MOVQ  dst_base+8(FP), DI; \
 	MOVQ  src_base+32(FP), SI; \
@@ -63,18 +72,19 @@ GLOBL xtsMask<>(SB), RODATA|NOPTR, $16
 	SHRQ  $4, CX; \
 	MOVQ  tweak+56(FP), DX; \
 	MOVOU (DX), X9; \
-	MOVOU xtsMask<>(SB), X11; \
+	MOVOU xtsMask<>(SB), X11
+
+// XTS(OP, LAST) is the body of xtsEncryptAsm and xtsDecryptAsm: OP is
+// AESENC or AESDEC, LAST the matching last-round instruction.
+#define XTS(OP, LAST) \
+	ARGS; \
 	; \
 loop8: \
 	CMPQ  CX, $8; \
 	JB    tail; \
 	WHITEN(0, X0); WHITEN(1, X1); WHITEN(2, X2); WHITEN(3, X3); \
 	WHITEN(4, X4); WHITEN(5, X5); WHITEN(6, X6); WHITEN(7, X7); \
-	ROUND8(PXOR, 0); \
-	ROUND8(OP, 1); ROUND8(OP, 2); ROUND8(OP, 3); ROUND8(OP, 4); \
-	ROUND8(OP, 5); ROUND8(OP, 6); ROUND8(OP, 7); ROUND8(OP, 8); \
-	ROUND8(OP, 9); ROUND8(OP, 10); ROUND8(OP, 11); ROUND8(OP, 12); \
-	ROUND8(OP, 13); ROUND8(LAST, 14); \
+	ROUNDS(ROUND8, PXOR, OP, LAST); \
 	UNWHITEN(0, X0); UNWHITEN(1, X1); UNWHITEN(2, X2); UNWHITEN(3, X3); \
 	UNWHITEN(4, X4); UNWHITEN(5, X5); UNWHITEN(6, X6); UNWHITEN(7, X7); \
 	ADDQ  $128, SI; \
@@ -86,11 +96,7 @@ tail: \
 	TESTQ CX, CX; \
 	JZ    done; \
 	WHITEN(0, X0); \
-	ROUND1(PXOR, 0); \
-	ROUND1(OP, 1); ROUND1(OP, 2); ROUND1(OP, 3); ROUND1(OP, 4); \
-	ROUND1(OP, 5); ROUND1(OP, 6); ROUND1(OP, 7); ROUND1(OP, 8); \
-	ROUND1(OP, 9); ROUND1(OP, 10); ROUND1(OP, 11); ROUND1(OP, 12); \
-	ROUND1(OP, 13); ROUND1(LAST, 14); \
+	ROUNDS(ROUND1, PXOR, OP, LAST); \
 	UNWHITEN(0, X0); \
 	ADDQ  $16, SI; \
 	ADDQ  $16, DI; \
@@ -155,14 +161,7 @@ GLOBL xtsPoly<>(SB), RODATA|NOPTR, $16
 	DOUBLE(X9)
 
 #define VXTS(OP, LAST) \
-	MOVQ  rk+0(FP), AX; \
-	MOVQ  dst_base+8(FP), DI; \
-	MOVQ  src_base+32(FP), SI; \
-	MOVQ  src_len+40(FP), CX; \
-	SHRQ  $4, CX; \
-	MOVQ  tweak+56(FP), DX; \
-	MOVOU (DX), X9; \
-	MOVOU xtsMask<>(SB), X11; \
+	ARGS; \
 	FIRST(0); FIRST(1); FIRST(2); FIRST(3); FIRST(4); FIRST(5); FIRST(6); FIRST(7); \
 	FIRST(8); FIRST(9); FIRST(10); FIRST(11); FIRST(12); FIRST(13); FIRST(14); FIRST(15); \
 	VBROADCASTI128 xtsPoly<>(SB), Y11; \
@@ -172,11 +171,7 @@ loop16: \
 	JB    done; \
 	VWHITEN(0, Y0); VWHITEN(1, Y1); VWHITEN(2, Y2); VWHITEN(3, Y3); \
 	VWHITEN(4, Y4); VWHITEN(5, Y5); VWHITEN(6, Y6); VWHITEN(7, Y7); \
-	VROUND8(VPXOR, 0); \
-	VROUND8(OP, 1); VROUND8(OP, 2); VROUND8(OP, 3); VROUND8(OP, 4); \
-	VROUND8(OP, 5); VROUND8(OP, 6); VROUND8(OP, 7); VROUND8(OP, 8); \
-	VROUND8(OP, 9); VROUND8(OP, 10); VROUND8(OP, 11); VROUND8(OP, 12); \
-	VROUND8(OP, 13); VROUND8(LAST, 14); \
+	ROUNDS(VROUND8, VPXOR, OP, LAST); \
 	VUNWHITEN(0, Y0); VUNWHITEN(1, Y1); VUNWHITEN(2, Y2); VUNWHITEN(3, Y3); \
 	VUNWHITEN(4, Y4); VUNWHITEN(5, Y5); VUNWHITEN(6, Y6); VUNWHITEN(7, Y7); \
 	ADVANCE(0); ADVANCE(1); ADVANCE(2); ADVANCE(3); \
