@@ -2,9 +2,9 @@ package crypt
 
 import "sync"
 
-// AES-256 key schedule (FIPS-197 §5.2) for the AES-NI XTS kernel, which
-// needs the round keys in memory and the standard library does not expose
-// its own. Computed once per key, so it is written for clarity: the S-box
+// AES-256 key schedule (FIPS-197 §5.2) for the assembly XTS kernels,
+// which need the round keys in memory; the standard library does not
+// expose its own. Computed once per key, so it is written for clarity: the S-box
 // is derived from its definition rather than tabled.
 
 // aesRounds is AES-256's round count; a schedule holds aesRounds+1 keys.

@@ -5,7 +5,7 @@
 //
 // Cipher: AES-256-XTS (xts.go: byte-identical to golang.org/x/crypto/xts,
 // tested; many blocks at a time with AES-NI or VAES where the CPU has
-// them, 15–25× faster) over 4096-byte sectors; the
+// them, 10–15× faster than a block at a time) over 4096-byte sectors; the
 // tweak is the sector's number within the data area (little-endian 64-bit,
 // dm-crypt's "plain64"), so sector n of a clone decrypts exactly like
 // sector n of its origin. Each volume has its own random 64-byte data key,

@@ -21,7 +21,7 @@ import (
 //     fill the pipeline.
 //   - generic: the standard library's AES a block at a time, XOR and the
 //     tweak's doubling in GF(2^128) on two 64-bit words (x/crypto/xts
-//     works a byte at a time, 2.5× slower still).
+//     works a byte at a time, 1.5–1.8× slower still).
 //
 // The tweak (the sector number encrypted with the tweak key) is the
 // standard library's in both: one block per sector.
