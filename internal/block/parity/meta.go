@@ -1,6 +1,7 @@
 package parity
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -42,6 +43,47 @@ type superPayload struct {
 	Epoch   uint64 `json:"epoch"` // bumped whenever the set of valid legs changes
 	State   string `json:"state"` // one of legOK/legFailed/legRebuilding per leg
 	Pairs   int    `json:"journal_pairs"`
+}
+
+// maxSize bounds a recorded size (as mirror's and crypt's do): far beyond
+// any volume, and small enough that no stripe arithmetic overflows.
+const maxSize = 1 << 62
+
+// maxPairs bounds the journal's pairs (so its region's size).
+const maxPairs = 1 << 16
+
+// decodeSuper decodes a superblock payload and checks what it can alone:
+// format version 1, nothing but the known fields, nothing after the JSON
+// object, at least 3 legs each ok, failed or rebuilding, a chunk that is a
+// power of two of at least 4096 bytes, a size in (0, maxSize], 1 to
+// maxPairs journal pairs. open checks the rest against the spec and the
+// legs before it sizes anything from the payload.
+func decodeSuper(raw []byte) (superPayload, error) {
+	var p superPayload
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&p); err != nil {
+		return p, fmt.Errorf("superblock payload: %w", err)
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return p, errors.New("superblock payload: data after the JSON object")
+	}
+	switch {
+	case p.Version != 1:
+		return p, fmt.Errorf("superblock version %d unknown", p.Version)
+	case p.Legs < 3 || len(p.State) != p.Legs:
+		return p, fmt.Errorf("superblock: %d legs with states %q", p.Legs, p.State)
+	case p.Chunk < 4096 || p.Chunk&(p.Chunk-1) != 0 || p.Size <= 0 || p.Size > maxSize:
+		return p, fmt.Errorf("superblock: implausible chunk %d or size %d", p.Chunk, p.Size)
+	case p.Pairs < 1 || p.Pairs > maxPairs:
+		return p, fmt.Errorf("superblock: %d journal pairs", p.Pairs)
+	}
+	for _, c := range []byte(p.State) {
+		if c != legOK && c != legFailed && c != legRebuilding {
+			return p, fmt.Errorf("superblock leg state %q unknown", p.State)
+		}
+	}
+	return p, nil
 }
 
 func (p superPayload) marshal() []byte {

@@ -445,27 +445,31 @@ func (l *Layer) open() error {
 		return fmt.Errorf("corrupt or never created (both superblock copies invalid): %w", err)
 	}
 	l.sb = sb
-	var p superPayload
-	if err := json.Unmarshal(raw, &p); err != nil {
-		return fmt.Errorf("superblock payload: %w", err)
+	p, err := decodeSuper(raw)
+	if err != nil {
+		return err
 	}
 	switch {
-	case p.Version != 1:
-		return fmt.Errorf("superblock version %d unknown", p.Version)
 	case p.Legs != l.n:
 		return fmt.Errorf("made for %d legs, spec has %d", p.Legs, l.n)
 	case p.Chunk != l.chunk:
 		return fmt.Errorf("made with chunk %d, params say %d", p.Chunk, l.chunk)
-	case len(p.State) != l.n || p.Size <= 0 || p.Pairs < 1 || p.Pairs > 1<<16:
-		return errors.New("superblock payload is inconsistent")
 	}
-	for _, c := range []byte(p.State) {
-		if c != legOK && c != legFailed && c != legRebuilding {
-			return fmt.Errorf("superblock leg state %q unknown", p.State)
+	stripes := (p.Size + l.dsz - 1) / l.dsz
+	// Every leg that was ok has grown to hold the size before the
+	// superblock recorded it (Resize), so a size no opened leg holds is
+	// not ours; refuse it before the bitmap is sized from it.
+	var largest int64
+	for _, c := range l.children {
+		if _, _, failed := block.IsFailed(c); !failed {
+			largest = max(largest, c.Size())
 		}
 	}
+	if stripes > largest/l.chunk {
+		return fmt.Errorf("superblock size %d needs legs of %d bytes; the largest leg that opened has %d",
+			p.Size, stripes*l.chunk, largest)
+	}
 	l.pairs = p.Pairs
-	stripes := (p.Size + l.dsz - 1) / l.dsz
 	l.size.Store(p.Size)
 	l.stripes.Store(stripes)
 	l.epoch = p.Epoch
