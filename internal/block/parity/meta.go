@@ -52,6 +52,10 @@ const maxSize = 1 << 62
 // maxPairs bounds the journal's pairs (so its region's size).
 const maxPairs = 1 << 16
 
+// maxGen bounds a journal entry's generation: scan ignores an entry
+// beyond it and put refuses to write one.
+const maxGen = 1 << 62
+
 // decodeSuper decodes a superblock payload and checks what it can alone:
 // format version 1, nothing but the known fields, nothing after the JSON
 // object, at least 3 legs each ok, failed or rebuilding, a chunk that is a
@@ -206,6 +210,11 @@ func (j *journal) scan(epoch uint64) error {
 		e := jEntry{slot: i, epoch: binary.BigEndian.Uint64(h[8:]), gen: binary.BigEndian.Uint64(h[16:]),
 			stripe: int64(binary.BigEndian.Uint64(h[24:])), leg: int(binary.BigEndian.Uint32(h[32:])),
 			flags: binary.BigEndian.Uint32(h[36:]), plen: binary.BigEndian.Uint32(h[40:]), crc: binary.BigEndian.Uint32(h[44:])}
+		if e.gen > maxGen {
+			// No journal writes 2^62 entries: not ours (and taking it
+			// would make the next entries' generations wrap and lose).
+			continue
+		}
 		j.gen = max(j.gen, e.gen)
 		if e.epoch == epoch {
 			j.found[e.stripe] = append(j.found[e.stripe], e)
@@ -271,6 +280,9 @@ func (j *journal) read(e jEntry) ([]byte, bool, error) {
 // zeroes is stored as a zero entry) into slot `which` of pair pu.pair and
 // syncs. The caller holds the stripe's lock.
 func (j *journal) put(pu *pairUse, gen, epoch uint64, s int64, m int, data []byte) error {
+	if gen > maxGen {
+		return fmt.Errorf("journal: generation %d exhausted", gen)
+	}
 	which := 0
 	if pu.last == 0 {
 		which = 1

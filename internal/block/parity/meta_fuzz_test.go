@@ -1,7 +1,10 @@
 package parity
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -166,4 +169,106 @@ func TestOpenRefusesSizeNoLegHolds(t *testing.T) {
 	if err := build(t, env, spec).Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// FuzzJournal: whatever the journal region holds, scan and lookup neither
+// fail nor return anything but a whole chunk or a zero chunk, and an
+// entry written afterwards (as a degraded write journals one) is what
+// the next open finds for its stripe and leg.
+func FuzzJournal(f *testing.F) {
+	const chunk, pairs = 4096, 2
+	region := int64(2*pairs) * (jHeader + chunk)
+	// A valid entry to mutate, with a generation to beat.
+	valid := func(gen uint64, zero bool) []byte {
+		mf, err := os.CreateTemp(f.TempDir(), "j")
+		if err != nil {
+			f.Fatal(err)
+		}
+		defer mf.Close()
+		j := newJournal(&section{f: mf, limit: region}, chunk, pairs)
+		data := make([]byte, chunk)
+		if !zero {
+			data[7] = 1
+		}
+		if err := j.put(&pairUse{pair: 1, last: 0}, gen, 3, 42, 1, data); err != nil {
+			f.Fatal(err)
+		}
+		raw := make([]byte, region)
+		mf.ReadAt(raw, 0)
+		return raw
+	}
+	// The same entry with its generation replaced (and its CRC redone):
+	// entries no journal writes, which must not outrank the next one.
+	forged := func(gen uint64) []byte {
+		raw := valid(5, false)
+		h := raw[3*(jHeader+chunk):]
+		binary.BigEndian.PutUint64(h[16:], gen)
+		c := crc32.Update(0, castagnoli, h[8:44])
+		binary.BigEndian.PutUint32(h[44:], crc32.Update(c, castagnoli, h[jHeader:jHeader+chunk]))
+		return raw
+	}
+	f.Add(valid(5, false), uint64(3), int64(42), uint8(1), false)
+	f.Add(valid(maxGen, true), uint64(3), int64(42), uint8(1), true)
+	f.Add(forged(maxGen+1), uint64(3), int64(42), uint8(1), false)
+	f.Add(forged(^uint64(0)), uint64(3), int64(42), uint8(1), false)
+	f.Add([]byte(jMagic), uint64(0), int64(0), uint8(0), true)
+
+	f.Fuzz(func(t *testing.T, raw []byte, epoch uint64, stripe int64, leg uint8, zero bool) {
+		mf, err := os.CreateTemp(t.TempDir(), "j")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mf.Close()
+		if _, err := mf.WriteAt(raw[:min(int64(len(raw)), region)], 0); err != nil {
+			t.Fatal(err)
+		}
+		open := func() *journal {
+			j := newJournal(&section{f: mf, limit: region}, chunk, pairs)
+			if err := j.scan(epoch); err != nil {
+				t.Fatalf("scan: %v", err)
+			}
+			return j
+		}
+		j := open()
+		for s, es := range j.found {
+			for _, e := range es {
+				data, ok, err := j.lookup(s, e.leg)
+				if err != nil {
+					t.Fatalf("lookup stripe %d leg %d: %v", s, e.leg, err)
+				}
+				if ok && data != nil && len(data) != chunk {
+					t.Fatalf("lookup stripe %d leg %d returned %d bytes", s, e.leg, len(data))
+				}
+			}
+		}
+		// A degraded write now journals into pair 0 (the layer takes a
+		// free pair, and alternates slots from the last one it used).
+		want := make([]byte, chunk)
+		if !zero {
+			for i := range want {
+				want[i] = byte(i*31) | 1
+			}
+		}
+		j.gen++
+		err = j.put(&pairUse{pair: 0, last: -1}, j.gen, epoch, stripe, int(leg), want)
+		if j.gen > maxGen {
+			// Only a forged entry of generation maxGen gets here.
+			if err == nil {
+				t.Fatalf("put wrote generation %d, beyond %d", j.gen, uint64(maxGen))
+			}
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok, err := open().lookup(stripe, int(leg))
+		switch {
+		case err != nil:
+			t.Fatalf("lookup after put: %v", err)
+		case !ok:
+			t.Fatalf("the entry just written for stripe %d leg %d is not found", stripe, leg)
+		case zero && got != nil, !zero && !bytes.Equal(got, want):
+			t.Fatalf("stripe %d leg %d: lookup returned other content than was journaled", stripe, leg)
+		}
+	})
 }
