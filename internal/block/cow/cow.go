@@ -45,6 +45,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -97,6 +98,57 @@ type imageMeta struct {
 	// Froze is the image that snapshot froze (Parent until a flatten
 	// clears it): what a repeated Snapshot(Tag) returns.
 	Froze string `json:"froze,omitempty"`
+}
+
+// maxSize bounds a recorded size (as the other layers' metadata does):
+// far beyond any volume, small enough that no chunk arithmetic overflows.
+const maxSize = 1 << 62
+
+// validID reports whether id is an image id as newImage makes them:
+// "img-" and 16 lowercase hex digits. Ids name directories, so one from a
+// payload is checked before any path is built from it.
+func validID(id string) bool {
+	h, ok := strings.CutPrefix(id, "img-")
+	if !ok || len(h) != 16 {
+		return false
+	}
+	for _, c := range []byte(h) {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// decodeVolMeta decodes cow.sb's payload: version 1, a valid top id.
+func decodeVolMeta(payload []byte) (volMeta, error) {
+	var vm volMeta
+	if err := json.Unmarshal(payload, &vm); err != nil {
+		return vm, fmt.Errorf("%s: bad payload: %w", volFile, err)
+	}
+	if vm.Version != version || !validID(vm.Top) {
+		return vm, fmt.Errorf("%s: version %d, top %q: not a payload this build wrote", volFile, vm.Version, vm.Top)
+	}
+	return vm, nil
+}
+
+// decodeImageMeta decodes image id's image.sb payload and checks what the
+// layer sizes and names things from: version 1, its own id, a valid parent
+// id or none, a size in (0, maxSize], a chunk that is a power of two of at
+// least 4096. (A chunk of 0 divided by zero; a size of 2^60 asked for
+// terabytes of owner table.)
+func decodeImageMeta(payload []byte, id string) (imageMeta, error) {
+	var m imageMeta
+	if err := json.Unmarshal(payload, &m); err != nil {
+		return m, fmt.Errorf("image %s: bad image.sb: %w", id, err)
+	}
+	switch {
+	case m.Version != version || m.ID != id || !validID(m.ID) || m.Parent != "" && !validID(m.Parent):
+		return m, fmt.Errorf("image %s: image.sb of version %d names image %q, parent %q", id, m.Version, m.ID, m.Parent)
+	case m.Size <= 0 || m.Size > maxSize || m.Chunk < 4096 || m.Chunk&(m.Chunk-1) != 0:
+		return m, fmt.Errorf("image %s: implausible size %d or chunk %d in image.sb", id, m.Size, m.Chunk)
+	}
+	return m, nil
 }
 
 // image is one open image of a chain.
@@ -283,9 +335,12 @@ func (l *Layer) open() error {
 			return fmt.Errorf("%s: %w", volFile, err)
 		}
 		l.vsb = sb
-		if err := json.Unmarshal(payload, &vm); err != nil || vm.Top == "" {
-			return fmt.Errorf("%s: bad payload: %v", volFile, err)
+		if vm, err = decodeVolMeta(payload); err != nil {
+			return err
 		}
+	}
+	if !validID(vm.Top) {
+		return fmt.Errorf("top image %q is not an image id", vm.Top)
 	}
 	// Walk from the top to the root, then number the images root first.
 	var chain []*image
@@ -339,9 +394,9 @@ func (l *Layer) openImage(id string, top bool) (*image, error) {
 		return nil, fmt.Errorf("image %s: %w", id, err)
 	}
 	im := &image{sb: sb}
-	if err := json.Unmarshal(payload, &im.meta); err != nil || im.meta.ID != id {
+	if im.meta, err = decodeImageMeta(payload, id); err != nil {
 		sb.Close()
-		return nil, fmt.Errorf("image %s: bad image.sb (%v)", id, err)
+		return nil, err
 	}
 	env := l.env
 	env.Dir, env.Size, env.Create, env.Base = dir, im.meta.Size, false, ""
@@ -349,6 +404,14 @@ func (l *Layer) openImage(id string, top bool) (*image, error) {
 	if im.dev, err = block.Build(env, im.meta.Spec); err != nil {
 		sb.Close()
 		return nil, fmt.Errorf("image %s: %w", id, err)
+	}
+	// Resize grows the device before it records the size, so an image
+	// recording more than its device holds is not ours; refuse it before
+	// the owner table and the map are sized from it.
+	if n := im.dev.Size(); n < im.meta.Size {
+		im.dev.Close()
+		sb.Close()
+		return nil, fmt.Errorf("image %s records %d bytes; its device holds %d", id, im.meta.Size, n)
 	}
 	if im.alloc, err = l.openMap(dir, im.meta); err != nil {
 		im.dev.Close()

@@ -1,7 +1,6 @@
 package cow
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -27,9 +26,9 @@ func ReadImage(images, id string) (Image, error) {
 		return Image{}, fmt.Errorf("image %s: %w", id, err)
 	}
 	b.Close()
-	var m imageMeta
-	if err := json.Unmarshal(payload, &m); err != nil {
-		return Image{}, fmt.Errorf("image %s: %w", id, err)
+	m, err := decodeImageMeta(payload, id)
+	if err != nil {
+		return Image{}, err
 	}
 	return Image{ID: m.ID, Parent: m.Parent, Size: m.Size, Tag: m.Tag}, nil
 }
@@ -41,9 +40,9 @@ func TopOf(dir string) (string, error) {
 		return "", err
 	}
 	b.Close()
-	var vm volMeta
-	if err := json.Unmarshal(payload, &vm); err != nil {
-		return "", fmt.Errorf("%s: %w", volFile, err)
+	vm, err := decodeVolMeta(payload)
+	if err != nil {
+		return "", err
 	}
 	return vm.Top, nil
 }
