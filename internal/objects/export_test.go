@@ -2,6 +2,7 @@ package objects
 
 import (
 	"bytes"
+	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"slices"
@@ -94,6 +95,7 @@ func TestExport(t *testing.T) {
 		t.Run("VerifyMultipart", e.testVerifyMultipart)
 		t.Run("Missing", e.testExportMissing)
 		t.Run("Path", e.testObjectPath)
+		t.Run("ForgedRecord", e.testForgedRecord)
 		noTempLeft(t, e)
 	})
 }
@@ -445,4 +447,49 @@ func (e *env) testObjectPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.RemoveAll(filepath.Join(e.root, "exp", "p"))
+}
+
+// A record written behind S3 that is not one the gateway writes (part ends
+// going backwards: a user with direct access can set the xattr or write
+// the sidecar) is reported as a modification — by GET, verify and the
+// path's status — not served and not an internal error; exporting again
+// replaces it.
+func (e *env) testForgedRecord(t *testing.T) {
+	p := filepath.Join(e.root, "exp", "forged.txt")
+	writeFile(t, p, "twelve bytes")
+	if _, err := e.be.Export(ctx, "exp", "forged.txt"); err != nil {
+		t.Fatal(err)
+	}
+	forged := []byte(`{"etag":"\"x-2\"","size":12,"parts":[10,4,12]}`)
+	switch m := e.be.meta.(type) {
+	case xattrMeta:
+		if err := unix.Setxattr(p, xattrName, forged, 0); err != nil {
+			t.Fatal(err)
+		}
+	case *sidecarMeta:
+		rec := []byte(`{"etag":"\"x-2\"","size":12,"parts":[10,4,12],"key":"forged.txt"}`)
+		if err := os.WriteFile(m.path("exp", "forged.txt"), rec, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatalf("metadata kind %T", m)
+	}
+	_, err := e.alice.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("exp"), Key: aws.String("forged.txt"),
+		PartNumber: aws.Int32(2)})
+	wantCode(t, err, "ObjectModifiedOutsideS3")
+	if !strings.Contains(err.Error(), "invalid record") {
+		t.Fatalf("GET of a forged record: %v", err)
+	}
+	verify(t, e, "exp", VerifyOptions{}, "forged.txt:modified")
+	if _, err := e.be.Export(ctx, "exp", "forged.txt"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := e.alice.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("exp"), Key: aws.String("forged.txt")})
+	if err != nil {
+		t.Fatalf("GET after export: %v", err)
+	}
+	out.Body.Close()
+	if _, err := e.alice.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String("exp"), Key: aws.String("forged.txt")}); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -22,6 +22,9 @@ type object struct {
 	f  *os.File
 	m  *objectMeta
 	st *syscall.Stat_t
+	// bad says why the record could not be used (m is then empty): the
+	// object was changed behind S3 as surely as if its stat differed.
+	bad string
 }
 
 func isNoSuchKey(err error) bool { return s3code(err) == "NoSuchKey" }
@@ -53,9 +56,12 @@ func (b *Backend) openObject(r *os.Root, bucket, key string) (*object, error) {
 // inspect opens bucket/key and its record, and says how the file differs
 // from the record ("" if it does not).
 func (b *Backend) inspect(r *os.Root, bucket, key string) (*object, string, error) {
-	o, err := b.openRecorded(r, bucket, key)
+	o, err := b.openAny(r, bucket, key)
 	if err != nil {
 		return nil, "", err
+	}
+	if o.bad != "" {
+		return o, o.bad, nil
 	}
 	why := o.m.differs(o.st)
 	if why == "" {
@@ -81,8 +87,19 @@ func (b *Backend) inspect(r *os.Root, bucket, key string) (*object, string, erro
 }
 
 // openRecorded opens bucket/key and reads its record, without comparing
-// the two.
+// the two; an invalid record is an error.
 func (b *Backend) openRecorded(r *os.Root, bucket, key string) (*object, error) {
+	o, err := b.openAny(r, bucket, key)
+	if err == nil && o.bad != "" {
+		o.f.Close()
+		return nil, fmt.Errorf("%s/%s: %s", bucket, key, o.bad)
+	}
+	return o, err
+}
+
+// openAny is openRecorded that returns an object whose record is invalid
+// too, saying so in its bad field.
+func (b *Backend) openAny(r *os.Root, bucket, key string) (*object, error) {
 	// O_NONBLOCK: a FIFO dropped into the bucket must not block the open.
 	f, err := r.OpenFile(key, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
@@ -102,6 +119,9 @@ func (b *Backend) openRecorded(r *os.Root, bucket, key string) (*object, error) 
 		return nil, errNoSuchKey()
 	}
 	m, err := b.meta.read(f, bucket, key)
+	if bad := (badRecord{}); errors.As(err, &bad) {
+		return &object{f: f, m: &objectMeta{}, st: fi.Sys().(*syscall.Stat_t), bad: bad.Error()}, nil
+	}
 	if err != nil {
 		f.Close()
 		if errors.Is(err, errNoMeta) {

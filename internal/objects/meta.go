@@ -58,6 +58,43 @@ const xattrName = "user.basalt.object"
 // errNoMeta: the file has no basalt metadata (it is not an object).
 var errNoMeta = errors.New("no basalt object metadata")
 
+// maxRecordParts bounds a record's part list (S3's own limit).
+const maxRecordParts = 10000
+
+// decodeRecord decodes an object record and checks what serving the
+// object computes from it. Records live in xattrs and sidecar files that a
+// user with direct access to the file system can write, so nothing in one
+// is trusted: a size of at least 0; at most 10000 part ends, none below
+// the one before or below 0, the last equal to the size; a version id
+// that is empty or of newVersionID's form.
+func decodeRecord(data []byte) (*objectMeta, error) {
+	var m objectMeta
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, badRecord{err}
+	}
+	if m.Size < 0 || len(m.Parts) > maxRecordParts {
+		return nil, badRecord{fmt.Errorf("size %d with %d parts", m.Size, len(m.Parts))}
+	}
+	prev := int64(0)
+	for i, end := range m.Parts {
+		if end < prev || i == len(m.Parts)-1 && end != m.Size {
+			return nil, badRecord{fmt.Errorf("part %d ends at %d (after %d, size %d)", i+1, end, prev, m.Size)}
+		}
+		prev = end
+	}
+	if m.VersionID != "" && !validVersionID(m.VersionID) {
+		return nil, badRecord{fmt.Errorf("version id %q", m.VersionID)}
+	}
+	return &m, nil
+}
+
+// badRecord is decodeRecord's error: the record exists but is not one the
+// gateway wrote, so the object was changed behind S3.
+type badRecord struct{ err error }
+
+func (e badRecord) Error() string { return "invalid record: " + e.err.Error() }
+func (e badRecord) Unwrap() error { return e.err }
+
 func (m *objectMeta) mtime() time.Time { return time.Unix(0, m.MtimeNs) }
 
 // setStat records the stat of the file that will hold the object.
@@ -113,11 +150,11 @@ func (xattrMeta) read(f *os.File, _, _ string) (*objectMeta, error) {
 	if err != nil {
 		return nil, err
 	}
-	var m objectMeta
-	if err := json.Unmarshal(data, &m); err != nil {
+	m, err := decodeRecord(data)
+	if err != nil {
 		return nil, fmt.Errorf("object metadata of %s: %w", f.Name(), err)
 	}
-	return &m, nil
+	return m, nil
 }
 
 func (xattrMeta) attach(f *os.File, m *objectMeta) error {
@@ -192,14 +229,14 @@ func (s *sidecarMeta) read(_ *os.File, bucket, key string) (*objectMeta, error) 
 	if err != nil {
 		return nil, fmt.Errorf("read sidecar metadata: %w", err)
 	}
-	var m objectMeta
-	if err := json.Unmarshal(data, &m); err != nil {
+	m, err := decodeRecord(data)
+	if err != nil {
 		return nil, fmt.Errorf("sidecar metadata of %s/%s: %w", bucket, key, err)
 	}
 	if m.Key != key {
 		return nil, errNoMeta
 	}
-	return &m, nil
+	return m, nil
 }
 
 func (s *sidecarMeta) attach(*os.File, *objectMeta) error { return nil }
