@@ -363,10 +363,23 @@ func DecodeParams(raw json.RawMessage, v any) error {
 	if len(raw) == 0 {
 		return nil
 	}
+	if err := DecodeStrict(raw, v); err != nil {
+		return fmt.Errorf("params: %w", err)
+	}
+	return nil
+}
+
+// DecodeStrict decodes one JSON value into v, refusing unknown fields and
+// anything after the value: what layers read back from their own
+// metadata must be exactly what they wrote.
+func DecodeStrict(raw []byte, v any) error {
 	d := json.NewDecoder(bytes.NewReader(raw))
 	d.DisallowUnknownFields()
 	if err := d.Decode(v); err != nil {
-		return fmt.Errorf("params: %w", err)
+		return err
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return errors.New("data after the JSON value")
 	}
 	return nil
 }

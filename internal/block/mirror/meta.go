@@ -1,8 +1,6 @@
 package mirror
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -48,13 +46,8 @@ const maxSize = 1 << 62
 
 func decodeState(p []byte) (sbState, error) {
 	var s sbState
-	d := json.NewDecoder(bytes.NewReader(p))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&s); err != nil {
+	if err := block.DecodeStrict(p, &s); err != nil {
 		return s, fmt.Errorf("superblock payload: %w", err)
-	}
-	if _, err := d.Token(); err != io.EOF {
-		return s, errors.New("superblock payload: data after the JSON object")
 	}
 	if s.Version != formatV1 {
 		return s, fmt.Errorf("superblock format version %d, this build reads %d", s.Version, formatV1)

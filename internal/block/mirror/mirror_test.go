@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/block/blocktest"
@@ -232,8 +233,15 @@ func TestInterruptedRebuildResumes(t *testing.T) {
 					once.Do(func() {
 						seen = l.Describe()
 						close(half)
-						if how == "cancel" {
+						switch how {
+						case "cancel":
 							cancel()
+						case "close":
+							// Hold the repair here until Close has begun,
+							// or it may finish the second half first.
+							for !l.closed.Load() {
+								time.Sleep(time.Millisecond)
+							}
 						}
 					})
 				}

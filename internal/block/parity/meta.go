@@ -1,7 +1,6 @@
 package parity
 
 import (
-	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -64,13 +63,8 @@ const maxGen = 1 << 62
 // legs before it sizes anything from the payload.
 func decodeSuper(raw []byte) (superPayload, error) {
 	var p superPayload
-	d := json.NewDecoder(bytes.NewReader(raw))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&p); err != nil {
+	if err := block.DecodeStrict(raw, &p); err != nil {
 		return p, fmt.Errorf("superblock payload: %w", err)
-	}
-	if _, err := d.Token(); err != io.EOF {
-		return p, errors.New("superblock payload: data after the JSON object")
 	}
 	switch {
 	case p.Version != 1:
