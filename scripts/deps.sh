@@ -19,6 +19,7 @@ declare -A need=(
   [mkfs.ext4]=e2fsprogs
   [mkfs.xfs]=xfsprogs    # an XFS store: reflinks between volumes and objects (e2e)
   [rclone]=rclone        # rclone sync/check against the S3 gateway (e2e)
+  [ip]=iproute2          # network namespaces for the partition and fencing tests (e2e)
 )
 
 missing=()

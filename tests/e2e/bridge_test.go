@@ -170,7 +170,7 @@ func mountXFS(t *testing.T) string {
 	t.Helper()
 	requireTools(t, "mkfs.xfs")
 	if os.Geteuid() != 0 {
-		t.Skip("mounting an XFS image needs root")
+		skipf(t, "mounting an XFS image needs root")
 	}
 	dir := t.TempDir()
 	img, mnt := filepath.Join(dir, "xfs.img"), filepath.Join(dir, "mnt")

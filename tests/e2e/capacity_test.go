@@ -23,7 +23,7 @@ func TestProvisioningLimitTiny(t *testing.T) {
 		t.Errorf("status overcommit %v, want 0.000001", st.Store.Overcommit)
 	}
 	if limit < 2048 {
-		t.Skipf("store too small for this test: limit %d bytes", limit)
+		skipf(t, "store too small for this test: limit %d bytes", limit)
 	}
 
 	admin.Fail("InsufficientCapacity", "volume", "create", "--size", "1GiB")

@@ -17,7 +17,7 @@ func startEtcd(t *testing.T) string {
 	t.Helper()
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
-		t.Skip("external etcd test skipped: no `etcd` binary on PATH (install Debian's etcd-server; .ci/run does)")
+		skipf(t, "external etcd test skipped: no `etcd` binary on PATH (install Debian's etcd-server; .ci/run does)")
 	}
 	cport, pport := freePort(t), freePort(t)
 	client := "http://" + addr(cport)

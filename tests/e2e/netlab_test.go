@@ -47,10 +47,10 @@ type netLab struct {
 func newNetLab(t *testing.T) *netLab {
 	t.Helper()
 	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("network namespaces need iproute2 (ip)")
+		skipf(t, "network namespaces need iproute2 (ip)")
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
+		skipf(t, "network namespaces need root")
 	}
 	// Labs of this process start one at a time: a subnet is free until
 	// its bridge has the address.
