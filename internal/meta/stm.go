@@ -102,6 +102,17 @@ func (s *stm) Get(key string) string {
 	return kvValue(kv)
 }
 
+// CreateRevision returns the revision that created key (0 when absent),
+// recorded as a read like Get: the commit then requires the key unchanged.
+// key must not be one the transaction writes.
+func (s *stm) CreateRevision(key string) int64 {
+	s.Get(key)
+	if kv := s.rset[key]; kv != nil {
+		return kv.CreateRevision
+	}
+	return 0
+}
+
 // Empty reports whether no key starts with prefix; if none does, the
 // commit requires that none does then either.
 func (s *stm) Empty(prefix string) bool {

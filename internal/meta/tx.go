@@ -198,6 +198,15 @@ func (tx *Tx) NameOwner(kind, owner, name string) string {
 	return tx.stm.Get(nameKey(kind, owner, name))
 }
 
+// Holds reports whether the lock key created at revision token still
+// exists (see lock.Held: Key and Token). A transaction that checks it
+// commits only while the lock is held: the key is read, so a key deleted
+// before the commit — the holder's session expired, a partition — fails
+// the commit, and the attempt that follows finds the lock gone.
+func (tx *Tx) Holds(key string, token int64) bool {
+	return token != 0 && tx.stm.CreateRevision(key) == token
+}
+
 // ClaimName binds name to id for owner, failing with NameConflict when
 // another id holds it. An empty name claims nothing.
 func (tx *Tx) ClaimName(kind, owner, name, id string) error {

@@ -83,16 +83,19 @@ func (s *Service) ExportSnapshot(ctx context.Context, c Caller, ref, url string)
 	if _, err := s.objectStore(); err != nil {
 		return nil, err
 	}
-	sn, unlock, err := s.lockedSnapshot(ctx, c, ref, lock.Read)
+	sn, wl, err := s.lockedSnapshot(ctx, c, ref, lock.Read)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	defer wl.unlock()
 	if _, _, err := s.ownBucket(ctx, c, url); err != nil {
 		return nil, err
 	}
 	var out *meta.Snapshot
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
+		if err := wl.check(tx); err != nil {
+			return err
+		}
 		cur, err := tx.Snapshot(sn.ID)
 		if err != nil {
 			return err

@@ -24,11 +24,11 @@ const progressEvery = time.Second
 // StartJob starts job kind on a volume and returns the volume with the job
 // recorded.
 func (s *Service) StartJob(ctx context.Context, c Caller, ref, kind string) (*meta.Volume, error) {
-	v, unlock, err := s.lockedVolume(ctx, c, ref, lock.Update)
+	v, wl, err := s.lockedVolume(ctx, c, ref, lock.Update)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	defer wl.unlock()
 	spec, err := parseSpec(v.Stack)
 	if err != nil {
 		return nil, err
@@ -53,6 +53,9 @@ func (s *Service) StartJob(ctx context.Context, c Caller, ref, kind string) (*me
 	}
 	var out *meta.Volume
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
+		if err := wl.check(tx); err != nil {
+			return err
+		}
 		cur, err := tx.Volume(v.ID)
 		if err != nil {
 			return err

@@ -17,6 +17,15 @@ package volume
 // A call waits up to lockWait for a conflicting workflow to finish, then
 // fails with 409 VolumeBusy naming the holder. The locks live on this
 // node's etcd session: a node that dies frees them after the session TTL.
+//
+// Fencing: the transaction that records a workflow's decision (the
+// snapshot in creating, the job, the extend, the delete) checks its lock
+// (workflowLock.check, meta.Tx.Holds), so it commits only while the lock is
+// held. A node whose session expired under it — partitioned, paused longer
+// than the TTL — cannot then record a workflow that a successor holding
+// the lock now excludes. The later steps of a recorded workflow are steps
+// of its persisted state machine (decision 0003), which recovery may run
+// without the lock; each checks the record it moves on.
 
 import (
 	"context"
@@ -57,34 +66,62 @@ func (s *Service) locker(ctx context.Context) (*lock.Locker, error) {
 
 // lockedVolume resolves a volume the caller may see and takes its workflow
 // lock in mode; call unlock when the workflow call ends.
-func (s *Service) lockedVolume(ctx context.Context, c Caller, ref string, mode lock.Mode) (*meta.Volume, func(), error) {
+func (s *Service) lockedVolume(ctx context.Context, c Caller, ref string, mode lock.Mode) (*meta.Volume, *workflowLock, error) {
 	v, err := s.resolveVolume(ctx, c, ref)
 	if err != nil {
 		return nil, nil, err
 	}
-	unlock, err := s.lockFor(ctx, "volume", v.ID, mode)
+	wl, err := s.lockFor(ctx, "volume", v.ID, mode)
 	if err != nil {
 		return nil, nil, err
 	}
-	return v, unlock, nil
+	return v, wl, nil
 }
 
 // lockedSnapshot is lockedVolume for a snapshot.
-func (s *Service) lockedSnapshot(ctx context.Context, c Caller, ref string, mode lock.Mode) (*meta.Snapshot, func(), error) {
+func (s *Service) lockedSnapshot(ctx context.Context, c Caller, ref string, mode lock.Mode) (*meta.Snapshot, *workflowLock, error) {
 	sn, err := s.resolveSnapshot(ctx, c, ref)
 	if err != nil {
 		return nil, nil, err
 	}
-	unlock, err := s.lockFor(ctx, "snapshot", sn.ID, mode)
+	wl, err := s.lockFor(ctx, "snapshot", sn.ID, mode)
 	if err != nil {
 		return nil, nil, err
 	}
-	return sn, unlock, nil
+	return sn, wl, nil
 }
 
-// lockFor takes kind/id (e.g. "volume", "vol-…") in mode for a workflow and
-// returns its release.
-func (s *Service) lockFor(ctx context.Context, kind, id string, mode lock.Mode) (func(), error) {
+// workflowLock is a workflow's granted lock.
+type workflowLock struct {
+	what string // "volume vol-…"
+	held *lock.Held
+}
+
+// check fails unless the lock is still held at the commit of tx (see the
+// file comment). A nil lock checks nothing: the delete without a lock
+// proves the queue empty instead.
+func (wl *workflowLock) check(tx *meta.Tx) error {
+	if wl == nil || tx.Holds(wl.held.Key(), wl.held.Token()) {
+		return nil
+	}
+	return errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
+		"workflow lock on %s was lost (this node's metadata session ended: a partition or a long pause); nothing was recorded; retry", wl.what)
+}
+
+// unlock releases the lock. A failed release is retried by the lock
+// package, which logs it.
+func (wl *workflowLock) unlock() {
+	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = wl.held.Release(rctx)
+}
+
+// testHookLocked, when set, runs after a workflow lock is granted (tests
+// make the lock lost there).
+var testHookLocked func(*lock.Held)
+
+// lockFor takes kind/id (e.g. "volume", "vol-…") in mode for a workflow.
+func (s *Service) lockFor(ctx context.Context, kind, id string, mode lock.Mode) (*workflowLock, error) {
 	noQuorum := func() error {
 		return errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
 			"workflow lock on %s %s: no quorum of the metadata cluster answers; retry when a majority of the voters is up", kind, id)
@@ -117,10 +154,8 @@ func (s *Service) lockFor(ctx context.Context, kind, id string, mode lock.Mode) 
 		}
 		return nil, errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable, "workflow lock on %s %s: %v", kind, id, err)
 	}
-	return func() {
-		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		// A failed release is retried by the lock package, which logs it.
-		_ = h.Release(rctx)
-	}, nil
+	if testHookLocked != nil {
+		testHookLocked(h)
+	}
+	return &workflowLock{what: kind + " " + id, held: h}, nil
 }

@@ -183,3 +183,64 @@ func TestConcurrentDeletes(t *testing.T) {
 	}
 	checkProvisioned(t)
 }
+
+// TestLostLockRecordsNothing: a workflow whose lock is lost after it was
+// granted — its key gone, as when the node's etcd session expires in a
+// partition — records nothing: the transaction that would record the
+// workflow checks the lock (fencing), and the call fails with
+// MetadataUnavailable instead of acting beside a successor.
+func TestLostLockRecordsNothing(t *testing.T) {
+	ctx := ctxT(t)
+	e := newEnv(t)
+	s := e.started(Config{})
+	alice := caller("alice")
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "v", SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn, err := s.CreateSnapshot(ctx, alice, v.ID, "s", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	lose := func(h *lock.Held) {
+		if _, err := e.meta.Client().Delete(ctx, h.Key()); err != nil {
+			t.Error(err)
+		}
+	}
+	testHookLocked = lose
+	t.Cleanup(func() { testHookLocked = nil })
+
+	_, err = s.CreateSnapshot(ctx, alice, v.ID, "s2", "")
+	wantCode(t, err, errs.CodeMetadataUnavailable)
+	_, err = s.ExtendVolume(ctx, alice, v.ID, 2<<20)
+	wantCode(t, err, errs.CodeMetadataUnavailable)
+	_, err = s.StartJob(ctx, alice, v.ID, meta.JobFlatten)
+	wantCode(t, err, errs.CodeMetadataUnavailable)
+	_, err = s.CreateVolume(ctx, alice, CreateVolume{Name: "clone", FromSnapshot: sn.ID})
+	wantCode(t, err, errs.CodeMetadataUnavailable)
+	wantCode(t, s.DeleteSnapshot(ctx, alice, sn.ID), errs.CodeMetadataUnavailable)
+
+	testHookLocked = nil
+	cur, err := s.Volume(ctx, alice, v.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cur.SizeBytes != 1<<20 || cur.Status != meta.StatusAvailable || cur.Job != nil || len(cur.Snapshotting) > 0 {
+		t.Errorf("a workflow without its lock changed the volume: size %d, status %s, job %v, snapshotting %v",
+			cur.SizeBytes, cur.Status, cur.Job, cur.Snapshotting)
+	}
+	if _, err := s.Snapshot(ctx, alice, "s2"); !errs.IsCode(err, errs.CodeNotFound) {
+		t.Errorf("snapshot s2 recorded without its lock: %v", err)
+	}
+	if _, err := s.Volume(ctx, alice, "clone"); !errs.IsCode(err, errs.CodeNotFound) {
+		t.Errorf("clone recorded without its lock: %v", err)
+	}
+	if got, err := s.Snapshot(ctx, alice, sn.ID); err != nil || got.Status != meta.StatusAvailable {
+		t.Errorf("snapshot after a delete without its lock: %v, %v", got, err)
+	}
+	// With its lock held, the same calls go through.
+	if _, err := s.CreateSnapshot(ctx, alice, v.ID, "s2", ""); err != nil {
+		t.Fatalf("snapshot with its lock: %v", err)
+	}
+}

@@ -27,11 +27,11 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 	if err := checkToken(token); err != nil {
 		return nil, err
 	}
-	v, unlock, err := s.lockedVolume(ctx, c, volumeRef, lock.Update)
+	v, wl, err := s.lockedVolume(ctx, c, volumeRef, lock.Update)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	defer wl.unlock()
 	limit, err := s.Limit()
 	if err != nil {
 		return nil, err
@@ -99,6 +99,9 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 				replay = r
 				return nil
 			}
+		}
+		if err := wl.check(tx); err != nil {
+			return err
 		}
 		cur, err := tx.Volume(v.ID)
 		if err != nil {
@@ -251,12 +254,15 @@ func (s *Service) Snapshots(ctx context.Context, c Caller, volumeRef string) ([]
 // need: the snapshot's image lives on as their base until they are deleted
 // or flattened, and is collected after.
 func (s *Service) DeleteSnapshot(ctx context.Context, c Caller, ref string) error {
-	sn, unlock, err := s.lockedSnapshot(ctx, c, ref, lock.Write)
+	sn, wl, err := s.lockedSnapshot(ctx, c, ref, lock.Write)
 	if err != nil {
 		return err
 	}
-	defer unlock()
+	defer wl.unlock()
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
+		if err := wl.check(tx); err != nil {
+			return err
+		}
 		cur, err := tx.Snapshot(sn.ID)
 		if err != nil {
 			return err

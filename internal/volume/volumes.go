@@ -49,14 +49,14 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		return nil, errs.Invalid(errs.CodeInvalidSize, "size %d is not a multiple of 512 bytes", req.SizeBytes)
 	}
 	var src *meta.Snapshot
+	var srcLock *workflowLock // nil: not a clone
 	var stack json.RawMessage
 	if req.FromSnapshot != "" {
-		var unlock func()
 		var err error
-		if src, unlock, err = s.lockedSnapshot(ctx, c, req.FromSnapshot, lock.Read); err != nil {
+		if src, srcLock, err = s.lockedSnapshot(ctx, c, req.FromSnapshot, lock.Read); err != nil {
 			return nil, err
 		}
-		defer unlock()
+		defer srcLock.unlock()
 		if req.SizeBytes == 0 {
 			req.SizeBytes = src.SizeBytes
 		}
@@ -154,7 +154,10 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		}
 		if src != nil {
 			// Held under the snapshot's read lock, so still there; the
-			// check is the transaction's proof of it.
+			// checks are the transaction's proof of it.
+			if err := srcLock.check(tx); err != nil {
+				return err
+			}
 			sn, err := tx.Snapshot(src.ID)
 			if err != nil {
 				return err
@@ -332,11 +335,11 @@ func (s *Service) Volumes(ctx context.Context, c Caller) ([]*meta.Volume, error)
 
 // ExtendVolume grows a volume to newSize bytes.
 func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSize int64) (*meta.Volume, error) {
-	v, unlock, err := s.lockedVolume(ctx, c, ref, lock.Write)
+	v, wl, err := s.lockedVolume(ctx, c, ref, lock.Write)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	defer wl.unlock()
 	if newSize <= 0 || newSize > size.Max || newSize%512 != 0 {
 		return nil, errs.Invalid(errs.CodeInvalidSize, "size %d must be a positive multiple of 512 bytes, at most 1 EiB", newSize)
 	}
@@ -349,6 +352,9 @@ func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSiz
 		return nil, err
 	}
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
+		if err := wl.check(tx); err != nil {
+			return err
+		}
 		cur, err := tx.Volume(v.ID)
 		if err != nil {
 			return err
@@ -445,15 +451,15 @@ func (s *Service) resize(v *meta.Volume) error {
 // is resolved inside the transaction, so a delete makes no read of its
 // own before it.
 func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error {
-	id, err := s.deleteRecord(ctx, c, ref, false)
+	id, err := s.deleteRecord(ctx, c, ref, nil)
 	if errors.Is(err, errLocked) {
-		unlock, lerr := s.lockFor(ctx, "volume", id, lock.Write)
+		wl, lerr := s.lockFor(ctx, "volume", id, lock.Write)
 		if lerr != nil {
 			return lerr
 		}
 		// By id: the name may have passed to another volume meanwhile.
-		_, err = s.deleteRecord(ctx, c, id, true)
-		unlock()
+		_, err = s.deleteRecord(ctx, c, id, wl)
+		wl.unlock()
 	}
 	if err != nil {
 		return err
@@ -467,10 +473,10 @@ func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error 
 var errLocked = errors.New("volume workflow lock needed")
 
 // deleteRecord deletes the record of the volume ref names, if the caller
-// sees it and it may be deleted, and returns its id. Unless locked (the
-// delete holds the volume's workflow lock) it fails with errLocked when
-// the volume's lock queue is not empty.
-func (s *Service) deleteRecord(ctx context.Context, c Caller, ref string, locked bool) (string, error) {
+// sees it and it may be deleted, and returns its id. Without wl (the
+// volume's workflow lock, in write mode) it fails with errLocked when the
+// volume's lock queue is not empty.
+func (s *Service) deleteRecord(ctx context.Context, c Caller, ref string, wl *workflowLock) (string, error) {
 	var id string
 	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 		cur, err := volumeIn(tx, c, ref)
@@ -478,8 +484,11 @@ func (s *Service) deleteRecord(ctx context.Context, c Caller, ref string, locked
 			return err
 		}
 		id = cur.ID
-		if !locked && !tx.Empty(lock.QueuePrefix(meta.LocksPrefix, "volume/"+cur.ID)) {
+		if wl == nil && !tx.Empty(lock.QueuePrefix(meta.LocksPrefix, "volume/"+cur.ID)) {
 			return errLocked
+		}
+		if err := wl.check(tx); err != nil {
+			return err
 		}
 		switch cur.Status {
 		case meta.StatusAvailable, meta.StatusError:
