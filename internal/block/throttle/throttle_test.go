@@ -78,3 +78,100 @@ func TestTryReadAtKeepsTheLimits(t *testing.T) {
 		t.Fatalf("tokens left after refused tries: %.2f ops, %.0f bytes; want all back", ops, b)
 	}
 }
+
+// plainFile is a 4 MiB file layer.
+func plainFile(t *testing.T) block.Layer {
+	t.Helper()
+	f, err := file.New(block.Env{Dir: t.TempDir(), Size: 4 << 20, Create: true}, json.RawMessage(`{"path":"a.img"}`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// Every operation that moves or changes data takes an operation token;
+// reads and writes also take their length in byte tokens; flush and
+// extents take none. Checked on the buckets, not on a clock.
+func TestEveryOperationPaysItsTokens(t *testing.T) {
+	const n, size = 4, 64 << 10
+	p := make([]byte, size)
+	ops := []struct {
+		name  string
+		bytes bool // takes byte tokens
+		do    func(*Layer) error
+	}{
+		{"read", true, func(l *Layer) error { return l.ReadAt(p, 0) }},
+		{"write", true, func(l *Layer) error { return l.WriteAt(p, 0, false) }},
+		{"write-fua", true, func(l *Layer) error { return l.WriteAt(p, size, true) }},
+		{"write-zeroes", false, func(l *Layer) error { return l.WriteZeroes(0, size, block.ZeroFlags{}) }},
+		{"trim", false, func(l *Layer) error { return l.Trim(0, size, false) }},
+	}
+	for _, op := range ops {
+		t.Run(op.name, func(t *testing.T) {
+			l := throttle(t, `{"iops":4,"bps":8388608}`, plainFile(t)) // bursts: 4 ops, 1 MiB
+			start := time.Now()
+			for range n {
+				if err := op.do(l); err != nil {
+					t.Fatal(err)
+				}
+			}
+			now := time.Now()
+			refill := now.Sub(start).Seconds()
+			if got := l.ops.TokensAt(now); got > 4*refill+0.01 {
+				t.Errorf("%.2f operation tokens left after %d operations against a burst of %d", got, n, n)
+			}
+			want := float64(l.burst)
+			if op.bytes {
+				want -= n * size
+			}
+			if got := l.bytes.TokensAt(now); got < want-1 || got > want+8388608*refill+1 {
+				t.Errorf("%.0f byte tokens left, want %.0f", got, want)
+			}
+		})
+	}
+	t.Run("flush and extents", func(t *testing.T) {
+		l := throttle(t, `{"iops":4,"bps":8388608}`, plainFile(t))
+		for range 20 {
+			if err := l.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := l.Extents(0, 1<<20); err != nil {
+				t.Fatal(err)
+			}
+		}
+		now := time.Now()
+		if ops, b := l.ops.TokensAt(now), l.bytes.TokensAt(now); ops < 4-0.01 || b < float64(l.burst)-1 {
+			t.Errorf("flush and extents took tokens: %.2f ops, %.0f bytes left", ops, b)
+		}
+	})
+}
+
+// Over time the limits hold: past the burst, operations and bytes go at
+// the configured rates. Only lower bounds on time are checked (a slow
+// machine makes a run longer, never shorter).
+func TestLimitsHoldOverTime(t *testing.T) {
+	p := make([]byte, 4096)
+	l := throttle(t, `{"iops":50}`, plainFile(t))
+	start := time.Now()
+	for i := range 75 { // 50 in the burst, 25 at 50/s
+		if err := l.WriteAt(p, int64(i)*4096, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := time.Since(start); d < 450*time.Millisecond {
+		t.Errorf("75 writes under iops 50 (burst 50) took %v, want at least 0.5 s", d)
+	}
+
+	big := make([]byte, 256<<10)
+	l = throttle(t, `{"bps":2097152}`, plainFile(t)) // burst 1 MiB
+	start = time.Now()
+	for i := range 12 { // 3 MiB: 1 MiB in the burst, 2 MiB at 2 MiB/s
+		if err := l.ReadAt(big, int64(i%16)*int64(len(big))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := time.Since(start); d < 900*time.Millisecond {
+		t.Errorf("3 MiB read under 2 MiB/s (burst 1 MiB) took %v, want at least 1 s", d)
+	}
+}
