@@ -268,4 +268,25 @@ func TestBridgeReflink(t *testing.T) {
 	if !bytes.Equal(src, wantSrc) {
 		t.Fatal("the source volume shows a write to the volume made from its export")
 	}
+
+	// And a write straight into the object's file, over blocks it still
+	// shares with both volumes, changes neither.
+	var p objPath
+	admin.OK(&p, "object", "path", "s3://img/s.raw")
+	f, err := os.OpenFile(p.Path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(bytes.Repeat([]byte{0x77}, 4<<20), 32<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(mustRead(t, admin.VolumeCopy("copy")), wantCopy) {
+		t.Fatal("a write into the object's file changed the volume made from it")
+	}
+	if !bytes.Equal(mustRead(t, admin.VolumeCopy("src")), wantSrc) {
+		t.Fatal("a write into the object's file changed the volume it was exported from")
+	}
 }
