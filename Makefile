@@ -4,7 +4,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/basalt-storage/basalt/internal/server.Version=$(VERSION)
 BIN     := bin/basalt
 
-.PHONY: build run test unit e2e deps fuzz vet lint clean
+.PHONY: build run test unit e2e deps fuzz race vet lint clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/basalt
@@ -20,9 +20,20 @@ vet:
 	@test -z "$$(gofmt -l cmd internal tests)" || (gofmt -l cmd internal tests; echo "gofmt needed"; exit 1)
 
 # Unit tests, then end-to-end tests against real processes (tests/e2e).
+# Besides the unit and e2e tests: the race detector over the packages whose
+# goroutines share the data path (the NBD server, the block layers), and
+# every fuzz target for a few seconds beyond its seed corpus.
 test: deps vet build
 	$(GO) test -count=1 -timeout 25m ./internal/...
+	$(MAKE) race
+	$(MAKE) fuzz FUZZTIME=$(CI_FUZZTIME)
 	BASALT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 25m ./tests/e2e/...
+
+CI_FUZZTIME ?= 4s
+RACE_PKGS   ?= ./internal/nbd/... ./internal/block/...
+
+race:
+	$(GO) test -race -count=1 -timeout 15m $(RACE_PKGS)
 
 # Static analysis beyond go vet (installs staticcheck from the Go proxy).
 lint: vet
