@@ -339,7 +339,7 @@ func build(env Env, s Spec) (Layer, error) {
 		c, err := build(cenv, cs)
 		if err != nil && t.TolerateFailedChildren && !env.Create {
 			logger(env).Warn("layer child failed to open; continuing degraded", "layer", s.Type, "child", i, "err", err)
-			c, err = Failed(cs, err), nil
+			c, err = Failed(cenv, cs, err), nil
 		}
 		if err != nil {
 			CloseAll(children)
@@ -457,11 +457,39 @@ func logger(env Env) *slog.Logger {
 // fails with the build error, and it describes itself as failed.
 type failed struct {
 	spec Spec
+	path string // the backing file a leaf spec names, resolved
 	err  error
 }
 
-// Failed returns a layer for spec that fails every operation with err.
-func Failed(spec Spec, err error) Layer { return &failed{spec: spec, err: err} }
+// Failed returns a layer for spec, which failed to build in env, that
+// fails every operation with err. It describes itself with the path of
+// the backing file spec names when spec is a leaf (a file layer: the file
+// that is missing or unreadable), resolved against env.Dir as the layer
+// would have done, so `volume show` says which file is bad.
+func Failed(env Env, spec Spec, err error) Layer {
+	return &failed{spec: spec, path: backingPath(env, spec), err: err}
+}
+
+// backingPath is the path of the one file a leaf spec opens (per
+// its type's Files), or "" for a layer with children or without exactly
+// one file.
+func backingPath(env Env, spec Spec) string {
+	registryMu.RLock()
+	t, ok := registry[spec.Type]
+	registryMu.RUnlock()
+	if !ok || t.MaxChildren != 0 || t.Files == nil {
+		return ""
+	}
+	names := t.Files(spec.Params)
+	if len(names) != 1 {
+		return ""
+	}
+	p := names[0]
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(env.Dir, p)
+	}
+	return p
+}
 
 // IsFailed reports whether l is a Failed placeholder, and if so the spec it
 // stands for (to rebuild it) and why it failed.
@@ -483,5 +511,5 @@ func (f *failed) Extents(int64, int64) ([]Extent, error)    { return nil, f.err 
 func (f *failed) Close() error                              { return nil }
 func (f *failed) Failure() (Spec, error)                    { return f.spec, f.err }
 func (f *failed) Describe() Node {
-	return Node{Type: f.spec.Type, Params: f.spec.Params, State: StateFailed}
+	return Node{Type: f.spec.Type, Params: f.spec.Params, State: StateFailed, Path: f.path}
 }

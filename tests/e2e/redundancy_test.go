@@ -314,6 +314,9 @@ func TestMirrorLegReturnResyncsOnlyChanges(t *testing.T) {
 	admin.WriteRegions(vol.ID, changes)
 	_, m = redShow(t, admin, vol.ID, "mirror")
 	redWantStates(t, "mirror with leg 1's file missing", m, "degraded", "ok", "failed")
+	if p := m.Children[1].Path; p != legs[1] {
+		t.Errorf("the missing leg's path is %q, want %q", p, legs[1])
+	}
 	n.StopOK()
 	if err := os.Rename(away, legs[1]); err != nil {
 		t.Fatal(err)

@@ -105,6 +105,10 @@ func TestDegradedThenRepairRecreates(t *testing.T) {
 	if d.State != block.StateDegraded || d.Children[1].State != block.StateFailed || d.Children[0].State != block.StateOK {
 		t.Fatalf("describe after losing a leg: %+v", d)
 	}
+	// The leg that failed to open still says which file it is.
+	if want := filepath.Join(dir, "b.img"); d.Children[1].Path != want {
+		t.Fatalf("failed leg's path %q, want %q", d.Children[1].Path, want)
+	}
 	rng := rand.New(rand.NewPCG(2, 2))
 	for range 20 {
 		off := rng.Int64N(l.Size() - 70000)

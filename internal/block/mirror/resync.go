@@ -159,7 +159,7 @@ func (l *Layer) reopenLeg(i int) error {
 	}
 	fail := func(err error) error {
 		l.mu.Lock()
-		lg.dev, lg.refs = block.Failed(spec, err), &sync.WaitGroup{}
+		lg.dev, lg.refs = block.Failed(l.env, spec, err), &sync.WaitGroup{}
 		l.legsVer++
 		l.mu.Unlock()
 		return err
