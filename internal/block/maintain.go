@@ -8,9 +8,27 @@ import "context"
 // a layer that cannot (say, a Resizer missing) refuses the operation as a
 // whole instead of half-doing it.
 
-// Parent is implemented by every layer with children.
+// Parent is implemented by every layer with children. Children lists
+// every layer below it that holds the layer's data — a layer that hid
+// one would hide it from Walk, so from snapshot, extend, repair and scrub.
 type Parent interface {
 	Children() []Layer
+}
+
+// Maintained is implemented by a Parent some of whose children are opened
+// read-only in normal use, because nothing may write their data (cow's
+// base images: frozen, and shared by every snapshot and clone that needs
+// them). Their redundancy still needs upkeep — a snapshot's mirror loses
+// a leg like any other — so repair and scrub walk with WalkMaintain,
+// which asks such a layer for writable children.
+type Maintained interface {
+	Parent
+	// Maintain calls walk with each child in Children's order, until walk
+	// returns false. A child normally opened read-only whose subtree has
+	// a Repairer or Scrubber is opened read-write for its call only (and
+	// the layer then serves and describes what the call left); the others
+	// are passed as they are. It fails if a child cannot be reopened.
+	Maintain(ctx context.Context, walk func(Layer) bool) error
 }
 
 // Resizer is implemented by layers that can grow. Resize(n) grows the
@@ -81,7 +99,8 @@ type Keys interface {
 }
 
 // Walk calls fn for l and every layer below it, parents first, until fn
-// returns false.
+// returns false. The layers are those serving I/O: some may be read-only
+// (see Maintained and WalkMaintain).
 func Walk(l Layer, fn func(Layer) bool) bool {
 	if !fn(l) {
 		return false
@@ -94,4 +113,47 @@ func Walk(l Layer, fn func(Layer) bool) bool {
 		}
 	}
 	return true
+}
+
+// WalkMaintain is Walk for repair and scrub: below a Maintained layer it
+// visits the children Maintain hands out (read-write for the call) rather
+// than Children. It stops when fn returns false, and returns the first
+// error of a Maintain.
+func WalkMaintain(ctx context.Context, l Layer, fn func(Layer) bool) error {
+	_, err := walkMaintain(ctx, l, fn)
+	return err
+}
+
+func walkMaintain(ctx context.Context, l Layer, fn func(Layer) bool) (bool, error) {
+	if !fn(l) {
+		return false, nil
+	}
+	more, werr := true, error(nil)
+	visit := func(c Layer) bool {
+		more, werr = walkMaintain(ctx, c, fn)
+		return more && werr == nil
+	}
+	switch p := l.(type) {
+	case Maintained:
+		if err := p.Maintain(ctx, visit); err != nil && werr == nil {
+			werr = err
+		}
+	case Parent:
+		for _, c := range p.Children() {
+			if !visit(c) {
+				break
+			}
+		}
+	}
+	return more && werr == nil, werr
+}
+
+// HasMaintainer reports whether l or a layer below it is a Repairer or a
+// Scrubber: whether a maintenance walk has anything to do there.
+func HasMaintainer(l Layer) bool {
+	return !Walk(l, func(x Layer) bool {
+		_, r := x.(Repairer)
+		_, s := x.(Scrubber)
+		return !r && !s
+	})
 }

@@ -45,7 +45,10 @@ type Node struct {
 	State    string          `json:"state"`
 	Progress *float64        `json:"progress,omitempty"` // percent, while rebuilding
 	Path     string          `json:"path,omitempty"`     // backing file of a file layer
-	Children []Node          `json:"children,omitempty"`
+	// Image is the copy-on-write image whose stack this node is (set on
+	// the children of a cow node: its top, then its base images).
+	Image    string `json:"image,omitempty"`
+	Children []Node `json:"children,omitempty"`
 }
 
 // Env is what a layer factory may use besides its parameters.

@@ -160,7 +160,9 @@ func (s *Service) job(ctx context.Context, l block.Layer, kind string, p block.P
 		var err error
 		n := 0
 		var report *block.RepairReport
-		block.Walk(l, func(x block.Layer) bool {
+		// WalkMaintain: the bases of a cow chain (snapshots' and a
+		// clone's source's images) have mirrors and parities too.
+		werr := block.WalkMaintain(ctx, l, func(x block.Layer) bool {
 			if r, ok := x.(block.Repairer); ok {
 				n++
 				err = r.Repair(ctx, p)
@@ -173,6 +175,9 @@ func (s *Service) job(ctx context.Context, l block.Layer, kind string, p block.P
 			}
 			return err == nil
 		})
+		if err == nil {
+			err = werr
+		}
 		if err == nil && n == 0 {
 			err = fmt.Errorf("no mirror or parity layer")
 		}
@@ -184,7 +189,7 @@ func (s *Service) job(ctx context.Context, l block.Layer, kind string, p block.P
 		var total block.ScrubReport
 		var err error
 		n := 0
-		block.Walk(l, func(x block.Layer) bool {
+		werr := block.WalkMaintain(ctx, l, func(x block.Layer) bool {
 			if sc, ok := x.(block.Scrubber); ok {
 				n++
 				var r block.ScrubReport
@@ -195,6 +200,9 @@ func (s *Service) job(ctx context.Context, l block.Layer, kind string, p block.P
 			}
 			return err == nil
 		})
+		if err == nil {
+			err = werr
+		}
 		if err == nil && n == 0 {
 			err = fmt.Errorf("no checksum layer")
 		}

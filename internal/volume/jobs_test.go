@@ -1,6 +1,7 @@
 package volume
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
 )
@@ -394,6 +396,69 @@ func TestRepairJobReport(t *testing.T) {
 		}
 		e.sameVolume(s, v.ID, model, typ+" after repair")
 	}
+	cleanupAll(t, s, alice)
+	checkProvisioned(t)
+}
+
+// A snapshot's image lost a mirror leg: the volume's stack shows it (the
+// image, the missing file), and a repair job rebuilds that leg too, though
+// the image is a read-only base of the volume's chain.
+func TestRepairJobReachesSnapshotImages(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	const size = 2 << 20
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: size, Type: "mirrored"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := make([]byte, size)
+	e.fill(s, v.ID, model, 9, [2]int64{0, size})
+	sn, err := s.CreateSnapshot(ctx, alice, v.ID, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := e.snapAvailable(sn.ID).Image
+	leg := filepath.Join(e.st.ImagesDir(), img, "leg0.img")
+	if err := os.Remove(leg); err != nil {
+		t.Fatal(err)
+	}
+	// baseNode is the cow's state and its node for the snapshot's image.
+	baseNode := func(what string) (string, block.Node) {
+		t.Helper()
+		st, err := s.Stack(ctx, e.volume(v.ID))
+		if err != nil || st == nil {
+			t.Fatalf("%s: stack %v %v", what, st, err)
+		}
+		for _, c := range st.Children {
+			if c.Image == img {
+				return st.State, c
+			}
+		}
+		t.Fatalf("%s: no node for the snapshot's image %s in %+v", what, img, st)
+		return "", block.Node{}
+	}
+	if cs, n := baseNode("before repair"); cs != block.StateDegraded || n.State != block.StateDegraded || n.Children[0].State != block.StateFailed || n.Children[0].Path != leg {
+		t.Fatalf("before repair: cow %s, snapshot image's stack %+v, want both degraded with %s failed", cs, n, leg)
+	}
+	if _, err := s.StartJob(ctx, alice, v.ID, meta.JobRepair); err != nil {
+		t.Fatal(err)
+	}
+	lj := e.waitJob(v.ID).LastJob
+	if lj == nil || lj.Error != "" {
+		t.Fatalf("repair: %+v", lj)
+	}
+	if b, _ := json.Marshal(lj.Report); string(b) != `{"resynced_bytes":`+strconv.Itoa(size)+`}` {
+		t.Fatalf("repair report %s, want the base's whole leg resynced", b)
+	}
+	if cs, n := baseNode("after repair"); cs != block.StateOK || n.State != block.StateOK {
+		t.Fatalf("after repair: cow %s, snapshot image's stack %+v", cs, n)
+	}
+	if got, err := os.ReadFile(leg); err != nil || !bytes.Equal(got[:size], model) {
+		t.Fatalf("the snapshot image's leg was not rebuilt: %v", err)
+	}
+	e.sameVolume(s, v.ID, model, "after repair")
 	cleanupAll(t, s, alice)
 	checkProvisioned(t)
 }

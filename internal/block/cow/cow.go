@@ -32,8 +32,13 @@
 // superblocks (two copies); a snapshot's steps before the cow.sb write
 // leave only an unreferenced image directory, which Collect removes.
 //
+// Base images are opened read-only, yet they are children like the top
+// (Children, Describe), and repair and scrub reach them through Maintain
+// (maintain.go), which opens one read-write for the call only.
+//
 // Who calls it: block.Build through the registry; the volume service for
-// Snapshot, Flatten, Top and Collect.
+// Snapshot, Flatten, Top and Collect, and Maintain through
+// block.WalkMaintain.
 package cow
 
 import (
@@ -155,9 +160,16 @@ func decodeImageMeta(payload []byte, id string) (imageMeta, error) {
 type image struct {
 	meta  imageMeta
 	depth uint32 // 1 for the chain's root, top's is the highest
-	dev   block.Layer
-	sb    *superblock.Block // top only
-	alloc *bitmap.Bitmap    // top only
+	// dev is the image's stack: read-write for the top and for a former
+	// top a Snapshot of this layer froze (frozen), read-only for the
+	// other bases. chainMu guards it (Maintain swaps a base's).
+	dev block.Layer
+	rw  bool // dev was opened read-write
+	// frozen: a Snapshot of this layer froze the image while dev was
+	// open read-write (see holdFrozen).
+	frozen bool
+	sb     *superblock.Block // top only
+	alloc  *bitmap.Bitmap    // top only
 }
 
 // Layer is a cow layer.
@@ -277,7 +289,7 @@ func (l *Layer) createImage(dir string, m imageMeta) (*image, error) {
 	if err != nil {
 		return nil, err
 	}
-	im := &image{meta: m, dev: dev}
+	im := &image{meta: m, dev: dev, rw: true}
 	if im.alloc, err = l.openMap(dir, m); err == nil {
 		err = im.alloc.Sync()
 	}
@@ -405,6 +417,7 @@ func (l *Layer) openImage(id string, top bool) (*image, error) {
 		sb.Close()
 		return nil, fmt.Errorf("image %s: %w", id, err)
 	}
+	im.rw = !env.ReadOnly
 	// Resize grows the device before it records the size, so an image
 	// recording more than its device holds is not ours; refuse it before
 	// the owner table and the map are sized from it.
@@ -474,12 +487,30 @@ func (l *Layer) Capabilities() block.Capabilities {
 	return c
 }
 
-// Children implements block.Parent: the top's stack (bases are read-only
-// and internal).
+// Children implements block.Parent: the stacks of the chain's images, the
+// top's first, then each base newest first. Bases are read-only (see
+// Maintain); images a flatten detached are not in the chain any more.
 func (l *Layer) Children() []block.Layer {
 	l.chainMu.RLock()
 	defer l.chainMu.RUnlock()
-	return []block.Layer{l.top.dev}
+	chain := l.chain()
+	out := make([]block.Layer, len(chain))
+	for i, im := range chain {
+		out[i] = im.dev
+	}
+	return out
+}
+
+// chain lists the images the volume reads from, top first; the caller
+// holds chainMu.
+func (l *Layer) chain() []*image {
+	out := []*image{l.top}
+	for d := int(l.top.depth) - 1; d >= 1; d-- {
+		if im := l.byDepth[d]; im != nil {
+			out = append(out, im)
+		}
+	}
+	return out
 }
 
 // ReadAt implements block.Device.
@@ -858,6 +889,8 @@ func (l *Layer) Snapshot(tag string) (string, error) {
 	old.alloc.Close()
 	old.sb.Close()
 	old.alloc, old.sb = nil, nil
+	old.frozen = true
+	holdFrozen(l.imageDir(old.meta.ID))
 	im.depth = old.depth + 1
 	l.byDepth = append(l.byDepth, im)
 	l.all = append(l.all, im)
@@ -962,6 +995,9 @@ func (l *Layer) Close() error {
 	}
 	for _, im := range l.all {
 		keep(im.dev.Close())
+		if im.frozen {
+			releaseFrozen(l.imageDir(im.meta.ID))
+		}
 		if im.alloc != nil {
 			keep(im.alloc.Close())
 		}
@@ -977,11 +1013,19 @@ func (l *Layer) Close() error {
 	return first
 }
 
-// Describe implements block.Layer.
+// Describe implements block.Layer: one child per image of the chain, as
+// Children orders them, each naming its image. A base's lost redundancy is
+// the volume's (most of its data may live there), so the cow's state is
+// the worst of them all.
 func (l *Layer) Describe() block.Node {
+	// Shared, so that Maintain does not close a base being described.
 	l.chainMu.RLock()
-	top := l.top
-	l.chainMu.RUnlock()
-	kid := top.dev.Describe()
-	return block.Node{Type: "cow", Params: l.params, State: block.Worst([]block.Node{kid}), Children: []block.Node{kid}}
+	defer l.chainMu.RUnlock()
+	chain := l.chain()
+	kids := make([]block.Node, len(chain))
+	for i, im := range chain {
+		kids[i] = im.dev.Describe()
+		kids[i].Image = im.meta.ID
+	}
+	return block.Node{Type: "cow", Params: l.params, State: block.Worst(kids), Children: kids}
 }
