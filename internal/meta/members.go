@@ -118,11 +118,18 @@ func (s *Store) AddLearner(ctx context.Context, peerURL string) (uint64, error) 
 var ErrNotCaughtUp = errors.New("learner has not caught up with the leader yet")
 
 // Promote makes learner id a voter; ErrNotCaughtUp until it is in sync.
+// A member that is a voter already is a success: the node was promoted
+// but crashed before it recorded that, and asks again at its next start.
+// (The client hands etcd's errors back as rpctypes.EtcdError values, which
+// errors.Is tells apart; their texts are prefixes of one another.)
 func (s *Store) Promote(ctx context.Context, id uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	_, err := s.cli.MemberPromote(ctx, id)
-	if err != nil && (errors.Is(err, rpctypes.ErrGRPCLearnerNotReady) || strings.Contains(err.Error(), "not in sync")) {
+	switch {
+	case errors.Is(err, rpctypes.ErrMemberNotLearner):
+		return nil
+	case errors.Is(err, rpctypes.ErrMemberLearnerNotReady):
 		return ErrNotCaughtUp
 	}
 	return wrap("promote", err)
