@@ -17,6 +17,13 @@
 //     learner);
 //   - a join is idempotent: the same name and peer URL asked again (a node
 //     that crashed mid-join) gets the same answer, never a second member;
+//   - node names are unique: a join under the name of a registered node is
+//     refused unless it comes with that node's addresses — its API URL,
+//     and its etcd peer URL if it runs a member. Two live processes cannot
+//     serve one address, so equal addresses mean the node itself, asking
+//     again after a crash mid-join; other addresses mean another node.
+//     The volume service relies on this: a node revokes the write leases
+//     its name holds on an older etcd lease as its own previous run's;
 //   - every node has a nodes/<name> record; alive/<name> exists while the
 //     node keeps its lease, so health needs no probe of the node itself.
 //
@@ -42,7 +49,7 @@ import (
 
 // Error codes of membership calls. Stable: add, never rename.
 const (
-	CodeNodeExists      = "NodeExists"       // 409: a member of that name has another peer URL
+	CodeNodeExists      = "NodeExists"       // 409: a node or member of that name has other addresses
 	CodeJoinTokenBad    = "InvalidJoinToken" // 401: unknown or expired join token
 	CodeExternalMeta    = "ExternalMetadata" // 409: the cluster runs on an external etcd
 	CodeNodeIsSelf      = "NodeIsSelf"       // 409: a node cannot remove itself
@@ -122,6 +129,9 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (*JoinResponse, err
 	}
 	resp := &JoinResponse{ClusterID: cl.ID, CACert: string(s.ca.CertPEM), CAKey: string(s.ca.KeyPEM)}
 	err = s.meta.WithJoinLock(ctx, func() error {
+		if err := s.checkName(ctx, req); err != nil {
+			return err
+		}
 		members, err := s.meta.Members(ctx)
 		if err != nil {
 			return err
@@ -176,6 +186,24 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (*JoinResponse, err
 	}
 	s.log.Info("node joined", "node", req.Name, "role", resp.Role, "peer", req.Peer)
 	return resp, nil
+}
+
+// checkName refuses a join under the name of another registered node (see
+// the package comment: the same addresses are the same node).
+func (s *Service) checkName(ctx context.Context, req JoinRequest) error {
+	n, err := s.meta.Node(ctx, req.Name)
+	if errs.IsCode(err, errs.CodeNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("join %s: %w", req.Name, err)
+	}
+	if n.API == req.API && (n.Peer == "" || n.Peer == req.Peer) {
+		return nil
+	}
+	return errs.Conflict(CodeNodeExists,
+		"a node named %s is already registered, with API %s; give this node another --name, or remove that node first (basalt node remove %s) if it is gone for good",
+		req.Name, n.API, req.Name)
 }
 
 func checkRequest(req JoinRequest) error {
