@@ -5,10 +5,19 @@ package meta
 //
 //	leases/volumes/<volume id>   VolumeLease, attached to the holder node's etcd lease
 //
-// created only when absent, so at most one node holds a volume; it vanishes
-// when the holder stops renewing its etcd lease (death, partition), and
-// only then can another node create it. The key's create revision is the
-// holder's fencing token: it grows with every new holder.
+// created only when absent, so at most one node holds a volume. The key's
+// create revision is the holder's fencing token: it grows with every new
+// holder.
+//
+// The key goes only by the holder's doing or with the holder's etcd lease
+// (death, partition: it stopped renewing): only the holder knows when it
+// has stopped writing. Another node that gives the lease up (the volume's
+// last rw attachment was detached through it) marks the key Released
+// instead of deleting it; the holder, seeing the mark, stops its writers
+// and deletes the key; a holder that cannot see it — cut off, still
+// writing until its lease validity runs out — loses the key when its etcd
+// lease expires, after that validity. Only then can another node create
+// the key.
 
 import (
 	"context"
@@ -17,6 +26,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -28,6 +38,9 @@ type VolumeLease struct {
 	Schema   int       `json:"schema"`
 	Node     string    `json:"node"`
 	Acquired time.Time `json:"acquired"`
+	// Released: a node other than the holder gave the lease up; the
+	// holder deletes the key once it has stopped writing.
+	Released bool `json:"released,omitempty"`
 	// Token is the key's create revision (filled in on read).
 	Token int64 `json:"-"`
 }
@@ -67,37 +80,61 @@ func (s *Store) RevokeLease(ctx context.Context, id int64) error {
 }
 
 // AcquireVolumeLease makes node the holder of volume vol's lease, attached
-// to etcd lease id, unless another node holds it. It returns the holder
-// either way (with its token).
+// to etcd lease id, unless another node holds it — released or not: a
+// released key is still its holder's until the holder deletes it or its
+// etcd lease ends. It returns the holder either way (with its token). A
+// key node holds on id that another node marked released is node's again,
+// the mark cleared: node serves a rw attachment of the volume once more.
 func (s *Store) AcquireVolumeLease(ctx context.Context, vol, node string, id int64) (*VolumeLease, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.writeTimeout())
 	defer cancel()
 	key := prefixVolumeLeases + vol
-	rec := &VolumeLease{Schema: SchemaVersion, Node: node, Acquired: time.Now().UTC()}
-	r, err := s.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, encode(rec), clientv3.WithLease(clientv3.LeaseID(id))), clientv3.OpGet(key)).
-		Else(clientv3.OpGet(key)).
-		Commit()
-	if err != nil {
-		return nil, wrap("acquire volume lease", err)
+	for attempt := 0; ; attempt++ {
+		rec := &VolumeLease{Schema: SchemaVersion, Node: node, Acquired: time.Now().UTC()}
+		r, err := s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, encode(rec), clientv3.WithLease(clientv3.LeaseID(id))), clientv3.OpGet(key)).
+			Else(clientv3.OpGet(key)).
+			Commit()
+		if err != nil {
+			return nil, wrap("acquire volume lease "+vol, err)
+		}
+		get := r.Responses[len(r.Responses)-1].GetResponseRange()
+		if len(get.Kvs) == 0 {
+			return nil, fmt.Errorf("acquire volume lease %s: the key vanished", vol)
+		}
+		kv := get.Kvs[0]
+		got := &VolumeLease{}
+		if err := decode(key, kv.Value, got); err != nil {
+			return nil, err
+		}
+		got.Token = kv.CreateRevision
+		if got.Node != node {
+			return got, nil
+		}
+		if kv.Lease != id {
+			// Ours, but on another etcd lease: one of this node's previous
+			// lives (a restart within the TTL) still holds it.
+			return nil, &PreviousLeaseError{Lease: kv.Lease}
+		}
+		if !got.Released {
+			return got, nil
+		}
+		got.Released = false
+		r, err = s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
+			Then(clientv3.OpPut(key, encode(got), clientv3.WithIgnoreLease())).
+			Commit()
+		if err != nil {
+			return nil, wrap("acquire volume lease "+vol, err)
+		}
+		if r.Succeeded {
+			return got, nil
+		}
+		if attempt == 2 {
+			return nil, fmt.Errorf("acquire volume lease %s: the key keeps changing; retry", vol)
+		}
 	}
-	get := r.Responses[len(r.Responses)-1].GetResponseRange()
-	if len(get.Kvs) == 0 {
-		return nil, errors.New("acquire volume lease: the key vanished")
-	}
-	kv := get.Kvs[0]
-	got := &VolumeLease{}
-	if err := decode(key, kv.Value, got); err != nil {
-		return nil, err
-	}
-	got.Token = kv.CreateRevision
-	if got.Node == node && kv.Lease != id {
-		// Ours, but on another etcd lease: one of this node's previous
-		// lives (a restart within the TTL) still holds it.
-		return nil, &PreviousLeaseError{Lease: kv.Lease}
-	}
-	return got, nil
 }
 
 // PreviousLeaseError: the volume's lease is held by this node's name on an
@@ -112,53 +149,106 @@ func (e *PreviousLeaseError) Error() string {
 func (s *Store) VolumeLeaseHolder(ctx context.Context, vol string) (*VolumeLease, error) {
 	resp, err := s.read(ctx, prefixVolumeLeases+vol)
 	if err != nil {
-		return nil, wrap("volume lease", err)
+		return nil, wrap("volume lease "+vol, err)
 	}
 	if len(resp.Kvs) == 0 {
 		return nil, nil
 	}
+	return decodeVolumeLease(resp.Kvs[0])
+}
+
+func decodeVolumeLease(kv *mvccpb.KeyValue) (*VolumeLease, error) {
 	l := &VolumeLease{}
-	if err := decode(prefixVolumeLeases+vol, resp.Kvs[0].Value, l); err != nil {
+	if err := decode(string(kv.Key), kv.Value, l); err != nil {
 		return nil, err
 	}
-	l.Token = resp.Kvs[0].CreateRevision
+	l.Token = kv.CreateRevision
 	return l, nil
 }
 
-// ReleaseVolumeLease deletes vol's lease if node holds it ("": whoever does).
-func (s *Store) ReleaseVolumeLease(ctx context.Context, vol, node string) error {
+// ReleaseVolumeLease gives vol's lease up for node, whose etcd lease is
+// id: the volume has no rw attachment left. A key node holds (on id, or on
+// an etcd lease of a previous run of node, which is dead) is deleted, so
+// another node may take the lease at once. A key another node holds is
+// only marked Released: that node may be cut off and writing still, and
+// the key must stay until it deletes the key itself or its etcd lease
+// ends.
+func (s *Store) ReleaseVolumeLease(ctx context.Context, vol, node string, id int64) error {
 	ctx, cancel := context.WithTimeout(ctx, s.writeTimeout())
 	defer cancel()
 	key := prefixVolumeLeases + vol
 	resp, err := s.cli.Get(ctx, key)
 	if err != nil || len(resp.Kvs) == 0 {
-		return wrap("release volume lease", err)
+		return wrap("release volume lease "+vol, err)
 	}
-	l := &VolumeLease{}
-	if err := decode(key, resp.Kvs[0].Value, l); err != nil || node != "" && l.Node != node {
+	kv := resp.Kvs[0]
+	l, err := decodeVolumeLease(kv)
+	if err != nil {
 		return err
 	}
-	_, err = s.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)).
-		Then(clientv3.OpDelete(key)).Commit()
-	return wrap("release volume lease", err)
+	same := clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)
+	switch {
+	case l.Node == node:
+		_, err = s.cli.Txn(ctx).If(same).Then(clientv3.OpDelete(key)).Commit()
+	case !l.Released:
+		l.Released = true
+		_, err = s.cli.Txn(ctx).If(same).Then(clientv3.OpPut(key, encode(l), clientv3.WithIgnoreLease())).Commit()
+	}
+	return wrap("release volume lease "+vol, err)
 }
 
-// WatchVolumeLeases calls fn with a volume id and the revision of the
-// deletion whenever its lease key is deleted (expired, released, revoked),
-// until ctx ends. The event may arrive after a new key was put: a holder
-// compares the revision with its key's create revision (its Token).
-func (s *Store) WatchVolumeLeases(ctx context.Context, fn func(vol string, rev int64)) {
+// VolumeLeaseEvent is a change of a volume's lease key.
+type VolumeLeaseEvent struct {
+	Volume string
+	// Rev is the revision of the change.
+	Rev int64
+	// Lease is the key's value after the change; nil: the key was
+	// deleted (released by its holder, expired, revoked).
+	Lease *VolumeLease
+}
+
+// WatchVolumeLeases calls fn with every change of a volume lease key until
+// ctx ends. Whenever the watch (re)starts, fn first gets every key as it
+// stands, so that no mark is missed while the watch was down (a deletion
+// missed then is not replayed). An event may arrive after newer changes
+// were made: a holder compares a deletion's revision with its key's create
+// revision (its Token), and rereads a key before it acts on a mark.
+func (s *Store) WatchVolumeLeases(ctx context.Context, fn func(VolumeLeaseEvent)) {
 	for ctx.Err() == nil {
-		wch := s.cli.Watch(clientv3.WithRequireLeader(ctx), prefixVolumeLeases, clientv3.WithPrefix(), clientv3.WithFilterPut())
-		for resp := range wch {
-			for _, ev := range resp.Events {
-				fn(strings.TrimPrefix(string(ev.Kv.Key), prefixVolumeLeases), ev.Kv.ModRevision)
-			}
-		}
+		s.watchVolumeLeases(ctx, fn)
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+func (s *Store) watchVolumeLeases(ctx context.Context, fn func(VolumeLeaseEvent)) {
+	cur, err := s.cli.Get(ctx, prefixVolumeLeases, clientv3.WithPrefix())
+	if err != nil {
+		return
+	}
+	for _, kv := range cur.Kvs {
+		s.volumeLeaseEvent(kv, false, fn)
+	}
+	wch := s.cli.Watch(clientv3.WithRequireLeader(ctx), prefixVolumeLeases, clientv3.WithPrefix(),
+		clientv3.WithRev(cur.Header.Revision+1))
+	for resp := range wch {
+		for _, ev := range resp.Events {
+			s.volumeLeaseEvent(ev.Kv, ev.Type == clientv3.EventTypeDelete, fn)
+		}
+	}
+}
+
+func (s *Store) volumeLeaseEvent(kv *mvccpb.KeyValue, deleted bool, fn func(VolumeLeaseEvent)) {
+	ev := VolumeLeaseEvent{Volume: strings.TrimPrefix(string(kv.Key), prefixVolumeLeases), Rev: kv.ModRevision}
+	if !deleted {
+		l, err := decodeVolumeLease(kv)
+		if err != nil {
+			s.log.Warn("volume lease key unreadable", "key", string(kv.Key), "err", err)
+			return
+		}
+		ev.Lease = l
+	}
+	fn(ev)
 }

@@ -16,12 +16,33 @@ package volume
 // possible; the margin covers clock rate differences and a write that
 // passed the check just before.
 //
+// Handover: the lease key leaves its holder only (a) by the holder's own
+// doing — the volume's last rw attachment detached through it, a clean
+// stop (its etcd lease revoked), a handover after it fenced itself — or
+// (b) with the holder's etcd lease, which etcd ends no earlier than
+// leaseTTL after the last renewal the holder sent, so at least
+// leaseMargin after the holder fenced itself. No other node deletes the
+// key: one through which the volume's last rw attachment is detached only
+// marks it released (meta.ReleaseVolumeLease). The holder, seeing the
+// mark, fences its stacks for good, closes the volume's rw connections,
+// and then deletes the key (handOver): the handover is immediate. A holder
+// cut off from etcd never sees the mark and keeps writing while its lease
+// is valid; its key stays until its etcd lease expires. A node asked for
+// a released lease another node holds is refused (CodeWriteLeaseHandover)
+// until then.
+//
+// Invariant: while a node may still write a volume as its lease holder
+// (its fence lets writes through), the volume's lease key exists, so no
+// other node can take the lease.
+//
 // Liveness: every node watches lease keys; when one vanishes (the holder
-// died or was cut off), a node takes over if the volume still has rw
-// attachments, so `attachment show` names a live node about leaseTTL
-// after the death. A holder that lost a lease drops its open stack (its
-// in-memory state may be stale) and closes the volume's NBD connections;
-// clients reconnect to the new holder.
+// died or was cut off, or handed it over), a node takes over if the volume
+// still has rw attachments, so `attachment show` names a live node about
+// leaseTTL after the death. A holder that lost a lease drops its open
+// stack (its in-memory state may be stale) and closes the volume's NBD
+// connections; clients reconnect to the new holder. A holder that hears of
+// a mark retries its handover until it succeeds: otherwise, renewing its
+// etcd lease, it would keep the key for ever.
 
 import (
 	"context"
@@ -43,8 +64,16 @@ const (
 	leaseMargin = 1500 * time.Millisecond
 )
 
-// CodeServedElsewhere: a rw attachment's volume is served by another node.
-const CodeServedElsewhere = "ServedByAnotherNode"
+// Error codes of write leases. Stable: add, never rename.
+const (
+	// CodeServedElsewhere: a rw attachment's volume is served by another
+	// node (409).
+	CodeServedElsewhere = "ServedByAnotherNode"
+	// CodeWriteLeaseHandover: the volume's write lease was released
+	// through another node than its holder, which may still write it
+	// until it hands the lease over or its lease expires (503; retry).
+	CodeWriteLeaseHandover = "WriteLeaseHandover"
+)
 
 type leases struct {
 	s *Service
@@ -53,6 +82,10 @@ type leases struct {
 	id    int64     // the node's etcd lease (0: none yet)
 	valid time.Time // writes allowed before this (monotonic)
 	held  map[string]int64
+	// changing serialises, per volume, this node's changes of the
+	// volume's lease key (acquire, release, handOver): a handover must
+	// not delete a key an acquisition here has just made its own again.
+	changing map[string]*sync.Mutex
 	// fences of the stacks open on this node, by volume: a lost lease
 	// fences them for good.
 	fences map[string][]*stackFence
@@ -63,7 +96,20 @@ type leases struct {
 type stackFence struct{ lost atomic.Bool }
 
 func newLeases(s *Service) *leases {
-	return &leases{s: s, held: map[string]int64{}, fences: map[string][]*stackFence{}}
+	return &leases{s: s, held: map[string]int64{}, changing: map[string]*sync.Mutex{}, fences: map[string][]*stackFence{}}
+}
+
+// changeLock returns the mutex that serialises this node's changes of
+// vol's lease key.
+func (l *leases) changeLock(vol string) *sync.Mutex {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	mu := l.changing[vol]
+	if mu == nil {
+		mu = &sync.Mutex{}
+		l.changing[vol] = mu
+	}
+	return mu
 }
 
 // onLost registers fn, called (without locks held) when a lease is lost.
@@ -73,10 +119,18 @@ func (l *leases) onLost(fn func(vol string)) {
 	l.mu.Unlock()
 }
 
-// run keeps the node's etcd lease renewed and takes over volumes whose
-// holder went away, until ctx ends.
+// run keeps the node's etcd lease renewed, takes over volumes whose
+// holder went away and hands over those released elsewhere, until ctx
+// ends.
 func (l *leases) run(ctx context.Context) {
-	go l.s.meta.WatchVolumeLeases(ctx, func(vol string, rev int64) { go l.takeOver(ctx, vol, rev) })
+	go l.s.meta.WatchVolumeLeases(ctx, func(ev meta.VolumeLeaseEvent) {
+		switch {
+		case ev.Lease == nil:
+			go l.takeOver(ctx, ev.Volume, ev.Rev)
+		case ev.Lease.Released && ev.Lease.Node == l.s.cfg.Node:
+			go l.handOver(ctx, ev.Volume)
+		}
+	})
 	t := time.NewTicker(leaseRenew)
 	defer t.Stop()
 	for {
@@ -202,8 +256,13 @@ func (l *leases) fence(vol string) (func() error, func()) {
 }
 
 // acquire makes this node vol's writer if no other node is, and returns
-// the holder's name.
+// the holder's name. A lease another node holds but was released through
+// a third is refused with CodeWriteLeaseHandover: its holder may still
+// write.
 func (l *leases) acquire(ctx context.Context, vol string) (string, error) {
+	mu := l.changeLock(vol)
+	mu.Lock()
+	defer mu.Unlock()
 	l.mu.Lock()
 	id := l.id
 	ok := id != 0 && time.Now().Before(l.valid)
@@ -226,6 +285,11 @@ func (l *leases) acquire(ctx context.Context, vol string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if got.Node != l.s.cfg.Node && got.Released {
+		return "", errs.New(errs.KindUnavailable, CodeWriteLeaseHandover,
+			"the write lease of volume %s was released, but its holder, node %s, may still write the volume: the lease passes on as soon as that node hands it over, or within %v if it cannot be reached; retry",
+			vol, got.Node, leaseTTL)
+	}
 	if got.Node == l.s.cfg.Node {
 		l.mu.Lock()
 		if _, had := l.held[vol]; !had {
@@ -237,16 +301,59 @@ func (l *leases) acquire(ctx context.Context, vol string) (string, error) {
 	return got.Node, nil
 }
 
-// release gives vol's lease up, whoever holds it: its last rw attachment
-// is gone. Released here, the stacks open here stay usable; a holder
-// elsewhere sees its key go and fences itself.
+// release gives vol's lease up: its last rw attachment is gone. Held
+// here, the key goes at once (released here, the stacks open here stay
+// usable); held by another node, it is only marked released, and that
+// node hands it over (handOver) or loses it with its etcd lease.
 func (l *leases) release(ctx context.Context, vol string) {
+	mu := l.changeLock(vol)
+	mu.Lock()
+	defer mu.Unlock()
 	l.mu.Lock()
 	delete(l.held, vol)
+	id := l.id
 	l.mu.Unlock()
-	if err := l.s.meta.ReleaseVolumeLease(ctx, vol, ""); err != nil {
+	if err := l.s.meta.ReleaseVolumeLease(ctx, vol, l.s.cfg.Node, id); err != nil {
 		l.s.logFor("volume", vol).Warn("release write lease", "err", err)
 	}
+}
+
+// handOver gives up vol's lease, which another node marked released: the
+// stacks open here are fenced for good and the rw connections closed
+// before the key is deleted, so no write from here follows the next
+// holder's first. It retries (every leaseRenew) until the key is gone or
+// no longer marked, or ctx ends.
+func (l *leases) handOver(ctx context.Context, vol string) {
+	for {
+		err := l.handOverOnce(ctx, vol)
+		if err == nil {
+			return
+		}
+		l.s.logFor("volume", vol).Warn("write lease handover failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(leaseRenew):
+		}
+	}
+}
+
+func (l *leases) handOverOnce(ctx context.Context, vol string) error {
+	mu := l.changeLock(vol)
+	mu.Lock()
+	defer mu.Unlock()
+	h, err := l.s.meta.VolumeLeaseHolder(ctx, vol)
+	if err != nil {
+		return err
+	}
+	if h == nil || h.Node != l.s.cfg.Node || !h.Released {
+		return nil // gone already, or made this node's again by acquire
+	}
+	l.lose(vol, "released through another node: the volume has no rw attachment left")
+	l.mu.Lock()
+	id := l.id
+	l.mu.Unlock()
+	return l.s.meta.ReleaseVolumeLease(ctx, vol, l.s.cfg.Node, id)
 }
 
 // takeOver acquires vol's lease after its holder lost it (its key was
@@ -262,9 +369,9 @@ func (l *leases) takeOver(ctx context.Context, vol string, rev int64) {
 		return
 	}
 	if mine {
-		// Our own key vanished: our etcd lease expired (the renewal
-		// loop will notice) or another node released it; either way,
-		// stop writing.
+		// Our own key vanished, and not by our release (which forgets
+		// it first): our etcd lease expired (the renewal loop will
+		// notice). Stop writing.
 		l.lose(vol, "its lease key was deleted")
 	}
 	select {
@@ -292,13 +399,13 @@ func hasRW(ctx context.Context, s *Service, v *meta.Volume) bool {
 }
 
 // servingNode returns the node that serves vol's rw attachments, taking
-// the lease here when nobody holds it.
+// the lease here when nobody holds it (or this node holds it released).
 func (l *leases) servingNode(ctx context.Context, vol string) (string, error) {
 	h, err := l.s.meta.VolumeLeaseHolder(ctx, vol)
 	if err != nil {
 		return "", err
 	}
-	if h != nil {
+	if h != nil && !h.Released {
 		return h.Node, nil
 	}
 	return l.acquire(ctx, vol)

@@ -1,6 +1,14 @@
 package volume
 
-import "testing"
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
+)
 
 // TestLeaseDeletionOlderThanKey: the deletion of a lease key older than
 // the one this node holds (a previous run's, revoked at start, whose
@@ -31,5 +39,101 @@ func TestLeaseDeletionOlderThanKey(t *testing.T) {
 	s.leases.takeOver(ctx, v.ID, token+1)
 	if _, ok := held(); ok {
 		t.Fatal("the deletion of the held key did not fence the lease")
+	}
+}
+
+// TestLeaseReleasedElsewhere: a write lease released through a node other
+// than its holder (the volume's rw attachment detached there) passes on
+// only once the holder has stopped writing: at once when the holder hears
+// of the release — it fences its stacks and then deletes the key — and,
+// when the holder is cut off (here: a node that took the lease and then
+// neither renews nor watches, as behind a partition), not before the
+// holder's own lease validity has ended.
+func TestLeaseReleasedElsewhere(t *testing.T) {
+	ctx := ctxT(t)
+	e := newEnv(t)
+	b := e.started(Config{Node: uniq("b")})
+	alice := caller("alice")
+	v, err := b.CreateVolume(ctx, alice, CreateVolume{Name: "v", SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	attach := func(s *Service) *meta.Attachment {
+		t.Helper()
+		a, err := s.Attach(ctx, alice, v.ID, "host", meta.ModeRW)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h, err := e.meta.VolumeLeaseHolder(ctx, v.ID); err != nil || h == nil || h.Node != s.cfg.Node {
+			t.Fatalf("holder after attaching through %s: %+v %v", s.cfg.Node, h, err)
+		}
+		return a
+	}
+	// open is a stack's fence on s: nil while s may write the volume.
+	open := func(s *Service) func() error {
+		check, forget := s.leases.fence(v.ID)
+		t.Cleanup(forget)
+		return check
+	}
+
+	// A holder that hears of the release hands the lease over at once,
+	// having fenced itself.
+	a1 := e.started(Config{Node: uniq("a")})
+	att := attach(a1)
+	fence1 := open(a1)
+	if err := b.Detach(ctx, alice, att.ID); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for {
+		h, err := e.meta.VolumeLeaseHolder(ctx, v.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h == nil {
+			break
+		}
+		if time.Since(start) > leaseTTL-leaseMargin {
+			t.Fatalf("%s still holds the lease %v after its release through %s", h.Node, time.Since(start), b.cfg.Node)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := fence1(); !errors.Is(err, block.ErrFenced) {
+		t.Fatalf("the holder's lease key is gone, its stack's fence says %v", err)
+	}
+
+	// A holder that cannot hear keeps the lease until its validity ends.
+	a2 := e.service(Config{Node: uniq("a")})
+	a2.leases.renew(ctx) // its etcd lease, renewed never again
+	att = attach(a2)
+	fence2 := open(a2)
+	if err := b.Detach(ctx, alice, att.ID); err != nil {
+		t.Fatal(err)
+	}
+	// A new rw attachment through b: b asks for the lease (and fails).
+	if _, err := b.Attach(ctx, alice, v.ID, "host2", meta.ModeRW); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	for i := 0; ; i++ {
+		_, err := b.leases.acquire(ctx, v.ID)
+		h, herr := e.meta.VolumeLeaseHolder(ctx, v.ID)
+		writes := fence2() == nil
+		if herr != nil {
+			t.Fatal(herr)
+		}
+		if h != nil && h.Node != a2.cfg.Node {
+			if writes {
+				t.Fatalf("%s took the lease over while its holder %s, cut off, may still write", h.Node, a2.cfg.Node)
+			}
+			break
+		}
+		if i == 0 && (!errs.IsCode(err, CodeWriteLeaseHandover) || !writes) {
+			t.Fatalf("right after the release: acquire %v (want %s), holder writes %v", err, CodeWriteLeaseHandover, writes)
+		}
+		if time.Since(start) > leaseTTL+5*time.Second {
+			t.Fatalf("the lease of %s never expired", a2.cfg.Node)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
