@@ -13,6 +13,90 @@ import (
 	"time"
 )
 
+// fenceRegion is the part of the volume the tests write.
+const fenceRegion = 32 << 20
+
+// staleWriter is a hypervisor on the holder's side of the partition: one
+// NBD connection, 64 KiB writes of 0xaa cycling over fenceRegion, each
+// flushed, each outcome timed.
+type staleWriter struct {
+	t    *testing.T
+	w    *qemuSession
+	acks []fenceAck
+}
+
+type fenceAck struct {
+	i        int
+	sent, at time.Time // before the write was sent; when its flush was answered
+	ok       bool
+}
+
+func newStaleWriter(t *testing.T, netns, uri string) *staleWriter {
+	return &staleWriter{t: t, w: startQemuSessionIn(t, netns, "-f", "raw", uri)}
+}
+
+// write makes one write and reports whether it was acknowledged.
+func (s *staleWriter) write() bool {
+	i := len(s.acks)
+	off := int64(i%(fenceRegion>>16)) << 16
+	sent := time.Now()
+	out := s.w.Do(fmt.Sprintf("write -P 0xaa %d 64k", off))
+	ok := strings.Contains(out, "wrote 65536/65536")
+	if ok {
+		ok = !strings.Contains(s.w.Do("flush"), "failed")
+	}
+	s.acks = append(s.acks, fenceAck{i, sent, time.Now(), ok})
+	return ok
+}
+
+// warmUp makes 20 writes, which must all be acknowledged.
+func (s *staleWriter) warmUp() {
+	for range 20 {
+		if !s.write() {
+			s.t.Fatalf("write %d before the partition failed", len(s.acks)-1)
+		}
+	}
+}
+
+// check fails the test for every write the cut-off node acknowledged
+// after the takeover — sent after it happened (taken, from the new
+// holder's log), or answered after the test saw it (seen) — and if none
+// was refused after the cut; it logs the timing.
+func (s *staleWriter) check(cut, taken, seen time.Time) {
+	s.w.in.Close()
+	var lastOK time.Time
+	fails := 0
+	for _, k := range s.acks {
+		if k.ok {
+			lastOK = k.at
+			if k.sent.After(taken) || k.at.After(seen) {
+				s.t.Errorf("write %d was acknowledged by the cut-off node: sent %v, answered %v after the takeover",
+					k.i, k.sent.Sub(taken), k.at.Sub(taken))
+			}
+		} else if k.at.After(cut) {
+			fails++
+		}
+	}
+	s.t.Logf("the cut-off node acknowledged its last write %v after the cut, %v before the takeover; %d writes refused after",
+		lastOK.Sub(cut).Round(time.Millisecond), taken.Sub(lastOK).Round(time.Millisecond), fails)
+	if fails == 0 {
+		s.t.Errorf("the cut-off node never refused a write")
+	}
+}
+
+// healAndVerify reconnects the cut-off node and checks that the region
+// holds the new holder's 0xbb: nothing the stale node had buffered landed.
+func healAndVerify(t *testing.T, c *Cluster, lab *netLab, i int, attachment string) {
+	lab.heal(i)
+	c.WaitRoles(60*time.Second, nil)
+	time.Sleep(2 * time.Second)
+	var now Attachment
+	c.Admin(0).OK(&now, "attachment", "show", attachment)
+	if r := qemuIO(t, now.NBDURI, fmt.Sprintf("read -P 0xbb 0 %d", fenceRegion)); qemuIOFailed(r) || strings.Contains(r.Stdout, "Pattern verification failed") {
+		t.Fatalf("after the partition healed the region does not hold the new holder's write (a stale write landed?): %s\n%s", r, r.Stdout)
+	}
+}
+
 func TestClusterFencingPartition(t *testing.T) {
 	t.Parallel()
 	requireTools(t, "qemu-io")
@@ -22,34 +106,8 @@ func TestClusterFencingPartition(t *testing.T) {
 	if want := c.Nodes[1].nbdBase() + a.Export; a.NBDURI != want {
 		t.Fatalf("nbd_uri %s, want n2's %s", a.NBDURI, want)
 	}
-
-	// The hypervisor lives on n2's side of the partition: one connection,
-	// 64 KiB writes of 0xaa cycling over the first 32 MiB, each flushed.
-	const region = 32 << 20
-	w := startQemuSessionIn(t, lab.ns(2), "-f", "raw", a.NBDURI)
-	type ack struct {
-		i        int
-		sent, at time.Time // before the write was sent; when its flush was answered
-		ok       bool
-	}
-	var acks []ack
-	write := func(i int) {
-		off := int64(i%(region>>16)) << 16
-		sent := time.Now()
-		out := w.Do(fmt.Sprintf("write -P 0xaa %d 64k", off))
-		ok := strings.Contains(out, "wrote 65536/65536")
-		if ok {
-			ok = !strings.Contains(w.Do("flush"), "failed")
-		}
-		acks = append(acks, ack{i, sent, time.Now(), ok})
-	}
-	i := 0
-	for ; i < 20; i++ {
-		write(i)
-		if !acks[i].ok {
-			t.Fatalf("write %d before the partition failed", i)
-		}
-	}
+	w := newStaleWriter(t, lab.ns(2), a.NBDURI)
+	w.warmUp()
 
 	lab.cut(2)
 	cut := time.Now()
@@ -58,8 +116,7 @@ func TestClusterFencingPartition(t *testing.T) {
 	var moved time.Time
 	var now Attachment
 	for moved.IsZero() {
-		write(i)
-		i++
+		w.write()
 		r := c.Admin(0).Run("attachment", "show", a.ID)
 		if r.Code == 0 && strings.Contains(r.Stdout, a.Export) && !strings.Contains(r.Stdout, c.Nodes[1].nbdBase()) {
 			c.Admin(0).OK(&now, "attachment", "show", a.ID)
@@ -69,51 +126,62 @@ func TestClusterFencingPartition(t *testing.T) {
 			t.Fatalf("no takeover 30s after the holder was cut off")
 		}
 	}
-	// When the takeover happened, not when this loop saw it: the new
-	// holder's log line, written once its lease key was committed (one
-	// host, one clock for every namespace).
+	// When the takeover happened, not only when this loop saw it: the
+	// new holder's log line, written once its lease key was committed
+	// (one host, one clock for every namespace).
 	taken := leaseTakenAt(t, c, 1, vol.ID)
 	t.Logf("takeover %v after the cut (seen after %v); nbd_uri %s",
 		taken.Sub(cut).Round(time.Millisecond), moved.Sub(cut).Round(time.Millisecond), now.NBDURI)
 	// The new holder writes 0xbb over the whole region.
-	qemuIOGood(t, "the new holder's write", now.NBDURI, fmt.Sprintf("write -P 0xbb 0 %d", region), "flush")
+	qemuIOGood(t, "the new holder's write", now.NBDURI, fmt.Sprintf("write -P 0xbb 0 %d", fenceRegion), "flush")
 	// The stale side goes on trying for a while.
-	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); i++ {
-		write(i)
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+		w.write()
 	}
-	w.in.Close()
+	w.check(cut, taken, moved)
+	healAndVerify(t, c, lab, 2, a.ID)
+}
 
-	var lastOK time.Time
-	fails := 0
-	for _, k := range acks {
-		if k.ok {
-			lastOK = k.at
-			// Sent after the takeover yet acknowledged: it landed after
-			// it. (A write sent before and answered after is judged by
-			// when the takeover was seen, the bound the test can prove.)
-			if k.sent.After(taken) || k.at.After(moved) {
-				t.Errorf("write %d was acknowledged by the cut-off node: sent %v, answered %v after the takeover",
-					k.i, k.sent.Sub(taken), k.at.Sub(taken))
-			}
-		} else if k.at.After(cut) {
-			fails++
+// TestClusterFencingDetachElsewhere: the cut-off holder's rw attachment
+// is detached through another node and the volume attached rw again
+// there. The cut-off node never hears of the detach and goes on writing
+// while its lease is valid; the new attachment's writes are refused until
+// its lease is over, so no stale write lands after them.
+func TestClusterFencingDetachElsewhere(t *testing.T) {
+	t.Parallel()
+	requireTools(t, "qemu-io")
+	c, lab := StartNetCluster(t, 3)
+	vol := c.Admin(0).CreateVolume("--size", "64MiB", "--name", "fenced")
+	a := c.Admin(1).Attach("fenced", "hv-n2", "rw") // n2 writes the volume
+	w := newStaleWriter(t, lab.ns(2), a.NBDURI)
+	w.warmUp()
+
+	lab.cut(2)
+	cut := time.Now()
+	c.Admin(0).Detach(a.ID)
+	b := c.Admin(0).Attach("fenced", "hv-n1", "rw")
+	// The new hypervisor writes 0xbb over the region until a node takes
+	// its write; the stale one keeps writing meanwhile.
+	var moved time.Time
+	for moved.IsZero() {
+		w.write()
+		var now Attachment
+		c.Admin(0).OK(&now, "attachment", "show", b.ID)
+		if r := qemuIO(t, now.NBDURI, fmt.Sprintf("write -P 0xbb 0 %d", fenceRegion), "flush"); !qemuIOFailed(r) {
+			moved = time.Now()
+		}
+		if time.Since(cut) > 30*time.Second {
+			t.Fatalf("the new attachment could not write 30s after the old holder was cut off")
 		}
 	}
-	t.Logf("the cut-off node acknowledged its last write %v after the cut, %v before the takeover was seen; %d writes refused after",
-		lastOK.Sub(cut).Round(time.Millisecond), moved.Sub(lastOK).Round(time.Millisecond), fails)
-	if fails == 0 {
-		t.Errorf("the cut-off node never refused a write")
+	taken := leaseTakenAt(t, c, 1, vol.ID)
+	t.Logf("the new holder took the lease %v after the cut; its write was answered after %v",
+		taken.Sub(cut).Round(time.Millisecond), moved.Sub(cut).Round(time.Millisecond))
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+		w.write()
 	}
-
-	// Healed: the stale node learns it lost the lease and writes nothing
-	// of what it had buffered; the region holds the new holder's bytes.
-	lab.heal(2)
-	c.WaitRoles(60*time.Second, nil)
-	time.Sleep(2 * time.Second)
-	c.Admin(0).OK(&now, "attachment", "show", a.ID)
-	if r := qemuIO(t, now.NBDURI, fmt.Sprintf("read -P 0xbb 0 %d", region)); qemuIOFailed(r) || strings.Contains(r.Stdout, "Pattern verification failed") {
-		t.Fatalf("after the partition healed the region does not hold the new holder's write (a stale write landed?): %s\n%s", r, r.Stdout)
-	}
+	w.check(cut, taken, moved)
+	healAndVerify(t, c, lab, 2, b.ID)
 }
 
 // leaseLine is a node's log line for taking a write lease: its time and volume.
