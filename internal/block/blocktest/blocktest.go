@@ -1,18 +1,18 @@
 // Package blocktest holds what every layer's tests share: the conformance
 // driver (random operations checked against a byte model, then close,
-// reopen and check again) and FaultFS, a metadata file system for crash
-// tests that fails at a chosen write.
+// reopen and check again) and FaultFS, a model of one machine's storage
+// for crash tests: metadata files and the data files of "cachedfile"
+// layers behind a volatile write cache, crashing at a chosen metadata
+// write and losing what was never made durable.
 package blocktest
 
 import (
 	"bytes"
 	"encoding/json"
 	"math/rand/v2"
-	"sync"
 	"testing"
 
 	"github.com/basalt-storage/basalt/internal/block"
-	"github.com/basalt-storage/basalt/internal/block/fault"
 )
 
 // Spec parses a JSON stack spec or fails the test.
@@ -158,96 +158,3 @@ func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 	}
 	return model
 }
-
-// FaultFS is an in-memory metadata file system for block.Env.MetaFS whose
-// files share one write counter: the write numbered CrashAt (from 0,
-// across all files) crashes, landing only the bytes Tear selects, and
-// every metadata call after it fails. Restart() gives a fresh FaultFS
-// holding what had landed: what a restarted server would read.
-type FaultFS struct {
-	mu      sync.Mutex
-	files   map[string]*fault.File
-	CrashAt int // negative: never
-	Tear    func(int) bool
-	writes  int
-	crashed bool
-}
-
-// NewFaultFS returns an empty FaultFS that never crashes.
-func NewFaultFS() *FaultFS { return &FaultFS{files: map[string]*fault.File{}, CrashAt: -1} }
-
-// Open implements block.Env.MetaFS.
-func (fs *FaultFS) Open(path string) (block.MetaFile, error) {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	f, ok := fs.files[path]
-	if !ok {
-		f = fault.New(nil, -1, nil)
-		fs.files[path] = f
-	}
-	return &faultFile{fs: fs, f: f}, nil
-}
-
-// Writes is the number of metadata writes so far.
-func (fs *FaultFS) Writes() int {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	return fs.writes
-}
-
-// Crashed reports whether the crash happened.
-func (fs *FaultFS) Crashed() bool {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	return fs.crashed
-}
-
-// Restart returns a FaultFS with the landed bytes of every file, that
-// never crashes.
-func (fs *FaultFS) Restart() *FaultFS {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	n := NewFaultFS()
-	for p, f := range fs.files {
-		n.files[p] = fault.New(f.Image(), -1, nil)
-	}
-	return n
-}
-
-type faultFile struct {
-	fs *FaultFS
-	f  *fault.File
-}
-
-func (f *faultFile) ReadAt(p []byte, off int64) (int, error) { return f.f.ReadAt(p, off) }
-
-func (f *faultFile) WriteAt(p []byte, off int64) (int, error) {
-	f.fs.mu.Lock()
-	if f.fs.crashed {
-		f.fs.mu.Unlock()
-		return 0, fault.ErrCrashed
-	}
-	k := f.fs.writes
-	f.fs.writes++
-	crash := f.fs.CrashAt >= 0 && k == f.fs.CrashAt
-	if crash {
-		f.fs.crashed = true
-	}
-	f.fs.mu.Unlock()
-	if crash {
-		f.f.Land(p, off, f.fs.Tear)
-		return 0, fault.ErrCrashed
-	}
-	return f.f.WriteAt(p, off)
-}
-
-func (f *faultFile) Sync() error {
-	f.fs.mu.Lock()
-	defer f.fs.mu.Unlock()
-	if f.fs.crashed {
-		return fault.ErrCrashed
-	}
-	return nil
-}
-
-func (f *faultFile) Close() error { return nil }
