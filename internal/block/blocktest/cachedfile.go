@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync/atomic"
+	"testing"
 
 	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/block/fault"
@@ -13,7 +14,7 @@ import (
 )
 
 // The "cachedfile" layer is a file layer (same parameters, same file)
-// whose writes wait in the volatile cache of the FaultFS that is the
+// whose writes wait in the volatile cache (see Cached) of the FaultFS that is the
 // stack's Env.MetaFS until it makes them durable as block.File's
 // contract says: Flush, FUA, Resize. A crash of that FaultFS drops what
 // is still cached (but what its Keep selects), so a crash test built on
@@ -33,9 +34,25 @@ func init() {
 	})
 }
 
-// CachedFileSpec is the spec of a cachedfile layer over the file path.
-func CachedFileSpec(path string) string {
-	b, _ := json.Marshal(block.Spec{Type: "cachedfile", Params: json.RawMessage(fmt.Sprintf(`{"path":%q}`, path))})
+// Cached returns spec with every file layer in it replaced by a
+// cachedfile layer over the same file.
+func Cached(t testing.TB, spec string) string {
+	t.Helper()
+	var walk func(s *block.Spec)
+	walk = func(s *block.Spec) {
+		if s.Type == "file" {
+			s.Type = "cachedfile"
+		}
+		for i := range s.Children {
+			walk(&s.Children[i])
+		}
+	}
+	sp := Spec(t, spec)
+	walk(&sp)
+	b, err := json.Marshal(sp)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return string(b)
 }
 

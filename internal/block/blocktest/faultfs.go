@@ -11,7 +11,7 @@ import (
 
 // FaultFS models the storage of one machine for crash tests: in-memory
 // metadata files (Open, for block.Env.MetaFS) and the data files of
-// "cachedfile" layers (real files; see CachedFileSpec), all behind a
+// "cachedfile" layers (real files; see Cached), all behind a
 // volatile write cache, as disks and the page cache are. A write is held
 // in the cache — read back, but not durable — until its file is synced:
 // MetaFile.Sync, or for a data file Flush, a FUA write or zeroing, or a

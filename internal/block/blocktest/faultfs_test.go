@@ -20,7 +20,7 @@ func TestFaultFSCrashKeepsOnlyDurable(t *testing.T) {
 			fs := NewFaultFS()
 			fs.Keep = c.keep
 			env := block.Env{Dir: dir, Size: 64 << 10, Create: true, MetaFS: fs.Open}
-			l, err := block.Build(env, Spec(t, CachedFileSpec("d.img")))
+			l, err := block.Build(env, Spec(t, Cached(t, `{"type":"file","params":{"path":"d.img"}}`)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -39,7 +39,7 @@ func TestFaultFSCrashKeepsOnlyDurable(t *testing.T) {
 			must(l.WriteAt(b, 8192, false)) // cached, never flushed
 			must(l.Close())                 // closing makes nothing durable
 			env.Create = false
-			l, err = block.Build(env, Spec(t, CachedFileSpec("d.img")))
+			l, err = block.Build(env, Spec(t, Cached(t, `{"type":"file","params":{"path":"d.img"}}`)))
 			must(err)
 			view := make([]byte, 4096)
 			must(l.ReadAt(view, 0)) // another handle shares the cache
