@@ -40,9 +40,15 @@ const (
 	crashSize  = 8 * crashDsz
 )
 
-func newCrashRun(t *testing.T, fs *blocktest.FaultFS) *crashRun {
+// newCrashRun prepares a run on fs; with cached, the legs are cachedfile
+// layers whose unflushed writes the crash drops (but what fs.Keep keeps).
+func newCrashRun(t *testing.T, fs *blocktest.FaultFS, cached bool) *crashRun {
+	spec := specFor(crashLegs, crashChunk)
+	if cached {
+		spec = blocktest.Cached(t, spec)
+	}
 	return &crashRun{
-		t: t, spec: specFor(crashLegs, crashChunk), fs: fs, rng: rand.New(rand.NewPCG(42, 42)),
+		t: t, spec: spec, fs: fs, rng: rand.New(rand.NewPCG(42, 42)),
 		env:   block.Env{Dir: t.TempDir(), Size: crashSize, MetaFS: fs.Open},
 		model: make([]byte, crashSize), known: make([]byte, crashSize),
 	}
@@ -225,9 +231,27 @@ func (c *crashRun) check(what string) {
 	verify(l, "leg 2 lost")
 }
 
+// TestCrashAtEveryMetadataWrite crashes the workload at each of its
+// metadata writes (whole and torn), with legs that are plain files (whose
+// every write survives, as after a killed process) and legs behind a
+// volatile cache, of which the crash keeps no unflushed write or some.
 func TestCrashAtEveryMetadataWrite(t *testing.T) {
 	t.Parallel()
-	base := newCrashRun(t, blocktest.NewFaultFS())
+	for _, data := range []struct {
+		name   string
+		cached bool
+		keep   func(int) bool
+	}{{"files", false, nil}, {"cache lost", true, nil}, {"cache partly kept", true, blocktest.KeepSome(3)}} {
+		t.Run(data.name, func(t *testing.T) {
+			t.Parallel()
+			crashEveryMetadataWrite(t, data.cached, data.keep)
+		})
+	}
+}
+
+func crashEveryMetadataWrite(t *testing.T, cached bool, keep func(int) bool) {
+	base := newCrashRun(t, blocktest.NewFaultFS(), cached)
+	base.fs.Keep = keep
 	if err := base.workload(); err != nil {
 		t.Fatal(err)
 	}
@@ -252,8 +276,8 @@ func TestCrashAtEveryMetadataWrite(t *testing.T) {
 					for k := range ks {
 						t.Run(fmt.Sprint("at", k), func(t *testing.T) {
 							fs := blocktest.NewFaultFS()
-							fs.CrashAt, fs.Tear = k, tear.fn
-							c := newCrashRun(t, fs)
+							fs.CrashAt, fs.Tear, fs.Keep = k, tear.fn, keep
+							c := newCrashRun(t, fs, cached)
 							err := c.workload()
 							if err == nil || !fs.Crashed() {
 								t.Fatalf("crash at write %d of %d: workload %v, crashed %v", k, n, err, fs.Crashed())
