@@ -85,18 +85,7 @@ func effect(op crashOp, i int, model []byte) []byte {
 // write" — and for the operation the crash interrupted, each block old or
 // new.
 func TestCrashAtEveryMetaWrite(t *testing.T) {
-	// Count the workload's metadata writes.
-	fs := blocktest.NewFaultFS()
-	l := build(t, block.Env{Dir: t.TempDir(), Size: crashSize, Create: true, MetaFS: fs.Open})
-	start := fs.Writes()
-	for i, op := range crashOps {
-		must(t, run(l, op, i))
-	}
-	n := fs.Writes() - start
-	l.Close()
-	if n < 8 {
-		t.Fatalf("only %d metadata writes in the workload", n)
-	}
+	n := countMetaWrites(t, spec)
 	for _, c := range []struct {
 		tear func(int) bool
 		lose bool
@@ -109,13 +98,48 @@ func TestCrashAtEveryMetaWrite(t *testing.T) {
 	}
 }
 
-func crashRun(t *testing.T, k, n int, tear func(int) bool, lose bool) {
-	dir := t.TempDir()
-	img := filepath.Join(dir, "a.img")
+// TestCrashVolatileChild runs the same workload over a child behind a
+// volatile cache, crashing at each metadata write: whatever the crash
+// drops of what was never flushed (all of it, or an arbitrary half), the
+// layer must open, read everything without a checksum error, scrub clean,
+// and hold every byte a Flush or FUA made durable.
+func TestCrashVolatileChild(t *testing.T) {
+	cspec := blocktest.Cached(t, spec)
+	n := countMetaWrites(t, cspec)
+	for _, keep := range []struct {
+		name string
+		fn   func(int) bool
+	}{{"lost", nil}, {"partly kept", blocktest.KeepSome(7)}} {
+		for _, tear := range []func(int) bool{nil, fault.Half(bitmap.SlotSize)} {
+			for k := 0; k <= n; k++ {
+				t.Run(fmt.Sprintf("%s/tear=%v/crash=%d", keep.name, tear != nil, k), func(t *testing.T) {
+					volatileRun(t, cspec, k, n, tear, keep.fn)
+				})
+			}
+		}
+	}
+}
+
+// countMetaWrites counts the metadata writes of the workload on spec.
+func countMetaWrites(t *testing.T, spec string) int {
 	fs := blocktest.NewFaultFS()
-	l := build(t, block.Env{Dir: dir, Size: crashSize, Create: true, MetaFS: fs.Open})
-	// A flushed base the workload overwrites in part (around the
-	// operations, to keep the test fast).
+	l, err := block.Build(block.Env{Dir: t.TempDir(), Size: crashSize, Create: true, MetaFS: fs.Open}, blocktest.Spec(t, spec))
+	must(t, err)
+	start := fs.Writes()
+	for i, op := range crashOps {
+		must(t, run(l.(*Layer), op, i))
+	}
+	n := fs.Writes() - start
+	l.Close()
+	if n < 8 {
+		t.Fatalf("only %d metadata writes in the workload", n)
+	}
+	return n
+}
+
+// flushedBase writes a flushed base the workload overwrites in part
+// (around the operations, to keep the test fast) and returns it.
+func flushedBase(t *testing.T, l *Layer) []byte {
 	model := make([]byte, crashSize)
 	for _, r := range [][2]int64{{0, 64 << 10}, {GroupData - 64<<10, 64<<10 + 5000}} {
 		p := random(uint64(r[0]), r[1])
@@ -123,6 +147,16 @@ func crashRun(t *testing.T, k, n int, tear func(int) bool, lose bool) {
 		copy(model[r[0]:], p)
 	}
 	must(t, l.Flush())
+	return model
+}
+
+func crashRun(t *testing.T, k, n int, tear func(int) bool, lose bool) {
+	dir := t.TempDir()
+	img := filepath.Join(dir, "a.img")
+	fs := blocktest.NewFaultFS()
+	fs.Keep = blocktest.KeepAll // the data files keep every write: so do the tables
+	l := build(t, block.Env{Dir: dir, Size: crashSize, Create: true, MetaFS: fs.Open})
+	model := flushedBase(t, l)
 	durable := tables(t, img)
 	fs.CrashAt, fs.Tear = fs.Writes()+k, tear
 	after := model
@@ -183,6 +217,77 @@ func crashRun(t *testing.T, k, n int, tear func(int) bool, lose bool) {
 		t.Fatalf("scrub after restart: %+v %v", rep, err)
 	}
 	// And the restarted layer works.
+	must(t, l.WriteAt([]byte("after"), 3, true))
+	must(t, l.Flush())
+}
+
+// volatileRun is one crash of TestCrashVolatileChild: the workload on
+// cspec crashing at metadata write k, keeping what keep selects of the
+// cache.
+func volatileRun(t *testing.T, cspec string, k, n int, tear, keep func(int) bool) {
+	dir := t.TempDir()
+	fs := blocktest.NewFaultFS()
+	env := block.Env{Dir: dir, Size: crashSize, Create: true, MetaFS: fs.Open}
+	l0, err := block.Build(env, blocktest.Spec(t, cspec))
+	must(t, err)
+	l := l0.(*Layer)
+	model := flushedBase(t, l)
+	// known[i] is 1 when byte i of model is durable: flushed, or written
+	// with FUA, and not touched since by an operation that was not.
+	known := bytes.Repeat([]byte{1}, crashSize)
+	var pending [][2]int64
+	mark := func(off, n int64, v byte) {
+		for i := off; i < off+n && i < int64(len(known)); i++ {
+			known[i] = v
+		}
+	}
+	fs.CrashAt, fs.Tear, fs.Keep = fs.Writes()+k, tear, keep
+	crashed := false
+	for i, op := range crashOps {
+		if op.kind == "write" || op.kind == "zero" || op.kind == "trim" {
+			mark(op.off, op.n, 0)
+		}
+		if err := run(l, op, i); err != nil {
+			crashed = true // op may have been partly done: its range is unknown
+			break
+		}
+		model = effect(op, i, model)
+		switch {
+		case op.kind == "write" && op.fua:
+			mark(op.off, op.n, 1)
+		case op.kind == "write" || op.kind == "zero" || op.kind == "trim":
+			pending = append(pending, [2]int64{op.off, op.n})
+		case op.kind == "flush":
+			for _, r := range pending {
+				mark(r[0], r[1], 1)
+			}
+			pending = nil
+		case op.kind == "resize": // the new range is durably zero
+			known = append(known, bytes.Repeat([]byte{1}, len(model)-len(known))...)
+		}
+	}
+	if crashed != (k < n) || crashed != fs.Crashed() {
+		t.Fatalf("crash at write %d of %d: workload failed %v, fault fs crashed %v", k, n, crashed, fs.Crashed())
+	}
+	crash(l)
+
+	env.Create, env.MetaFS = false, fs.Restart().Open
+	l0, err = block.Build(env, blocktest.Spec(t, cspec))
+	if err != nil {
+		t.Fatalf("crash at metadata write %d: reopen: %v", k, err)
+	}
+	l = l0.(*Layer)
+	defer l.Close()
+	got := readAll(t, l) // no block may read as corrupt
+	for i := range min(len(got), len(model)) {
+		if known[i] == 1 && got[i] != model[i] {
+			t.Fatalf("crash at metadata write %d: durable byte %d (block %d) lost", k, i, i/BlockSize)
+		}
+	}
+	rep, err := l.Scrub(context.Background(), nil)
+	if err != nil || rep.Bad != 0 {
+		t.Fatalf("scrub after restart: %+v %v", rep, err)
+	}
 	must(t, l.WriteAt([]byte("after"), 3, true))
 	must(t, l.Flush())
 }
