@@ -55,8 +55,8 @@ func flushed(l block.Layer, ops []*crashOp) {
 
 // verifyAfterCrash checks every leg of l alone: identical to each other,
 // equal to base outside the ops, each op's range old or new, and new where
-// the op was durable (or acknowledged, when strictAcked: the data files
-// are real and survive the "crash" as written).
+// the op was durable (or acknowledged, when strictAcked: plain data files
+// survive the "crash" as written).
 func verifyAfterCrash(t *testing.T, l *Layer, base []byte, ops []*crashOp, strictAcked bool) {
 	t.Helper()
 	first := make([]byte, len(base))
@@ -83,6 +83,16 @@ func verifyAfterCrash(t *testing.T, l *Layer, base []byte, ops []*crashOp, stric
 	checkCopies(t, l, want)
 }
 
+// dataModes are the legs crash tests run on: plain files, whose every
+// write survives the crash (as after a killed process), and files behind
+// a volatile cache of which the crash keeps no unflushed write, or an
+// arbitrary half.
+var dataModes = []struct {
+	name   string
+	cached bool
+	keep   func(int) bool
+}{{"files", false, nil}, {"cache lost", true, nil}, {"cache partly kept", true, blocktest.KeepSome(11)}}
+
 // TestCrashDuringWriteBurst crashes the metadata at every write of a burst
 // of writes and flushes (whole and torn), optionally with a leg failing in
 // the middle of it, then restarts: the mirror must open, resynchronise,
@@ -90,18 +100,24 @@ func verifyAfterCrash(t *testing.T, l *Layer, base []byte, ops []*crashOp, stric
 func TestCrashDuringWriteBurst(t *testing.T) {
 	t.Parallel() // touches no package state
 	for _, legFails := range []bool{false, true} {
-		t.Run(fmt.Sprintf("leg fails %v", legFails), func(t *testing.T) {
-			crashBurst(t, legFails)
-		})
+		for _, data := range dataModes {
+			t.Run(fmt.Sprintf("leg fails %v/%s", legFails, data.name), func(t *testing.T) {
+				crashBurst(t, legFails, data.cached, data.keep)
+			})
+		}
 	}
 }
 
-func crashBurst(t *testing.T, legFails bool) {
+func crashBurst(t *testing.T, legFails, cached bool, keep func(int) bool) {
 	const size = 512 << 10
 	specFor := func(id string) string {
-		return fmt.Sprintf(`{"type":"mirror","params":{"region":65536,"meta":%q},"children":[
+		s := fmt.Sprintf(`{"type":"mirror","params":{"region":65536,"meta":%q},"children":[
 			{"type":"mirrortest-fail","params":{"id":%q},"children":[{"type":"file","params":{"path":"a.img"}}]},
 			{"type":"file","params":{"path":"b.img"}}]}`, faultMeta, id)
+		if cached {
+			s = blocktest.Cached(t, s)
+		}
+		return s
 	}
 	// The prepared state: created, filled, closed cleanly.
 	baseDir := t.TempDir()
@@ -155,7 +171,7 @@ func crashBurst(t *testing.T, legFails bool) {
 				id := fmt.Sprintf("%s/%d", t.Name(), k)
 				dir := copyDir(t, baseDir)
 				fs := fs0.Restart()
-				fs.CrashAt, fs.Tear = k, tear
+				fs.CrashAt, fs.Tear, fs.Keep = k, tear, keep
 				ops := run(t, id, fs, dir)
 				if fs.Crashed() {
 					crashes++
@@ -175,7 +191,7 @@ func crashBurst(t *testing.T, legFails bool) {
 				if d := m.Describe(); d.State != block.StateOK {
 					t.Fatalf("crash at write %d: state %+v", k, d)
 				}
-				verifyAfterCrash(t, m, base, ops, true)
+				verifyAfterCrash(t, m, base, ops, !cached)
 				mustClose(t, m)
 			}
 			if 2*crashes < n { // concurrent writes share Syncs: later k may not be reached
@@ -190,8 +206,20 @@ func crashBurst(t *testing.T, legFails bool) {
 // restarts and repairs again: the result must be complete on every leg.
 func TestCrashDuringRepair(t *testing.T) {
 	t.Parallel()
+	for _, data := range dataModes {
+		t.Run(data.name, func(t *testing.T) {
+			t.Parallel()
+			crashRepair(t, data.cached, data.keep)
+		})
+	}
+}
+
+func crashRepair(t *testing.T, cached bool, keep func(int) bool) {
 	const size = 512 << 10
 	spec := mirrorSpec(`{"region":65536,"meta":"`+faultMeta+`"}`, "a.img", "b.img")
+	if cached {
+		spec = blocktest.Cached(t, spec)
+	}
 	baseDir := t.TempDir()
 	fs0 := blocktest.NewFaultFS()
 	env := block.Env{Dir: baseDir, Size: size, Create: true, MetaFS: fs0.Open}
@@ -231,7 +259,7 @@ func TestCrashDuringRepair(t *testing.T) {
 		for k := 0; k <= n; k++ {
 			dir := copyDir(t, baseDir)
 			fs := fs1.Restart()
-			fs.CrashAt, fs.Tear = k, tear
+			fs.CrashAt, fs.Tear, fs.Keep = k, tear, keep
 			ops := run(fs, dir)
 			env := block.Env{Dir: dir, Size: size, MetaFS: fs.Restart().Open}
 			l, err := block.Build(env, blocktest.Spec(t, spec))
@@ -243,7 +271,7 @@ func TestCrashDuringRepair(t *testing.T) {
 			if err := m.Repair(context.Background(), nil); err != nil {
 				t.Fatalf("%s crash at %d: repair: %v", tname, k, err)
 			}
-			verifyAfterCrash(t, m, base, ops, true)
+			verifyAfterCrash(t, m, base, ops, !cached)
 			mustClose(t, m)
 		}
 	}
