@@ -2,6 +2,7 @@ package objects
 
 import (
 	"bytes"
+	"fmt"
 	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
@@ -449,31 +450,37 @@ func (e *env) testObjectPath(t *testing.T) {
 	os.RemoveAll(filepath.Join(e.root, "exp", "p"))
 }
 
-// A record written behind S3 that is not one the gateway writes (part ends
-// going backwards: a user with direct access can set the xattr or write
-// the sidecar) is reported as a modification — by GET, verify and the
-// path's status — not served and not an internal error; exporting again
-// replaces it.
+// forgeRecord gives bucket/key (a file, maybe a version file) a record
+// the gateway never writes: part ends going backwards, as a user with
+// direct access could set the xattr or write the sidecar.
+func forgeRecord(t *testing.T, e *env, bucket, key string) {
+	t.Helper()
+	const forged = `{"etag":"\"x-2\"","size":12,"parts":[10,4,12],"key":%q}`
+	switch m := e.be.meta.(type) {
+	case xattrMeta:
+		if err := unix.Setxattr(filepath.Join(e.root, bucket, key), xattrName, fmt.Appendf(nil, forged, ""), 0); err != nil {
+			t.Fatal(err)
+		}
+	case *sidecarMeta:
+		if err := os.WriteFile(m.path(bucket, key), fmt.Appendf(nil, forged, key), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatalf("metadata kind %T", m)
+	}
+}
+
+// A record written behind S3 that is not one the gateway writes is
+// reported as a modification — by GET, verify and the path's status — not
+// served and not an internal error; exporting again replaces it, and S3
+// overwrites and deletes such an object like any object changed behind S3.
 func (e *env) testForgedRecord(t *testing.T) {
 	p := filepath.Join(e.root, "exp", "forged.txt")
 	writeFile(t, p, "twelve bytes")
 	if _, err := e.be.Export(ctx, "exp", "forged.txt"); err != nil {
 		t.Fatal(err)
 	}
-	forged := []byte(`{"etag":"\"x-2\"","size":12,"parts":[10,4,12]}`)
-	switch m := e.be.meta.(type) {
-	case xattrMeta:
-		if err := unix.Setxattr(p, xattrName, forged, 0); err != nil {
-			t.Fatal(err)
-		}
-	case *sidecarMeta:
-		rec := []byte(`{"etag":"\"x-2\"","size":12,"parts":[10,4,12],"key":"forged.txt"}`)
-		if err := os.WriteFile(m.path("exp", "forged.txt"), rec, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	default:
-		t.Fatalf("metadata kind %T", m)
-	}
+	forgeRecord(t, e, "exp", "forged.txt")
 	_, err := e.alice.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("exp"), Key: aws.String("forged.txt"),
 		PartNumber: aws.Int32(2)})
 	wantCode(t, err, "ObjectModifiedOutsideS3")
@@ -489,7 +496,72 @@ func (e *env) testForgedRecord(t *testing.T) {
 		t.Fatalf("GET after export: %v", err)
 	}
 	out.Body.Close()
-	if _, err := e.alice.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String("exp"), Key: aws.String("forged.txt")}); err != nil {
+
+	// PUT, CopyObject and CompleteMultipartUpload replace it.
+	forgeRecord(t, e, "exp", "forged.txt")
+	put(t, e.alice, "exp", "forged.txt", "put over it")
+	if got := get(t, e.alice, "exp", "forged.txt"); got != "put over it" {
+		t.Fatalf("GET after PUT over a forged record: %q", got)
+	}
+	forgeRecord(t, e, "exp", "forged.txt")
+	put(t, e.alice, "exp", "src", "copied over it")
+	if _, err := e.alice.CopyObject(ctx, &s3.CopyObjectInput{Bucket: aws.String("exp"), Key: aws.String("forged.txt"),
+		CopySource: aws.String("exp/src")}); err != nil {
+		t.Fatalf("copy onto a forged record: %v", err)
+	}
+	if got := get(t, e.alice, "exp", "forged.txt"); got != "copied over it" {
+		t.Fatalf("GET after copy over a forged record: %q", got)
+	}
+	forgeRecord(t, e, "exp", "forged.txt")
+	completeUpload(t, e.alice, "exp", "forged.txt", "uploaded over it")
+	if got := get(t, e.alice, "exp", "forged.txt"); got != "uploaded over it" {
+		t.Fatalf("GET after multipart upload over a forged record: %q", got)
+	}
+	// DeleteObjects (and DeleteObject) remove it.
+	forgeRecord(t, e, "exp", "forged.txt")
+	deleteAll(t, e.alice, "exp", "forged.txt", "src")
+	if _, err := os.Stat(p); !os.IsNotExist(err) {
+		t.Fatalf("forged object after delete: %v", err)
+	}
+}
+
+// completeUpload writes bucket/key as a one-part multipart upload.
+func completeUpload(t *testing.T, c *s3.Client, bucket, key, body string) *s3.CompleteMultipartUploadOutput {
+	t.Helper()
+	up, err := c.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: &bucket, Key: &key})
+	if err != nil {
 		t.Fatal(err)
 	}
+	part, err := c.UploadPart(ctx, &s3.UploadPartInput{Bucket: &bucket, Key: &key, UploadId: up.UploadId,
+		PartNumber: aws.Int32(1), Body: strings.NewReader(body)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{Bucket: &bucket, Key: &key,
+		UploadId: up.UploadId, MultipartUpload: &types.CompletedMultipartUpload{
+			Parts: []types.CompletedPart{{ETag: part.ETag, PartNumber: aws.Int32(1)}}}})
+	if err != nil {
+		t.Fatalf("complete upload of %s/%s: %v", bucket, key, err)
+	}
+	return out
+}
+
+// deleteAll deletes keys with one DeleteObjects and requires each to succeed.
+func deleteAll(t *testing.T, c *s3.Client, bucket string, keys ...string) *s3.DeleteObjectsOutput {
+	t.Helper()
+	var ids []types.ObjectIdentifier
+	for _, k := range keys {
+		ids = append(ids, types.ObjectIdentifier{Key: aws.String(k)})
+	}
+	out, err := c.DeleteObjects(ctx, &s3.DeleteObjectsInput{Bucket: &bucket, Delete: &types.Delete{Objects: ids}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range out.Errors {
+		t.Errorf("DeleteObjects %s/%s: %s %s", bucket, aws.ToString(e.Key), aws.ToString(e.Code), aws.ToString(e.Message))
+	}
+	if len(out.Deleted) != len(keys) {
+		t.Fatalf("DeleteObjects deleted %d of %d keys", len(out.Deleted), len(keys))
+	}
+	return out
 }

@@ -166,14 +166,15 @@ func (b *Backend) publish(r *os.Root, bucket, key string, tmp *os.File, m *objec
 }
 
 // refuseUnexported fails when bucket/key is a regular file without basalt
-// metadata: S3 writes never replace what users put there directly. It
+// metadata: S3 writes never replace what users put there directly. An
+// object changed behind S3 (its record invalid included) is replaced. It
 // returns the object there, open (nil if there is none), for release.
 func (b *Backend) refuseUnexported(r *os.Root, bucket, key string) (*os.File, error) {
 	fi, err := r.Lstat(key)
 	if err != nil || !fi.Mode().IsRegular() {
 		return nil, nil // nothing there, or something the rename refuses anyway
 	}
-	o, err := b.openRecorded(r, bucket, key)
+	o, err := b.openAny(r, bucket, key)
 	if err == nil {
 		return o.f, nil
 	}

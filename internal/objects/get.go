@@ -74,9 +74,12 @@ func (b *Backend) inspect(r *os.Root, bucket, key string) (*object, string, erro
 	// look again while no commit of this key is in progress.
 	o.f.Close()
 	err = b.meta.stable(bucket, key, func() error {
-		o, err = b.openRecorded(r, bucket, key)
+		o, err = b.openAny(r, bucket, key)
 		if err == nil {
-			why = o.m.differs(o.st)
+			why = o.bad
+			if why == "" {
+				why = o.m.differs(o.st)
+			}
 		}
 		return err
 	})
@@ -86,19 +89,10 @@ func (b *Backend) inspect(r *os.Root, bucket, key string) (*object, string, erro
 	return o, why, nil
 }
 
-// openRecorded opens bucket/key and reads its record, without comparing
-// the two; an invalid record is an error.
-func (b *Backend) openRecorded(r *os.Root, bucket, key string) (*object, error) {
-	o, err := b.openAny(r, bucket, key)
-	if err == nil && o.bad != "" {
-		o.f.Close()
-		return nil, fmt.Errorf("%s/%s: %s", bucket, key, o.bad)
-	}
-	return o, err
-}
-
-// openAny is openRecorded that returns an object whose record is invalid
-// too, saying so in its bad field.
+// openAny opens bucket/key and reads its record, without comparing the
+// two. A file whose record is invalid is returned too, with the reason in
+// its bad field: writes and deletes replace or remove it like any object
+// changed behind S3.
 func (b *Backend) openAny(r *os.Root, bucket, key string) (*object, error) {
 	// O_NONBLOCK: a FIFO dropped into the bucket must not block the open.
 	f, err := r.OpenFile(key, os.O_RDONLY|syscall.O_NONBLOCK, 0)
@@ -130,6 +124,15 @@ func (b *Backend) openAny(r *os.Root, bucket, key string) (*object, error) {
 		return nil, err
 	}
 	return &object{f: f, m: m, st: fi.Sys().(*syscall.Stat_t)}, nil
+}
+
+// versionID is o's version id ("" for the null version). A file whose
+// record is invalid has lost its own and goes by lostVersionID.
+func (o *object) versionID() string {
+	if o.bad != "" {
+		return lostVersionID(o.st)
+	}
+	return o.m.VersionID
 }
 
 // isEscape: os.Root refused a path (a symbolic link leaving the bucket).

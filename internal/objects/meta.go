@@ -43,6 +43,11 @@ type objectMeta struct {
 	// Key is set in sidecar records only (they are found by a hash of
 	// the key; the key guards against a mix-up).
 	Key string `json:"key,omitempty"`
+	// Modified, when set, says why the file counts as changed behind S3
+	// whatever its stat: the gateway kept (or restored) as a version a
+	// file whose record was invalid, and wrote this record in its place
+	// to carry the version id (see markModified).
+	Modified string `json:"modified,omitempty"`
 }
 
 // checksum is an object's (or a part's) stored S3 checksum.
@@ -108,6 +113,8 @@ func (m *objectMeta) setStat(st *syscall.Stat_t) {
 // does not.
 func (m *objectMeta) differs(st *syscall.Stat_t) string {
 	switch {
+	case m.Modified != "":
+		return m.Modified
 	case st.Ino != m.Inode:
 		return fmt.Sprintf("the file was replaced (inode %d, recorded %d)", st.Ino, m.Inode)
 	case st.Size != m.Size:

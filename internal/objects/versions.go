@@ -58,6 +58,36 @@ func newVersionID() string {
 	return fmt.Sprintf("%016x%s", time.Now().UnixNano(), hex.EncodeToString(r[:]))
 }
 
+// lostVersionID is the version id of a file whose record is invalid (its
+// own id is lost): 16 hex digits of its mtime (ns) and 8 of its inode. It
+// sorts by when the file was last written and stays the same while the
+// file does, so listing it, GET and DELETE ?versionId= and keeping it as
+// a version all agree on it.
+func lostVersionID(st *syscall.Stat_t) string {
+	return fmt.Sprintf("%016x%08x", uint64(st.Mtim.Nano()), uint32(st.Ino))
+}
+
+// markModified returns the record that takes the place of o's invalid one
+// when o is kept or restored as version vid: it carries the version id
+// and marks the file modified (objectMeta.Modified), so it is never
+// served. With xattrs it is set on o's file at once (the record travels
+// with the inode through the link or rename that follows); a sidecar
+// record is published by the caller's commit.
+func (b *Backend) markModified(o *object, bucket, p, vid string) (*objectMeta, error) {
+	m := &objectMeta{VersionID: vid, Modified: o.bad + " (the gateway replaced it when it kept the file as a version)"}
+	m.setStat(o.st)
+	if _, ok := b.meta.(xattrMeta); !ok {
+		return m, nil
+	}
+	if err := b.meta.attach(o.f, m); err != nil {
+		return nil, fmt.Errorf("mark %s/%s modified: %w", bucket, p, err)
+	}
+	if err := o.f.Sync(); err != nil {
+		return nil, fmt.Errorf("mark %s/%s modified: %w", bucket, p, err)
+	}
+	return m, nil
+}
+
 // validVersionID: "null" or an id of newVersionID's form.
 func validVersionID(v string) bool {
 	if v == nullVersion {
@@ -166,27 +196,37 @@ func (b *Backend) publishWrite(r *os.Root, bucket, key string, tmp *os.File, m *
 
 // keepCurrent hard-links the current object bucket/key (if there is one)
 // to its version file and returns that path; nothing if the current
-// object is the null version and replaceNull is set.
+// object is the null version and replaceNull is set. An object changed
+// behind S3 is kept as it is, its version still reported modified; one
+// whose record is invalid is kept as version lostVersionID with a record
+// that marks it modified.
 func (b *Backend) keepCurrent(r *os.Root, bucket, key string, replaceNull bool) (string, error) {
-	o, err := b.openRecorded(r, bucket, key)
+	o, err := b.openAny(r, bucket, key)
 	if isNoSuchKey(err) {
 		return "", nil
 	}
 	if err != nil {
 		return "", err
 	}
-	o.f.Close()
-	if replaceNull && o.m.VersionID == "" {
+	defer o.f.Close()
+	vid := o.versionID()
+	if replaceNull && vid == "" {
 		return "", nil
 	}
-	vpath := versionFile(key, o.m.VersionID)
+	vpath := versionFile(key, vid)
+	rec := o.m
+	if o.bad != "" {
+		if rec, err = b.markModified(o, bucket, key, vid); err != nil {
+			return "", err
+		}
+	}
 	dir := path.Dir(vpath)
 	if err := mkdirs(r, bucket, vpath, dir); err != nil {
 		return "", fmt.Errorf("keep version of %s/%s: %w", bucket, key, err)
 	}
-	rec := *o.m
-	rec.Key = ""
-	err = b.meta.commit(bucket, vpath, &rec, func() error {
+	kept := *rec
+	kept.Key = ""
+	err = b.meta.commit(bucket, vpath, &kept, func() error {
 		err := r.Link(key, vpath)
 		if errors.Is(err, fs.ErrExist) {
 			// A stale file of the same version (an earlier null version).
@@ -311,9 +351,9 @@ func (b *Backend) deleteVersioned(r *os.Root, bucket, key, vid, status string, p
 		want = ""
 	}
 	marker := false
-	if o, err := b.openRecorded(r, bucket, key); err == nil {
+	if o, err := b.openAny(r, bucket, key); err == nil {
 		o.f.Close()
-		if o.m.VersionID == want {
+		if o.versionID() == want {
 			if err := b.deleteObject(r, bucket, key, pre); err != nil {
 				return "", false, err
 			}
@@ -347,19 +387,25 @@ func (b *Backend) promote(r *os.Root, bucket, key string) error {
 		return err
 	}
 	vpath := versionFile(key, vs[0].id)
-	o, err := b.openRecorded(r, bucket, vpath)
+	o, err := b.openAny(r, bucket, vpath)
 	if err != nil {
 		if isNoSuchKey(err) {
 			return nil // not a version basalt wrote: left alone
 		}
 		return err
 	}
-	o.f.Close()
+	defer o.f.Close()
+	m := o.m
+	if o.bad != "" {
+		if m, err = b.markModified(o, bucket, vpath, vs[0].id); err != nil {
+			return err
+		}
+	}
 	dir, _ := splitKey(key)
 	if err := mkdirs(r, bucket, key, dir); err != nil {
 		return err
 	}
-	rec := *o.m
+	rec := *m
 	rec.Key = ""
 	err = b.meta.commit(bucket, key, &rec, func() error {
 		if err := r.Rename(vpath, key); err != nil {
@@ -469,7 +515,7 @@ func (b *Backend) openVersion(r *os.Root, bucket, key, vid string) (*object, err
 	}
 	o, why, err := b.inspect(r, bucket, key)
 	if err == nil {
-		if o.m.VersionID == want {
+		if o.versionID() == want {
 			if why != "" {
 				o.f.Close()
 				return nil, errModified(bucket, key, why)
@@ -617,9 +663,9 @@ func (b *Backend) keyVersions(r *os.Root, bucket, key string) ([]listedVersion, 
 		}
 		return v
 	}
-	if o, err := b.openRecorded(r, bucket, key); err == nil {
+	if o, err := b.openAny(r, bucket, key); err == nil {
 		o.f.Close()
-		if v := describe(key, o.m.VersionID); v != nil {
+		if v := describe(key, o.versionID()); v != nil {
 			out = append(out, listedVersion{ver: v})
 		}
 	}

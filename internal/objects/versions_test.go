@@ -23,6 +23,7 @@ func TestVersioning(t *testing.T) {
 		t.Run("CopyMultipart", e.testVersionsCopyMultipart)
 		t.Run("ListPages", e.testVersionsList)
 		t.Run("Changed", e.testVersionsChanged)
+		t.Run("Forged", e.testVersionsForged)
 		t.Run("Concurrent", e.testVersionsConcurrent)
 		noTempLeft(t, e)
 	})
@@ -454,6 +455,152 @@ func (e *env) testVersionsChanged(t *testing.T) {
 	delVersion(t, c, bk, "k", v1)
 	if _, err := os.Stat(vfile); !os.IsNotExist(err) {
 		t.Fatalf("version file still there: %v", err)
+	}
+}
+
+// lostID is the version id a file whose record is invalid goes by.
+func (e *env) lostID(t *testing.T, bucket, p string) string {
+	t.Helper()
+	fi, err := os.Stat(filepath.Join(e.root, bucket, p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lostVersionID(statOf(fi))
+}
+
+// sameSet: got and want hold the same strings, in any order. (A lost
+// version id's time is the file's mtime, which the kernel takes from a
+// coarse clock: it may sort before a version id drawn a moment earlier.)
+func sameSet(got, want []string) bool {
+	got, want = slices.Clone(got), slices.Clone(want)
+	slices.Sort(got)
+	slices.Sort(want)
+	return slices.Equal(got, want)
+}
+
+// modifiedVersions lists the versions of bucket flagged as modified
+// outside S3 (no ETag, storage class MODIFIED_OUTSIDE_S3), as "key@id".
+func modifiedVersions(t *testing.T, c *s3.Client, bucket string) []string {
+	t.Helper()
+	out, err := c.ListObjectVersions(ctx, &s3.ListObjectVersionsInput{Bucket: &bucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mod []string
+	for _, v := range out.Versions {
+		if string(v.StorageClass) == string(storageClassModified) && v.ETag == nil {
+			mod = append(mod, *v.Key+"@"+*v.VersionId)
+		}
+	}
+	return mod
+}
+
+// An object whose record is invalid (forged behind S3) has lost its
+// version id: it is listed as the latest version under lostVersionID,
+// flagged modified; PUT, CopyObject, CompleteMultipartUpload and DELETE
+// keep it as that version (its record marking it modified), and it can
+// be deleted by that id. A version file with an invalid record is
+// restored as the current object, still modified.
+func (e *env) testVersionsForged(t *testing.T) {
+	c, bk := e.alice, "ver-forged"
+	mkBucket(t, c, bk)
+	setVersioning(t, c, bk, types.BucketVersioningStatusEnabled)
+	v0 := aws.ToString(put(t, c, bk, "k", "zero").VersionId)
+	put(t, c, bk, "k", "one")
+	forgeRecord(t, e, bk, "k")
+	lost := e.lostID(t, bk, "k")
+	if got := versions(t, c, bk, "", 1000); !sameSet(got, []string{"k@" + lost + "*", "k@" + v0}) {
+		t.Fatalf("versions with a forged current record: %v", got)
+	}
+	if got := modifiedVersions(t, c, bk); !slices.Equal(got, []string{"k@" + lost}) {
+		t.Fatalf("modified versions %v", got)
+	}
+	_, err := getVersion(t, c, bk, "k", lost)
+	wantCode(t, err, "ObjectModifiedOutsideS3")
+
+	// PUT keeps it as version lost, still modified.
+	v2 := aws.ToString(put(t, c, bk, "k", "two").VersionId)
+	if got := versions(t, c, bk, "", 1000); !sameSet(got, []string{"k@" + v2 + "*", "k@" + lost, "k@" + v0}) {
+		t.Fatalf("versions after PUT over a forged record: %v", got)
+	}
+	_, err = getVersion(t, c, bk, "k", lost)
+	wantCode(t, err, "ObjectModifiedOutsideS3")
+	if b, err := os.ReadFile(filepath.Join(e.root, bk, versionFile("k", lost))); err != nil || string(b) != "one" {
+		t.Fatalf("kept version file: %q %v", b, err)
+	}
+	if got := get(t, c, bk, "k"); got != "two" {
+		t.Fatalf("current %q", got)
+	}
+
+	// CopyObject and CompleteMultipartUpload keep it too.
+	put(t, c, bk, "src", "copied")
+	forgeRecord(t, e, bk, "k")
+	lostCopy := e.lostID(t, bk, "k")
+	if _, err := c.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &bk, Key: aws.String("k"), CopySource: aws.String(bk + "/src")}); err != nil {
+		t.Fatalf("copy onto a forged record: %v", err)
+	}
+	forgeRecord(t, e, bk, "k")
+	lostUpload := e.lostID(t, bk, "k")
+	completeUpload(t, c, bk, "k", "uploaded")
+	for vid, want := range map[string]string{lostCopy: "two", lostUpload: "copied"} {
+		if b, err := os.ReadFile(filepath.Join(e.root, bk, versionFile("k", vid))); err != nil || string(b) != want {
+			t.Fatalf("version %s: %q %v", vid, b, err)
+		}
+		_, err = getVersion(t, c, bk, "k", vid)
+		wantCode(t, err, "ObjectModifiedOutsideS3")
+	}
+
+	// DELETE keeps it and adds a delete marker; DeleteObjects alike.
+	forgeRecord(t, e, bk, "k")
+	lostDel := e.lostID(t, bk, "k")
+	if d := delVersion(t, c, bk, "k", ""); !aws.ToBool(d.DeleteMarker) {
+		t.Fatalf("delete: %+v", d)
+	}
+	put(t, c, bk, "multi", "m")
+	forgeRecord(t, e, bk, "multi")
+	lostMulti := e.lostID(t, bk, "multi")
+	deleteAll(t, c, bk, "multi")
+	for _, kv := range [][2]string{{"k", lostDel}, {"multi", lostMulti}} {
+		_, err = getVersion(t, c, bk, kv[0], kv[1])
+		wantCode(t, err, "ObjectModifiedOutsideS3")
+	}
+	if got := modifiedVersions(t, c, bk); !sameSet(got, []string{"k@" + lostDel, "k@" + lostUpload, "k@" + lostCopy,
+		"k@" + lost, "multi@" + lostMulti}) {
+		t.Fatalf("modified versions %v", got)
+	}
+	// ... and it is deleted by its id.
+	for _, vid := range []string{lostDel, lostUpload, lostCopy, lost} {
+		delVersion(t, c, bk, "k", vid)
+		if _, err := os.Stat(filepath.Join(e.root, bk, versionFile("k", vid))); !os.IsNotExist(err) {
+			t.Fatalf("version %s after delete: %v", vid, err)
+		}
+	}
+
+	// A forged current object is deleted by its id, and the version
+	// below it (forged too) is restored: current, and still modified.
+	p1 := aws.ToString(put(t, c, bk, "p", "first").VersionId)
+	put(t, c, bk, "p", "second")
+	forgeRecord(t, e, bk, versionFile("p", p1))
+	forgeRecord(t, e, bk, "p")
+	delVersion(t, c, bk, "p", e.lostID(t, bk, "p"))
+	if b, err := os.ReadFile(filepath.Join(e.root, bk, "p")); err != nil || string(b) != "first" {
+		t.Fatalf("restored version: %q %v", b, err)
+	}
+	_, err = c.GetObject(ctx, &s3.GetObjectInput{Bucket: &bk, Key: aws.String("p")})
+	wantCode(t, err, "ObjectModifiedOutsideS3")
+	if got := versions(t, c, bk, "p", 1000); !slices.Equal(got, []string{"p@" + p1 + "*"}) {
+		t.Fatalf("versions after restoring a forged version: %v", got)
+	}
+	delVersion(t, c, bk, "p", p1)
+
+	// Suspended: a forged current object is no null version to replace.
+	put(t, c, bk, "susp", "kept")
+	forgeRecord(t, e, bk, "susp")
+	lostS := e.lostID(t, bk, "susp")
+	setVersioning(t, c, bk, types.BucketVersioningStatusSuspended)
+	put(t, c, bk, "susp", "null")
+	if got := versions(t, c, bk, "susp", 1000); !sameSet(got, []string{"susp@null*", "susp@" + lostS}) {
+		t.Fatalf("versions after a suspended PUT over a forged record: %v", got)
 	}
 }
 
