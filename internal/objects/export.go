@@ -391,9 +391,11 @@ func (b *Backend) Export(ctx context.Context, bucket, key string) (ObjectInfo, e
 }
 
 // Unexport removes bucket/key's record: the file stays, and S3 no longer
-// sees it. The answer describes the record removed. A file without a
-// record is CodeNotExported. In sidecar mode the record of a file that
-// is gone is removed too (see ProblemMissing).
+// sees it. The answer describes the record removed; for a record that is
+// invalid (see decodeRecord) it has no ETag, and the file's size and mtime.
+// A file without a record is CodeNotExported. In sidecar mode the record
+// of a file that is gone, or that is no longer a regular file, is removed
+// too (what Verify reports as ProblemMissing).
 func (b *Backend) Unexport(ctx context.Context, bucket, key string) (ObjectInfo, error) {
 	r, err := b.controlBucket(ctx, bucket)
 	if err != nil {
@@ -407,21 +409,10 @@ func (b *Backend) Unexport(ctx context.Context, bucket, key string) (ObjectInfo,
 	notExported := errs.New(errs.KindNotFound, CodeNotExported, "%s/%s is not an object (it has no record): nothing to unexport", bucket, key)
 	if _, err := regularFile(r, bucket, key); err != nil {
 		sc, ok := b.meta.(*sidecarMeta)
-		if !ok || !errs.IsCode(err, CodeNoSuchFile) {
+		if !ok || !errs.IsCode(err, CodeNoSuchFile) && !errs.IsCode(err, CodeNotARegularFile) {
 			return ObjectInfo{}, err
 		}
-		m, rerr := sc.read(nil, bucket, key)
-		if errors.Is(rerr, errNoMeta) {
-			return ObjectInfo{}, err
-		}
-		if rerr != nil {
-			return ObjectInfo{}, rerr
-		}
-		if err := sc.remove(bucket, key, func() error { return nil }); err != nil {
-			return ObjectInfo{}, err
-		}
-		b.log.Info("record of a missing file removed", "bucket", bucket, "key", key, "etag", m.ETag)
-		return info(bucket, key, p, m), nil
+		return b.unexportMissing(r, sc, bucket, key, err)
 	}
 	f, err := r.OpenFile(key, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
 	if err != nil {
@@ -432,7 +423,16 @@ func (b *Backend) Unexport(ctx context.Context, bucket, key string) (ObjectInfo,
 	if errors.Is(err, errNoMeta) {
 		return ObjectInfo{}, notExported
 	}
-	if err != nil {
+	if bad := (badRecord{}); errors.As(err, &bad) {
+		// Nothing in the record is true: describe the file.
+		fi, serr := f.Stat()
+		if serr != nil {
+			return ObjectInfo{}, fileError(bucket, key, "stat", serr)
+		}
+		b.log.Warn("unexport removes an invalid record", "bucket", bucket, "key", key, "err", err)
+		m = &objectMeta{}
+		m.setStat(statOf(fi))
+	} else if err != nil {
 		return ObjectInfo{}, err
 	}
 	if _, ok := b.meta.(xattrMeta); ok {
@@ -454,6 +454,40 @@ func (b *Backend) Unexport(ctx context.Context, bucket, key string) (ObjectInfo,
 	}
 	b.log.Info("object unexported", "bucket", bucket, "key", key, "etag", m.ETag)
 	return info(bucket, key, p, m), nil
+}
+
+// unexportMissing removes, in sidecar mode, the record of bucket/key whose
+// file is gone or no longer a regular file (fileErr says which, and is
+// the answer if there is no record). The answer describes the record,
+// with no ETag if it is invalid.
+func (b *Backend) unexportMissing(r *os.Root, sc *sidecarMeta, bucket, key string, fileErr error) (ObjectInfo, error) {
+	if fi, err := r.Lstat(key); err == nil && fi.Mode().IsRegular() {
+		return ObjectInfo{}, fileErr // reached through a link: not missing (as Verify sees it)
+	}
+	m, err := sc.read(nil, bucket, key)
+	if errors.Is(err, errNoMeta) {
+		return ObjectInfo{}, fileErr
+	}
+	if bad := (badRecord{}); errors.As(err, &bad) {
+		b.log.Warn("unexport removes an invalid record", "bucket", bucket, "key", key, "err", err)
+		m = &objectMeta{}
+	} else if err != nil {
+		return ObjectInfo{}, err
+	}
+	// Under the record's lock: a PUT may have published an object at
+	// the key meanwhile, and that record is not the one to remove.
+	err = sc.remove(bucket, key, func() error {
+		if fi, err := r.Lstat(key); err == nil && fi.Mode().IsRegular() {
+			return errs.Conflict(CodeFileChanged, "%s/%s became a regular file while its record was being removed; "+
+				"unexport it again", bucket, key)
+		}
+		return nil
+	})
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	b.log.Info("record of a missing file removed", "bucket", bucket, "key", key, "etag", m.ETag)
+	return info(bucket, key, b.objectPath(bucket, key), m), nil
 }
 
 // Verify walks bucket and reports every object whose file no longer

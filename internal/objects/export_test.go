@@ -418,6 +418,46 @@ func (e *env) testExportMissing(t *testing.T) {
 	verify(t, e, "exp", VerifyOptions{All: true})
 	_, err = e.be.Unexport(ctx, "exp", "gone/file")
 	wantErrCode(t, err, CodeNoSuchFile)
+
+	// A forged record of a file that is gone is removed too.
+	put(t, e.alice, "exp", "gone/forged", "data")
+	forgeRecord(t, e, "exp", "gone/forged")
+	if err := os.RemoveAll(filepath.Join(e.root, "exp", "gone")); err != nil {
+		t.Fatal(err)
+	}
+	verify(t, e, "exp", VerifyOptions{All: true}, "gone/forged:missing")
+	if oi, err := e.be.Unexport(ctx, "exp", "gone/forged"); err != nil || oi.ETag != "" {
+		t.Fatalf("unexport of a forged record of a missing file: %+v %v", oi, err)
+	}
+	verify(t, e, "exp", VerifyOptions{All: true})
+
+	// So is the record of a file replaced by a symbolic link (verify
+	// reports it missing); the link's target keeps its own.
+	put(t, e.alice, "exp", "sym/target", "target")
+	put(t, e.alice, "exp", "sym/k", "k")
+	link := filepath.Join(e.root, "exp", "sym", "k")
+	if err := os.Remove(link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("target", link); err != nil {
+		t.Fatal(err)
+	}
+	verify(t, e, "exp", VerifyOptions{All: true}, "sym/k:missing")
+	if oi, err := e.be.Unexport(ctx, "exp", "sym/k"); err != nil || oi.ETag != md5hex("k") {
+		t.Fatalf("unexport of a record whose file is a symbolic link now: %+v %v", oi, err)
+	}
+	verify(t, e, "exp", VerifyOptions{All: true})
+	_, err = e.be.Unexport(ctx, "exp", "sym/k")
+	wantErrCode(t, err, CodeNotARegularFile)
+	if got := get(t, e.alice, "exp", "sym/target"); got != "target" {
+		t.Fatalf("link target: %q", got)
+	}
+	if err := os.Remove(link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.alice.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String("exp"), Key: aws.String("sym/target")}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (e *env) testObjectPath(t *testing.T) {
@@ -488,6 +528,19 @@ func (e *env) testForgedRecord(t *testing.T) {
 		t.Fatalf("GET of a forged record: %v", err)
 	}
 	verify(t, e, "exp", VerifyOptions{}, "forged.txt:modified")
+	// Unexport removes it; its answer describes the file (the record
+	// says nothing true).
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oi, err := e.be.Unexport(ctx, "exp", "forged.txt")
+	if err != nil || oi.ETag != "" || oi.Size != 12 || !oi.Mtime.Equal(fi.ModTime()) {
+		t.Fatalf("unexport of a forged record: %+v %v (file mtime %v)", oi, err, fi.ModTime())
+	}
+	_, err = e.alice.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("exp"), Key: aws.String("forged.txt")})
+	wantCode(t, err, "NoSuchKey")
+	verify(t, e, "exp", VerifyOptions{All: true}, "forged.txt:unexported")
 	if _, err := e.be.Export(ctx, "exp", "forged.txt"); err != nil {
 		t.Fatal(err)
 	}
