@@ -80,6 +80,9 @@ type ObjectResult struct {
 // VerifyProblem is one finding of GET /v1/objects/verify.
 type VerifyProblem struct {
 	Key string `json:"key"`
+	// VersionID is set when the problem is a non-current version of key
+	// ("null" for the null version).
+	VersionID string `json:"version_id,omitempty"`
 	// Problem is modified, content, missing, unreadable or unexported
 	// (docs/objects.md).
 	Problem string `json:"problem"`
@@ -273,7 +276,8 @@ func (s *Server) verifyObjects(w http.ResponseWriter, r *http.Request, c volume.
 	out := VerifyResult{Bucket: rep.Bucket, Objects: rep.Objects, Unexported: rep.Unexported, Damaged: rep.Damaged(),
 		Problems: make([]VerifyProblem, 0, len(rep.Problems))}
 	for _, p := range rep.Problems {
-		out.Problems = append(out.Problems, VerifyProblem{Key: p.Key, Problem: p.Problem, Detail: p.Detail})
+		out.Problems = append(out.Problems, VerifyProblem{Key: p.Key, VersionID: p.VersionID, Problem: p.Problem,
+			Detail: p.Detail})
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -200,7 +200,7 @@ func TestObjectHandlers(t *testing.T) {
 	}
 	os.WriteFile(file, []byte("hello!"), 0o644)
 	if st, _ := call(t, s, s.verifyObjects, root, "GET", "/v1/objects/verify?bucket=alice-b", "", &vr); st != 200 ||
-		vr.Damaged != 1 || len(vr.Problems) != 1 || vr.Problems[0] != (VerifyProblem{"d/f.txt", objects.ProblemModified, vr.Problems[0].Detail}) {
+		vr.Damaged != 1 || len(vr.Problems) != 1 || vr.Problems[0] != (VerifyProblem{Key: "d/f.txt", Problem: objects.ProblemModified, Detail: vr.Problems[0].Detail}) {
 		t.Fatalf("verify after a change: %d %+v", st, vr)
 	}
 	for q, want := range map[string]string{

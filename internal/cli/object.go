@@ -151,7 +151,8 @@ func objectCmd(g *globals) *cobra.Command {
 		Short: "report the objects whose files were changed behind S3",
 		Long: "Walks BUCKET and reports every object whose file no longer matches its record: modified (size, mtime " +
 			"or inode), with --content also content (the bytes no longer hash to the ETag), missing (a sidecar " +
-			"record without its file) and unreadable. --all also lists the files that are not objects (unexported; " +
+			"record without its file) and unreadable; old versions are checked too and shown as KEY (version ID). " +
+			"--all also lists the files that are not objects (unexported; " +
 			"not counted as damage). Prints a table, or with -o json a list of {key, problem, detail}; exits 1 " +
 			"(code ObjectsDamaged) if any object is damaged.",
 		Args: cobra.ExactArgs(1),
@@ -170,7 +171,11 @@ func objectCmd(g *globals) *cobra.Command {
 					fmt.Fprintln(w, "KEY\tPROBLEM\tDETAIL")
 				}
 				for _, p := range r.Problems {
-					fmt.Fprintf(w, "%s\t%s\t%s\n", p.Key, p.Problem, p.Detail)
+					key := p.Key
+					if p.VersionID != "" {
+						key += " (version " + p.VersionID + ")"
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\n", key, p.Problem, p.Detail)
 				}
 				fmt.Fprintf(w, "bucket %s: %d objects checked%s, %d damaged, %d files not exported\n", r.Bucket, r.Objects,
 					map[bool]string{true: " (content re-hashed)", false: ""}[content], r.Damaged, r.Unexported)

@@ -102,9 +102,12 @@ type VerifyOptions struct {
 
 // VerifyProblem is one entry of a VerifyReport.
 type VerifyProblem struct {
-	Key     string
-	Problem string // a Problem* kind
-	Detail  string // for people
+	Key string
+	// VersionID is set for a non-current version of Key (its file under
+	// .basalt-versions), "null" for the null version.
+	VersionID string
+	Problem   string // a Problem* kind
+	Detail    string // for people
 }
 
 // VerifyReport is Verify's result.
@@ -495,8 +498,10 @@ func (b *Backend) unexportMissing(r *os.Root, sc *sidecarMeta, bucket, key strin
 // opts.Content also ProblemContent: the bytes' MD5), records without
 // their file (ProblemMissing, sidecar mode), what could not be read
 // (ProblemUnreadable) and, with opts.All, the files that are not objects
-// (ProblemUnexported). Symbolic links, devices and the like are skipped,
-// as listings skip them, and so are basalt's reserved ".basalt*" names.
+// (ProblemUnexported). The non-current versions under .basalt-versions
+// are checked alike and reported with their VersionID. Symbolic links,
+// devices and the like are skipped, as listings skip them, and so are
+// basalt's other reserved ".basalt*" names.
 func (b *Backend) Verify(ctx context.Context, bucket string, opts VerifyOptions) (VerifyReport, error) {
 	r, err := b.controlBucket(ctx, bucket)
 	if err != nil {
@@ -504,14 +509,15 @@ func (b *Backend) Verify(ctx context.Context, bucket string, opts VerifyOptions)
 	}
 	defer r.Close()
 	rep := VerifyReport{Bucket: bucket, Problems: []VerifyProblem{}}
-	add := func(key, problem, format string, args ...any) {
-		rep.Problems = append(rep.Problems, VerifyProblem{Key: key, Problem: problem, Detail: fmt.Sprintf(format, args...)})
+	add := func(key, vid, problem, format string, args ...any) {
+		rep.Problems = append(rep.Problems, VerifyProblem{Key: key, VersionID: vid, Problem: problem,
+			Detail: fmt.Sprintf(format, args...)})
 	}
 	err = fs.WalkDir(r.FS(), ".", func(p string, d fs.DirEntry, err error) error {
 		if cerr := ctx.Err(); cerr != nil {
 			return cerr
 		}
-		if p != "." && strings.HasPrefix(d.Name(), reservedPrefix) {
+		if p != "." && strings.HasPrefix(d.Name(), reservedPrefix) && !(p == versionsDir && d.IsDir()) {
 			if d.IsDir() {
 				return fs.SkipDir
 			}
@@ -521,16 +527,23 @@ func (b *Backend) Verify(ctx context.Context, bucket string, opts VerifyOptions)
 			if p == "." {
 				return err
 			}
-			add(p, ProblemUnreadable, "cannot read it: %v", err)
+			add(p, "", ProblemUnreadable, "cannot read it: %v", err)
 			return nil
 		}
 		if d.IsDir() || !d.Type().IsRegular() {
 			return nil
 		}
-		if kerr := checkKey(p); kerr != nil {
+		key, vid := p, ""
+		if rest, ok := strings.CutPrefix(p, versionsDir+"/"); ok {
+			k, name := path.Split(rest)
+			key, vid = strings.TrimSuffix(k, "/"), name
+			if strings.HasSuffix(name, markerSuffix) || !validVersionID(name) || checkKey(key) != nil {
+				return nil // a delete marker (no record), or no file of basalt's
+			}
+		} else if kerr := checkKey(p); kerr != nil {
 			rep.Unexported++
 			if opts.All {
-				add(p, ProblemUnexported, "not an object, and cannot be one: %s", s3message(kerr))
+				add(p, "", ProblemUnexported, "not an object, and cannot be one: %s", s3message(kerr))
 			}
 			return nil
 		}
@@ -538,19 +551,21 @@ func (b *Backend) Verify(ctx context.Context, bucket string, opts VerifyOptions)
 		switch {
 		case isNoSuchKey(err):
 			rep.Unexported++
-			if opts.All {
-				add(p, ProblemUnexported, "a file without a record (basalt object export makes it an object)")
+			if opts.All && vid == "" {
+				add(p, "", ProblemUnexported, "a file without a record (basalt object export makes it an object)")
+			} else if opts.All {
+				add(key, vid, ProblemUnexported, "a file among the versions without a record: no version, never served")
 			}
 			return nil
 		case err != nil:
 			rep.Objects++
-			add(p, ProblemUnreadable, "cannot check it: %v", err)
+			add(key, vid, ProblemUnreadable, "cannot check it: %v", err)
 			return nil
 		}
 		defer o.f.Close()
 		rep.Objects++
 		if why != "" {
-			add(p, ProblemModified, "%s", why)
+			add(key, vid, ProblemModified, "%s", why)
 			return nil
 		}
 		if !opts.Content {
@@ -561,17 +576,17 @@ func (b *Backend) Verify(ctx context.Context, bucket string, opts VerifyOptions)
 			if cerr := ctx.Err(); cerr != nil {
 				return cerr
 			}
-			add(p, ProblemUnreadable, "cannot read it: %v", err)
+			add(key, vid, ProblemUnreadable, "cannot read it: %v", err)
 			return nil
 		}
 		if fi, err := o.f.Stat(); err == nil {
 			if why := o.m.differs(statOf(fi)); why != "" {
-				add(p, ProblemModified, "%s (while it was being verified)", why)
+				add(key, vid, ProblemModified, "%s (while it was being verified)", why)
 				return nil
 			}
 		}
 		if ok && etag != o.m.ETag {
-			add(p, ProblemContent, "the file's content hashes to ETag %s, recorded %s: it was changed behind S3 "+
+			add(key, vid, ProblemContent, "the file's content hashes to ETag %s, recorded %s: it was changed behind S3 "+
 				"keeping its size and mtime", etag, o.m.ETag)
 		}
 		return nil
@@ -587,13 +602,21 @@ func (b *Backend) Verify(ctx context.Context, bucket string, opts VerifyOptions)
 		if err != nil {
 			return VerifyReport{}, fmt.Errorf("verify %s: %w", bucket, err)
 		}
-		for _, key := range missing {
+		for _, m := range missing {
 			rep.Objects++
-			add(key, ProblemMissing, "the object's record exists but its file is gone (deleted or renamed behind S3); "+
-				"basalt object unexport removes the record")
+			if m.vid == "" {
+				add(m.key, "", ProblemMissing, "the object's record exists but its file is gone (deleted or renamed behind "+
+					"S3); basalt object unexport removes the record")
+			} else {
+				add(m.key, m.vid, ProblemMissing, "the version's record exists but its file is gone (deleted or renamed "+
+					"behind S3); DELETE with this versionId removes the record")
+			}
 		}
 	}
-	sort.SliceStable(rep.Problems, func(i, j int) bool { return rep.Problems[i].Key < rep.Problems[j].Key })
+	sort.SliceStable(rep.Problems, func(i, j int) bool {
+		a, b := rep.Problems[i], rep.Problems[j]
+		return a.Key < b.Key || a.Key == b.Key && a.VersionID < b.VersionID
+	})
 	return rep, nil
 }
 
@@ -657,11 +680,15 @@ func md5Range(ctx context.Context, f *os.File, off, n int64) ([]byte, int64, err
 	return h.Sum(nil), done, nil
 }
 
-// orphans lists the keys of bucket whose sidecar record has no regular
-// file (inside r, the bucket).
-func (s *sidecarMeta) orphans(r *os.Root, bucket string) ([]string, error) {
+// orphan is a sidecar record without its file: of the object key, or of
+// its version vid (not "").
+type orphan struct{ key, vid string }
+
+// orphans lists the records of bucket, objects' and versions', that have
+// no regular file (inside r, the bucket).
+func (s *sidecarMeta) orphans(r *os.Root, bucket string) ([]orphan, error) {
 	dir := filepath.Join(s.dir, bucket)
-	var out []string
+	var out []orphan
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) && p == dir {
@@ -677,8 +704,19 @@ func (s *sidecarMeta) orphans(r *os.Root, bucket string) ([]string, error) {
 			return err
 		}
 		var m objectMeta
-		if json.Unmarshal(data, &m) != nil || m.Key == "" || s.path(bucket, m.Key) != p || checkKey(m.Key) != nil {
+		if json.Unmarshal(data, &m) != nil || m.Key == "" || s.path(bucket, m.Key) != p {
 			return nil // not a record of this bucket
+		}
+		o := orphan{key: m.Key}
+		if rest, ok := strings.CutPrefix(m.Key, versionsDir+"/"); ok {
+			k, id := path.Split(rest)
+			o = orphan{key: strings.TrimSuffix(k, "/"), vid: id}
+			if !validVersionID(id) {
+				return nil
+			}
+		}
+		if checkKey(o.key) != nil {
+			return nil
 		}
 		if fi, err := r.Lstat(m.Key); err == nil && fi.Mode().IsRegular() {
 			return nil
@@ -691,7 +729,7 @@ func (s *sidecarMeta) orphans(r *os.Root, bucket string) ([]string, error) {
 			if fi, err := r.Lstat(m.Key); err == nil && fi.Mode().IsRegular() {
 				return nil
 			}
-			out = append(out, m.Key)
+			out = append(out, o)
 			return nil
 		})
 	})

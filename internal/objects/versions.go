@@ -269,6 +269,20 @@ func (b *Backend) removeVersionFile(r *os.Root, bucket, vpath string) error {
 	return nil
 }
 
+// dropOrphanRecord removes the sidecar record of the version file vpath,
+// which is gone (Verify's ProblemMissing). With xattrs there is none: the
+// record went with the file.
+func (b *Backend) dropOrphanRecord(bucket, vpath string) error {
+	sc, ok := b.meta.(*sidecarMeta)
+	if !ok {
+		return nil
+	}
+	if _, err := os.Lstat(sc.path(bucket, vpath)); err != nil {
+		return nil
+	}
+	return sc.remove(bucket, vpath, func() error { return nil })
+}
+
 // removeNull removes the non-current null version and null delete marker of key.
 func (b *Backend) removeNull(r *os.Root, bucket, key string) error {
 	for _, p := range []string{versionFile(key, ""), markerFile(key, "")} {
@@ -366,7 +380,9 @@ func (b *Backend) deleteVersioned(r *os.Root, bucket, key, vid, status string, p
 	if _, err := r.Lstat(p); err != nil {
 		p = markerFile(key, want)
 		if _, err := r.Lstat(p); err != nil {
-			return vid, false, nil // no such version: nothing to delete (S3)
+			// No such version: nothing to delete (S3), but the record
+			// of a version file deleted behind S3 goes.
+			return vid, false, b.dropOrphanRecord(bucket, versionFile(key, want))
 		}
 		marker = true
 	}
