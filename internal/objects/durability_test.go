@@ -17,13 +17,19 @@ import (
 // answered only after its temp file was synced, then renamed into place,
 // then its directory synced — in that order — and that the object it
 // replaced is closed only after the rename (closing it frees the old
-// inode, which must not happen under the rename's directory locks).
+// inode, which must not happen under the rename's directory locks). The
+// directory of a key ("d/k") has its parent synced before the rename on
+// every PUT, also when it exists already: another PUT may have created
+// it and not synced its parent yet.
 func TestPutDurabilityOrder(t *testing.T) {
 	inBothModes(t, func(t *testing.T, e *env, mode string) {
 		var mu sync.Mutex
 		var events []string
 		fsTrace = func(op, name string) {
 			mu.Lock()
+			if op == "sync parent" {
+				op += " " + name
+			}
 			events = append(events, op)
 			mu.Unlock()
 		}
@@ -46,6 +52,16 @@ func TestPutDurabilityOrder(t *testing.T) {
 			got := slices.Clone(events)
 			mu.Unlock()
 			want := []string{"request", "sync file", "rename", "sync dir", "answered"}
+			if key == "d/k" {
+				want = []string{"request", "sync file", "sync parent d", "rename", "sync dir", "answered"}
+			}
+			if mode == "sidecar" {
+				// The record's directory (Work/sidecar/<bucket>/<xx>) is
+				// made durable before the rename publishes the object.
+				shard := filepath.Base(filepath.Dir(e.be.meta.(*sidecarMeta).path("dur", key)))
+				at := slices.Index(want, "rename")
+				want = slices.Insert(want, at, "sync parent dur", "sync parent dur/"+shard)
+			}
 			if i%2 == 1 {
 				// The replaced object is released after the rename: before or after the answer.
 				at := slices.Index(got, "release")
@@ -95,4 +111,31 @@ func TestReplacedObjectsClosed(t *testing.T) {
 		}
 	}
 	noTempLeft(t, e)
+}
+
+// TestUploadDirDurable: CreateMultipartUpload answers only after the new
+// upload directory Work/uploads/<bucket>/<id> (and the bucket's directory
+// there) has its parent synced: its info.json is the upload's existence.
+func TestUploadDirDurable(t *testing.T) {
+	e := newEnv(t, false)
+	mkBucket(t, e.alice, "mpu")
+	var mu sync.Mutex
+	var events []string
+	fsTrace = func(op, name string) {
+		mu.Lock()
+		events = append(events, op+" "+name)
+		mu.Unlock()
+	}
+	t.Cleanup(func() { fsTrace = nil })
+	up, err := e.alice.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String("mpu"), Key: aws.String("k")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	got := slices.Clone(events)
+	mu.Unlock()
+	want := []string{"sync parent mpu", "sync parent mpu/" + aws.ToString(up.UploadId)}
+	if !slices.Equal(got, want) {
+		t.Fatalf("steps %v, want %v", got, want)
+	}
 }

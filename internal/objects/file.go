@@ -61,43 +61,76 @@ func errKeyIsDirectory(bucket, key string) error {
 	}
 }
 
-// mkdirs creates dir and its missing ancestors inside r, and fsyncs
-// the parent of every directory it creates.
+// mkdirs creates dir (of key) and its missing ancestors inside r, made
+// durable by makeDirs; a file on the way is ObjectParentIsFile.
 func mkdirs(r *os.Root, bucket, key, dir string) error {
-	if dir == "." {
+	err := makeDirs(r, dir)
+	if errors.Is(err, syscall.ENOTDIR) {
+		return errParentIsFile(bucket, key)
+	}
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", bucket, err)
+	}
+	return nil
+}
+
+// dirMaker is where makeDirs works: an *os.Root (a bucket), or the
+// directory tree below an absolute path (under).
+type dirMaker interface {
+	Mkdir(name string, perm fs.FileMode) error
+	Open(name string) (*os.File, error)
+}
+
+// under is the dirMaker of the tree below an absolute directory.
+type under string
+
+func (u under) Mkdir(name string, perm fs.FileMode) error {
+	return os.Mkdir(filepath.Join(string(u), name), perm)
+}
+
+func (u under) Open(name string) (*os.File, error) { return os.Open(filepath.Join(string(u), name)) }
+
+// makeDirs creates dir (slash-separated, relative to d; "." is d itself)
+// and its missing ancestors, and fsyncs the parent of every component,
+// in order from the top — of those that existed too: another writer
+// (another request, another gateway) may have created one a moment ago
+// and not yet synced its parent, and nothing stored below it may be
+// acknowledged before it is durable. Syncing a directory with nothing to
+// write costs little. A component that is a file fails with ENOTDIR or
+// EEXIST.
+func makeDirs(d dirMaker, dir string) error {
+	if dir == "." || dir == "" {
 		return nil
 	}
-	if fi, err := r.Stat(dir); err == nil {
-		if !fi.IsDir() {
-			return errParentIsFile(bucket, key)
-		}
-		return nil
-	}
-	var created []string
-	cur := ""
 	for i := 0; i <= len(dir); i++ {
 		if i < len(dir) && dir[i] != '/' {
 			continue
 		}
-		cur = dir[:i]
-		err := r.Mkdir(cur, 0o755)
-		switch {
-		case err == nil:
-			created = append(created, cur)
-		case errors.Is(err, fs.ErrExist):
-		case errors.Is(err, syscall.ENOTDIR):
-			return errParentIsFile(bucket, key)
-		default:
-			return fmt.Errorf("create directory %s in bucket %s: %w", cur, bucket, err)
+		cur := dir[:i]
+		err := d.Mkdir(cur, 0o755)
+		if err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("create directory %s: %w", cur, err)
 		}
-	}
-	if fi, err := r.Stat(dir); err != nil || !fi.IsDir() {
-		return errParentIsFile(bucket, key)
-	}
-	for _, d := range created {
-		if err := syncIn(r, path.Dir(d)); err != nil {
-			return err
+		parent := path.Dir(cur)
+		f, err := d.Open(parent)
+		if err != nil {
+			return fmt.Errorf("sync directory %s: %w", parent, err)
 		}
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("sync directory %s: %w", parent, err)
+		}
+		traceFS("sync parent", cur)
+	}
+	// The last component may exist as a file (Mkdir said EEXIST).
+	f, err := d.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open directory %s: %w", dir, err)
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.IsDir() {
+		return fmt.Errorf("open directory %s: %w", dir, syscall.ENOTDIR)
 	}
 	return nil
 }
@@ -210,8 +243,10 @@ func (b *Backend) release(f *os.File) {
 
 // fsTrace, when set (tests), is told of the steps that make a write
 // durable, as they complete: "sync file" (the temp file's data and
-// record), "rename" (published), "sync dir" (the rename made durable),
-// "release" (the replaced object closed).
+// record), "sync parent" (the parent of a directory the write needs, by
+// the directory's name relative to its tree: see makeDirs), "rename"
+// (published), "sync dir" (the rename made durable), "release" (the
+// replaced object closed).
 var fsTrace func(op, name string)
 
 func traceFS(op, name string) {

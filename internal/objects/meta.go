@@ -286,13 +286,13 @@ func (s *sidecarMeta) commit(bucket, key string, m *objectMeta, rename func() er
 	defer unlock()
 	p := s.path(bucket, key)
 	old, oerr := os.ReadFile(p)
-	if err := writeFileSync(s.tmp, p, data); err != nil {
+	if err := writeFileSync(s.tmp, s.dir, p, data); err != nil {
 		return fmt.Errorf("write sidecar metadata: %w", err)
 	}
 	if err := rename(); err != nil {
 		// Put the old record back: the old file is still in place.
 		if oerr == nil {
-			_ = writeFileSync(s.tmp, p, old)
+			_ = writeFileSync(s.tmp, s.dir, p, old)
 		} else {
 			_ = os.Remove(p)
 		}
@@ -327,10 +327,14 @@ func (s *sidecarMeta) stable(bucket, key string, fn func() error) error {
 }
 
 // writeFileSync writes data to path durably and atomically: a temp file
-// in tmpDir, fsync, rename, fsync of path's directory (created if
-// missing).
-func writeFileSync(tmpDir, path string, data []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+// in tmpDir, fsync, rename, fsync of path's directory. That directory
+// lies below base and is created if missing (makeDirs).
+func writeFileSync(tmpDir, base, path string, data []byte) error {
+	rel, err := filepath.Rel(base, filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	if err := makeDirs(under(base), filepath.ToSlash(rel)); err != nil {
 		return err
 	}
 	f, err := os.CreateTemp(tmpDir, "meta-*")

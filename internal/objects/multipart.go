@@ -151,12 +151,10 @@ func (b *Backend) CreateMultipartUpload(ctx context.Context, in s3response.Creat
 	}
 	id := newUploadID()
 	dir := b.uploadDir(bucket, id)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return s3response.InitiateMultipartUploadResult{}, fmt.Errorf("create upload: %w", err)
-	}
 	data, err := json.Marshal(&info)
 	if err == nil {
-		err = writeFileSync(b.tmp, filepath.Join(dir, "info.json"), data)
+		// writeFileSync makes the upload directory, durably.
+		err = writeFileSync(b.tmp, b.uploads, filepath.Join(dir, "info.json"), data)
 	}
 	if err != nil {
 		os.RemoveAll(dir)
@@ -208,7 +206,7 @@ func (b *Backend) UploadPart(ctx context.Context, in *s3.UploadPartInput) (*s3.U
 	old, _ := readPart(dir, n)
 	data, err := json.Marshal(&rec)
 	if err == nil {
-		err = writeFileSync(b.tmp, filepath.Join(dir, fmt.Sprintf("%d.json", n)), data)
+		err = writeFileSync(b.tmp, b.uploads, filepath.Join(dir, fmt.Sprintf("%d.json", n)), data)
 	}
 	if err != nil {
 		os.Remove(filepath.Join(dir, file))
