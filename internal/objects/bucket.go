@@ -157,6 +157,7 @@ func (b *Backend) DeleteBucket(ctx context.Context, bucket string) error {
 		if visible {
 			return s3err.GetAPIError(s3err.ErrBucketNotEmpty)
 		}
+		forgetDirs(b.bucketDir(bucket))
 		if err := removeEmptyTree(b.bucketDir(bucket)); err != nil {
 			return s3err.APIError{
 				Code: "BucketNotEmpty",

@@ -40,6 +40,23 @@ func TestPutDurabilityOrder(t *testing.T) {
 			mu.Unlock()
 		}
 		mkBucket(t, e.alice, "dur")
+		// A directory is synced into its parent the first time this
+		// process stores something below it; then it is known durable
+		// (durableDirs) until it is removed.
+		known := map[string]bool{}
+		syncs := func(tree, dir string) []string {
+			var out []string
+			if known[tree+"/"+dir] {
+				return nil
+			}
+			for i := 0; i <= len(dir); i++ {
+				if i == len(dir) || dir[i] == '/' {
+					out = append(out, "sync parent "+dir[:i])
+					known[tree+"/"+dir[:i]] = true
+				}
+			}
+			return out
+		}
 		for i, key := range []string{"k", "k", "d/k", "d/k"} { // new, overwrite, new in a directory, overwrite
 			mu.Lock()
 			events = nil
@@ -51,17 +68,17 @@ func TestPutDurabilityOrder(t *testing.T) {
 			mu.Lock()
 			got := slices.Clone(events)
 			mu.Unlock()
-			want := []string{"request", "sync file", "rename", "sync dir", "answered"}
+			want := []string{"request", "sync file"}
 			if key == "d/k" {
-				want = []string{"request", "sync file", "sync parent d", "rename", "sync dir", "answered"}
+				want = append(want, syncs("", "d")...)
 			}
 			if mode == "sidecar" {
 				// The record's directory (Work/sidecar/<bucket>/<xx>) is
 				// made durable before the rename publishes the object.
 				shard := filepath.Base(filepath.Dir(e.be.meta.(*sidecarMeta).path("dur", key)))
-				at := slices.Index(want, "rename")
-				want = slices.Insert(want, at, "sync parent dur", "sync parent dur/"+shard)
+				want = append(want, syncs("sidecar:", "dur/"+shard)...)
 			}
+			want = append(want, "rename", "sync dir", "answered")
 			if i%2 == 1 {
 				// The replaced object is released after the rename: before or after the answer.
 				at := slices.Index(got, "release")
@@ -138,4 +155,50 @@ func TestUploadDirDurable(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("steps %v, want %v", got, want)
 	}
+}
+
+// TestRemovedDirSyncedAgain: a directory this process knows durable is
+// synced into its parent again once it was removed — by a DELETE that
+// pruned it, or behind the gateway's back — and recreated by a PUT.
+func TestRemovedDirSyncedAgain(t *testing.T) {
+	inBothModes(t, func(t *testing.T, e *env, mode string) {
+		var mu sync.Mutex
+		var synced []string
+		fsTrace = func(op, name string) {
+			if op == "sync parent" && name == "dir1" { // the key's directory (not a sidecar shard's)
+				mu.Lock()
+				synced = append(synced, name)
+				mu.Unlock()
+			}
+		}
+		t.Cleanup(func() { fsTrace = nil })
+		putSyncs := func(key string) []string {
+			mu.Lock()
+			synced = nil
+			mu.Unlock()
+			put(t, e.alice, "again", key, "x")
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(synced)
+		}
+		mkBucket(t, e.alice, "again")
+		if got := putSyncs("dir1/k"); !slices.Equal(got, []string{"dir1"}) {
+			t.Fatalf("%s: first PUT into dir1 synced %v, want [dir1]", mode, got)
+		}
+		if got := putSyncs("dir1/k"); len(got) != 0 {
+			t.Errorf("%s: second PUT into dir1 synced %v, want nothing", mode, got)
+		}
+		deleteAll(t, e.alice, "again", "dir1/k") // prunes dir1
+		if got := putSyncs("dir1/k"); !slices.Equal(got, []string{"dir1"}) {
+			t.Errorf("%s: PUT after a DELETE pruned dir1 synced %v, want [dir1]", mode, got)
+		}
+		// Removed behind the gateway's back.
+		dir := filepath.Join(e.be.bucketDir("again"), "dir1")
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		if got := putSyncs("dir1/k"); !slices.Equal(got, []string{"dir1"}) {
+			t.Errorf("%s: PUT after dir1 was removed directly synced %v, want [dir1]", mode, got)
+		}
+	})
 }

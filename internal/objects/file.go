@@ -8,6 +8,8 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/versity/versitygw/s3err"
@@ -79,6 +81,7 @@ func mkdirs(r *os.Root, bucket, key, dir string) error {
 type dirMaker interface {
 	Mkdir(name string, perm fs.FileMode) error
 	Open(name string) (*os.File, error)
+	Name() string // the tree's own path: where durableDirs files its entries
 }
 
 // under is the dirMaker of the tree below an absolute directory.
@@ -90,17 +93,50 @@ func (u under) Mkdir(name string, perm fs.FileMode) error {
 
 func (u under) Open(name string) (*os.File, error) { return os.Open(filepath.Join(string(u), name)) }
 
+func (u under) Name() string { return string(u) }
+
+// durableDirs holds the directories (tree path + "/" + dir) this process
+// has made durable — created or found, each parent synced — so that a PUT
+// into a known prefix syncs no directory it did not change (an fsync with
+// nothing to write still flushes the device cache on ext4). An entry may
+// outlive its directory: one removed through this process (pruneDirs, a
+// bucket's deletion) is forgotten there; one removed otherwise (another
+// gateway's prune, a user) is found missing by makeDirs, which then
+// forgets the tree's entries and takes the slow path. (A directory another
+// gateway removes and creates again between two of this process's writes
+// is trusted without a sync: on journaling file systems the fsync of the
+// write's own directory commits that creation too.)
+var durableDirs sync.Map
+
+// forgetDirs drops the durableDirs entries of dir (a tree path joined
+// with a directory in it) and of everything below it.
+func forgetDirs(dir string) {
+	durableDirs.Range(func(k, _ any) bool {
+		if s := k.(string); s == dir || strings.HasPrefix(s, dir+"/") {
+			durableDirs.Delete(k)
+		}
+		return true
+	})
+}
+
 // makeDirs creates dir (slash-separated, relative to d; "." is d itself)
 // and its missing ancestors, and fsyncs the parent of every component,
 // in order from the top — of those that existed too: another writer
 // (another request, another gateway) may have created one a moment ago
 // and not yet synced its parent, and nothing stored below it may be
-// acknowledged before it is durable. Syncing a directory with nothing to
-// write costs little. A component that is a file fails with ENOTDIR or
-// EEXIST.
+// acknowledged before it is durable. A directory this process made
+// durable before is only checked (durableDirs). A component that is a file
+// fails with ENOTDIR or EEXIST.
 func makeDirs(d dirMaker, dir string) error {
 	if dir == "." || dir == "" {
 		return nil
+	}
+	tree := d.Name()
+	if _, ok := durableDirs.Load(tree + "/" + dir); ok {
+		if isDirIn(d, dir) == nil {
+			return nil
+		}
+		forgetDirs(tree + "/" + dir) // removed behind this process: start over
 	}
 	for i := 0; i <= len(dir); i++ {
 		if i < len(dir) && dir[i] != '/' {
@@ -124,6 +160,19 @@ func makeDirs(d dirMaker, dir string) error {
 		traceFS("sync parent", cur)
 	}
 	// The last component may exist as a file (Mkdir said EEXIST).
+	if err := isDirIn(d, dir); err != nil {
+		return err
+	}
+	for i := 0; i <= len(dir); i++ {
+		if i == len(dir) || dir[i] == '/' {
+			durableDirs.Store(tree+"/"+dir[:i], struct{}{})
+		}
+	}
+	return nil
+}
+
+// isDirIn checks that dir in d is a directory.
+func isDirIn(d dirMaker, dir string) error {
 	f, err := d.Open(dir)
 	if err != nil {
 		return fmt.Errorf("open directory %s: %w", dir, err)
@@ -266,6 +315,7 @@ func pruneDirs(r *os.Root, dir string) {
 		if err := r.Remove(dir); err != nil {
 			return
 		}
+		forgetDirs(r.Name() + "/" + dir)
 		dir = path.Dir(dir)
 		_ = syncIn(r, dir)
 	}
