@@ -23,12 +23,18 @@ type Exports struct {
 
 	mu      sync.Mutex
 	revoked map[string]chan struct{} // attachment id -> closed on detach
-	writers map[string][]string      // volume id -> its rw attachments open here
+	// writers holds, per volume, one entry for every rw export open here
+	// (a connection or an INFO query), removed when it is released: it
+	// names the attachments to revoke if this node loses the write lease.
+	writers map[string]map[*writer]struct{}
 }
+
+// writer is one open rw export of an attachment (see Exports.writers).
+type writer struct{ attachment string }
 
 // NewExports makes the NBD export resolver of a service.
 func (s *Service) NewExports(auth func(ctx context.Context, chain []*x509.Certificate) (Caller, error)) *Exports {
-	e := &Exports{s: s, Authenticate: auth, revoked: map[string]chan struct{}{}, writers: map[string][]string{}}
+	e := &Exports{s: s, Authenticate: auth, revoked: map[string]chan struct{}{}, writers: map[string]map[*writer]struct{}{}}
 	s.leases.onLost(e.fenced)
 	return e
 }
@@ -38,11 +44,35 @@ func (s *Service) NewExports(auth func(ctx context.Context, chain []*x509.Certif
 // to the new holder.
 func (e *Exports) fenced(vol string) {
 	e.mu.Lock()
-	ids := e.writers[vol]
+	ws := e.writers[vol]
 	delete(e.writers, vol)
 	e.mu.Unlock()
-	for _, id := range ids {
-		e.revoke(id)
+	for w := range ws {
+		e.revoke(w.attachment)
+	}
+}
+
+// addWriter records an rw export of attachment id on volume vol open
+// here; dropWriter forgets it when the export is released.
+func (e *Exports) addWriter(vol, id string) *writer {
+	w := &writer{attachment: id}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.writers[vol] == nil {
+		e.writers[vol] = map[*writer]struct{}{}
+	}
+	e.writers[vol][w] = struct{}{}
+	return w
+}
+
+func (e *Exports) dropWriter(vol string, w *writer) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	// After fenced the volume's set is gone, or is a new one that does
+	// not hold w: nothing to drop then.
+	delete(e.writers[vol], w)
+	if len(e.writers[vol]) == 0 {
+		delete(e.writers, vol)
 	}
 }
 
@@ -101,27 +131,36 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 		return nil, err
 	}
 	ro := a.Mode == meta.ModeRO
+	var w *writer
 	if !ro {
+		// Registered before the lease check, so losing the lease after
+		// the check still revokes this export.
+		w = e.addWriter(v.ID, a.ID)
 		// Served only by the volume's write-lease holder.
 		holder, err := e.s.leases.acquire(ctx, v.ID)
 		if err != nil {
+			e.dropWriter(v.ID, w)
 			return nil, fmt.Errorf("export %s: %w", a.ID, err)
 		}
 		if holder != e.s.cfg.Node {
+			e.dropWriter(v.ID, w)
 			return nil, errs.New(errs.KindConflict, CodeServedElsewhere,
 				"attachment %s is served by node %s, which writes volume %s; ask `basalt attachment show` for its nbd_uri", a.ID, holder, v.ID)
 		}
-		e.mu.Lock()
-		e.writers[v.ID] = append(e.writers[v.ID], a.ID)
-		e.mu.Unlock()
 	}
 	stack, release, err := e.s.acquire(v)
 	if err != nil {
+		if w != nil {
+			e.dropWriter(v.ID, w)
+		}
 		return nil, err
 	}
 	var d block.Device = &shared{Device: stack, release: release}
 	if !ro {
-		d = &gated{Device: d, gate: e.s.Gate(a.VolumeID)}
+		d = &shared{Device: &gated{Device: stack, gate: e.s.Gate(a.VolumeID)}, release: func() {
+			release()
+			e.dropWriter(v.ID, w)
+		}}
 	}
 	return &nbd.Export{
 		Name:        name,
