@@ -302,7 +302,7 @@ func (c *conn) result(req request, err error, cost int64) *reply {
 	if err == nil {
 		return &reply{simple: true, cookie: req.cookie, cost: cost}
 	}
-	code := errnoOf(err)
+	code := errnoOf(req, err)
 	if code == errIO {
 		c.log.Warn("nbd I/O error", "export", c.exp.LogName, "cmd", commandName(req.typ), "offset", req.offset, "length", req.length, "err", err)
 	}
@@ -394,13 +394,18 @@ func (c *conn) check(req request) (uint32, string) {
 	return 0, ""
 }
 
-// errnoOf maps a device error to an NBD error value.
-func errnoOf(err error) uint32 {
+// errnoOf maps a device error in answer to req to an NBD error value.
+// The spec keeps ENOTSUP for a WRITE_ZEROES with FAST_ZERO that would not
+// be fast; any other operation the device cannot do is EINVAL.
+func errnoOf(req request, err error) uint32 {
 	switch {
 	case errors.Is(err, block.ErrReadOnly):
 		return errPerm
 	case errors.Is(err, block.ErrNotSupported):
-		return errNotSup
+		if req.typ == cmdWriteZeroes && req.flags&cflagFastZero != 0 {
+			return errNotSup
+		}
+		return errInval
 	case errors.Is(err, block.ErrOutOfRange):
 		return errInval
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.EFBIG):

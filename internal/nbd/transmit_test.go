@@ -613,23 +613,49 @@ func TestDeviceIOError(t *testing.T) {
 
 // Device errors with a protocol meaning map to their NBD error values.
 func TestErrnoMapping(t *testing.T) {
+	fastZero := request{typ: cmdWriteZeroes, flags: cflagFastZero}
 	for _, tc := range []struct {
+		req  request
 		err  error
 		want uint32
 	}{
-		{block.ErrReadOnly, errPerm},
-		{block.ErrNotSupported, errNotSup},
-		{block.ErrOutOfRange, errInval},
-		{fmt.Errorf("x: %w", errors.New("?")), errIO},
-		{block.ErrClosed, errShutdown},
-		{os.NewSyscallError("pwrite", syscall.ENOSPC), errNoSpc},
-		{os.NewSyscallError("pwrite", syscall.EDQUOT), errNoSpc},
-		{os.NewSyscallError("pwrite", syscall.EFBIG), errNoSpc},
+		{request{typ: cmdWrite}, block.ErrReadOnly, errPerm},
+		{fastZero, block.ErrNotSupported, errNotSup},
+		{request{typ: cmdWriteZeroes}, block.ErrNotSupported, errInval},
+		{request{typ: cmdTrim}, block.ErrNotSupported, errInval},
+		{request{typ: cmdWrite}, fmt.Errorf("w: %w", block.ErrNotSupported), errInval},
+		{request{typ: cmdRead}, block.ErrOutOfRange, errInval},
+		{request{typ: cmdRead}, fmt.Errorf("x: %w", errors.New("?")), errIO},
+		{request{typ: cmdFlush}, block.ErrClosed, errShutdown},
+		{request{typ: cmdWrite}, os.NewSyscallError("pwrite", syscall.ENOSPC), errNoSpc},
+		{request{typ: cmdWrite}, os.NewSyscallError("pwrite", syscall.EDQUOT), errNoSpc},
+		{request{typ: cmdWrite}, os.NewSyscallError("pwrite", syscall.EFBIG), errNoSpc},
 	} {
-		if got := errnoOf(tc.err); got != tc.want {
-			t.Errorf("errnoOf(%v) = %d, want %d", tc.err, got, tc.want)
+		if got := errnoOf(tc.req, tc.err); got != tc.want {
+			t.Errorf("errnoOf(%s flags %#x, %v) = %d, want %d", commandName(tc.req.typ), tc.req.flags, tc.err, got, tc.want)
 		}
 	}
+}
+
+// The spec keeps NBD_ENOTSUP for a WRITE_ZEROES with FAST_ZERO: a device
+// that finds at run time that it cannot trim or zero makes the client see
+// EINVAL otherwise.
+func TestNotSupportedOnlyForFastZero(t *testing.T) {
+	file, _ := sparseFile(t, testSize)
+	dev := &hookDevice{Device: file,
+		writeZeroes: func(off, n int64, f block.ZeroFlags, next func(int64, int64, block.ZeroFlags) error) error {
+			return block.ErrNotSupported
+		},
+		trim: func(off, n int64, fua bool, next func(int64, int64, bool) error) error {
+			return fmt.Errorf("fallocate: %w", block.ErrNotSupported)
+		},
+	}
+	_, addr := serve(t, dev, nil)
+	c, _ := open(t, addr, true, false)
+	checkErr(t, c, true, "TRIM the device cannot do", 0, cmdTrim, 0, 4096, nil, errInval)
+	checkErr(t, c, true, "WRITE_ZEROES the device cannot do", 0, cmdWriteZeroes, 0, 4096, nil, errInval)
+	checkErr(t, c, true, "WRITE_ZEROES with NO_HOLE the device cannot do", cflagNoHole, cmdWriteZeroes, 0, 4096, nil, errInval)
+	checkErr(t, c, true, "FAST_ZERO the device cannot do fast", cflagFastZero, cmdWriteZeroes, 0, 4096, nil, errNotSup)
 }
 
 // A FLUSH reply is sent only after the device's Flush returned, and
