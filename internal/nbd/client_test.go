@@ -192,6 +192,39 @@ type rawClient struct {
 	// structured is true once STRUCTURED_REPLY was acknowledged (and not
 	// reset by STARTTLS); it only matters for READ replies.
 	structured bool
+	// tap holds every byte received since STARTTLS (nil before).
+	tap *tapConn
+}
+
+// tapConn records what is read through it.
+type tapConn struct {
+	net.Conn
+	mu  sync.Mutex
+	got []byte
+}
+
+func (t *tapConn) Read(p []byte) (int, error) {
+	n, err := t.Conn.Read(p)
+	t.mu.Lock()
+	t.got = append(t.got, p[:n]...)
+	t.mu.Unlock()
+	return n, err
+}
+
+// lastRecordType walks the TLS records received and returns the content
+// type of the last one, and whether the stream ends on a record boundary.
+func (t *tapConn) lastRecordType() (typ byte, whole bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	b := t.got
+	for len(b) >= 5 {
+		n := 5 + int(be.Uint16(b[3:]))
+		if len(b) < n {
+			return typ, false
+		}
+		typ, b = b[0], b[n:]
+	}
+	return typ, len(b) == 0
 }
 
 // dialRaw connects and reads the server's greeting; it sends nothing.
@@ -405,7 +438,8 @@ func (c *rawClient) startTLS(cfg *tls.Config) error {
 	if c.r.Buffered() != 0 {
 		return fmt.Errorf("%d bytes after the STARTTLS ACK", c.r.Buffered())
 	}
-	tc := tls.Client(c.nc, cfg)
+	c.tap = &tapConn{Conn: c.nc}
+	tc := tls.Client(c.tap, cfg)
 	tc.SetDeadline(time.Now().Add(ioTimeout))
 	if err := tc.Handshake(); err != nil {
 		return err
@@ -427,6 +461,31 @@ func (c *rawClient) expectClosed(what string) {
 	}
 	if err != nil && !isClosedErr(err) {
 		c.t.Errorf("%s: connection not closed: %v", what, err)
+	}
+}
+
+// expectTLSShutdown asserts that the server ends a TLS 1.2 session with
+// an alert (close_notify, the only alert it sends after the handshake)
+// and then closes the connection, sending nothing more. crypto/tls alone
+// cannot tell: it reports a socket closed between records as a clean
+// io.EOF too.
+func (c *rawClient) expectTLSShutdown(what string) {
+	c.t.Helper()
+	tc, ok := c.nc.(*tls.Conn)
+	if !ok || tc.ConnectionState().Version != tls.VersionTLS12 {
+		c.t.Fatalf("%s: not a TLS 1.2 connection", what)
+	}
+	c.nc.SetReadDeadline(time.Now().Add(ioTimeout))
+	b, err := io.ReadAll(c.r)
+	if len(b) > 0 {
+		c.t.Errorf("%s: %d unexpected bytes before close: % x", what, len(b), b[:min(len(b), 64)])
+	}
+	if err != nil {
+		c.t.Errorf("%s: TLS session not shut down cleanly: %v", what, err)
+	}
+	const recordAlert = 21
+	if typ, whole := c.tap.lastRecordType(); typ != recordAlert || !whole {
+		c.t.Errorf("%s: the connection closed after a record of type %d (whole records: %v), not after a close_notify alert", what, typ, whole)
 	}
 }
 

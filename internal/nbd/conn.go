@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -85,6 +86,9 @@ func (c *conn) shutdown() {
 func (c *conn) run() {
 	defer c.shutdown()
 	exp, err := c.handshake()
+	if errors.Is(err, errAbort) {
+		c.closeTLS() // answers the client's own TLS shutdown after ABORT
+	}
 	if err != nil {
 		if !errors.Is(err, errAbort) && !errors.Is(err, io.EOF) {
 			c.log.Info("nbd handshake ended", "err", err)
@@ -107,8 +111,29 @@ func (c *conn) run() {
 	}
 	c.log.Debug("nbd transmission", "export", exp.LogName, "size", c.size, "flags", c.flags, "structured", c.structured)
 	err = c.transmit()
+	if err == nil {
+		c.closeTLS() // DISC: the spec's soft disconnect
+	}
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 		c.log.Info("nbd connection ended", "export", exp.LogName, "err", err)
+	}
+}
+
+// closeTLS shuts the TLS session down (sends close_notify), as the spec
+// requires before the server closes the socket after DISC (and as TLS
+// expects after the client's close_notify following ABORT): without it the
+// client cannot tell the end of the session from a truncation. The
+// caller then closes the socket. Every reply has been written by then, so
+// nothing else writes to the connection. crypto/tls bounds the alert's
+// write at 5 seconds, and shutdown (Server.Close, revocation) cuts it
+// short by closing the socket.
+func (c *conn) closeTLS() {
+	tc, ok := c.nc.(*tls.Conn)
+	if !ok {
+		return
+	}
+	if err := tc.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) {
+		c.log.Debug("nbd: TLS close_notify not sent", "err", err)
 	}
 }
 

@@ -478,6 +478,40 @@ func TestForcedTLS(t *testing.T) {
 	drain(t, s, c)
 }
 
+// The spec: after DISC the server MUST shut the TLS session down before
+// closing the connection, so the client can tell the end of the session
+// from a truncation; after ABORT the client shuts TLS down, and the
+// server answers in kind.
+func TestTLSShutdown(t *testing.T) {
+	fx := newTLSFixture(t)
+	dev, _ := sparseFile(t, testSize)
+	s, addr := serve(t, dev, func(s *Server) { s.TLS, s.RequireTLS = fx.server, true })
+	// TLS 1.2, whose record headers tell an alert (close_notify) from
+	// data: TLS 1.3 encrypts the record type.
+	cfg := fx.client.Clone()
+	cfg.MaxVersion = tls.VersionTLS12
+
+	c := connect(t, addr, clientFixed|clientNoZeroes)
+	if err := c.startTLS(cfg); err != nil {
+		t.Fatal(err)
+	}
+	c.goExport("disk")
+	c.mustWrite(0, []byte("bye"))
+	c.disc()
+	c.expectTLSShutdown("DISC")
+
+	c = connect(t, addr, clientFixed)
+	if err := c.startTLS(cfg); err != nil {
+		t.Fatal(err)
+	}
+	c.final(optAbort, nil, repAck)
+	if err := c.nc.(*tls.Conn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	c.expectTLSShutdown("ABORT")
+	drain(t, s, c)
+}
+
 // After STARTTLS no negotiation state survives: structured replies and
 // the metadata context negotiated before must be negotiated again.
 func TestStartTLSResetsState(t *testing.T) {
