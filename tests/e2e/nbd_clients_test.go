@@ -35,8 +35,9 @@ func TestNBDInfo(t *testing.T) {
 	if !contains(e.Contexts, "base:allocation") {
 		t.Errorf("nbdinfo contexts %v lack base:allocation", e.Contexts)
 	}
-	if !e.CanFlush || !e.CanFUA || !e.CanTrim || !e.CanZero {
-		t.Errorf("rw export: can_flush %v can_fua %v can_trim %v can_zero %v, want all true", e.CanFlush, e.CanFUA, e.CanTrim, e.CanZero)
+	if !e.CanFlush || !e.CanFUA || !e.CanTrim || !e.CanZero || !e.CanFastZero {
+		t.Errorf("rw export: can_flush %v can_fua %v can_trim %v can_zero %v can_fast_zero %v, want all true",
+			e.CanFlush, e.CanFUA, e.CanTrim, e.CanZero, e.CanFastZero)
 	}
 	if info.TLS {
 		t.Errorf("plain nbd:// URI negotiated TLS")

@@ -234,6 +234,7 @@ type NBDInfo struct {
 		CanMultiConn bool     `json:"can_multi_conn"`
 		CanTrim      bool     `json:"can_trim"`
 		CanZero      bool     `json:"can_zero"`
+		CanFastZero  bool     `json:"can_fast_zero"`
 	} `json:"exports"`
 }
 

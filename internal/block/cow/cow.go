@@ -476,14 +476,15 @@ func (l *Layer) Size() int64 {
 
 // Capabilities implements block.Device: writes, zeroes and trims are
 // handled chunk by chunk here, so what the top's stack supports is what
-// this layer supports, except fast zeroing (a partial chunk held by a base
-// needs a copy-up).
+// this layer supports. Fast zeroing is declared whenever zeroing is: a
+// fast zero either is the top's own (when no base holds a chunk of the
+// range) or fails at once (see WriteZeroes).
 func (l *Layer) Capabilities() block.Capabilities {
 	l.chainMu.RLock()
 	defer l.chainMu.RUnlock()
 	c := l.top.dev.Capabilities()
 	c.ReadOnly = c.ReadOnly || l.env.ReadOnly
-	c.FastZero = false
+	c.FastZero = c.WriteZeroes
 	return c
 }
 
@@ -684,7 +685,7 @@ func (l *Layer) allocated(fresh []int64, fua bool) error {
 // WriteZeroes implements block.Device.
 func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
 	if f.Fast {
-		return block.ErrNotSupported
+		return l.fastZero(off, n, f)
 	}
 	zf := block.ZeroFlags{NoHole: f.NoHole, FUA: f.FUA}
 	return l.write(off, n, f.FUA, func(r run, _ int64) error {
@@ -692,6 +693,48 @@ func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
 	}, func(buf []byte, r run, _ int64) {
 		clear(buf[r.off%l.chunk : r.off%l.chunk+r.n])
 	})
+}
+
+// fastZero zeroes [off, off+n) if that costs no copy-up: when no base
+// holds a chunk of the range, the top's stack zeroes it (its own fast zero,
+// a punched hole for a file), and chunks nobody held become the top's, as
+// after any write. A chunk a base holds would have to be read and copied
+// up, so then it fails with ErrNotSupported before writing anything, as
+// it does when the top's stack cannot zero fast.
+//
+// A chunk nobody holds is zeroed in the top too, not skipped: after a
+// crash the top may hold data of a chunk whose allocation bit was never
+// persisted, and reads of such a chunk come from the top.
+func (l *Layer) fastZero(off, n int64, f block.ZeroFlags) error {
+	if l.env.ReadOnly {
+		return block.ErrReadOnly
+	}
+	if err := l.brokenErr(); err != nil {
+		return err
+	}
+	l.chainMu.RLock()
+	defer l.chainMu.RUnlock()
+	if !l.top.dev.Capabilities().FastZero {
+		return block.ErrNotSupported
+	}
+	topd := l.top.depth
+	// Unsplit runs report chunks nobody holds as the top's; under chainMu
+	// a chunk only ever moves to the top, so the check holds throughout.
+	for _, r := range l.runs(off, n, false) {
+		if r.owner != topd {
+			return block.ErrNotSupported
+		}
+	}
+	if err := l.top.dev.WriteZeroes(off, n, f); err != nil {
+		return err
+	}
+	var fresh []int64
+	for c := off / l.chunk; c*l.chunk < off+n; c++ {
+		if l.owner[c].CompareAndSwap(0, topd) {
+			fresh = append(fresh, c)
+		}
+	}
+	return l.allocated(fresh, f.FUA)
 }
 
 // Trim implements block.Device: ranges the top holds (or nobody holds)
