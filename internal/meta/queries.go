@@ -3,10 +3,12 @@ package meta
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -105,22 +107,63 @@ func (s *Store) AttachmentByExport(ctx context.Context, export string) (*Attachm
 	return s.Attachment(ctx, string(resp.Kvs[0].Value))
 }
 
-// WatchAttachmentDeletes calls fn with the id of every attachment deleted
-// from now until ctx ends, on whichever node deleted it. A broken watch is
-// re-established; fn may therefore rarely see an id twice.
-func (s *Store) WatchAttachmentDeletes(ctx context.Context, fn func(id string)) {
+// ErrHistoryCompacted: a watch was to resume at a revision whose history
+// the store no longer keeps, so changes since may be lost to it; the
+// caller takes stock anew and watches on from there.
+var ErrHistoryCompacted = errors.New("metadata history compacted past the watch's revision")
+
+// AttachmentIDs returns the id of every attachment and the revision of the
+// store the list reflects: an attachment deleted at or before it is absent.
+func (s *Store) AttachmentIDs(ctx context.Context) (map[string]bool, int64, error) {
+	resp, err := s.read(ctx, prefixAttach, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, 0, wrap("list attachments", err)
+	}
+	ids := make(map[string]bool, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		ids[strings.TrimPrefix(string(kv.Key), prefixAttach)] = true
+	}
+	return ids, resp.Header.Revision, nil
+}
+
+// WatchAttachmentDeletes calls deleted with the id of every attachment
+// deleted after revision rev (on whichever node), in order, until ctx ends
+// (it returns nil) or the history it needs is compacted away (an error
+// wrapping ErrHistoryCompacted; see AttachmentIDs). A broken watch (leader
+// lost, connection reset) resumes after the last deletion it delivered, so
+// none is missed; deleted may see an id twice.
+func (s *Store) WatchAttachmentDeletes(ctx context.Context, rev int64, deleted func(id string)) error {
+	next := rev + 1
 	for ctx.Err() == nil {
-		wch := s.cli.Watch(clientv3.WithRequireLeader(ctx), prefixAttach, clientv3.WithPrefix(), clientv3.WithFilterPut())
-		for resp := range wch {
-			for _, ev := range resp.Events {
-				fn(strings.TrimPrefix(string(ev.Kv.Key), prefixAttach))
-			}
+		if err := s.watchAttachmentDeletes(ctx, &next, deleted); err != nil {
+			return err
 		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Second):
 		}
 	}
+	return nil
+}
+
+// watchAttachmentDeletes runs one watch from revision *next until it
+// breaks, advancing *next past every deletion it delivers (etcd never
+// splits a revision's events across responses).
+func (s *Store) watchAttachmentDeletes(ctx context.Context, next *int64, deleted func(id string)) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	wch := s.cli.Watch(wctx, prefixAttach, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(*next))
+	for resp := range wch {
+		if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
+			return fmt.Errorf("watch attachment deletions from revision %d (compacted up to %d): %w",
+				*next, resp.CompactRevision, ErrHistoryCompacted)
+		}
+		for _, ev := range resp.Events {
+			deleted(strings.TrimPrefix(string(ev.Kv.Key), prefixAttach))
+			*next = ev.Kv.ModRevision + 1
+		}
+	}
+	return nil
 }
 
 // WatchSnapshots calls fn with every snapshot record written, until ctx

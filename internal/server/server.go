@@ -230,7 +230,7 @@ func (n *Node) startNBD(ca *pki.CA, cert tls.Certificate) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	exports := n.volumes.NewExports(n.users.Authenticate)
-	go exports.Run(ctx)
+	go exports.Run(ctx) // Open waits until it watches detaches
 	n.nbd = &nbd.Server{
 		Exports: exports,
 		TLS: &tls.Config{

@@ -87,8 +87,9 @@ func (s *Service) ServingNode(ctx context.Context, vol string) (string, error) {
 	return s.leases.servingNode(ctx, vol)
 }
 
-// Detach removes an attachment. Every node closes the attachment's NBD
-// connections as it sees the deletion (see meta.WatchAttachmentDeletes).
+// Detach removes an attachment. This node closes the attachment's NBD
+// connections at once; every other node as it sees the deletion (see
+// Exports.Run).
 func (s *Service) Detach(ctx context.Context, c Caller, id string) error {
 	a, err := s.Attachment(ctx, c, id)
 	if err != nil {
@@ -119,6 +120,9 @@ func (s *Service) Detach(ctx context.Context, c Caller, id string) error {
 		return err
 	}
 	s.logFor("volume", a.VolumeID).Info("detached", "attachment", a.ID, "host", a.Host)
+	if x := s.exports.Load(); x != nil {
+		x.revoke(a.ID)
+	}
 	if v, err := s.meta.Volume(ctx, a.VolumeID); err == nil && !hasRW(ctx, s, v) {
 		s.leases.release(ctx, a.VolumeID) // no writer left: free the volume
 	}

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/errs"
@@ -16,10 +17,23 @@ import (
 // Exports serves attachments to the NBD server: it resolves an export name
 // (the attachment's secret) to the attached volume's data, read-only for ro
 // attachments, and closes connections when the attachment goes away.
+//
+// Revocation: Open registers an export's revocation before it checks that
+// the attachment still exists, and Run revokes registered attachments as
+// their deletions arrive, so a detach racing with an Open either fails the
+// Open or closes its connection. That holds only if Run sees every
+// deletion after the revision Open's check read: Open waits until Run has
+// taken stock (the revision it watches from), the watch resumes where it
+// broke, and when it cannot (compacted history) Run takes stock again,
+// revoking what is gone. Detach also revokes at once on the node that
+// served it.
 type Exports struct {
 	s *Service
 	// Authenticate checks a TLS client certificate chain (user.Service).
 	Authenticate func(ctx context.Context, chain []*x509.Certificate) (Caller, error)
+
+	ready     chan struct{} // closed once Run has taken stock and watches
+	readyOnce sync.Once
 
 	mu      sync.Mutex
 	revoked map[string]chan struct{} // attachment id -> closed on detach
@@ -32,10 +46,16 @@ type Exports struct {
 // writer is one open rw export of an attachment (see Exports.writers).
 type writer struct{ attachment string }
 
-// NewExports makes the NBD export resolver of a service.
+// readyWait bounds how long Open waits for Run to take stock.
+const readyWait = 10 * time.Second
+
+// NewExports makes the NBD export resolver of a service; call Run before
+// serving with it.
 func (s *Service) NewExports(auth func(ctx context.Context, chain []*x509.Certificate) (Caller, error)) *Exports {
-	e := &Exports{s: s, Authenticate: auth, revoked: map[string]chan struct{}{}, writers: map[string]map[*writer]struct{}{}}
+	e := &Exports{s: s, Authenticate: auth, ready: make(chan struct{}),
+		revoked: map[string]chan struct{}{}, writers: map[string]map[*writer]struct{}{}}
 	s.leases.onLost(e.fenced)
+	s.exports.Store(e)
 	return e
 }
 
@@ -76,9 +96,57 @@ func (e *Exports) dropWriter(vol string, w *writer) {
 	}
 }
 
-// Run revokes exports as their attachments are deleted, until ctx ends.
+// Run revokes exports as their attachments are deleted, until ctx ends:
+// it takes stock (reconcile), then follows deletions from there; when the
+// watch cannot resume where it broke, it takes stock again.
 func (e *Exports) Run(ctx context.Context) {
-	e.s.meta.WatchAttachmentDeletes(ctx, e.revoke)
+	for ctx.Err() == nil {
+		rev, err := e.reconcile(ctx)
+		if err != nil {
+			e.s.log.Warn("nbd exports: cannot list attachments; retrying", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		e.readyOnce.Do(func() { close(e.ready) })
+		if err := e.s.meta.WatchAttachmentDeletes(ctx, rev, e.revoke); err != nil {
+			e.s.log.Info("nbd exports: attachment watch starts over", "err", err)
+		}
+	}
+}
+
+// reconcile revokes every registered export whose attachment is gone and
+// returns the store revision that accounts for: deletions after it are
+// the watch's.
+func (e *Exports) reconcile(ctx context.Context) (int64, error) {
+	live, rev, err := e.s.meta.AttachmentIDs(ctx)
+	if err != nil {
+		return 0, err
+	}
+	// Registered after the list: an Open that registers later checks
+	// its attachment after the list too, so it sees deletions up to rev.
+	e.mu.Lock()
+	var absent []string
+	for id := range e.revoked {
+		if !live[id] {
+			absent = append(absent, id)
+		}
+	}
+	e.mu.Unlock()
+	for _, id := range absent {
+		// Absent from the list, or created after it: ask.
+		_, err := e.s.meta.Attachment(ctx, id)
+		switch {
+		case errs.IsCode(err, errs.CodeNotFound):
+			e.s.log.Info("nbd exports: attachment gone while deletions were not watched; revoking", "attachment", id)
+			e.revoke(id)
+		case err != nil:
+			return 0, err
+		}
+	}
+	return rev, nil
 }
 
 func (e *Exports) revoke(attachmentID string) {
@@ -104,6 +172,14 @@ func (e *Exports) revocation(attachmentID string) chan struct{} {
 
 // Open implements nbd.Exports.
 func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState) (*nbd.Export, error) {
+	select {
+	case <-e.ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(readyWait):
+		return nil, errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
+			"nbd exports: attachment deletions are not watched yet (metadata unavailable?)")
+	}
 	a, err := e.s.meta.AttachmentByExport(ctx, name)
 	if err != nil {
 		if errs.IsCode(err, errs.CodeNotFound) {
@@ -124,6 +200,9 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 	// with this open either is seen here or closes the connection later.
 	revoked := e.revocation(a.ID)
 	if _, err := e.s.meta.Attachment(ctx, a.ID); err != nil {
+		if errs.IsCode(err, errs.CodeNotFound) {
+			e.revoke(a.ID) // gone: nothing may use it (and the registration goes)
+		}
 		return nil, nbd.ErrUnknownExport
 	}
 	v, err := e.s.meta.Volume(ctx, a.VolumeID)

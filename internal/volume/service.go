@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
@@ -132,6 +133,9 @@ type Service struct {
 
 	leases *leases  // write leases of volumes (lease.go)
 	claims sync.Map // workflows running on this node (delegate.go)
+	// exports serves this node's NBD connections (export.go); Detach
+	// revokes through it at once. Nil until NewExports.
+	exports atomic.Pointer[Exports]
 
 	lockMu sync.Mutex // workflow locks (locks.go)
 	lockr  *lock.Locker

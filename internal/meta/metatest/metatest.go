@@ -27,6 +27,22 @@ type Env struct {
 	Meta *meta.Store
 	CA   *pki.CA
 	Dir  string
+
+	url string      // the member's client URL
+	tls *tls.Config // a node's client TLS
+}
+
+// Connect opens another Store on the member, with a connection of its
+// own (as another node has); it is closed at cleanup.
+func (e *Env) Connect(t testing.TB) *meta.Store {
+	t.Helper()
+	m, err := meta.Open(context.Background(), meta.Config{Endpoints: []string{e.url}, ExternalTLS: e.tls},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatalf("connect to the test metadata store: %v", err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
 }
 
 var (
@@ -77,8 +93,9 @@ func start() (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
+	clientTLS := &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
 	m, err := meta.Open(context.Background(), meta.Config{
-		ClientTLS: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12},
+		ClientTLS: clientTLS,
 		Embed: meta.EmbedConfig{
 			Name: "test", Dir: filepath.Join(dir, "meta"),
 			ClientAddr: clientAddr, PeerAddr: peerAddr,
@@ -90,7 +107,7 @@ func start() (*Env, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	return &Env{Meta: m, CA: ca, Dir: dir}, nil
+	return &Env{Meta: m, CA: ca, Dir: dir, url: "https://" + clientAddr, tls: clientTLS}, nil
 }
 
 func freeAddr() (string, error) {
