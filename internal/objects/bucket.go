@@ -61,7 +61,11 @@ func (b *Backend) CreateBucket(ctx context.Context, in *s3.CreateBucketInput, _ 
 	}
 	dir := b.bucketDir(bucket)
 	err := os.Mkdir(dir, 0o755)
-	if errors.Is(err, fs.ErrExist) {
+	if err == nil {
+		if err = b.giveDirTo(owner, dir); err != nil {
+			os.Remove(dir)
+		}
+	} else if errors.Is(err, fs.ErrExist) {
 		// A directory made by hand becomes the bucket; its files stay
 		// invisible until exported.
 		fi, serr := os.Lstat(dir)

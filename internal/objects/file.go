@@ -64,9 +64,10 @@ func errKeyIsDirectory(bucket, key string) error {
 }
 
 // mkdirs creates dir (of key) and its missing ancestors inside r, made
-// durable by makeDirs; a file on the way is ObjectParentIsFile.
-func mkdirs(r *os.Root, bucket, key, dir string) error {
-	err := makeDirs(r, dir)
+// durable by makeDirs; a file on the way is ObjectParentIsFile. created,
+// if not nil, is called with each directory it created.
+func mkdirs(r *os.Root, bucket, key, dir string, created func(string) error) error {
+	err := makeDirs(r, dir, created)
 	if errors.Is(err, syscall.ENOTDIR) {
 		return errParentIsFile(bucket, key)
 	}
@@ -126,8 +127,9 @@ func forgetDirs(dir string) {
 // and not yet synced its parent, and nothing stored below it may be
 // acknowledged before it is durable. A directory this process made
 // durable before is only checked (durableDirs). A component that is a file
-// fails with ENOTDIR or EEXIST.
-func makeDirs(d dirMaker, dir string) error {
+// fails with ENOTDIR or EEXIST. created, if not nil, is called with each
+// directory this call created, before its parent is synced.
+func makeDirs(d dirMaker, dir string, created func(string) error) error {
 	if dir == "." || dir == "" {
 		return nil
 	}
@@ -146,6 +148,11 @@ func makeDirs(d dirMaker, dir string) error {
 		err := d.Mkdir(cur, 0o755)
 		if err != nil && !errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("create directory %s: %w", cur, err)
+		}
+		if err == nil && created != nil {
+			if err := created(cur); err != nil {
+				return err
+			}
 		}
 		parent := path.Dir(cur)
 		f, err := d.Open(parent)
@@ -199,7 +206,7 @@ func syncIn(r *os.Root, dir string) error {
 // directory. tmp must be synced.
 func (b *Backend) publish(r *os.Root, bucket, key string, tmp *os.File, m *objectMeta) error {
 	dir, base := splitKey(key)
-	if err := mkdirs(r, bucket, key, dir); err != nil {
+	if err := mkdirs(r, bucket, key, dir, sameOwner(r, tmp)); err != nil {
 		return err
 	}
 	parent, err := r.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY, 0)

@@ -88,22 +88,69 @@ func (b *Backend) giveToWriter(ctx context.Context, f *os.File) error {
 	return b.giveTo(acct, f)
 }
 
+// sameOwner returns what mkdirs calls for the directories it creates
+// inside r for object file f: when f was given to a user (giveTo), they
+// are given to the same uid and gid, so that the user can also create,
+// rename and remove files there directly — the pWalrus way of writing
+// files that `basalt object export` then makes objects. Otherwise nil: the
+// directories stay the gateway's.
+func sameOwner(r *os.Root, f *os.File) func(string) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || int(st.Uid) == os.Geteuid() || st.Uid == 0 {
+		return nil
+	}
+	return func(dir string) error {
+		if err := r.Lchown(dir, int(st.Uid), int(st.Gid)); err != nil {
+			return fmt.Errorf("give directory %s to uid %d: %w", dir, st.Uid, err)
+		}
+		return nil
+	}
+}
+
 // giveTo makes f belong to acct's uid and gid when acct is mapped to a uid
 // and the mapping is trusted.
 func (b *Backend) giveTo(acct auth.Account, f *os.File) error {
-	if acct.UserID <= 0 { // unmapped, or no account (never chown to root)
+	uid, gid, ok := b.ownerFor(acct, "object")
+	if !ok {
 		return nil
 	}
-	if ok, why := b.trusted(acct); !ok {
-		b.log.Info("uid mapping not trusted; object stays the gateway's", "user", userOf(acct), "uid", acct.UserID, "why", why)
-		return nil
-	}
-	gid := acct.GroupID
-	if gid <= 0 {
-		gid = -1 // unchanged
-	}
-	if err := f.Chown(acct.UserID, gid); err != nil {
-		return fmt.Errorf("give the object to uid %d: %w", acct.UserID, err)
+	if err := f.Chown(uid, gid); err != nil {
+		return fmt.Errorf("give the object to uid %d: %w", uid, err)
 	}
 	return nil
+}
+
+// giveDirTo makes a new bucket directory belong to its owner when the
+// owner is mapped to a uid and the mapping is trusted, so that the user
+// can write files into the bucket directly (see sameOwner).
+func (b *Backend) giveDirTo(acct auth.Account, dir string) error {
+	uid, gid, ok := b.ownerFor(acct, "bucket directory")
+	if !ok {
+		return nil
+	}
+	if err := os.Lchown(dir, uid, gid); err != nil {
+		return fmt.Errorf("give bucket directory %s to uid %d: %w", dir, uid, err)
+	}
+	return nil
+}
+
+// ownerFor is the uid and gid (-1: unchanged) what acct writes is given
+// to, if acct is mapped to a uid and the mapping is trusted.
+func (b *Backend) ownerFor(acct auth.Account, what string) (uid, gid int, ok bool) {
+	if acct.UserID <= 0 { // unmapped, or no account (never chown to root)
+		return 0, 0, false
+	}
+	if ok, why := b.trusted(acct); !ok {
+		b.log.Info("uid mapping not trusted; "+what+" stays the gateway's", "user", userOf(acct), "uid", acct.UserID, "why", why)
+		return 0, 0, false
+	}
+	gid = acct.GroupID
+	if gid <= 0 {
+		gid = -1
+	}
+	return acct.UserID, gid, true
 }

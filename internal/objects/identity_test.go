@@ -2,6 +2,7 @@ package objects
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -108,5 +109,57 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A trusted mapped user owns the directories the gateway makes for them —
+// their bucket's, and those made for their objects' keys — so they can
+// write files into the bucket directly (to export them later), as
+// themselves; an untrusted mapping leaves the directories the gateway's.
+func TestMappedUserWritesTheirBucket(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("giving files to another uid needs root") // CI runs as root
+	}
+	e := newEnv(t, false)
+	const uid, gid = 4244, 4345
+	a := e.iam["AKALICE"]
+	a.UserID, a.GroupID = uid, gid
+	e.iam["AKALICE"] = a
+	e.be.trustFile = filepath.Join(e.dir, "trust-{uid}")
+	// The user must be able to reach the store (test directories are
+	// private to root).
+	for d := e.root; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		must(t, os.Chmod(d, 0o755))
+	}
+
+	// Not trusted yet: the bucket directory stays the gateway's.
+	mkBucket(t, e.alice, "early")
+	if u, _ := owner(t, filepath.Join(e.root, "early")); u != 0 {
+		t.Errorf("a bucket made under an untrusted mapping belongs to uid %d", u)
+	}
+
+	trust := filepath.Join(e.dir, "trust-4244")
+	must(t, os.WriteFile(trust, []byte("AKALICE\n"), 0o600))
+	must(t, os.Chown(trust, uid, gid))
+	mkBucket(t, e.alice, "mine")
+	put(t, e.alice, "mine", "d1/d2/k", "through S3")
+	for _, dir := range []string{"mine", "mine/d1", "mine/d1/d2"} {
+		if u, g := owner(t, filepath.Join(e.root, dir)); u != uid || g != gid {
+			t.Errorf("%s belongs to %d:%d, want %d:%d", dir, u, g, uid, gid)
+		}
+	}
+	// As the user: a new file, a new directory, a rename.
+	script := `set -e; cd "$1"; echo direct > direct.txt; mkdir sub; echo x > sub/y; mv d1/d2/k d1/d2/k.moved; mv d1/d2/k.moved d1/d2/k`
+	cmd := exec.Command("sh", "-c", script, "sh", filepath.Join(e.root, "mine"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid}}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the user cannot write their bucket directly: %v: %s", err, out)
+	}
+	// Directories made for keys of a user whose mapping is not trusted
+	// stay the gateway's.
+	must(t, os.Remove(trust))
+	put(t, e.alice, "mine", "d3/k", "untrusted now")
+	if u, _ := owner(t, filepath.Join(e.root, "mine", "d3")); u != 0 {
+		t.Errorf("d3, made for an untrusted writer, belongs to uid %d", u)
 	}
 }

@@ -334,7 +334,7 @@ func writeFileSync(tmpDir, base, path string, data []byte) error {
 	if err != nil {
 		return err
 	}
-	if err := makeDirs(under(base), filepath.ToSlash(rel)); err != nil {
+	if err := makeDirs(under(base), filepath.ToSlash(rel), nil); err != nil {
 		return err
 	}
 	f, err := os.CreateTemp(tmpDir, "meta-*")

@@ -221,7 +221,7 @@ func (b *Backend) keepCurrent(r *os.Root, bucket, key string, replaceNull bool) 
 		}
 	}
 	dir := path.Dir(vpath)
-	if err := mkdirs(r, bucket, vpath, dir); err != nil {
+	if err := mkdirs(r, bucket, vpath, dir, nil); err != nil {
 		return "", fmt.Errorf("keep version of %s/%s: %w", bucket, key, err)
 	}
 	kept := *rec
@@ -299,7 +299,7 @@ func (b *Backend) removeNull(r *os.Root, bucket, key string) error {
 func (b *Backend) addMarker(r *os.Root, bucket, key, vid string) error {
 	p := markerFile(key, vid)
 	dir := path.Dir(p)
-	if err := mkdirs(r, bucket, p, dir); err != nil {
+	if err := mkdirs(r, bucket, p, dir, nil); err != nil {
 		return err
 	}
 	f, err := r.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
@@ -418,7 +418,7 @@ func (b *Backend) promote(r *os.Root, bucket, key string) error {
 		}
 	}
 	dir, _ := splitKey(key)
-	if err := mkdirs(r, bucket, key, dir); err != nil {
+	if err := mkdirs(r, bucket, key, dir, sameOwner(r, o.f)); err != nil {
 		return err
 	}
 	rec := *m
