@@ -155,10 +155,14 @@ func New(m *meta.Store, st *store.Store, cfg Config, log *slog.Logger) *Service 
 	s.leases = newLeases(s)
 	s.leases.onLost(s.dropLive)
 	s.gc = newCollector()
-	s.jobs.Add(1)
+	s.jobs.Add(2)
 	go func() {
 		defer s.jobs.Done()
 		s.runCollector()
+	}()
+	go func() {
+		defer s.jobs.Done()
+		s.runLegProbe()
 	}()
 	return s
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -100,27 +101,28 @@ func (s *Service) acquire(v *meta.Volume) (block.Layer, func(), error) {
 		s.live[v.ID] = ls
 	}
 	ls.refs++
-	var once bool
-	return ls.l, func() {
-		s.liveMu.Lock()
-		defer s.liveMu.Unlock()
-		if once {
-			return
-		}
-		once = true
-		if ls.refs--; ls.refs == 0 {
-			if s.live[v.ID] == ls {
-				delete(s.live, v.ID)
-			}
-			if err := ls.l.Flush(); err != nil {
-				s.logFor("volume", v.ID).Warn("flush on close", "err", err)
-			}
-			if err := ls.l.Close(); err != nil {
-				s.logFor("volume", v.ID).Warn("close stack", "err", err)
-			}
-			ls.forget()
-		}
-	}, nil
+	var once sync.Once
+	return ls.l, func() { once.Do(func() { s.releaseLive(v.ID, ls) }) }, nil
+}
+
+// releaseLive drops one reference to volume vol's live stack ls; the last
+// one flushes and closes it.
+func (s *Service) releaseLive(vol string, ls *liveStack) {
+	s.liveMu.Lock()
+	defer s.liveMu.Unlock()
+	if ls.refs--; ls.refs > 0 {
+		return
+	}
+	if s.live[vol] == ls {
+		delete(s.live, vol)
+	}
+	if err := ls.l.Flush(); err != nil {
+		s.logFor("volume", vol).Warn("flush on close", "err", err)
+	}
+	if err := ls.l.Close(); err != nil {
+		s.logFor("volume", vol).Warn("close stack", "err", err)
+	}
+	ls.forget()
 }
 
 // dropLive forgets volume vol's open stack after this node lost its write

@@ -279,8 +279,10 @@ func TestMirrorLegDeleted(t *testing.T) {
 // degraded and takes writes (3 × 64 KiB in three 1 MiB regions). Once the
 // file is back it differs from the good leg in exactly the blocks written
 // meanwhile, and the mirror keeps it failed (reads never come from it)
-// until `volume repair`, which copies exactly the three 1 MiB regions
-// (resynced_bytes) and leaves both leg files identical.
+// until a repair: once the volume is in use, the node sees the leg's file
+// back and starts the repair job itself (internal/volume/legreturn.go),
+// which copies exactly the three 1 MiB regions (resynced_bytes) and leaves
+// both leg files identical.
 func TestMirrorLegReturnResyncsOnlyChanges(t *testing.T) {
 	t.Parallel()
 	requireTools(t, "qemu-io", "nbdcopy")
@@ -321,7 +323,6 @@ func TestMirrorLegReturnResyncsOnlyChanges(t *testing.T) {
 	if err := os.Rename(away, legs[1]); err != nil {
 		t.Fatal(err)
 	}
-	n.Restart()
 
 	// The returned leg holds the old data exactly where the writes went.
 	good, old := mustRead(t, legs[0]), mustRead(t, legs[1])
@@ -334,15 +335,36 @@ func TestMirrorLegReturnResyncsOnlyChanges(t *testing.T) {
 	if got := redDiffBlocks(good, old, 4096); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("before repair the returned leg differs from the good one in blocks %v, want exactly the %d written while it was away %v", got, len(want), want)
 	}
+	n.Restart()
 	_, m = redShow(t, admin, vol.ID, "mirror")
 	redWantStates(t, "mirror with leg 1 back, before repair", m, "degraded", "ok", "failed")
 	expect := image(size, base, changes)
 	checkImage(t, "volume with a stale leg back, before repair", admin.VolumeCopy(vol.ID), expect)
 
-	v := redRepair(t, admin, vol.ID)
+	// In use again, the volume repairs itself: the node sees the failed
+	// leg's file back and starts the repair job `volume repair` would.
+	a := admin.Attach(vol.ID, ioHost, "rw")
+	q := startQemuSession(t, "-f", "raw", a.NBDURI)
+	var v Volume
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		admin.OK(&v, "volume", "show", vol.ID)
+		if v.LastJob != nil && v.Progress == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no repair 60 s after the leg came back: %+v", v)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if v.LastJob.Job != "repair" || v.LastJob.Error != "" {
+		t.Fatalf("the job started when the leg came back: %+v", v.LastJob)
+	}
 	if got := redResynced(t, v); got != 3*reg {
 		t.Errorf("repair resynced %d bytes, want %d (the three regions written while the leg was away)", got, 3*reg)
 	}
+	q.in.Close()
+	q.p.Wait(5 * time.Second)
+	admin.Detach(a.ID)
 	_, m = redShow(t, admin, vol.ID, "mirror")
 	redWantStates(t, "mirror after repair", m, "ok", "ok", "ok")
 	redSameFiles(t, "leg files after repair", legs[0], legs[1])
