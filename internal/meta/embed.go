@@ -1,6 +1,8 @@
 package meta
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -9,6 +11,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
@@ -105,4 +108,117 @@ func advertised(u url.URL, host string) url.URL {
 	_, port, _ := splitHostPort(u.Host)
 	u.Host = joinHostPort(host, port)
 	return u
+}
+
+// ErrMemberRemoved: the cluster removed this node's etcd member (`basalt
+// node remove`), which has stopped.
+var ErrMemberRemoved = errors.New("this node's etcd member was removed from the metadata cluster")
+
+// ownMember reports whether the embedded member still serves this node —
+// it runs and is in the member list by its own account — and whether it is
+// a learner. Never etcd's IsLearner: it panics once the member is no
+// longer in its own member list, which a removed member is from the moment
+// it applies its removal until it stops, a second later.
+func (s *Store) ownMember() (serves, learner bool) {
+	if s.local == nil {
+		return false, false
+	}
+	select {
+	case <-s.embedded.Server.StoppingNotify():
+		return false, false
+	default:
+	}
+	m := s.embedded.Server.Cluster().Member(s.embedded.Server.MemberID())
+	return m != nil, m != nil && m.IsLearner
+}
+
+// localCopy is the client that serves serializable reads from a copy of
+// the metadata near this node: its own member while that serves, else the
+// cluster client (a client node, or a member removed or stopped).
+func (s *Store) localCopy() *clientv3.Client {
+	if serves, _ := s.ownMember(); serves {
+		return s.local
+	}
+	return s.cli
+}
+
+// watchMember waits for the embedded member to stop by itself: etcd stops
+// a member the cluster removed, and one that met a fatal error. Then it
+// closes the member's listeners at once (etcd's own status handlers panic
+// on a removed member), points the cluster client at the other members so
+// that the node can still release what it holds while it shuts down (the
+// first node's client may know no other endpoint yet), records why the
+// member stopped and closes memberStopped.
+func (s *Store) watchMember() {
+	select {
+	case <-s.closed:
+		return
+	case <-s.embedded.Server.StoppingNotify():
+	}
+	select {
+	case <-s.closed:
+		return // Close stopped it
+	default:
+	}
+	id := s.embedded.Server.MemberID()
+	s.log.Warn("embedded etcd member stopped", "member", id.String())
+	s.closeMember()
+	listed := false
+	var others []string
+	for _, m := range s.embedded.Server.Cluster().Members() {
+		if m.ID == id {
+			listed = true
+		} else {
+			others = append(others, m.ClientURLs...)
+		}
+	}
+	if len(others) > 0 {
+		s.cli.SetEndpoints(others...)
+	}
+	s.memberErr = s.stopCause(uint64(id), listed)
+	close(s.memberStopped)
+}
+
+// stopCause says why the member stopped: ErrMemberRemoved when it is no
+// longer a member — by its own account, or the other members' (a member
+// removed while it was cut off learns it from their refusals, and never
+// applies its removal itself) — else an error saying it failed.
+func (s *Store) stopCause(id uint64, listed bool) error {
+	if !listed {
+		return ErrMemberRemoved
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r, err := s.cli.MemberList(ctx)
+	if err != nil {
+		return fmt.Errorf("embedded etcd member %x stopped (see etcd's log); the other members cannot say whether it was removed: %w", id, err)
+	}
+	for _, m := range r.Members {
+		if m.ID == id {
+			return fmt.Errorf("embedded etcd member %x stopped while still a member of the cluster (see etcd's log)", id)
+		}
+	}
+	return ErrMemberRemoved
+}
+
+// MemberStopped is closed when the embedded member stopped by itself
+// rather than by Close: removed from the cluster or failed, as MemberErr
+// says. Without an embedded member it is never closed.
+func (s *Store) MemberStopped() <-chan struct{} { return s.memberStopped }
+
+// MemberErr is why the embedded member stopped (ErrMemberRemoved: it was
+// removed), once MemberStopped is closed; nil before.
+func (s *Store) MemberErr() error {
+	select {
+	case <-s.memberStopped:
+		return s.memberErr
+	default:
+		return nil
+	}
+}
+
+// closeMember stops the embedded member and its listeners, once (a second
+// embed.Close panics).
+func (s *Store) closeMember() {
+	s.closeMemberOnce.Do(s.embedded.Close)
 }

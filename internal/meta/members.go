@@ -74,12 +74,8 @@ func (s *Store) Members(ctx context.Context) ([]Member, error) {
 	}
 	if r == nil && (err == nil || unavailable(err)) {
 		// No quorum (or a stale read asked for): this member's view.
-		cli := s.cli
-		if s.local != nil {
-			cli = s.local
-		}
 		lctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		r, err = cli.MemberList(lctx, clientv3.WithSerializable())
+		r, err = s.localCopy().MemberList(lctx, clientv3.WithSerializable())
 		cancel()
 		if err == nil {
 			markLocal(ctx)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
@@ -39,9 +40,16 @@ type Store struct {
 	// serializable reads are answered by this node's own copy.
 	local    *clientv3.Client
 	embedded *embed.Etcd
-	log      *slog.Logger
-	q        quorum
-	closed   chan struct{} // closed by Close
+	// closeMemberOnce guards embedded.Close, which Close and watchMember
+	// may both call.
+	closeMemberOnce sync.Once
+	// memberStopped is closed, memberErr set, when the embedded member
+	// stops by itself (watchMember; nil without an embedded member).
+	memberStopped chan struct{}
+	memberErr     error
+	log           *slog.Logger
+	q             quorum
+	closed        chan struct{} // closed by Close
 }
 
 // requestTimeout bounds every metadata call so that losing quorum fails
@@ -87,6 +95,10 @@ func Open(ctx context.Context, c Config, log *slog.Logger) (*Store, error) {
 		return nil, fmt.Errorf("connect to etcd %v: %w", endpoints, err)
 	}
 	s.cli = cli
+	if s.embedded != nil {
+		s.memberStopped = make(chan struct{})
+		go s.watchMember()
+	}
 	// Prove the connection works before declaring the store open.
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -118,7 +130,7 @@ func (s *Store) Close() {
 		s.local.Close()
 	}
 	if s.embedded != nil {
-		s.embedded.Close()
+		s.closeMember()
 	}
 }
 

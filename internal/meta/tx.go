@@ -34,8 +34,8 @@ func (s *Store) Update(ctx context.Context, fn func(*Tx) error) error {
 
 // attemptMode is how a transaction's first attempt reads here (stm.go).
 func (s *Store) attemptMode() attemptMode {
-	switch {
-	case s.local == nil || s.embedded.Server.IsLearner():
+	switch serves, learner := s.ownMember(); {
+	case !serves || learner:
 		return modeCareful
 	case s.embedded.Server.Leader() == s.embedded.Server.MemberID():
 		return modeOptimistic
@@ -47,9 +47,10 @@ func (s *Store) attemptMode() attemptMode {
 // txnClient is the client transactions run on: the node's own member when
 // it is a voter — its first, linearizable read leaves it at least at the
 // revision every later read of the transaction asks for — else the
-// cluster client (a learner serves no linearizable reads).
+// cluster client (a learner serves no linearizable reads, a removed or
+// stopped member none at all).
 func (s *Store) txnClient() *clientv3.Client {
-	if s.local != nil && !s.embedded.Server.IsLearner() {
+	if serves, learner := s.ownMember(); serves && !learner {
 		return s.local
 	}
 	return s.cli
@@ -302,11 +303,7 @@ func (s *Store) read(ctx context.Context, key string, opts ...clientv3.OpOption)
 	}
 	sctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	cli := s.cli
-	if s.local != nil {
-		cli = s.local
-	}
-	resp, serr := cli.Get(sctx, key, append(opts, clientv3.WithSerializable())...)
+	resp, serr := s.localCopy().Get(sctx, key, append(opts, clientv3.WithSerializable())...)
 	if serr != nil {
 		if err == nil {
 			err = serr
