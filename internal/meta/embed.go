@@ -144,11 +144,12 @@ func (s *Store) localCopy() *clientv3.Client {
 
 // watchMember waits for the embedded member to stop by itself: etcd stops
 // a member the cluster removed, and one that met a fatal error. Then it
-// closes the member's listeners at once (etcd's own status handlers panic
-// on a removed member), points the cluster client at the other members so
-// that the node can still release what it holds while it shuts down (the
-// first node's client may know no other endpoint yet), records why the
-// member stopped and closes memberStopped.
+// starts closing the member's listeners (etcd's own status handlers panic
+// on a removed member; closing takes seconds, as etcd first tries to hand
+// its leadership over), points the cluster client at the other members
+// so that the node can still release what it holds while it shuts down
+// (the first node's client may know no other endpoint yet), records why
+// the member stopped and closes memberStopped.
 func (s *Store) watchMember() {
 	select {
 	case <-s.closed:
@@ -162,7 +163,7 @@ func (s *Store) watchMember() {
 	}
 	id := s.embedded.Server.MemberID()
 	s.log.Warn("embedded etcd member stopped", "member", id.String())
-	s.closeMember()
+	go s.closeMember()
 	listed := false
 	var others []string
 	for _, m := range s.embedded.Server.Cluster().Members() {
@@ -180,17 +181,20 @@ func (s *Store) watchMember() {
 }
 
 // stopCause says why the member stopped: ErrMemberRemoved when it is no
-// longer a member — by its own account, or the other members' (a member
-// removed while it was cut off learns it from their refusals, and never
-// applies its removal itself) — else an error saying it failed.
+// longer a member, else an error saying it failed. It asks the other
+// members (a member removed while it was cut off learns it from their
+// refusals and never applies its removal itself): their linearizable
+// answer also means they have a leader again — the removed member may
+// have been theirs — so that what the node releases next goes through at
+// once. Without their answer, its own view decides.
 func (s *Store) stopCause(id uint64, listed bool) error {
-	if !listed {
-		return ErrMemberRemoved
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	r, err := s.cli.MemberList(ctx)
 	if err != nil {
+		if !listed {
+			return ErrMemberRemoved
+		}
 		return fmt.Errorf("embedded etcd member %x stopped (see etcd's log); the other members cannot say whether it was removed: %w", id, err)
 	}
 	for _, m := range r.Members {
