@@ -157,11 +157,14 @@ Try:  BASALT_IDENTITY=%s basalt status
 `, n.Name(), n.APIAddr(), n.AdminDir, n.AdminDir)
 	select {
 	case <-ctx.Done():
-	case <-n.Removed():
+	case <-n.Done():
 	}
 	log.Info("shutting down")
 	n.Close()
 	log.Info("stopped")
+	if err := n.Err(); err != nil {
+		return errs.New(errs.KindInternal, "ServerError", "server: %v", err)
+	}
 	return nil
 }
 

@@ -202,7 +202,7 @@ func (n *Node) single(ctx context.Context) bool {
 
 // belong registers the node, keeps its liveness lease, finishes a
 // learner's promotion, and stops the node when it is removed from the
-// cluster (its registration deleted by `basalt node remove`).
+// cluster by `basalt node remove` (watchRemoval).
 func (n *Node) belong(ctx context.Context, st *joinState) error {
 	rec := &meta.Node{Name: n.cfg.Name, API: n.advertisedURL(n.apiAddr), S3: n.s3URL(), NBD: n.nbdURI}
 	if n.meta.Embedded() {
@@ -221,7 +221,10 @@ func (n *Node) belong(ctx context.Context, st *joinState) error {
 	return nil
 }
 
-// watchRemoval closes n.removed when the node's registration disappears.
+// watchRemoval stops the node when it leaves its cluster: its embedded
+// member stopped — etcd stops a member the cluster removed — or its
+// registration disappeared (a client node runs no member). Either closes
+// n.done; n.err is set when the member stopped without being removed.
 func (n *Node) watchRemoval(ctx context.Context) {
 	t := time.NewTicker(2 * time.Second)
 	defer t.Stop()
@@ -229,20 +232,41 @@ func (n *Node) watchRemoval(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-n.meta.MemberStopped():
+			if err := n.meta.MemberErr(); !errors.Is(err, meta.ErrMemberRemoved) {
+				n.log.Error("this node's etcd member stopped; stopping", "err", err)
+				n.err = err
+			} else {
+				n.log.Error("this node was removed from the cluster; stopping")
+			}
+			close(n.done)
+			return
 		case <-t.C:
 		}
 		_, err := n.meta.Node(ctx, n.cfg.Name)
 		if errs.IsCode(err, errs.CodeNotFound) {
 			n.log.Error("this node was removed from the cluster; stopping")
-			close(n.removed)
+			close(n.done)
 			return
 		}
 	}
 }
 
-// Removed is closed when the node was removed from its cluster: the
-// process should stop.
-func (n *Node) Removed() <-chan struct{} { return n.removed }
+// Done is closed when the node stops by itself: removed from its cluster
+// (Err nil), or its etcd member failed (Err says how). The process should
+// stop.
+func (n *Node) Done() <-chan struct{} { return n.done }
+
+// Err is why the node stopped by itself, once Done is closed: nil when it
+// was removed from its cluster.
+func (n *Node) Err() error {
+	select {
+	case <-n.done:
+		return n.err
+	default:
+		return nil
+	}
+}
 
 // attachmentURI is the NBD URI of attachment a on the node that serves it:
 // a rw attachment on its volume's write-lease holder, a ro one here.

@@ -96,7 +96,10 @@ type Node struct {
 	stopMirror  context.CancelFunc
 	cancel      context.CancelFunc
 	cluster     *cluster.Service
-	removed     chan struct{}
+	// done is closed, err set, when the node stops by itself (see
+	// watchRemoval).
+	done chan struct{}
+	err  error
 	// stopBelonging ends registration upkeep (liveness, promotion).
 	stopBelonging context.CancelFunc
 	AdminDir      string
@@ -104,7 +107,7 @@ type Node struct {
 
 // Start brings a node up and returns once it serves. Stop it with Close.
 func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Node, error) {
-	n := &Node{cfg: cfg, log: log, started: time.Now().UTC(), removed: make(chan struct{})}
+	n := &Node{cfg: cfg, log: log, started: time.Now().UTC(), done: make(chan struct{})}
 	if err := n.start(ctx); err != nil {
 		n.Close()
 		return nil, err
