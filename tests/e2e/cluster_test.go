@@ -224,6 +224,142 @@ func TestClusterMembership(t *testing.T) {
 	c.Admin(0).Fail("NodeIsSelf", "node", "remove", "n1")
 }
 
+// TestClusterRemoveVoter: `node remove` of a running voter — the first
+// node, whose etcd client may know no member but its own — takes it out
+// cleanly: the removed process releases its volume's write lease, exits 0
+// saying why, and never panics (etcd panics when asked whether a removed
+// member is a learner); the two voters left serve writes, and a new node
+// joins in its place as a voter.
+func TestClusterRemoveVoter(t *testing.T) {
+	t.Parallel()
+	c := StartCluster(t, 3)
+	n1 := c.Nodes[0]
+	c.Admin(0).CreateVolume("--size", "64MiB", "--name", "held")
+	a := c.Admin(0).Attach("held", "h1", "rw")
+	if a.NBDURI != n1.nbdBase()+a.Export {
+		t.Fatalf("attachment made through n1 has nbd_uri %s, want n1's (n1 holds the write lease)", a.NBDURI)
+	}
+	// Watched from before the removal (n1 shuts down while `node remove`
+	// runs): when another node serves the attachment.
+	movedc, stop := make(chan attachmentMove, 1), make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	go watchAttachmentMove(c.Admin(2), a, movedc, stop)
+	// etcd removes a voter only once the others have been connected to
+	// every voter for 5 s; n3 was promoted a moment ago.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r := c.Admin(1).Run("node", "remove", "n1")
+		if r.Code == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node remove n1 through n2: %s", r)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	select {
+	case <-n1.done:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("n1 still runs 15s after it was removed")
+	}
+	if code := n1.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("removed n1 exited %d, want 0", code)
+	}
+	log := n1.Log()
+	for _, bad := range []string{"panic", "goroutine "} {
+		if strings.Contains(log, bad) {
+			t.Errorf("removed n1's log holds %q:\n%s", bad, tail(log, 4000))
+		}
+	}
+	for _, want := range []string{"this node was removed from the cluster; stopping", "msg=stopped"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("removed n1's log lacks %q:\n%s", want, tail(log, 4000))
+		}
+	}
+
+	c.Nodes = c.Nodes[1:] // n2 is the cluster's first node now
+	ns := c.WaitRoles(20*time.Second, map[string]string{"n2": "voter", "n3": "voter"})
+	for _, n := range ns {
+		if n.Name == "n1" {
+			t.Errorf("n1 still listed after its removal: %+v", n)
+		}
+	}
+	// n1 released its write lease as it shut down: another node serves
+	// the attachment well before the lease could have expired (its 5 s
+	// TTL runs from the last renewal, which n1 sent every second until
+	// then).
+	var moved attachmentMove
+	select {
+	case moved = <-movedc:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("nbd_uri still names the removed n1 15s after it exited")
+	}
+	if moved.err != nil {
+		t.Fatal(moved.err)
+	}
+	shutdown, err := logTime(log, `msg="shutting down"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := moved.at.Sub(shutdown)
+	t.Logf("the attachment moved to %s %v after n1 began to shut down", moved.a.NBDURI, took.Round(time.Millisecond))
+	if took > 3500*time.Millisecond {
+		t.Errorf("the attachment moved off n1 %v after n1 began to shut down: its write lease expired instead of being released", took)
+	}
+	if moved.a.NBDURI != c.Nodes[0].nbdBase()+a.Export && moved.a.NBDURI != c.Nodes[1].nbdBase()+a.Export {
+		t.Errorf("nbd_uri %s names no live node", moved.a.NBDURI)
+	}
+	c.Admin(0).CreateVolume("--size", "64MiB", "--name", "after-removal-2")
+	c.Admin(1).CreateVolume("--size", "64MiB", "--name", "after-removal-3")
+
+	c.Join("n4", "--identity", c.Nodes[0].AdminDir())
+	c.WaitRoles(30*time.Second, map[string]string{"n2": "voter", "n3": "voter", "n4": "voter"})
+	if v := c.Admin(2).Volume("after-removal-3"); v.Name != "after-removal-3" {
+		t.Errorf("the replacement reads %+v", v)
+	}
+}
+
+// attachmentMove is when `attachment show` first named another node.
+type attachmentMove struct {
+	a   Attachment
+	at  time.Time
+	err error
+}
+
+// watchAttachmentMove polls `attachment show` of a through cl for up to a
+// minute, until stop, and sends the first answer whose nbd_uri differs
+// from a's.
+func watchAttachmentMove(cl *Client, a Attachment, movedc chan<- attachmentMove, stop <-chan struct{}) {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		var now Attachment
+		r := cl.Run("attachment", "show", a.ID)
+		if r.Code == 0 && json.Unmarshal([]byte(r.Stdout), &now) == nil && now.NBDURI != a.NBDURI {
+			movedc <- attachmentMove{a: now, at: time.Now()}
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	movedc <- attachmentMove{err: fmt.Errorf("attachment %s still served at %s after a minute", a.ID, a.NBDURI)}
+}
+
+// logTime is the time of the first line of a server log holding what.
+func logTime(log, what string) (time.Time, error) {
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, what) {
+			continue
+		}
+		stamp, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
+		return time.Parse(time.RFC3339Nano, stamp)
+	}
+	return time.Time{}, fmt.Errorf("no log line holds %s", what)
+}
+
 // runFailingServer starts a server that must fail to start and returns
 // its output and exit code.
 func runFailingServer(t *testing.T, c *Cluster, name string, args ...string) (string, int) {
