@@ -196,6 +196,10 @@ type Layer struct {
 	pending []int64 // chunks newly held by the top, bits not yet persisted
 
 	locks [256]sync.Mutex // copy-up locks by chunk
+
+	// dirty, while a Collapse runs, collects the chunks whose content in
+	// the top changed (touched, by every path that writes the top).
+	dirty atomic.Pointer[dirtySet]
 }
 
 // Compose implements block.Type.Compose.
@@ -602,6 +606,7 @@ func (l *Layer) write(off, n int64, fua bool, direct func(r run, at int64) error
 	}
 	l.chainMu.RLock()
 	defer l.chainMu.RUnlock()
+	defer l.touched(off, n)
 	var fresh []int64
 	at := int64(0)
 	topd := l.top.depth
@@ -746,6 +751,7 @@ func (l *Layer) Trim(off, n int64, fua bool) error {
 	}
 	l.chainMu.RLock()
 	defer l.chainMu.RUnlock()
+	defer l.touched(off, n)
 	for _, r := range l.runs(off, n, false) {
 		if r.owner != l.top.depth {
 			continue
@@ -999,6 +1005,9 @@ func (l *Layer) flattenPass(ctx context.Context, progress block.Progress) error 
 		moved := false
 		if o != 0 && o != l.top.depth {
 			moved, err = l.copyUp(c, false, run{c * l.chunk, 0, o}, 0, keep, func([]byte, run, int64) {})
+		}
+		if moved {
+			l.touched(c*l.chunk, l.chunk)
 		}
 		l.chainMu.RUnlock()
 		if err != nil {
