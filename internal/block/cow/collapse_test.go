@@ -61,6 +61,11 @@ func TestCollapse(t *testing.T) {
 	if l.Depth() != 2 || l.Top() != mid {
 		t.Fatalf("after collapse: depth %d, top %s; want 2, %s", l.Depth(), l.Top(), mid)
 	}
+	// The new top's stack was grown to the extended size (as Resize
+	// keeps a top's: a reopen checks it).
+	if n := l.top.dev.Size(); n < l.Size() {
+		t.Fatalf("the collapsed image's stack holds %d bytes, the volume %d", n, l.Size())
+	}
 	// Every chunk the volume reads from its top is in the collapsed
 	// image's own file.
 	f, err := os.ReadFile(filepath.Join(env.Images, mid, "data.img"))
@@ -320,8 +325,8 @@ func TestCollapseCrashKeepsUnpersistedChunks(t *testing.T) {
 	expect(t, l, model, "after the rerun")
 }
 
-// TestCollapseCrashAtEveryMetadataWrite runs writes, a snapshot, an
-// extend, more writes (unflushed) and a collapse of the snapshot's image
+// TestCollapseCrashAtEveryMetadataWrite runs writes, two snapshots, an
+// extend, more writes (flushed, then unflushed) and a collapse of the snapshot's image
 // followed by more writes, crashing (whole and torn) at each metadata
 // write in turn. The reopened volume must hold every chunk as last
 // acknowledged durable (a completed collapse flushed) or newer, never
@@ -366,6 +371,13 @@ func TestCollapseCrashAtEveryMetadataWrite(t *testing.T) {
 		if !write(20) || !flush() {
 			return
 		}
+		// A first snapshot below: the top copies chunks up from both.
+		if _, err := c.Snapshot("first"); err != nil {
+			return
+		}
+		if !write(20) || !flush() {
+			return
+		}
 		if snapImg, err = c.Snapshot("snap"); err != nil {
 			return
 		}
@@ -374,7 +386,8 @@ func TestCollapseCrashAtEveryMetadataWrite(t *testing.T) {
 		}
 		model = append(model, make([]byte, grown-size)...)
 		flushed[len(flushed)-1] = append(flushed[len(flushed)-1], make([]byte, grown-size)...)
-		if !write(20) {
+		// Flushed writes in the top, then unflushed ones.
+		if !write(20) || !flush() || !write(20) {
 			return
 		}
 		if c.Collapse(context.Background(), snapImg, nil) != nil {
@@ -422,6 +435,9 @@ func TestCollapseCrashAtEveryMetadataWrite(t *testing.T) {
 				t.Fatal(err)
 			}
 			last := flushed[len(flushed)-1]
+			if len(got) < len(last) {
+				t.Fatalf("crash at metadata write %d (tear %d): %d bytes, an acknowledged extend made %d", k, ti, len(got), len(last))
+			}
 			for c := 0; c < len(got); c += 8192 {
 				e := min(c+8192, len(got))
 				g := got[c:e]
@@ -442,7 +458,7 @@ func TestCollapseCrashAtEveryMetadataWrite(t *testing.T) {
 				if err := l.Collapse(context.Background(), snapImg, nil); err != nil {
 					t.Fatalf("crash at %d (tear %d): collapse rerun: %v", k, ti, err)
 				}
-				if l.Top() != snapImg || l.Depth() != 1 {
+				if l.Top() != snapImg || l.Depth() != 2 {
 					t.Fatalf("crash at %d (tear %d): after the rerun top %s depth %d", k, ti, l.Top(), l.Depth())
 				}
 				expect(t, l, got, "after the rerun")
