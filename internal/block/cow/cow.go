@@ -14,6 +14,11 @@
 //	          ever writes it again, and the snapshot names it.
 //	clone:    a new volume whose top is an empty image whose parent is the
 //	          snapshot's image (Env.Base on Create).
+//	collapse: when the top's parent is needed by nothing else (its
+//	          snapshot deleted, no clone on it), copy the chunks the top
+//	          holds into the parent and point cow.sb at the parent (the
+//	          commit); the old top leaves the chain and the parent, written
+//	          again, is the top (collapse.go).
 //
 // Reads: an in-memory owner table says, per chunk, which image of the chain
 // holds it (built at open from the allocation maps, kept current by
@@ -30,14 +35,15 @@
 // or from the base, when the copy-up was never made durable — never from a
 // top chunk whose copied-up base data was lost. cow.sb and image.sb are
 // superblocks (two copies); a snapshot's steps before the cow.sb write
-// leave only an unreferenced image directory, which Collect removes.
+// leave only an unreferenced image directory, which Collect removes; a
+// collapse's steps before it change only chunks the top overrides.
 //
 // Base images are opened read-only, yet they are children like the top
 // (Children, Describe), and repair and scrub reach them through Maintain
 // (maintain.go), which opens one read-write for the call only.
 //
 // Who calls it: block.Build through the registry; the volume service for
-// Snapshot, Flatten, Top and Collect, and Maintain through
+// Snapshot, Flatten, Collapse, Top and Collect, and Maintain through
 // block.WalkMaintain.
 package cow
 
@@ -934,7 +940,8 @@ func (l *Layer) Snapshot(tag string) (string, error) {
 		return "", err
 	}
 	// Committed. The old top is a base from now on: its map and
-	// superblock are never written again.
+	// superblock are never written again, unless a collapse makes it the
+	// top again.
 	old.alloc.Close()
 	old.sb.Close()
 	old.alloc, old.sb = nil, nil
