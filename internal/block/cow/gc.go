@@ -59,7 +59,8 @@ func TopOf(dir string) (string, error) {
 // creations apart from a collection lists, reads its roots, and only then
 // lets creations go on: Sweep considers only the images listed, and an
 // image that no root needed once listed is needed by nothing later (a top
-// only moves to newer images; a clone needs a snapshot, itself a root).
+// only moves to a newer image or, by a collapse, to its own parent, live
+// already; a clone needs a snapshot, itself a root).
 func Collect(images string, roots []string, grace time.Duration) ([]string, error) {
 	listed, err := ListImages(images)
 	if err != nil {
