@@ -182,7 +182,7 @@ func (c *collapse) open() error {
 			return err
 		}
 		old := into.dev
-		into.dev = dev
+		into.dev, into.rw = dev, true
 		l.chainMu.Unlock()
 		if err := old.Close(); err != nil {
 			c.log().Warn("closing an image's read-only stack", "image", into.meta.ID, "err", err)
