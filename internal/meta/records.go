@@ -39,7 +39,7 @@ type User struct {
 // Job is a long-running piece of a workflow (a copy), persisted so that a
 // restarted node resumes it and a reader can show progress.
 type Job struct {
-	Kind      string    `json:"kind"`  // JobFlatten, JobRepair, JobScrub, JobExport, JobImport
+	Kind      string    `json:"kind"`  // JobFlatten, JobRepair, JobScrub, JobExport, JobImport, JobCollapse
 	Node      string    `json:"node"`  // the node running it
 	Done      int64     `json:"done"`  // progress, in units of the job's total
 	Total     int64     `json:"total"` // 0 while unknown
@@ -61,6 +61,10 @@ const (
 	JobScrub   = "scrub"   // verify every block (checksum layers)
 	JobExport  = "export"  // write a snapshot into an object (on the snapshot)
 	JobImport  = "import"  // fill a new volume from an object (status creating)
+	// JobCollapse merges the top's parent, a deleted snapshot's image
+	// nothing else needs, with the top (cow.Layer.Collapse). Started by
+	// the system, not by users.
+	JobCollapse = "collapse"
 )
 
 // Volume is a block volume record.

@@ -2,6 +2,7 @@ package volume
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -35,7 +36,7 @@ func (s *Service) StartJob(ctx context.Context, c Caller, ref, kind string) (*me
 	}
 	var able bool
 	switch kind {
-	case meta.JobFlatten:
+	case meta.JobFlatten, meta.JobCollapse:
 		able = hasLayer(spec, "cow")
 	case meta.JobRepair:
 		able = hasLayer(spec, "mirror") || hasLayer(spec, "parity")
@@ -52,7 +53,7 @@ func (s *Service) StartJob(ctx context.Context, c Caller, ref, kind string) (*me
 		return nil, err
 	}
 	var out *meta.Volume
-	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
+	record := func(tx *meta.Tx) error {
 		if err := wl.check(tx); err != nil {
 			return err
 		}
@@ -67,6 +68,9 @@ func (s *Service) StartJob(ctx context.Context, c Caller, ref, kind string) (*me
 			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is %s; only an available or in-use volume can %s", cur.ID, cur.Status, kind)
 		}
 		if cur.Job != nil {
+			if cur.Job.Kind == meta.JobCollapse && kind != meta.JobCollapse {
+				return errCollapsing
+			}
 			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is already running a %s job", cur.ID, cur.Job.Kind)
 		}
 		cur.Job = &meta.Job{Kind: kind, Node: writer, StartedAt: now()}
@@ -77,7 +81,16 @@ func (s *Service) StartJob(ctx context.Context, c Caller, ref, kind string) (*me
 		tx.PutVolume(cur)
 		out = cur
 		return nil
-	})
+	}
+	err = s.meta.Update(ctx, record)
+	if errors.Is(err, errCollapsing) {
+		// Housekeeping goes first, and is short: wait for it.
+		s.awaitCollapse(ctx, v.ID)
+		err = s.meta.Update(ctx, record)
+	}
+	if errors.Is(err, errCollapsing) {
+		err = errs.Conflict(errs.CodeVolumeBusy, "volume %s is still collapsing a deleted snapshot's image; retry", v.ID)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -129,7 +142,10 @@ func (s *Service) runJob(ctx context.Context, id string) {
 		if err != nil || cur == nil {
 			return err
 		}
-		cur.Job, cur.LastJob, cur.UpdatedAt = nil, res, now()
+		cur.Job, cur.UpdatedAt = nil, now()
+		if kind != meta.JobCollapse || res.Error != "" {
+			cur.LastJob = res // a collapse is housekeeping: only its failure is news
+		}
 		tx.PutVolume(cur)
 		return nil
 	})
@@ -150,6 +166,8 @@ func (s *Service) runJob(ctx context.Context, id string) {
 // job runs one job on a live stack and returns its report.
 func (s *Service) job(ctx context.Context, l block.Layer, kind string, p block.Progress) (any, error) {
 	switch kind {
+	case meta.JobCollapse:
+		return s.collapseJob(ctx, l, p)
 	case meta.JobFlatten:
 		c, ok := find[*cow.Layer](l)
 		if !ok {

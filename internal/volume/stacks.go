@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -237,7 +238,7 @@ func (s *Service) collect(ctx context.Context) {
 	}
 	s.gcMu.Lock()
 	listed, err := cow.ListImages(s.store.ImagesDir())
-	var tops []string
+	var tops map[string]string
 	if err == nil {
 		tops, err = s.tops()
 	}
@@ -246,13 +247,34 @@ func (s *Service) collect(ctx context.Context) {
 		s.log.Warn("image collection skipped", "err", err)
 		return
 	}
-	removed, err := cow.Sweep(s.store.ImagesDir(), listed, append(roots, tops...), s.cfg.ImageGrace)
+	live := roots
+	for _, top := range tops {
+		live = append(live, top)
+	}
+	removed, err := cow.Sweep(s.store.ImagesDir(), listed, live, s.cfg.ImageGrace)
 	if len(removed) > 0 {
 		s.log.Info("images removed", "count", len(removed), "images", removed)
 	}
 	if err != nil {
 		s.log.Warn("image collection", "err", err)
+		return
 	}
+	// What is left: propose collapses of deleted snapshots' images
+	// (collapse.go; the job decides again).
+	parents := map[string]string{}
+	unreadable := false
+	for _, im := range listed {
+		if slices.Contains(removed, im.ID) {
+			continue
+		}
+		r, err := cow.ReadImage(s.store.ImagesDir(), im.ID)
+		if err != nil {
+			unreadable = true
+			continue
+		}
+		parents[im.ID] = r.Parent
+	}
+	s.collapseCandidates(tops, roots, parents, unreadable)
 }
 
 // sweepStacks removes the stack directories of volumes that have no
@@ -316,14 +338,14 @@ func (s *Service) sweepStacks(ctx context.Context) {
 	}
 }
 
-// tops reads the top image of every volume in the store.
-func (s *Service) tops() ([]string, error) {
+// tops reads the top image of every volume in the store, by volume id.
+func (s *Service) tops() (map[string]string, error) {
 	dir := filepath.Dir(s.store.VolumeDir("x"))
 	vols, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
 	}
-	var tops []string
+	tops := map[string]string{}
 	for _, e := range vols {
 		top, err := cow.TopOf(filepath.Join(dir, e.Name()))
 		if errors.Is(err, os.ErrNotExist) {
@@ -332,7 +354,7 @@ func (s *Service) tops() ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("unreadable volume %s: %w", e.Name(), err)
 		}
-		tops = append(tops, top)
+		tops[e.Name()] = top
 	}
 	return tops, nil
 }

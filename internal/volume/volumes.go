@@ -351,7 +351,7 @@ func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSiz
 	if err != nil {
 		return nil, err
 	}
-	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
+	record := func(tx *meta.Tx) error {
 		if err := wl.check(tx); err != nil {
 			return err
 		}
@@ -361,6 +361,9 @@ func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSiz
 		}
 		if cur == nil {
 			return errs.NotFound("volume", ref)
+		}
+		if cur.Job != nil && cur.Job.Kind == meta.JobCollapse {
+			return errCollapsing // its commit grows the image it makes the top to the size it finds
 		}
 		if newSize <= cur.SizeBytes {
 			return errs.Invalid(errs.CodeShrinkNotAllowed, "volume %s is %d bytes; the new size %d must be larger (volumes never shrink)", cur.ID, cur.SizeBytes, newSize)
@@ -381,7 +384,15 @@ func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSiz
 		}
 		tx.PutVolume(cur)
 		return nil
-	})
+	}
+	err = s.meta.Update(ctx, record)
+	if errors.Is(err, errCollapsing) {
+		s.awaitCollapse(ctx, v.ID)
+		err = s.meta.Update(ctx, record)
+	}
+	if errors.Is(err, errCollapsing) {
+		err = errs.Conflict(errs.CodeVolumeBusy, "volume %s is still collapsing a deleted snapshot's image; retry", v.ID)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -452,6 +463,11 @@ func (s *Service) resize(v *meta.Volume) error {
 // own before it.
 func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error {
 	id, err := s.deleteRecord(ctx, c, ref, nil)
+	if errors.Is(err, errCollapsing) {
+		// Housekeeping goes first, and is short: wait for it.
+		s.awaitCollapse(ctx, id)
+		id, err = s.deleteRecord(ctx, c, id, nil)
+	}
 	if errors.Is(err, errLocked) {
 		wl, lerr := s.lockFor(ctx, "volume", id, lock.Write)
 		if lerr != nil {
@@ -459,7 +475,14 @@ func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error 
 		}
 		// By id: the name may have passed to another volume meanwhile.
 		_, err = s.deleteRecord(ctx, c, id, wl)
+		if errors.Is(err, errCollapsing) {
+			s.awaitCollapse(ctx, id)
+			_, err = s.deleteRecord(ctx, c, id, wl)
+		}
 		wl.unlock()
+	}
+	if errors.Is(err, errCollapsing) {
+		err = errs.Conflict(errs.CodeVolumeBusy, "volume %s is still collapsing a deleted snapshot's image; retry", id)
 	}
 	if err != nil {
 		return err
@@ -501,6 +524,9 @@ func (s *Service) deleteRecord(ctx context.Context, c Caller, ref string, wl *wo
 			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is being snapshotted (%s); delete it when the snapshot is available", cur.ID, cur.Snapshotting[0])
 		}
 		if cur.Job != nil {
+			if cur.Job.Kind == meta.JobCollapse {
+				return errCollapsing
+			}
 			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is running a %s job; delete it when that finishes", cur.ID, cur.Job.Kind)
 		}
 		tx.ReleaseName(meta.NameVolume, cur.OwnerID, cur.Name, cur.ID)

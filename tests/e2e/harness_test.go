@@ -665,6 +665,7 @@ type StackNode struct {
 	State    string          `json:"state"`
 	Progress *float64        `json:"progress"`
 	Path     string          `json:"path"`
+	Image    string          `json:"image"` // below cow: the image whose stack this is
 	Children []StackNode     `json:"children"`
 }
 

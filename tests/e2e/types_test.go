@@ -143,12 +143,16 @@ func TestVolumeTypes(t *testing.T) {
 		if s == nil || s.Type != "throttle" || s.State != "ok" || !sameJSON(s.Params, []byte(`{"iops":50000}`)) || len(s.Children) != 1 {
 			t.Fatalf("%s: stack %+v, want throttle (iops 50000) at the top", what, s)
 		}
+		// cow lists its chain's images, the top's stack first.
 		cow := s.Children[0]
-		if cow.Type != "cow" || cow.State != "ok" || len(cow.Children) != 1 {
+		if cow.Type != "cow" || cow.State != "ok" || len(cow.Children) < 1 {
 			t.Fatalf("%s: below throttle %+v, want cow", what, cow)
 		}
 		f := cow.Children[0]
 		img := n.TopImage(alice, v.ID)
+		if f.Image != img {
+			t.Errorf("%s: cow's first child is image %q's stack, want the top %s", what, f.Image, img)
+		}
 		if f.Type != "file" || f.State != "ok" || f.Path != filepath.Join(n.ImageDir(img), "data.img") {
 			t.Errorf("%s: file layer %+v, want the path %s", what, f, filepath.Join(n.ImageDir(img), "data.img"))
 		}

@@ -15,6 +15,11 @@ import (
 	"github.com/basalt-storage/basalt/internal/block/superblock"
 )
 
+// ErrChainChanged: a Collapse found the chain not as its caller saw it —
+// the image is not (or no longer) the top's parent (a snapshot or a
+// flatten came between): the caller decides again.
+var ErrChainChanged = errors.New("the volume's chain changed (a snapshot or a flatten)")
+
 // Collapse tuning: passes over the chunks written meanwhile go on until at
 // most collapseCommitBelow remain (or collapseMaxPasses were made); those
 // are copied at the commit, with the volume's I/O held.
@@ -74,7 +79,7 @@ func (l *Layer) Collapse(ctx context.Context, id string, progress block.Progress
 		return nil
 	}
 	if into == nil || into.meta.ID != id {
-		return fmt.Errorf("collapse %s: not the parent of the top image %s (whose parent is %q)", id, top.meta.ID, top.meta.Parent)
+		return fmt.Errorf("collapse %s: not the parent of the top image %s (whose parent is %q): %w", id, top.meta.ID, top.meta.Parent, ErrChainChanged)
 	}
 	d := &dirtySet{chunks: map[int64]struct{}{}}
 	if !l.dirty.CompareAndSwap(nil, d) {
@@ -231,7 +236,7 @@ func (c *collapse) log() *slog.Logger {
 func (c *collapse) check() error {
 	l := c.l
 	if l.top != c.top || c.top.meta.Parent != c.into.meta.ID || l.byDepth[c.top.depth-1] != c.into {
-		return errors.New("the volume's chain changed meanwhile (a snapshot or a flatten); run the collapse again")
+		return fmt.Errorf("%w meanwhile; run the collapse again", ErrChainChanged)
 	}
 	return nil
 }

@@ -1,0 +1,180 @@
+package volume
+
+// Reclaiming what deleted snapshots held. A snapshot freezes the volume's
+// top image and starts a new one on it, so the volume's chain keeps
+// passing through the snapshot's image after the snapshot is deleted: the
+// chunks the volume overwrote since stay allocated there. Once nothing but
+// the volume's top needs that image — no snapshot record names it, no
+// clone's image sits on it — the volume's collapse job merges it with the
+// top (cow.Layer.Collapse: the few chunks written since the snapshot are
+// copied down into it, and it becomes the top), and the collector then
+// removes the old top with every chunk the snapshot alone held.
+//
+// Who starts it: the collector, which sees every volume's top and every
+// image's parent, proposes volumes whose top's parent looks unreferenced
+// (collapseCandidates) and starts their jobs as the system. The job decides
+// again, authoritatively, on the volume's live stack (collapseJob):
+//
+//  1. the top T and its parent P, from the live cow layer;
+//  2. then the snapshot records, read linearizably: none names P. A
+//     snapshot only ever names a top, and P stopped being one before T
+//     existed, so no record read later can name P either; and a clone of P
+//     needs such a record, so no clone of P can start later;
+//  3. then the image directories: none but T has P as parent (the clones
+//     made before P's snapshot was deleted, which finished under its read
+//     lock before the delete), and none is unreadable and younger than the
+//     image grace (one being created could have P as parent).
+//
+// A snapshot of the volume taken between the decision and the collapse's
+// commit changes T: Collapse then refuses (cow.ErrChainChanged) and the
+// job ends as a no-op; the next collection proposes it again.
+//
+// The job holds the volume's job slot while it runs; user jobs and a
+// volume delete that meet it wait for it (awaitCollapse) rather than fail.
+// It leaves the volume's last_job alone unless it fails: it is
+// housekeeping, and a user's last repair report should stay visible.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/block/cow"
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
+)
+
+// CollapseReport is what a collapse job did.
+type CollapseReport struct {
+	Collapsed string `json:"collapsed,omitempty"` // the image that became the top
+	Skipped   string `json:"skipped,omitempty"`   // why nothing was done
+}
+
+// errCollapsing: the volume runs a collapse job; the caller waits for it.
+var errCollapsing = errors.New("volume is running a collapse job")
+
+// collapseCandidates starts the collapse job of every volume (vol -> top)
+// whose top's parent no snapshot names (roots) and no other listed image
+// has as parent. parents maps each listed image to its parent; unreadable
+// lists images whose superblock could not be read.
+func (s *Service) collapseCandidates(tops map[string]string, roots []string, parents map[string]string, unreadable bool) {
+	if unreadable {
+		return // one of them may sit on any image: decide next time
+	}
+	named := map[string]bool{}
+	for _, r := range roots {
+		named[r] = true
+	}
+	children := map[string]int{}
+	for _, p := range parents {
+		if p != "" {
+			children[p]++
+		}
+	}
+	for vol, top := range tops {
+		p := parents[top]
+		if p == "" || named[p] || children[p] != 1 {
+			continue
+		}
+		s.jobs.Add(1)
+		go func() {
+			defer s.jobs.Done()
+			_, err := s.StartJob(s.ctx, systemCaller, vol, meta.JobCollapse)
+			switch {
+			case err == nil:
+				s.logFor("volume", vol).Info("collapse started", "image", p)
+			case errs.IsCode(err, errs.CodeVolumeBusy) || errs.IsCode(err, errs.CodeNotFound) || s.ctx.Err() != nil:
+				// Busy or gone: the next collection proposes it again.
+			default:
+				s.logFor("volume", vol).Warn("cannot start a collapse", "image", p, "err", err)
+			}
+		}()
+	}
+}
+
+// collapseJob runs a collapse on live stack l (see the file comment).
+func (s *Service) collapseJob(ctx context.Context, l block.Layer, p block.Progress) (any, error) {
+	c, ok := find[*cow.Layer](l)
+	if !ok {
+		return nil, fmt.Errorf("no cow layer")
+	}
+	top := c.Top()
+	ti, err := cow.ReadImage(s.store.ImagesDir(), top)
+	if err != nil {
+		return nil, err
+	}
+	parent := ti.Parent
+	if parent == "" {
+		return CollapseReport{Skipped: "the top has no parent"}, nil
+	}
+	if why, err := s.needed(ctx, parent, top); err != nil || why != "" {
+		return CollapseReport{Skipped: why}, err
+	}
+	err = c.Collapse(ctx, parent, p)
+	if errors.Is(err, cow.ErrChainChanged) {
+		return CollapseReport{Skipped: err.Error()}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.collectSoon() // the old top is garbage now
+	return CollapseReport{Collapsed: parent}, nil
+}
+
+// needed says why image parent is needed by something besides top ("":
+// it is not), by steps 2 and 3 of the file comment.
+func (s *Service) needed(ctx context.Context, parent, top string) (string, error) {
+	rctx, ri := meta.WithReadInfo(ctx)
+	snaps, err := s.meta.Snapshots(rctx)
+	if err == nil && ri.Local {
+		err = errors.New("no quorum: the snapshot records read may be stale")
+	}
+	if err != nil {
+		return "", err
+	}
+	for _, sn := range snaps {
+		if sn.Image == parent {
+			return "snapshot " + sn.ID + " holds the image", nil
+		}
+	}
+	images := s.store.ImagesDir()
+	listed, err := cow.ListImages(images)
+	if err != nil {
+		return "", err
+	}
+	for _, im := range listed {
+		if im.ID == top || im.ID == parent {
+			continue
+		}
+		r, err := cow.ReadImage(images, im.ID)
+		if err != nil {
+			if time.Since(im.Modified) < s.cfg.ImageGrace {
+				return "image " + im.ID + " is being created", nil
+			}
+			continue // the leftover of a failed creation: it names nothing
+		}
+		if r.Parent == parent {
+			return "image " + im.ID + " is built on it (a clone)", nil
+		}
+	}
+	return "", nil
+}
+
+// awaitCollapse waits, up to lockWait, until volume id runs no collapse
+// job.
+func (s *Service) awaitCollapse(ctx context.Context, id string) {
+	deadline := time.Now().Add(lockWait)
+	for time.Now().Before(deadline) {
+		v, err := s.meta.Volume(ctx, id)
+		if err != nil || v == nil || v.Job == nil || v.Job.Kind != meta.JobCollapse {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,113 @@
+package volume
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+// waitChain waits until volume id's chain has n images and collections
+// have settled, and returns the chain.
+func (e *env) waitChain(id string, n int) []string {
+	e.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		e.settle()
+		ch := e.chain(id)
+		if len(ch) == n && e.volume(id).Job == nil {
+			e.settle()
+			return ch
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("volume %s reads %d images %v, want %d", id, len(ch), ch, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestDeletedSnapshotSpaceReclaimed: deleting a snapshot that only the
+// volume's own top sits on collapses its image with the top, and the old
+// top — with every chunk the snapshot alone held — is collected; the
+// volume reads the same throughout. While a clone sits on the image it is
+// kept; once the clone is deleted too, it is collapsed then. A delete of
+// the volume meeting a collapse waits for it.
+func TestDeletedSnapshotSpaceReclaimed(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	const size = 4 << 20
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := make([]byte, size)
+	e.fill(s, v.ID, model, 1, [2]int64{0, size})
+	sn, err := s.CreateSnapshot(ctx, alice, v.ID, "s1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := e.snapAvailable(sn.ID).Image
+	top := e.top(v.ID)
+	e.fill(s, v.ID, model, 2, [2]int64{1 << 20, 1 << 20}) // the snapshot's copy of this MiB is dead once it goes
+
+	if err := s.DeleteSnapshot(ctx, alice, sn.ID); err != nil {
+		t.Fatal(err)
+	}
+	if ch := e.waitChain(v.ID, 1); ch[0] != img {
+		t.Fatalf("after the collapse the volume reads %v, want the snapshot's image %s as its top", ch, img)
+	}
+	if e.hasImage(top) {
+		t.Errorf("the old top %s was not collected after the collapse", top)
+	}
+	e.wantImages(s, []string{v.ID}, nil)
+	e.sameVolume(s, v.ID, model, "after the collapse")
+	if lj := e.volume(v.ID).LastJob; lj != nil {
+		t.Errorf("a successful collapse replaced last_job: %+v", lj)
+	}
+
+	// A clone holds the image: nothing is collapsed until it goes.
+	sn2, err := s.CreateSnapshot(ctx, alice, v.ID, "s2", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	img2 := e.snapAvailable(sn2.ID).Image
+	clone, err := s.CreateVolume(ctx, alice, CreateVolume{FromSnapshot: sn2.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cloneData := slices.Clone(model)
+	e.fill(s, v.ID, model, 3, [2]int64{0, 1 << 20})
+	if err := s.DeleteSnapshot(ctx, alice, sn2.ID); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if ch := e.waitChain(v.ID, 2); ch[1] != img2 {
+		t.Fatalf("with a clone on it the volume reads %v, want %s kept below its top", ch, img2)
+	}
+	e.sameVolume(s, clone.ID, cloneData, "clone of a deleted snapshot")
+	if err := s.DeleteVolume(ctx, alice, clone.ID); err != nil {
+		t.Fatal(err)
+	}
+	if ch := e.waitChain(v.ID, 1); ch[0] != img2 {
+		t.Fatalf("after the clone went the volume reads %v, want %s as its top", ch, img2)
+	}
+	e.wantImages(s, []string{v.ID}, nil)
+	e.sameVolume(s, v.ID, model, "after the second collapse")
+
+	// A delete right after a snapshot's deletion waits for the collapse.
+	if _, err := s.CreateSnapshot(ctx, alice, v.ID, "s3", ""); err != nil {
+		t.Fatal(err)
+	}
+	e.fill(s, v.ID, nil, 4, [2]int64{0, size})
+	if err := s.DeleteSnapshot(ctx, alice, "s3"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteVolume(ctx, alice, v.ID); err != nil {
+		t.Fatalf("delete after a snapshot's deletion: %v", err)
+	}
+	e.settle()
+	e.settle()
+	e.wantImages(s, nil, nil)
+	checkProvisioned(t)
+}
