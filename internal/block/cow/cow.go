@@ -620,11 +620,11 @@ func (l *Layer) write(off, n int64, fua bool, direct func(r run, at int64) error
 		switch r.owner {
 		case topd:
 			if err := direct(r, at); err != nil {
-				return err
+				return l.failedWrite(fresh, err)
 			}
 		case 0:
 			if err := direct(r, at); err != nil {
-				return err
+				return l.failedWrite(fresh, err)
 			}
 			for c := r.off / l.chunk; c*l.chunk < r.off+r.n; c++ {
 				if l.owner[c].CompareAndSwap(0, topd) {
@@ -636,7 +636,7 @@ func (l *Layer) write(off, n int64, fua bool, direct func(r run, at int64) error
 				lo, hi := max(r.off, c*l.chunk), min(r.off+r.n, (c+1)*l.chunk)
 				ok, err := l.copyUp(c, fua, run{lo, hi - lo, r.owner}, at+lo-r.off, direct, overlay)
 				if err != nil {
-					return err
+					return l.failedWrite(fresh, err)
 				}
 				if ok {
 					fresh = append(fresh, c)
@@ -646,6 +646,17 @@ func (l *Layer) write(off, n int64, fua bool, direct func(r run, at int64) error
 		at += r.n
 	}
 	return l.allocated(fresh, fua)
+}
+
+// failedWrite ends a write that failed after it had moved chunks to the
+// top (fresh): the owner table already sends their reads and later writes
+// to the top, so their allocation bits must reach the disk with the next
+// flush like any others — or a write acknowledged after this one, going
+// straight to such a chunk, would be lost to a reopen that reads the chunk
+// from a base again.
+func (l *Layer) failedWrite(fresh []int64, err error) error {
+	_ = l.allocated(fresh, false) // without FUA it only queues them: no error
+	return err
 }
 
 // copyUp writes piece r of chunk c, which a base held when the run was
