@@ -56,26 +56,38 @@ type CollapseReport struct {
 var errCollapsing = errors.New("volume is running a collapse job")
 
 // collapseCandidates starts the collapse job of every volume (vol -> top)
-// whose top's parent no snapshot names (roots) and no other listed image
-// has as parent. parents maps each listed image to its parent; unreadable
-// lists images whose superblock could not be read.
-func (s *Service) collapseCandidates(tops map[string]string, roots []string, parents map[string]string, unreadable bool) {
-	if unreadable {
-		return // one of them may sit on any image: decide next time
-	}
+// whose top's parent no snapshot names (roots) and no other image of
+// images has as parent. Only the tops' superblocks are read, unless some
+// top's parent is named by no snapshot: then every image's, to count
+// children (a collection runs after every delete; most find nothing to
+// collapse and should cost nothing more).
+func (s *Service) collapseCandidates(tops map[string]string, roots []string, images []string) {
+	dir := s.store.ImagesDir()
 	named := map[string]bool{}
 	for _, r := range roots {
 		named[r] = true
 	}
-	children := map[string]int{}
-	for _, p := range parents {
-		if p != "" {
-			children[p]++
+	parentOf := map[string]string{} // vol -> its top's parent, if no snapshot names it
+	for vol, top := range tops {
+		if r, err := cow.ReadImage(dir, top); err == nil && r.Parent != "" && !named[r.Parent] {
+			parentOf[vol] = r.Parent
 		}
 	}
-	for vol, top := range tops {
-		p := parents[top]
-		if p == "" || named[p] || children[p] != 1 {
+	if len(parentOf) == 0 {
+		return
+	}
+	children := map[string]int{}
+	for _, id := range images {
+		r, err := cow.ReadImage(dir, id)
+		if err != nil {
+			return // it may sit on any image: decide next time
+		}
+		if r.Parent != "" {
+			children[r.Parent]++
+		}
+	}
+	for vol, p := range parentOf {
+		if children[p] != 1 {
 			continue
 		}
 		s.jobs.Add(1)

@@ -261,20 +261,13 @@ func (s *Service) collect(ctx context.Context) {
 	}
 	// What is left: propose collapses of deleted snapshots' images
 	// (collapse.go; the job decides again).
-	parents := map[string]string{}
-	unreadable := false
+	var left []string
 	for _, im := range listed {
-		if slices.Contains(removed, im.ID) {
-			continue
+		if !slices.Contains(removed, im.ID) {
+			left = append(left, im.ID)
 		}
-		r, err := cow.ReadImage(s.store.ImagesDir(), im.ID)
-		if err != nil {
-			unreadable = true
-			continue
-		}
-		parents[im.ID] = r.Parent
 	}
-	s.collapseCandidates(tops, roots, parents, unreadable)
+	s.collapseCandidates(tops, roots, left)
 }
 
 // sweepStacks removes the stack directories of volumes that have no
