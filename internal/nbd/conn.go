@@ -149,6 +149,15 @@ func (c *conn) transmit() error {
 	c.readRequests(ended)
 	err := <-ended
 	c.inflight.Wait()
+	// Replies still buffered go out now: the reader flushes only before
+	// it would wait, and it did not wait for a DISC that came with the
+	// requests before it. (After DISC the spec wants every reply sent,
+	// and closeTLS then tells the client the stream ended whole.)
+	c.wmu.Lock()
+	if c.werr == nil {
+		c.werr = c.w.Flush()
+	}
+	c.wmu.Unlock()
 	return err
 }
 

@@ -8,9 +8,11 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -177,28 +179,58 @@ func (b *Backend) DeleteBucket(ctx context.Context, bucket string) error {
 	if err := b.buckets.DeleteBucket(ctx, bucket); err != nil && !errors.Is(err, ErrNoSuchBucket) {
 		return fmt.Errorf("delete bucket record %s: %w", bucket, err)
 	}
-	os.RemoveAll(filepath.Join(b.uploads, bucket))
-	os.RemoveAll(filepath.Join(b.work, "sidecar", bucket))
+	for _, dir := range []string{filepath.Join(b.uploads, bucket), filepath.Join(b.work, "sidecar", bucket)} {
+		forgetDirs(dir)
+		os.RemoveAll(dir)
+	}
 	return nil
 }
 
 func isNoSuchBucket(err error) bool { return s3code(err) == "NoSuchBucket" }
 
 // removeEmptyTree removes dir if it holds nothing but empty directories.
+// It walks inside an os.Root: a mapped user owns the bucket directory and
+// could swap a subdirectory for a symlink while the walk runs, which must
+// not lead it (as root) to remove directories elsewhere.
 func removeEmptyTree(dir string) error {
-	ents, err := os.ReadDir(dir)
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	err = removeEmptyIn(r, ".")
+	r.Close()
+	if err != nil {
+		return err
+	}
+	return os.Remove(dir)
+}
+
+// removeEmptyIn removes the empty directories below dir in r, and dir
+// itself unless it is r's own; it fails at the first entry that is not a
+// directory.
+func removeEmptyIn(r *os.Root, dir string) error {
+	f, err := r.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	ents, err := f.ReadDir(-1)
+	f.Close()
 	if err != nil {
 		return err
 	}
 	for _, e := range ents {
+		sub := path.Join(dir, e.Name())
 		if e.Type()&fs.ModeType != fs.ModeDir {
-			return fmt.Errorf("%s is not empty", dir)
+			return fmt.Errorf("%s is not empty", filepath.Join(r.Name(), dir))
 		}
-		if err := removeEmptyTree(filepath.Join(dir, e.Name())); err != nil {
+		if err := removeEmptyIn(r, sub); err != nil {
 			return err
 		}
 	}
-	return os.Remove(dir)
+	if dir == "." {
+		return nil
+	}
+	return r.Remove(dir)
 }
 
 // aclJSON is versitygw's stored ACL (auth.ACL) for an owner with full control.

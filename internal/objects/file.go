@@ -110,7 +110,8 @@ func (u under) Name() string { return string(u) }
 var durableDirs sync.Map
 
 // forgetDirs drops the durableDirs entries of dir (a tree path joined
-// with a directory in it) and of everything below it.
+// with a directory in it) and of everything below it. It reads the whole
+// map: for removals of whole trees (a bucket), not for each object.
 func forgetDirs(dir string) {
 	durableDirs.Range(func(k, _ any) bool {
 		if s := k.(string); s == dir || strings.HasPrefix(s, dir+"/") {
@@ -322,7 +323,7 @@ func pruneDirs(r *os.Root, dir string) {
 		if err := r.Remove(dir); err != nil {
 			return
 		}
-		forgetDirs(r.Name() + "/" + dir)
+		durableDirs.Delete(r.Name() + "/" + dir) // empty: nothing below it is known
 		dir = path.Dir(dir)
 		_ = syncIn(r, dir)
 	}

@@ -104,7 +104,15 @@ func sameOwner(r *os.Root, f *os.File) func(string) error {
 		return nil
 	}
 	return func(dir string) error {
-		if err := r.Lchown(dir, int(st.Uid), int(st.Gid)); err != nil {
+		// Through a descriptor of the directory itself: the user owns its
+		// parent, and must not be able to swap in something else (a hard
+		// link to a file) for the chown to land on.
+		d, err := r.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+		if err == nil {
+			err = d.Chown(int(st.Uid), int(st.Gid))
+			d.Close()
+		}
+		if err != nil {
 			return fmt.Errorf("give directory %s to uid %d: %w", dir, st.Uid, err)
 		}
 		return nil

@@ -91,6 +91,13 @@ func validUploadID(id string) bool {
 
 func (b *Backend) uploadDir(bucket, id string) string { return filepath.Join(b.uploads, bucket, id) }
 
+// removeUpload removes an upload's directory, and forgets it was durable
+// (writeFileSync made it so; its path is its durableDirs key).
+func removeUpload(dir string) error {
+	durableDirs.Delete(dir)
+	return os.RemoveAll(dir)
+}
+
 // upload reads upload id of bucket/key; NoSuchUpload if there is none
 // (or it belongs to another key).
 func (b *Backend) upload(bucket, key, id string) (*uploadInfo, string, error) {
@@ -157,7 +164,7 @@ func (b *Backend) CreateMultipartUpload(ctx context.Context, in s3response.Creat
 		err = writeFileSync(b.tmp, b.uploads, filepath.Join(dir, "info.json"), data)
 	}
 	if err != nil {
-		os.RemoveAll(dir)
+		removeUpload(dir)
 		return s3response.InitiateMultipartUploadResult{}, fmt.Errorf("create upload: %w", err)
 	}
 	return s3response.InitiateMultipartUploadResult{Bucket: bucket, Key: key, UploadId: id}, nil
@@ -273,7 +280,7 @@ func (b *Backend) AbortMultipartUpload(ctx context.Context, in *s3.AbortMultipar
 	if t := in.IfMatchInitiatedTime; t != nil && t.Unix() != info.Initiated.Unix() {
 		return s3err.GetPreconditionFailedErr(s3err.ConditionIfMatchInitiatedTime)
 	}
-	if err := os.RemoveAll(dir); err != nil {
+	if err := removeUpload(dir); err != nil {
 		return fmt.Errorf("abort upload %s: %w", id, err)
 	}
 	return nil
@@ -496,7 +503,7 @@ func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMu
 		return none, "", err
 	}
 	rc.published = true
-	if err := os.RemoveAll(dir); err != nil {
+	if err := removeUpload(dir); err != nil {
 		b.log.Warn("remove completed upload", "upload", id, "err", err)
 	}
 	res := s3response.CompleteMultipartUploadResult{Bucket: &bucket, Key: &key, ETag: &etag}

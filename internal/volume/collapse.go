@@ -16,11 +16,15 @@ package volume
 // again, authoritatively, on the volume's live stack (collapseJob):
 //
 //  1. the top T and its parent P, from the live cow layer;
-//  2. then the snapshot records, read linearizably: none names P. A
+//  2. then the volume record, read linearizably: no snapshot of it is
+//     being taken. A snapshot freezes the top before its record names the
+//     frozen image; it is recorded in the volume's Snapshotting before
+//     that freeze, so a freeze that made P the parent is seen here;
+//  3. then the snapshot records, read linearizably: none names P. A
 //     snapshot only ever names a top, and P stopped being one before T
 //     existed, so no record read later can name P either; and a clone of P
 //     needs such a record, so no clone of P can start later;
-//  3. then the image directories: none but T has P as parent (the clones
+//  4. then the image directories: none but T has P as parent (the clones
 //     made before P's snapshot was deleted, which finished under its read
 //     lock before the delete), and none is unreadable and younger than the
 //     image grace (one being created could have P as parent).
@@ -28,6 +32,13 @@ package volume
 // A snapshot of the volume taken between the decision and the collapse's
 // commit changes T: Collapse then refuses (cow.ErrChainChanged) and the
 // job ends as a no-op; the next collection proposes it again.
+//
+// The job holds the volume's write lease while it runs (taking it if no
+// node holds it): the lease holder is the one node that writes a volume,
+// and a node that took the lease meanwhile for an rw attachment would go
+// on writing the old top after the switch, losing those writes when the
+// old top is collected. If another node holds the lease, the job is
+// skipped here (the holder's own collector proposes it).
 //
 // The job holds the volume's job slot while it runs; user jobs and a
 // volume delete that meet it wait for it (awaitCollapse) rather than fail.
@@ -107,10 +118,25 @@ func (s *Service) collapseCandidates(tops map[string]string, roots []string, ima
 }
 
 // collapseJob runs a collapse on live stack l (see the file comment).
-func (s *Service) collapseJob(ctx context.Context, l block.Layer, p block.Progress) (any, error) {
+func (s *Service) collapseJob(ctx context.Context, vol string, l block.Layer, p block.Progress) (any, error) {
 	c, ok := find[*cow.Layer](l)
 	if !ok {
 		return nil, fmt.Errorf("no cow layer")
+	}
+	had := s.leases.holds(vol)
+	holder, err := s.leases.acquire(ctx, vol)
+	if err != nil {
+		return nil, err
+	}
+	if holder != s.cfg.Node {
+		return CollapseReport{Skipped: "the volume is written by node " + holder}, nil
+	}
+	if !had {
+		defer func() {
+			if v, err := s.meta.Volume(ctx, vol); err == nil && !hasRW(ctx, s, v) {
+				s.leases.release(ctx, vol)
+			}
+		}()
 	}
 	top := c.Top()
 	ti, err := cow.ReadImage(s.store.ImagesDir(), top)
@@ -121,7 +147,7 @@ func (s *Service) collapseJob(ctx context.Context, l block.Layer, p block.Progre
 	if parent == "" {
 		return CollapseReport{Skipped: "the top has no parent"}, nil
 	}
-	if why, err := s.needed(ctx, parent, top); err != nil || why != "" {
+	if why, err := s.needed(ctx, vol, parent, top); err != nil || why != "" {
 		return CollapseReport{Skipped: why}, err
 	}
 	err = c.Collapse(ctx, parent, p)
@@ -135,10 +161,20 @@ func (s *Service) collapseJob(ctx context.Context, l block.Layer, p block.Progre
 	return CollapseReport{Collapsed: parent}, nil
 }
 
-// needed says why image parent is needed by something besides top ("":
-// it is not), by steps 2 and 3 of the file comment.
-func (s *Service) needed(ctx context.Context, parent, top string) (string, error) {
+// needed says why image parent is needed by something besides volume
+// vol's top ("": it is not), by steps 2 to 4 of the file comment.
+func (s *Service) needed(ctx context.Context, vol, parent, top string) (string, error) {
 	rctx, ri := meta.WithReadInfo(ctx)
+	v, err := s.meta.Volume(rctx, vol)
+	if err == nil && ri.Local {
+		err = errors.New("no quorum: the volume record read may be stale")
+	}
+	if err != nil {
+		return "", err
+	}
+	if len(v.Snapshotting) > 0 {
+		return "snapshot " + v.Snapshotting[0] + " of the volume is being taken", nil
+	}
 	snaps, err := s.meta.Snapshots(rctx)
 	if err == nil && ri.Local {
 		err = errors.New("no quorum: the snapshot records read may be stale")

@@ -4,6 +4,9 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/meta"
 )
 
 // waitChain waits until volume id's chain has n images and collections
@@ -110,4 +113,52 @@ func TestDeletedSnapshotSpaceReclaimed(t *testing.T) {
 	e.settle()
 	e.wantImages(s, nil, nil)
 	checkProvisioned(t)
+}
+
+// TestNoCollapseDuringSnapshot: between a snapshot's freeze and the
+// commit that names its image, that image is the top's parent and no
+// record names it yet; a collapse job running then must leave it alone
+// (the volume's Snapshotting says a snapshot is being taken).
+func TestNoCollapseDuringSnapshot(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	const size = 1 << 20
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.fill(s, v.ID, nil, 1, [2]int64{0, size})
+	// CreateSnapshot's first transaction: the record, creating, and the
+	// volume's Snapshotting.
+	sn := &meta.Snapshot{ID: newID("snap-"), Name: "s", Owner: v.Owner, OwnerID: v.OwnerID, VolumeID: v.ID,
+		Status: meta.StatusCreating, Node: s.cfg.Node, SizeBytes: v.SizeBytes, Stack: v.Stack, Type: v.Type}
+	e.update(func(tx *meta.Tx) error {
+		cur, err := tx.Volume(v.ID)
+		if err != nil {
+			return err
+		}
+		cur.Snapshotting = append(cur.Snapshotting, sn.ID)
+		tx.PutVolume(cur)
+		tx.PutSnapshot(sn)
+		return nil
+	})
+	// finishSnapshot's freeze, then a collapse job before the record's
+	// commit.
+	img, err := s.freeze(e.volume(v.ID), sn.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep any
+	e.withStack(s, v.ID, func(l block.Layer) { rep, err = s.collapseJob(ctx, v.ID, l, nil) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := rep.(CollapseReport); !ok || r.Collapsed != "" {
+		t.Errorf("collapse during a snapshot: %+v", rep)
+	}
+	if top := e.top(v.ID); top == img {
+		t.Fatalf("snapshot %s's image %s became the volume's live top", sn.ID, img)
+	}
 }

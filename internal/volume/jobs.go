@@ -127,7 +127,7 @@ func (s *Service) runJob(ctx context.Context, id string) {
 	var report any
 	l, release, err := s.acquire(v)
 	if err == nil {
-		report, err = s.job(ctx, l, kind, s.progress(ctx, id))
+		report, err = s.job(ctx, id, l, kind, s.progress(ctx, id))
 		release()
 	}
 	if ctx.Err() != nil {
@@ -163,11 +163,11 @@ func (s *Service) runJob(ctx context.Context, id string) {
 	}
 }
 
-// job runs one job on a live stack and returns its report.
-func (s *Service) job(ctx context.Context, l block.Layer, kind string, p block.Progress) (any, error) {
+// job runs one job on volume vol's live stack l and returns its report.
+func (s *Service) job(ctx context.Context, vol string, l block.Layer, kind string, p block.Progress) (any, error) {
 	switch kind {
 	case meta.JobCollapse:
-		return s.collapseJob(ctx, l, p)
+		return s.collapseJob(ctx, vol, l, p)
 	case meta.JobFlatten:
 		c, ok := find[*cow.Layer](l)
 		if !ok {

@@ -410,3 +410,11 @@ func (l *leases) servingNode(ctx context.Context, vol string) (string, error) {
 	}
 	return l.acquire(ctx, vol)
 }
+
+// holds reports whether this node holds vol's write lease.
+func (l *leases) holds(vol string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.held[vol]
+	return ok
+}

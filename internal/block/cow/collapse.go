@@ -536,6 +536,9 @@ func (c *collapse) commit() error {
 	l.byDepth = l.byDepth[:old.depth]
 	l.top = c.into
 	l.all = slices.DeleteFunc(l.all, func(im *image) bool { return im == old })
+	if old.frozen { // frozen once, made the top again by an earlier collapse
+		releaseFrozen(l.imageDir(old.meta.ID))
+	}
 	if err := errors.Join(old.dev.Close(), old.alloc.Close(), old.sb.Close()); err != nil {
 		c.log().Warn("closing the collapsed image", "image", old.meta.ID, "err", err)
 	}

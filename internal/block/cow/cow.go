@@ -736,6 +736,7 @@ func (l *Layer) fastZero(off, n int64, f block.ZeroFlags) error {
 	}
 	l.chainMu.RLock()
 	defer l.chainMu.RUnlock()
+	defer l.touched(off, n) // a collapse running copies what changed again
 	if !l.top.dev.Capabilities().FastZero {
 		return block.ErrNotSupported
 	}
@@ -956,8 +957,10 @@ func (l *Layer) Snapshot(tag string) (string, error) {
 	old.alloc.Close()
 	old.sb.Close()
 	old.alloc, old.sb = nil, nil
-	old.frozen = true
-	holdFrozen(l.imageDir(old.meta.ID))
+	if !old.frozen { // frozen before, made the top again by a collapse: counted once
+		old.frozen = true
+		holdFrozen(l.imageDir(old.meta.ID))
+	}
 	im.depth = old.depth + 1
 	l.byDepth = append(l.byDepth, im)
 	l.all = append(l.all, im)
