@@ -134,6 +134,10 @@ func TestNoCollapseDuringSnapshot(t *testing.T) {
 	// volume's Snapshotting.
 	sn := &meta.Snapshot{ID: newID("snap-"), Name: "s", Owner: v.Owner, OwnerID: v.OwnerID, VolumeID: v.ID,
 		Status: meta.StatusCreating, Node: s.cfg.Node, SizeBytes: v.SizeBytes, Stack: v.Stack, Type: v.Type}
+	limit, err := s.Limit()
+	if err != nil {
+		t.Fatal(err)
+	}
 	e.update(func(tx *meta.Tx) error {
 		cur, err := tx.Volume(v.ID)
 		if err != nil {
@@ -142,7 +146,7 @@ func TestNoCollapseDuringSnapshot(t *testing.T) {
 		cur.Snapshotting = append(cur.Snapshotting, sn.ID)
 		tx.PutVolume(cur)
 		tx.PutSnapshot(sn)
-		return nil
+		return tx.Provision(sn.SizeBytes, limit)
 	})
 	// finishSnapshot's freeze, then a collapse job before the record's
 	// commit.
@@ -161,4 +165,10 @@ func TestNoCollapseDuringSnapshot(t *testing.T) {
 	if top := e.top(v.ID); top == img {
 		t.Fatalf("snapshot %s's image %s became the volume's live top", sn.ID, img)
 	}
+	// The snapshot finishes as it would have.
+	if got, err := s.finishSnapshot(ctx, sn.ID); err != nil || got.Image != img {
+		t.Fatalf("finishing the snapshot: %+v, %v", got, err)
+	}
+	cleanupAll(t, s, alice)
+	checkProvisioned(t)
 }
