@@ -103,12 +103,7 @@ func TestCollapse(t *testing.T) {
 	expect(t, c, firstModel, "clone of the first snapshot")
 	c.Close()
 	randomOps(t, rng, l, model, 30)
-	if err := l.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	l.Close()
-	env.Create = false
-	l = build(t, env, fileSpec)
+	l = reopen(t, l, &env, fileSpec)
 	defer l.Close()
 	expect(t, l, model, "collapsed volume reopened")
 	if l.Depth() != 2 || l.Size() != int64(len(model)) {
@@ -242,12 +237,7 @@ func TestCollapseWithConcurrentWrites(t *testing.T) {
 	if l.Depth() != 1 {
 		t.Fatalf("depth %d after collapse", l.Depth())
 	}
-	if err := l.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	l.Close()
-	env.Create = false
-	l = build(t, env, fileSpec)
+	l = reopen(t, l, &env, fileSpec)
 	defer l.Close()
 	expect(t, l, model, "reopened")
 }

@@ -46,6 +46,18 @@ func testEnv(t *testing.T, size int64) block.Env {
 	return block.Env{Dir: filepath.Join(root, "vol"), Images: filepath.Join(root, "images"), Size: size, Create: true}
 }
 
+// reopen flushes and closes l, then opens it again from env (now no
+// longer creating) and spec.
+func reopen(t *testing.T, l *Layer, env *block.Env, spec string) *Layer {
+	t.Helper()
+	if err := l.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	env.Create = false
+	return build(t, *env, spec)
+}
+
 func build(t *testing.T, env block.Env, spec string) *Layer {
 	t.Helper()
 	l, err := block.Build(env, blocktest.Spec(t, spec))
@@ -152,12 +164,7 @@ func TestSnapshotsAndClones(t *testing.T) {
 		c.Close()
 	}
 	expect(t, l, model, "volume after clones wrote")
-	if err := l.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	l.Close()
-	env.Create = false
-	l = build(t, env, fileSpec)
+	l = reopen(t, l, &env, fileSpec)
 	expect(t, l, model, "volume after reopen")
 	for i, s := range snaps {
 		c := clone(t, env, s.image, fileSpec)
@@ -275,12 +282,7 @@ func TestResize(t *testing.T) {
 	expect(t, l, model, "after grow")
 	randomOps(t, rng, l, model, 20)
 	expect(t, l, model, "grown and written")
-	if err := l.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	l.Close()
-	env.Create = false
-	l = build(t, env, fileSpec)
+	l = reopen(t, l, &env, fileSpec)
 	if l.Size() != 200<<10 {
 		t.Fatalf("size %d after reopen", l.Size())
 	}

@@ -60,12 +60,7 @@ func TestFailedWriteKeepsItsChunks(t *testing.T) {
 	if err := l.WriteAt(want, 0, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	l.Close()
-	env.Create = false
-	l = build(t, env, spec)
+	l = reopen(t, l, &env, spec)
 	defer l.Close()
 	got := make([]byte, chunk)
 	if err := l.ReadAt(got, 0); err != nil {

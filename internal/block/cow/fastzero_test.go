@@ -74,12 +74,7 @@ func TestFastZero(t *testing.T) {
 	}
 	expect(t, l, model, "after a zero over a base-held chunk")
 
-	if err := l.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	l.Close()
-	env.Create = false
-	l = build(t, env, fileSpec)
+	l = reopen(t, l, &env, fileSpec)
 	defer l.Close()
 	expect(t, l, model, "reopened")
 	c := clone(t, env, img, fileSpec)
