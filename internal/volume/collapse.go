@@ -41,7 +41,7 @@ package volume
 // skipped here (the holder's own collector proposes it).
 //
 // The job holds the volume's job slot while it runs; user jobs and a
-// volume delete that meet it wait for it (awaitCollapse) rather than fail.
+// volume delete that meet it wait for it (pastCollapse) rather than fail.
 // It leaves the volume's last_job alone unless it fails: it is
 // housekeeping, and a user's last repair report should stay visible.
 
@@ -210,10 +210,30 @@ func (s *Service) needed(ctx context.Context, vol, parent, top string) (string, 
 	return "", nil
 }
 
-// awaitCollapse waits, up to lockWait, until volume id runs no collapse
-// job.
-func (s *Service) awaitCollapse(ctx context.Context, id string) {
+// pastCollapse runs op until it no longer fails with errCollapsing,
+// waiting out the collapse job of volume *id between tries, up to lockWait
+// in all. One collapse may follow another (deleting two snapshots of a
+// chain proposes two), so one wait and one retry are not enough. A
+// collapse that outlasts the wait is VolumeBusy. id is a pointer because
+// DeleteVolume learns it from op's first run.
+func (s *Service) pastCollapse(ctx context.Context, id *string, op func() error) error {
 	deadline := time.Now().Add(lockWait)
+	for {
+		err := op()
+		if !errors.Is(err, errCollapsing) {
+			return err
+		}
+		if !time.Now().Before(deadline) || ctx.Err() != nil {
+			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is still collapsing a deleted snapshot's image; retry", *id)
+		}
+		// Housekeeping goes first, and is short: wait for it.
+		s.awaitCollapse(ctx, *id, deadline)
+	}
+}
+
+// awaitCollapse waits, until deadline, for volume id to run no collapse
+// job.
+func (s *Service) awaitCollapse(ctx context.Context, id string, deadline time.Time) {
 	for time.Now().Before(deadline) {
 		v, err := s.meta.Volume(ctx, id)
 		if err != nil || v == nil || v.Job == nil || v.Job.Kind != meta.JobCollapse {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
 )
 
@@ -170,5 +171,59 @@ func TestNoCollapseDuringSnapshot(t *testing.T) {
 		t.Fatalf("finishing the snapshot: %+v, %v", got, err)
 	}
 	cleanupAll(t, s, alice)
+	checkProvisioned(t)
+}
+
+// TestDeleteWaitsOutCollapses: a delete that meets a collapse job waits for
+// it and tries again, as often as a collapse is running — one may follow
+// another (CI once saw a volume delete fail as the second of two collapses
+// began) — and only a collapse that outlasts lockWait makes it VolumeBusy.
+func TestDeleteWaitsOutCollapses(t *testing.T) {
+	old := lockWait
+	lockWait = 300 * time.Millisecond
+	t.Cleanup(func() { lockWait = old })
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setJob := func(j *meta.Job) {
+		e.update(func(tx *meta.Tx) error {
+			cur, err := tx.Volume(v.ID)
+			if err != nil {
+				return err
+			}
+			cur.Job = j
+			tx.PutVolume(cur)
+			return nil
+		})
+	}
+	// A collapse that never ends: VolumeBusy once the wait is over.
+	setJob(&meta.Job{Kind: meta.JobCollapse, Node: s.cfg.Node, StartedAt: now()})
+	start := time.Now()
+	wantCode(t, s.DeleteVolume(ctx, alice, v.ID), errs.CodeVolumeBusy)
+	if d := time.Since(start); d < lockWait {
+		t.Errorf("gave up after %v, before lockWait %v", d, lockWait)
+	}
+	// Three collapses one after another, each seen by one try: the
+	// delete goes through after the third.
+	setJob(nil)
+	tries := 0
+	id := v.ID
+	err = s.pastCollapse(ctx, &id, func() error {
+		if tries++; tries <= 3 {
+			return errCollapsing
+		}
+		return nil
+	})
+	if err != nil || tries != 4 {
+		t.Fatalf("after %d tries: %v", tries, err)
+	}
+	if err := s.DeleteVolume(ctx, alice, v.ID); err != nil {
+		t.Fatal(err)
+	}
 	checkProvisioned(t)
 }

@@ -2,7 +2,6 @@ package volume
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -82,15 +81,7 @@ func (s *Service) StartJob(ctx context.Context, c Caller, ref, kind string) (*me
 		out = cur
 		return nil
 	}
-	err = s.meta.Update(ctx, record)
-	if errors.Is(err, errCollapsing) {
-		// Housekeeping goes first, and is short: wait for it.
-		s.awaitCollapse(ctx, v.ID)
-		err = s.meta.Update(ctx, record)
-	}
-	if errors.Is(err, errCollapsing) {
-		err = errs.Conflict(errs.CodeVolumeBusy, "volume %s is still collapsing a deleted snapshot's image; retry", v.ID)
-	}
+	err = s.pastCollapse(ctx, &v.ID, func() error { return s.meta.Update(ctx, record) })
 	if err != nil {
 		return nil, err
 	}

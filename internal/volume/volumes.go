@@ -385,14 +385,7 @@ func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSiz
 		tx.PutVolume(cur)
 		return nil
 	}
-	err = s.meta.Update(ctx, record)
-	if errors.Is(err, errCollapsing) {
-		s.awaitCollapse(ctx, v.ID)
-		err = s.meta.Update(ctx, record)
-	}
-	if errors.Is(err, errCollapsing) {
-		err = errs.Conflict(errs.CodeVolumeBusy, "volume %s is still collapsing a deleted snapshot's image; retry", v.ID)
-	}
+	err = s.pastCollapse(ctx, &v.ID, func() error { return s.meta.Update(ctx, record) })
 	if err != nil {
 		return nil, err
 	}
@@ -462,27 +455,27 @@ func (s *Service) resize(v *meta.Volume) error {
 // is resolved inside the transaction, so a delete makes no read of its
 // own before it.
 func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error {
-	id, err := s.deleteRecord(ctx, c, ref, nil)
-	if errors.Is(err, errCollapsing) {
-		// Housekeeping goes first, and is short: wait for it.
-		s.awaitCollapse(ctx, id)
-		id, err = s.deleteRecord(ctx, c, id, nil)
-	}
+	var id string
+	err := s.pastCollapse(ctx, &id, func() error {
+		r := ref
+		if id != "" {
+			r = id // the name may have passed to another volume meanwhile
+		}
+		var err error
+		id, err = s.deleteRecord(ctx, c, r, nil)
+		return err
+	})
 	if errors.Is(err, errLocked) {
 		wl, lerr := s.lockFor(ctx, "volume", id, lock.Write)
 		if lerr != nil {
 			return lerr
 		}
 		// By id: the name may have passed to another volume meanwhile.
-		_, err = s.deleteRecord(ctx, c, id, wl)
-		if errors.Is(err, errCollapsing) {
-			s.awaitCollapse(ctx, id)
-			_, err = s.deleteRecord(ctx, c, id, wl)
-		}
+		err = s.pastCollapse(ctx, &id, func() error {
+			_, err := s.deleteRecord(ctx, c, id, wl)
+			return err
+		})
 		wl.unlock()
-	}
-	if errors.Is(err, errCollapsing) {
-		err = errs.Conflict(errs.CodeVolumeBusy, "volume %s is still collapsing a deleted snapshot's image; retry", id)
 	}
 	if err != nil {
 		return err
