@@ -123,21 +123,6 @@ func (s *Service) collapseJob(ctx context.Context, vol string, l block.Layer, p 
 	if !ok {
 		return nil, fmt.Errorf("no cow layer")
 	}
-	had := s.leases.holds(vol)
-	holder, err := s.leases.acquire(ctx, vol)
-	if err != nil {
-		return nil, err
-	}
-	if holder != s.cfg.Node {
-		return CollapseReport{Skipped: "the volume is written by node " + holder}, nil
-	}
-	if !had {
-		defer func() {
-			if v, err := s.meta.Volume(ctx, vol); err == nil && !hasRW(ctx, s, v) {
-				s.leases.release(ctx, vol)
-			}
-		}()
-	}
 	top := c.Top()
 	ti, err := cow.ReadImage(s.store.ImagesDir(), top)
 	if err != nil {

@@ -16,7 +16,11 @@ import (
 // (mirror, parity) and scrub (checksum). A job is recorded on the volume
 // (Job, with progress) so `volume show` follows it and a restarted node
 // runs it again; its outcome is kept in LastJob. The volume stays usable
-// meanwhile.
+// meanwhile. A job runs on the node that writes the volume, holding its
+// write lease for the whole run (leases.use; taken if no node holds it),
+// so no other node can take the volume for an rw attachment and write its
+// files alongside; if another node took the lease before the job began,
+// the job is handed to that node.
 
 // progressEvery is how often a running job persists its progress.
 const progressEvery = time.Second
@@ -102,27 +106,53 @@ func (s *Service) startJob(id string) {
 	s.jobs.Add(1)
 	go func() {
 		defer s.jobs.Done()
-		defer s.unclaim("job/" + id)
-		s.runJob(s.ctx, id)
+		ended := s.runJob(s.ctx, id)
+		s.unclaim("job/" + id)
+		if !ended {
+			return
+		}
+		// A job recorded for this node while this one was finishing (a
+		// collapse proposed as soon as the slot was free) found the claim
+		// taken, and was left to this goroutine: run it.
+		if v, err := s.meta.Volume(s.ctx, id); err == nil && v != nil && v.Job != nil && s.mine(v.Job.Node) && v.Status != meta.StatusCreating {
+			s.startJob(id)
+		}
 	}()
 }
 
-func (s *Service) runJob(ctx context.Context, id string) {
+// runJob runs volume id's recorded job here, and reports whether it ended
+// with its outcome recorded (else it was handed over, interrupted, or its
+// outcome could not be recorded).
+func (s *Service) runJob(ctx context.Context, id string) bool {
 	v, err := s.meta.Volume(ctx, id)
 	if err != nil || v.Job == nil {
 		s.logFor("volume", id).Error("job: cannot read record", "err", err)
-		return
+		return false
 	}
 	kind := v.Job.Kind
 	start := time.Now()
 	var report any
-	l, release, err := s.acquire(v)
-	if err == nil {
-		report, err = s.job(ctx, id, l, kind, s.progress(ctx, id))
-		release()
+	holder, err := s.leases.use(ctx, id)
+	switch {
+	case err != nil:
+	case holder != s.cfg.Node && kind == meta.JobCollapse:
+		report = CollapseReport{Skipped: "the volume is written by node " + holder} // whose collector proposes it
+	case holder != s.cfg.Node:
+		if err = s.handJob(ctx, id, holder); err == nil {
+			return false
+		}
+	default:
+		defer s.leases.unuse(context.Background(), id)
+		var l block.Layer
+		var release func()
+		l, release, err = s.acquire(v)
+		if err == nil {
+			report, err = s.job(ctx, id, l, kind, s.progress(ctx, id))
+			release()
+		}
 	}
 	if ctx.Err() != nil {
-		return // interrupted by shutdown: run again at next start
+		return false // interrupted by shutdown: run again at next start
 	}
 	res := &meta.JobResult{Kind: kind, Report: report, Finished: now()}
 	if err != nil {
@@ -146,12 +176,33 @@ func (s *Service) runJob(ctx context.Context, id string) {
 	log := s.logFor("volume", id).With("job", kind, "took", time.Since(start).String())
 	if err != nil {
 		log.Error("job failed", "err", err)
-		return
+		return uerr == nil
 	}
 	log.Info("job done", "report", report)
 	if kind == meta.JobFlatten {
 		s.collectSoon()
 	}
+	return uerr == nil
+}
+
+// handJob records volume id's job, recorded for this node, for node
+// holder, which took the volume's write lease meanwhile: only the holder
+// writes the volume, and its watcher runs the job (delegated).
+func (s *Service) handJob(ctx context.Context, id, holder string) error {
+	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
+		cur, err := tx.Volume(id)
+		if err != nil || cur == nil || cur.Job == nil || cur.Job.Node != s.cfg.Node {
+			return err
+		}
+		cur.Job.Node, cur.Job.RequestedBy = holder, s.cfg.Node
+		tx.PutVolume(cur)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("hand the job to node %s, which writes the volume now: %w", holder, err)
+	}
+	s.logFor("volume", id).Info("job handed to the volume's writer", "node", holder)
+	return nil
 }
 
 // job runs one job on volume vol's live stack l and returns its report.

@@ -462,3 +462,113 @@ func TestRepairJobReachesSnapshotImages(t *testing.T) {
 	cleanupAll(t, s, alice)
 	checkProvisioned(t)
 }
+
+// TestJobHoldsWriteLease: a job writes its volume only as the volume's
+// write-lease holder. Run where no node holds the lease, it takes it for
+// its whole run, so an rw attachment made meanwhile through another node
+// is served by the job's node (not by a second writer of the same files),
+// and the lease stays while that attachment needs it. A job recorded for a
+// node that no longer holds the lease when it begins is handed to the
+// holder, which runs it.
+func TestJobHoldsWriteLease(t *testing.T) {
+	e := newEnv(t)
+	a := e.started(Config{Node: uniq("a")})
+	b := e.started(Config{Node: uniq("b")})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	typ := slowType(t, a, 50)
+	const size = 128 << 12 // about 1.5 s to flatten at 50 operations a second
+	v, err := a.CreateVolume(ctx, alice, CreateVolume{SizeBytes: size, Type: typ})
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := make([]byte, size)
+	e.fill(a, v.ID, model, 1, [2]int64{0, size})
+	sn, err := a.CreateSnapshot(ctx, alice, v.ID, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clone := func() string {
+		c, err := a.CreateVolume(ctx, alice, CreateVolume{FromSnapshot: sn.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.ID
+	}
+	holder := func(vol string) string {
+		h, err := e.meta.VolumeLeaseHolder(ctx, vol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h == nil {
+			return ""
+		}
+		return h.Node
+	}
+
+	c1 := clone()
+	if _, err := a.StartJob(ctx, alice, c1, meta.JobFlatten); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // past the burst, well before the end
+	if h := holder(c1); h != a.cfg.Node {
+		t.Fatalf("volume %s runs a flatten on %s; its write lease is held by %q", c1, a.cfg.Node, h)
+	}
+	att, err := b.Attach(ctx, alice, c1, "host", meta.ModeRW)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := holder(c1); h != a.cfg.Node {
+		t.Fatalf("an rw attachment through %s during the flatten: the lease moved to %q", b.cfg.Node, h)
+	}
+	if lj := e.waitJob(c1).LastJob; lj == nil || lj.Error != "" {
+		t.Fatalf("flatten outcome %+v", lj)
+	}
+	if h := holder(c1); h != a.cfg.Node {
+		t.Fatalf("the flatten ended with an rw attachment left: the lease went to %q", h)
+	}
+	if err := b.Detach(ctx, alice, att.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.sameVolume(a, c1, model, "clone flattened while attached")
+
+	// b takes c2's lease after a job was recorded for a: a hands it over.
+	c2 := clone()
+	if h, err := b.leases.acquire(ctx, c2); err != nil || h != b.cfg.Node {
+		t.Fatalf("acquire through %s: %q %v", b.cfg.Node, h, err)
+	}
+	e.update(func(tx *meta.Tx) error {
+		cur, err := tx.Volume(c2)
+		if err != nil {
+			return err
+		}
+		cur.Job = &meta.Job{Kind: meta.JobFlatten, Node: a.cfg.Node, StartedAt: now()}
+		tx.PutVolume(cur)
+		return nil
+	})
+	a.startJob(c2)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		j := e.volume(c2).Job
+		if j == nil {
+			t.Fatalf("the job ended without being handed to %s", b.cfg.Node)
+		}
+		if j.Node == b.cfg.Node && j.RequestedBy == a.cfg.Node {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the job is still recorded as %+v", j)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if lj := e.waitJob(c2).LastJob; lj == nil || lj.Error != "" {
+		t.Fatalf("flatten outcome %+v", lj)
+	}
+	for deadline := time.Now().Add(5 * time.Second); holder(c2) != ""; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the holder's job ended with no rw attachment: the lease is still %q's", holder(c2))
+		}
+	}
+	e.sameVolume(a, c2, model, "clone flattened by the lease holder")
+	cleanupAll(t, a, alice)
+}

@@ -90,13 +90,16 @@ type leases struct {
 	// fences them for good.
 	fences map[string][]*stackFence
 	lost   []func(vol string)
+	// users counts, by volume, the jobs running here on the volume's
+	// lease (use): while one runs, the lease is not given up.
+	users map[string]int
 }
 
 // stackFence is one open stack's fence.
 type stackFence struct{ lost atomic.Bool }
 
 func newLeases(s *Service) *leases {
-	return &leases{s: s, held: map[string]int64{}, changing: map[string]*sync.Mutex{}, fences: map[string][]*stackFence{}}
+	return &leases{s: s, held: map[string]int64{}, changing: map[string]*sync.Mutex{}, fences: map[string][]*stackFence{}, users: map[string]int{}}
 }
 
 // changeLock returns the mutex that serialises this node's changes of
@@ -263,6 +266,11 @@ func (l *leases) acquire(ctx context.Context, vol string) (string, error) {
 	mu := l.changeLock(vol)
 	mu.Lock()
 	defer mu.Unlock()
+	return l.acquireLocked(ctx, vol)
+}
+
+// acquireLocked is acquire with vol's changeLock held.
+func (l *leases) acquireLocked(ctx context.Context, vol string) (string, error) {
 	l.mu.Lock()
 	id := l.id
 	ok := id != 0 && time.Now().Before(l.valid)
@@ -301,14 +309,71 @@ func (l *leases) acquire(ctx context.Context, vol string) (string, error) {
 	return got.Node, nil
 }
 
+// use makes this node vol's writer for a job, as acquire, and returns the
+// holder's name; held here, the lease stays here until the job's unuse,
+// whatever rw attachments come and go meanwhile. A job must write a volume
+// only as its lease holder: without the lease, another node could take it
+// for an rw attachment and write the volume's files at the same time.
+func (l *leases) use(ctx context.Context, vol string) (string, error) {
+	mu := l.changeLock(vol)
+	mu.Lock()
+	defer mu.Unlock()
+	holder, err := l.acquireLocked(ctx, vol)
+	if err == nil && holder == l.s.cfg.Node {
+		l.mu.Lock()
+		l.users[vol]++
+		l.mu.Unlock()
+	}
+	return holder, err
+}
+
+// unuse ends a job's use of vol's lease; with no job left on it, the lease
+// is given up unless the volume has an rw attachment.
+func (l *leases) unuse(ctx context.Context, vol string) {
+	mu := l.changeLock(vol)
+	mu.Lock()
+	defer mu.Unlock()
+	l.mu.Lock()
+	l.users[vol]--
+	left := l.users[vol]
+	if left == 0 {
+		delete(l.users, vol)
+	}
+	_, held := l.held[vol]
+	l.mu.Unlock()
+	if left > 0 || !held {
+		return // still used, or lost meanwhile (and maybe another node's now)
+	}
+	if v, err := l.s.meta.Volume(ctx, vol); err != nil || hasRW(ctx, l.s, v) {
+		return // needed (or unknown: keep it; the next detach decides)
+	}
+	l.releaseLocked(ctx, vol)
+}
+
+// inUse reports whether a job here runs on vol's lease.
+func (l *leases) inUse(vol string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.users[vol] > 0
+}
+
 // release gives vol's lease up: its last rw attachment is gone. Held
 // here, the key goes at once (released here, the stacks open here stay
-// usable); held by another node, it is only marked released, and that
-// node hands it over (handOver) or loses it with its etcd lease.
+// usable) unless a job here still uses it (its unuse gives it up); held by
+// another node, it is only marked released, and that node hands it over
+// (handOver) or loses it with its etcd lease.
 func (l *leases) release(ctx context.Context, vol string) {
 	mu := l.changeLock(vol)
 	mu.Lock()
 	defer mu.Unlock()
+	if l.inUse(vol) {
+		return
+	}
+	l.releaseLocked(ctx, vol)
+}
+
+// releaseLocked is release with vol's changeLock held.
+func (l *leases) releaseLocked(ctx context.Context, vol string) {
 	l.mu.Lock()
 	delete(l.held, vol)
 	id := l.id
@@ -348,6 +413,12 @@ func (l *leases) handOverOnce(ctx context.Context, vol string) error {
 	}
 	if h == nil || h.Node != l.s.cfg.Node || !h.Released {
 		return nil // gone already, or made this node's again by acquire
+	}
+	if l.inUse(vol) {
+		// A job here still writes the volume: keep the lease (taking it
+		// again clears the mark); the job's unuse gives it up.
+		_, err := l.acquireLocked(ctx, vol)
+		return err
 	}
 	l.lose(vol, "released through another node: the volume has no rw attachment left")
 	l.mu.Lock()
@@ -409,12 +480,4 @@ func (l *leases) servingNode(ctx context.Context, vol string) (string, error) {
 		return h.Node, nil
 	}
 	return l.acquire(ctx, vol)
-}
-
-// holds reports whether this node holds vol's write lease.
-func (l *leases) holds(vol string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	_, ok := l.held[vol]
-	return ok
 }

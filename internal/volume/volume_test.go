@@ -33,7 +33,14 @@ func openTestStore(t testing.TB) (*meta.Store, *pki.CA) {
 	return e.Meta, e.CA
 }
 
-func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+// quietLog is the services' logger: silent, unless BASALT_TEST_LOG is set
+// (then to stderr, for a flaky test's story).
+func quietLog() *slog.Logger {
+	if os.Getenv("BASALT_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
 
 func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
