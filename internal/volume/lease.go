@@ -17,8 +17,9 @@ package volume
 // passed the check just before.
 //
 // Handover: the lease key leaves its holder only (a) by the holder's own
-// doing — the volume's last rw attachment detached through it, a clean
-// stop (its etcd lease revoked), a handover after it fenced itself — or
+// doing — the volume's last rw attachment detached through it or a
+// handover, each after it fenced itself and waited out the writes in
+// flight (giveUp); a clean stop (its etcd lease revoked) — or
 // (b) with the holder's etcd lease, which etcd ends no earlier than
 // leaseTTL after the last renewal the holder sent, so at least
 // leaseMargin after the holder fenced itself. No other node deletes the
@@ -210,6 +211,27 @@ func (l *leases) dropAll(why string) {
 // lose records that vol's lease is no longer this node's: the stacks open
 // on it are fenced for good, and the onLost callbacks run.
 func (l *leases) lose(vol, why string) {
+	l.s.logFor("volume", vol).Warn("write lease lost; writes fenced", "why", why)
+	l.fenceAll(vol)
+}
+
+// giveUp stops this node writing vol before it deletes its own lease key:
+// the stacks open here are fenced for good (the onLost callbacks drop them
+// and close the volume's rw connections), and the writes already past the
+// fence — each holds the volume's write gate, read side (gated) — are
+// waited for. Without the wait, a write stalled in the file system (an NFS
+// server that does not answer for a while) could land after the next
+// holder's first write.
+func (l *leases) giveUp(vol string) {
+	l.fenceAll(vol)
+	g := l.s.Gate(vol)
+	g.Lock()
+	g.Unlock() //nolint:staticcheck // an empty critical section: the wait is the point
+}
+
+// fenceAll fences the stacks open on vol for good, forgets the lease and
+// runs the onLost callbacks.
+func (l *leases) fenceAll(vol string) {
 	l.mu.Lock()
 	delete(l.held, vol)
 	for _, f := range l.fences[vol] {
@@ -218,7 +240,6 @@ func (l *leases) lose(vol, why string) {
 	delete(l.fences, vol)
 	fns := l.lost
 	l.mu.Unlock()
-	l.s.logFor("volume", vol).Warn("write lease lost; writes fenced", "why", why)
 	for _, fn := range fns {
 		fn(vol)
 	}
@@ -358,9 +379,9 @@ func (l *leases) inUse(vol string) bool {
 }
 
 // release gives vol's lease up: its last rw attachment is gone. Held
-// here, the key goes at once (released here, the stacks open here stay
-// usable) unless a job here still uses it (its unuse gives it up); held by
-// another node, it is only marked released, and that node hands it over
+// here, the key goes as soon as this node has stopped writing (giveUp),
+// unless a job here still uses it (its unuse gives it up); held by another
+// node, it is only marked released, and that node hands it over
 // (handOver) or loses it with its etcd lease.
 func (l *leases) release(ctx context.Context, vol string) {
 	mu := l.changeLock(vol)
@@ -375,9 +396,12 @@ func (l *leases) release(ctx context.Context, vol string) {
 // releaseLocked is release with vol's changeLock held.
 func (l *leases) releaseLocked(ctx context.Context, vol string) {
 	l.mu.Lock()
-	delete(l.held, vol)
+	_, held := l.held[vol]
 	id := l.id
 	l.mu.Unlock()
+	if held {
+		l.giveUp(vol)
+	}
 	if err := l.s.meta.ReleaseVolumeLease(ctx, vol, l.s.cfg.Node, id); err != nil {
 		l.s.logFor("volume", vol).Warn("release write lease", "err", err)
 	}
@@ -420,7 +444,8 @@ func (l *leases) handOverOnce(ctx context.Context, vol string) error {
 		_, err := l.acquireLocked(ctx, vol)
 		return err
 	}
-	l.lose(vol, "released through another node: the volume has no rw attachment left")
+	l.s.logFor("volume", vol).Info("write lease released through another node: the volume has no rw attachment left")
+	l.giveUp(vol)
 	l.mu.Lock()
 	id := l.id
 	l.mu.Unlock()

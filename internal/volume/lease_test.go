@@ -137,3 +137,52 @@ func TestLeaseReleasedElsewhere(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestReleaseStopsWritingFirst: the holder giving its lease up (the
+// volume's last rw attachment detached) fences its stacks at once and
+// deletes the lease key — letting another node take the volume — only
+// after the writes already under way here have ended (one stalled in the
+// file system must not land after the next holder's first write).
+func TestReleaseStopsWritingFirst(t *testing.T) {
+	ctx := ctxT(t)
+	e := newEnv(t)
+	s := e.started(Config{})
+	alice := caller("alice")
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "v", SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	att, err := s.Attach(ctx, alice, v.ID, "host", meta.ModeRW)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, err := s.leases.acquire(ctx, v.ID); err != nil || h != s.cfg.Node {
+		t.Fatalf("acquire: %q %v", h, err)
+	}
+	check, forget := s.leases.fence(v.ID)
+	defer forget()
+	// A write in flight: past the fence, holding the gate's read side.
+	gate := s.Gate(v.ID)
+	gate.RLock()
+	detached := make(chan error, 1)
+	go func() { detached <- s.Detach(ctx, alice, att.ID) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for check() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the release did not fence the stack")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if h, err := e.meta.VolumeLeaseHolder(ctx, v.ID); err != nil || h == nil || h.Node != s.cfg.Node {
+		t.Fatalf("with a write in flight the lease key is %+v (%v); want it still %s's", h, err, s.cfg.Node)
+	}
+	gate.RUnlock()
+	if err := <-detached; err != nil {
+		t.Fatal(err)
+	}
+	if h, err := e.meta.VolumeLeaseHolder(ctx, v.ID); err != nil || h != nil {
+		t.Fatalf("after the write ended and the detach returned, the lease is %+v (%v)", h, err)
+	}
+	cleanupAll(t, s, alice)
+}
