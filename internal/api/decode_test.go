@@ -19,6 +19,7 @@ var parserCodes = map[string]bool{
 	errs.CodeInvalidSize:    true,
 	errs.CodeInvalidName:    true,
 	errs.CodeInvalidRequest: true,
+	errs.CodeInvalidStack:   true,
 }
 
 func checkParseError(t *testing.T, body []byte, err error) *errs.Error {
@@ -101,6 +102,13 @@ var fuzzSeeds = []string{
 	`{"name":"\ud800"}`,
 	`{"Size":"1GiB"}`,
 	`{"size":"1GiB","size":"2GiB"}`,
+	`{"volume":"vol-0123456789abcdef","host":"hv1","mode":"ro"}`,
+	`{"volume":"data","host":""}`,
+	`{"to":"s3://bucket/key"}`,
+	`{"to":""}`,
+	`{"name":"fast","description":"x","stack":{"type":"file"}}`,
+	`{"name":"fast","stack":null}`,
+	`{"name":"fast","stack":[1,2]}`,
 }
 
 func addSeeds(f *testing.F) {
@@ -459,4 +467,61 @@ func TestSizeMaxFormatParses(t *testing.T) {
 			t.Errorf("Size from %s = %d, %v; want %d (size.Max, printed by size.Format as %q)", in, s, err, size.Max, size.Format(size.Max))
 		}
 	}
+}
+
+func FuzzParseAttach(f *testing.F) {
+	addSeeds(f)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r, err := ParseAttach(body)
+		if err != nil {
+			checkParseError(t, body, err)
+			return
+		}
+		if r.Volume == "" || r.Host == "" {
+			t.Fatalf("body %q: accepted without a volume or a host", body)
+		}
+		if !json.Valid(body) {
+			t.Fatalf("body %q: accepted but is not valid JSON", body)
+		}
+	})
+}
+
+func FuzzParseExportSnapshot(f *testing.F) {
+	addSeeds(f)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r, err := ParseExportSnapshot(body)
+		if err != nil {
+			checkParseError(t, body, err)
+			return
+		}
+		if r.To == "" {
+			t.Fatalf("body %q: accepted without a destination", body)
+		}
+		if !json.Valid(body) {
+			t.Fatalf("body %q: accepted but is not valid JSON", body)
+		}
+	})
+}
+
+// FuzzParseCreateVolumeType: the stack is kept as raw JSON for the layer
+// registry to check (block/layers' FuzzCheckSpec); the parser must still
+// hand on only a present, valid JSON value.
+func FuzzParseCreateVolumeType(f *testing.F) {
+	addSeeds(f)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r, err := ParseCreateVolumeType(body)
+		if err != nil {
+			checkParseError(t, body, err)
+			return
+		}
+		if r.Name == "" {
+			t.Fatalf("body %q: accepted without a name", body)
+		}
+		if len(r.Stack) == 0 || string(r.Stack) == "null" || !json.Valid(r.Stack) {
+			t.Fatalf("body %q: accepted with stack %q", body, r.Stack)
+		}
+		if !json.Valid(body) {
+			t.Fatalf("body %q: accepted but is not valid JSON", body)
+		}
+	})
 }
