@@ -223,12 +223,7 @@ func (c *collapse) close() {
 	}
 }
 
-func (c *collapse) log() *slog.Logger {
-	if c.l.env.Log != nil {
-		return c.l.env.Log
-	}
-	return slog.New(slog.DiscardHandler)
-}
+func (c *collapse) log() *slog.Logger { return c.l.logger() }
 
 // check reports whether the chain is still the one the collapse began on;
 // a snapshot (a new top) or a flatten (no parent) ends it. The caller
@@ -536,10 +531,11 @@ func (c *collapse) commit() error {
 	l.byDepth = l.byDepth[:old.depth]
 	l.top = c.into
 	l.all = slices.DeleteFunc(l.all, func(im *image) bool { return im == old })
-	if old.frozen { // frozen once, made the top again by an earlier collapse
-		releaseFrozen(l.imageDir(old.meta.ID))
+	var unfreeze error
+	if old.frozen != nil { // frozen once, made the top again by an earlier collapse
+		unfreeze = old.frozen.Close()
 	}
-	if err := errors.Join(old.dev.Close(), old.alloc.Close(), old.sb.Close()); err != nil {
+	if err := errors.Join(old.dev.Close(), old.alloc.Close(), old.sb.Close(), unfreeze); err != nil {
 		c.log().Warn("closing the collapsed image", "image", old.meta.ID, "err", err)
 	}
 	return nil

@@ -483,8 +483,8 @@ func TestCollapseThenSnapshotReleasesFrozen(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.Close()
-	if isFrozenOpen(l.imageDir(a)) {
-		t.Fatalf("image %s still counted as held frozen after its volume closed", a)
+	if held, err := isFrozenOpen(l.imageDir(a)); err != nil || held {
+		t.Fatalf("image %s still held frozen after its volume closed (%v)", a, err)
 	}
 }
 

@@ -54,6 +54,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -172,8 +173,9 @@ type image struct {
 	dev block.Layer
 	rw  bool // dev was opened read-write
 	// frozen: a Snapshot of this layer froze the image while dev was
-	// open read-write (see holdFrozen).
-	frozen bool
+	// open read-write; the lock holdFrozen took, which keeps maintainers
+	// in every process away from the image until this layer closes.
+	frozen *os.File
 	sb     *superblock.Block // top only
 	alloc  *bitmap.Bitmap    // top only
 }
@@ -957,9 +959,14 @@ func (l *Layer) Snapshot(tag string) (string, error) {
 	old.alloc.Close()
 	old.sb.Close()
 	old.alloc, old.sb = nil, nil
-	if !old.frozen { // frozen before, made the top again by a collapse: counted once
-		old.frozen = true
-		holdFrozen(l.imageDir(old.meta.ID))
+	if old.frozen == nil { // else frozen before, and made the top again by a collapse
+		f, err := holdFrozen(l.imageDir(old.meta.ID))
+		if err != nil {
+			// Committed all the same; only maintainers elsewhere are
+			// not kept away (lockImage fails on such a file system too).
+			l.logger().Warn("cow: cannot hold the frozen image's lock", "image", old.meta.ID, "err", err)
+		}
+		old.frozen = f
 	}
 	im.depth = old.depth + 1
 	l.byDepth = append(l.byDepth, im)
@@ -1057,6 +1064,14 @@ func (l *Layer) baseHoldsAny() bool {
 	return false
 }
 
+// logger is the stack's logger, or one that discards.
+func (l *Layer) logger() *slog.Logger {
+	if l.env.Log != nil {
+		return l.env.Log
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
 // Close implements block.Device: flushes nothing (callers flush), closes
 // every image.
 func (l *Layer) Close() error {
@@ -1068,8 +1083,8 @@ func (l *Layer) Close() error {
 	}
 	for _, im := range l.all {
 		keep(im.dev.Close())
-		if im.frozen {
-			releaseFrozen(l.imageDir(im.meta.ID))
+		if im.frozen != nil {
+			keep(im.frozen.Close()) // releases the lock
 		}
 		if im.alloc != nil {
 			keep(im.alloc.Close())

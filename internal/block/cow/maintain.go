@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
+	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -43,9 +43,11 @@ import (
 //     reads; it is maintained in place, under the lock too, rather than
 //     opened a second time. That instance may write its metadata at any
 //     time (a mirror clears write-intent bits once quiet, finishes a
-//     resync), so while it is open no other volume of this process (a
-//     clone of that snapshot) opens the image read-write: its maintenance
-//     is refused until the freezing volume's stack is closed (holdFrozen).
+//     resync), so while it is open no other volume (a clone of that
+//     snapshot, in this process or on another node) opens the image
+//     read-write: the instance holds a shared flock on the image's
+//     superblock file (holdFrozen), and a maintainer that finds it held
+//     refuses until the freezing volume's stack is closed.
 
 // lockPoll is how often a maintainer waiting for an image's lock retries.
 const lockPoll = 20 * time.Millisecond
@@ -90,8 +92,11 @@ func (l *Layer) maintainBase(ctx context.Context, im *image, walk func(block.Lay
 	if rw {
 		return walk(dev), nil
 	}
-	if isFrozenOpen(dir) {
-		return false, errors.New("the volume whose snapshot froze this image still has it open read-write: repair that volume, or this one again once that volume's stack is closed")
+	if held, err := isFrozenOpen(dir); err != nil || held {
+		if err != nil {
+			return false, fmt.Errorf("probe for a frozen read-write instance: %w", err)
+		}
+		return false, errors.New("the volume whose snapshot froze this image still has it open read-write (here or on another node): repair that volume, or this one again once that volume's stack is closed")
 	}
 	env := l.env
 	env.Dir, env.Size, env.Create, env.Base, env.ReadOnly = dir, im.meta.Size, false, "", false
@@ -124,34 +129,50 @@ func (l *Layer) maintainBase(ctx context.Context, im *image, walk func(block.Lay
 	return more, nil
 }
 
-// frozenOpen counts, per image directory, the read-write instances of
-// frozen images this process holds: those of images a Snapshot froze
-// while they were open as a top, until the freezing layer is closed.
-var (
-	frozenMu   sync.Mutex
-	frozenOpen = map[string]int{}
-)
-
-// holdFrozen records that image directory dir has a frozen read-write
-// instance open; releaseFrozen that one was closed.
-func holdFrozen(dir string) {
-	frozenMu.Lock()
-	defer frozenMu.Unlock()
-	frozenOpen[dir]++
-}
-
-func releaseFrozen(dir string) {
-	frozenMu.Lock()
-	defer frozenMu.Unlock()
-	if frozenOpen[dir]--; frozenOpen[dir] <= 0 {
-		delete(frozenOpen, dir)
+// holdFrozen takes a shared lock (flock) on the superblock file of image
+// directory dir for a read-write instance of the image that a Snapshot
+// froze; closing the returned file releases it. Maintainers in every
+// process — other volumes of this one and other nodes alike — probe it
+// (isFrozenOpen) before opening the image read-write.
+func holdFrozen(dir string) (*os.File, error) {
+	f, err := os.Open(filepath.Join(dir, imgFile))
+	if err != nil {
+		return nil, fmt.Errorf("hold frozen image: %w", err)
+	}
+	for {
+		// Blocking: only a probe holds the exclusive lock, for an instant.
+		err := unix.Flock(int(f.Fd()), unix.LOCK_SH)
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, unix.EINTR) {
+			f.Close()
+			return nil, fmt.Errorf("hold frozen image: %w", err)
+		}
 	}
 }
 
-func isFrozenOpen(dir string) bool {
-	frozenMu.Lock()
-	defer frozenMu.Unlock()
-	return frozenOpen[dir] > 0
+// isFrozenOpen reports whether some process holds a frozen read-write
+// instance of the image in dir (holdFrozen's lock). The caller holds the
+// image's maintenance lock, so no new frozen instance can appear: an
+// image is frozen only as its volume's top, and a base is never the top.
+func isFrozenOpen(dir string) (bool, error) {
+	f, err := os.Open(filepath.Join(dir, imgFile))
+	if err != nil {
+		return false, err
+	}
+	defer f.Close() // releases the probe's lock
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		switch {
+		case err == nil:
+			return false, nil
+		case errors.Is(err, unix.EWOULDBLOCK):
+			return true, nil
+		case !errors.Is(err, unix.EINTR):
+			return false, err
+		}
+	}
 }
 
 // lockImage takes the exclusive lock on image directory dir, waiting for

@@ -1,10 +1,14 @@
 package cow
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -312,6 +316,89 @@ func TestFrozenImageNotOpenedTwice(t *testing.T) {
 	if d := c.Describe(); d.State != block.StateOK {
 		t.Fatalf("clone after repair: %+v", d)
 	}
+	if got, err := os.ReadFile(leg0); err != nil || !bytes.Equal(got[:len(data)], data) {
+		t.Fatalf("the snapshot's leg 0 was not rebuilt: %v", err)
+	}
+}
+
+// frozenHolderEnv names the directory in which TestFrozenHolderProcess,
+// run as a child process, builds its volume.
+const frozenHolderEnv = "BASALT_COW_FROZEN_HOLDER"
+
+// TestFrozenHolderProcess is the other node of
+// TestFrozenImageHeldAcrossProcesses: run as a child with frozenHolderEnv
+// set, it builds a volume there, writes 0x77s, snapshots it, prints the
+// snapshot's image and keeps the volume open until its stdin closes.
+func TestFrozenHolderProcess(t *testing.T) {
+	root := os.Getenv(frozenHolderEnv)
+	if root == "" {
+		return // only as a child
+	}
+	env := block.Env{Dir: filepath.Join(root, "vol"), Images: filepath.Join(root, "images"), Size: 4 << 20, Create: true}
+	l := build(t, env, mirrorSpec)
+	if err := l.WriteAt(bytes.Repeat([]byte{0x77}, 1<<20), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	img, err := l.Snapshot("s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Stdout.WriteString("image " + img + "\n")
+	io.Copy(io.Discard, os.Stdin)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFrozenImageHeldAcrossProcesses: as TestFrozenImageNotOpenedTwice,
+// with the volume that froze the image open in another process (another
+// node): a clone here may not open the image read-write for maintenance
+// until that process has closed it.
+func TestFrozenImageHeldAcrossProcesses(t *testing.T) {
+	root := t.TempDir()
+	child := exec.Command(os.Args[0], "-test.run=^TestFrozenHolderProcess$")
+	child.Env = append(os.Environ(), frozenHolderEnv+"="+root)
+	child.Stderr = os.Stderr
+	stdin, err := child.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer child.Process.Kill()
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	img, ok := strings.CutPrefix(strings.TrimSpace(line), "image ")
+	if err != nil || !ok {
+		t.Fatalf("the child process said %q (%v)", line, err)
+	}
+	env := block.Env{Dir: filepath.Join(root, "vol"), Images: filepath.Join(root, "images"), Size: 4 << 20}
+	c := clone(t, env, img, mirrorSpec)
+	defer c.Close()
+	leg0 := filepath.Join(env.Images, img, "leg0.img")
+	if err := os.Remove(leg0); err != nil {
+		t.Fatal(err)
+	}
+	err = block.WalkMaintain(context.Background(), c, func(block.Layer) bool { return true })
+	if err == nil || !strings.Contains(err.Error(), "open read-write") {
+		t.Fatalf("the clone's maintenance of an image another process holds read-write: %v", err)
+	}
+	if _, err := os.Stat(leg0); err == nil {
+		t.Fatal("the leg was recreated beside the other process's read-write instance")
+	}
+	stdin.Close()
+	go io.Copy(io.Discard, stdout)
+	if err := child.Wait(); err != nil {
+		t.Fatalf("child process: %v", err)
+	}
+	if n := repair(t, c); n != 2 {
+		t.Fatalf("clone's repair walk reached %d repairers, want 2", n)
+	}
+	data := bytes.Repeat([]byte{0x77}, 1<<20)
 	if got, err := os.ReadFile(leg0); err != nil || !bytes.Equal(got[:len(data)], data) {
 		t.Fatalf("the snapshot's leg 0 was not rebuilt: %v", err)
 	}
