@@ -62,7 +62,7 @@ func objectCmd(g *globals) *cobra.Command {
 
 	var root string
 	var recursive bool
-	pathsCmd := func(use, short, long, verb string, run func(c *client.Client, objs []api.ObjectRef) ([]api.ObjectResult, error)) *cobra.Command {
+	pathsCmd := func(use, short, long, verb string, ownLinks bool, run func(c *client.Client, objs []api.ObjectRef) ([]api.ObjectResult, error)) *cobra.Command {
 		cmd := &cobra.Command{
 			Use: use, Short: short, Long: long, Args: cobra.MinimumNArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
@@ -70,7 +70,7 @@ func objectCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				objs, err := mapPaths(c, root, args, recursive)
+				objs, err := mapPaths(c, root, args, recursive, ownLinks)
 				if err != nil {
 					return err
 				}
@@ -135,13 +135,14 @@ func objectCmd(g *globals) *cobra.Command {
 			"it with the file's size, mtime and inode: S3 serves it from then on. Exporting an object again accepts its "+
 			"current content. Prints one line per object (bucket/key, ETag, size), or with -o json a list of "+
 			"{bucket, key, path, etag, size, mtime} and {bucket, key, error}; exits 1 if any failed.",
-		"exported", func(c *client.Client, objs []api.ObjectRef) ([]api.ObjectResult, error) {
+		"exported", false, func(c *client.Client, objs []api.ObjectRef) ([]api.ObjectResult, error) {
 			return c.ExportObjects(ctx(), objs)
 		})
 	unexport := pathsCmd("unexport PATH...", "remove the S3 records of files: the files stay, S3 no longer sees them",
-		"PATH as for export. Prints one line per object (bucket/key and the ETag and size its record had), or with "+
-			"-o json a list as for export; exits 1 if any failed.",
-		"unexported", func(c *client.Client, objs []api.ObjectRef) ([]api.ObjectResult, error) {
+		"PATH as for export, except that a symbolic link in a bucket stands for its own key, not its target's (a "+
+			"link that replaced an exported file is unexported by its name). Prints one line per object (bucket/key "+
+			"and the ETag and size its record had), or with -o json a list as for export; exits 1 if any failed.",
+		"unexported", true, func(c *client.Client, objs []api.ObjectRef) ([]api.ObjectResult, error) {
 			return c.UnexportObjects(ctx(), objs)
 		})
 
@@ -208,10 +209,13 @@ func parseS3URI(uri string) (bucket, key string, err error) {
 
 // mapPaths maps file paths to bucket/key pairs: each path, symbolic links
 // resolved, must lie inside a bucket directory below root (the server's
-// buckets directory unless given). Any path that does not fails the whole
-// command before anything is sent. With recursive, a directory stands for
-// the regular files below it.
-func mapPaths(c *client.Client, root string, paths []string, recursive bool) ([]api.ObjectRef, error) {
+// buckets directory unless given). With ownLinks (unexport), a path that
+// is itself a symbolic link in a bucket stands for its own key — a link
+// that replaced an exported file is unexported by its name — and its
+// target only when it lies elsewhere. Any path that maps to no bucket
+// fails the whole command before anything is sent. With recursive, a
+// directory stands for the regular files below it.
+func mapPaths(c *client.Client, root string, paths []string, recursive, ownLinks bool) ([]api.ObjectRef, error) {
 	if root == "" {
 		r, err := c.ObjectsRoot(ctx())
 		if err != nil {
@@ -257,6 +261,14 @@ func mapPaths(c *client.Client, root string, paths []string, recursive bool) ([]
 		}
 		fi, err := os.Stat(p)
 		if !recursive || err != nil || !fi.IsDir() {
+			if ownLinks {
+				if own, err := resolveDir(arg); err == nil {
+					if ref, err := locate(arg, own, false); err == nil {
+						out = append(out, ref)
+						continue
+					}
+				}
+			}
 			if err := add(arg, p); err != nil {
 				return nil, err
 			}
@@ -291,6 +303,19 @@ func mapPaths(c *client.Client, root string, paths []string, recursive bool) ([]
 		return nil, errs.Invalid(CodePathOutsideBuckets, "no files to send")
 	}
 	return out, nil
+}
+
+// resolveDir is resolve for p's directory, p's last element kept as it is.
+func resolveDir(p string) (string, error) {
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", err
+	}
+	dir, err := resolve(filepath.Dir(abs))
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, filepath.Base(abs)), nil
 }
 
 // resolve makes p absolute with its symbolic links resolved; the part of

@@ -47,7 +47,8 @@ func TestMapPaths(t *testing.T) {
 	mk(filepath.Join(root, "b2", "f"))
 	mk(filepath.Join(top, "outside"))
 	// The store reached through a symbolic link, a link into a bucket
-	// from elsewhere, a link out of a bucket.
+	// from elsewhere, a link out of a bucket, a link in a bucket to
+	// another of its files.
 	if err := os.Symlink(root, filepath.Join(top, "via")); err != nil {
 		t.Fatal(err)
 	}
@@ -57,11 +58,14 @@ func TestMapPaths(t *testing.T) {
 	if err := os.Symlink(filepath.Join(top, "outside"), filepath.Join(root, "b1", "out")); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Symlink(filepath.Join(root, "b1", "a.txt"), filepath.Join(root, "b1", "d", "to-a")); err != nil {
+		t.Fatal(err)
+	}
 	t.Chdir(filepath.Join(root, "b1", "d"))
 
 	ok := func(viaRoot string, recursive bool, paths []string, want ...api.ObjectRef) {
 		t.Helper()
-		got, err := mapPaths(nil, viaRoot, paths, recursive)
+		got, err := mapPaths(nil, viaRoot, paths, recursive, false)
 		if err != nil || !slices.Equal(got, want) {
 			t.Errorf("%v (root %s, recursive %v): %v %v, want %v", paths, viaRoot, recursive, got, err, want)
 		}
@@ -75,6 +79,21 @@ func TestMapPaths(t *testing.T) {
 	ok(root, true, []string{filepath.Join(root, "b1")},
 		api.ObjectRef{Bucket: "b1", Key: "a.txt"}, api.ObjectRef{Bucket: "b1", Key: "d/e.txt"})
 	ok(root, true, []string{"."}, api.ObjectRef{Bucket: "b1", Key: "d/e.txt"})
+	ok(root, false, []string{"to-a"}, api.ObjectRef{Bucket: "b1", Key: "a.txt"})
+	// For unexport a link in a bucket is its own key, wherever it points
+	// (the record of the file it replaced is found by that name); a link
+	// from elsewhere still stands for its target.
+	own := func(viaRoot string, paths []string, want ...api.ObjectRef) {
+		t.Helper()
+		got, err := mapPaths(nil, viaRoot, paths, false, true)
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("%v (root %s, own links): %v %v, want %v", paths, viaRoot, got, err, want)
+		}
+	}
+	own(root, []string{"to-a", filepath.Join(root, "b1", "out"), filepath.Join(top, "to-f"), "e.txt"},
+		api.ObjectRef{Bucket: "b1", Key: "d/to-a"}, api.ObjectRef{Bucket: "b1", Key: "out"},
+		api.ObjectRef{Bucket: "b2", Key: "f"}, api.ObjectRef{Bucket: "b1", Key: "d/e.txt"})
+	own(filepath.Join(top, "via"), []string{filepath.Join(top, "via", "b1", "d", "to-a")}, api.ObjectRef{Bucket: "b1", Key: "d/to-a"})
 
 	for _, c := range []struct {
 		root      string
@@ -92,7 +111,7 @@ func TestMapPaths(t *testing.T) {
 		{root, true, []string{top}, CodePathOutsideBuckets},
 		{filepath.Join(top, "no-such-dir"), false, []string{"e.txt"}, CodeBucketsDirNotFound},
 	} {
-		if _, err := mapPaths(nil, c.root, c.paths, c.recursive); !errs.IsCode(err, c.code) {
+		if _, err := mapPaths(nil, c.root, c.paths, c.recursive, false); !errs.IsCode(err, c.code) {
 			t.Errorf("%v (recursive %v): %v, want %s", c.paths, c.recursive, err, c.code)
 		}
 	}
