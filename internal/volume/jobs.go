@@ -185,6 +185,28 @@ func (s *Service) runJob(ctx context.Context, id string) bool {
 	return uerr == nil
 }
 
+// stages makes one progress of the maintainers a job calls one after
+// another (the top's stack, then each base image's): done counts across
+// all of them, so it never goes back, and total grows by each one's own
+// as it reports it.
+type stages struct {
+	p          block.Progress
+	base, last int64 // done by the maintainers before; the current one's total
+}
+
+// next is the progress to hand the next maintainer.
+func (s *stages) next() block.Progress {
+	if s.p == nil {
+		return nil
+	}
+	s.base += s.last
+	s.last = 0
+	return func(done, total int64) {
+		s.last = total
+		s.p(s.base+done, s.base+total)
+	}
+}
+
 // handJob records volume id's job, recorded for this node, for node
 // holder, which took the volume's write lease meanwhile: only the holder
 // writes the volume, and its watcher runs the job (delegated).
@@ -219,13 +241,14 @@ func (s *Service) job(ctx context.Context, vol string, l block.Layer, kind strin
 	case meta.JobRepair:
 		var err error
 		n := 0
+		st := &stages{p: p}
 		var report *block.RepairReport
 		// WalkMaintain: the bases of a cow chain (snapshots' and a
 		// clone's source's images) have mirrors and parities too.
 		werr := block.WalkMaintain(ctx, l, func(x block.Layer) bool {
 			if r, ok := x.(block.Repairer); ok {
 				n++
-				err = r.Repair(ctx, p)
+				err = r.Repair(ctx, st.next())
 				if c, ok := x.(block.ResyncCounter); ok {
 					if report == nil {
 						report = &block.RepairReport{}
@@ -249,11 +272,12 @@ func (s *Service) job(ctx context.Context, vol string, l block.Layer, kind strin
 		var total block.ScrubReport
 		var err error
 		n := 0
+		st := &stages{p: p}
 		werr := block.WalkMaintain(ctx, l, func(x block.Layer) bool {
 			if sc, ok := x.(block.Scrubber); ok {
 				n++
 				var r block.ScrubReport
-				r, err = sc.Scrub(ctx, p)
+				r, err = sc.Scrub(ctx, st.next())
 				total.Checked += r.Checked
 				total.Bad += r.Bad
 				total.Repaired += r.Repaired

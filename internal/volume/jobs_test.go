@@ -572,3 +572,26 @@ func TestJobHoldsWriteLease(t *testing.T) {
 	e.sameVolume(a, c2, model, "clone flattened by the lease holder")
 	cleanupAll(t, a, alice)
 }
+
+// TestStagesProgress: a job's progress over several maintainers (the top,
+// then each base image) never goes back: done adds up across them.
+func TestStagesProgress(t *testing.T) {
+	var got [][2]int64
+	st := &stages{p: func(done, total int64) { got = append(got, [2]int64{done, total}) }}
+	p := st.next()
+	p(0, 10)
+	p(10, 10)
+	p = st.next()
+	p(0, 4)
+	p(4, 4)
+	st.next() // a maintainer that reports nothing
+	p = st.next()
+	p(1, 2)
+	want := [][2]int64{{0, 10}, {10, 10}, {10, 14}, {14, 14}, {15, 16}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("progress %v, want %v", got, want)
+	}
+	if (&stages{}).next() != nil {
+		t.Fatal("no progress wanted: the maintainers should get none")
+	}
+}
