@@ -1,6 +1,9 @@
 package volume
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // Image collection runs in the background, off the request path: a delete
 // (or a finished flatten) asks for one and returns. Collecting reads every
@@ -11,7 +14,15 @@ import "sync"
 // Requests that arrive while a collection runs are served by the next run,
 // which starts after them and so sees everything their callers did. A node
 // that stops drops the requests it has not served: its next Start asks for
-// a collection, and any node's next one finds the same garbage.
+// a collection, and any node's next one finds the same garbage. Besides,
+// every node collects unasked once per image grace (at least a minute
+// apart): what a collection must spare for the grace — the images of a
+// creation that failed, a stack left without its record — and a collapse
+// refused while its volume was busy would otherwise wait for the next
+// delete.
+// minCollectEvery bounds how often a node collects unasked.
+var minCollectEvery = time.Minute
+
 type collector struct {
 	kick chan struct{} // a pending request (capacity 1)
 
@@ -53,11 +64,14 @@ func (s *Service) runCollector() {
 		s.gc.cond.Broadcast()
 		s.gc.mu.Unlock()
 	}()
+	tick := time.NewTicker(max(s.cfg.ImageGrace, minCollectEvery))
+	defer tick.Stop()
 	for {
 		select {
 		case <-s.ctx.Done():
 			return
 		case <-s.gc.kick:
+		case <-tick.C:
 		}
 		s.gc.mu.Lock()
 		served := s.gc.asked

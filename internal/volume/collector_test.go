@@ -110,3 +110,27 @@ func TestSweepStacks(t *testing.T) {
 	}
 	e.sameVolume(s, v.ID, make([]byte, 1<<20), "the recorded volume")
 }
+
+// TestCollectorRunsUnasked: a leftover stack (a creation that failed) is
+// removed once the grace is over even if no delete ever asks for a
+// collection.
+func TestCollectorRunsUnasked(t *testing.T) {
+	old := minCollectEvery
+	minCollectEvery = 50 * time.Millisecond
+	t.Cleanup(func() { minCollectEvery = old })
+	e := newEnv(t)
+	e.started(Config{ImageGrace: 300 * time.Millisecond})
+	id := newID("vol-")
+	dir := e.st.VolumeDir(id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cow.sb"), []byte("leftover"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); exists(dir); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the leftover stack is still there; no collection ran")
+		}
+	}
+}
