@@ -214,7 +214,8 @@ func parseS3URI(uri string) (bucket, key string, err error) {
 // that replaced an exported file is unexported by its name — and its
 // target only when it lies elsewhere. Any path that maps to no bucket
 // fails the whole command before anything is sent. With recursive, a
-// directory stands for the regular files below it.
+// directory stands for the regular files below it (and, with ownLinks,
+// the symbolic links).
 func mapPaths(c *client.Client, root string, paths []string, recursive, ownLinks bool) ([]api.ObjectRef, error) {
 	if root == "" {
 		r, err := c.ObjectsRoot(ctx())
@@ -289,6 +290,9 @@ func mapPaths(c *client.Client, root string, paths []string, recursive, ownLinks
 			}
 			if d.Type().IsRegular() {
 				return add(f, f)
+			}
+			if ownLinks && d.Type()&fs.ModeSymlink != 0 {
+				return add(f, f) // the link's own key (WalkDir does not follow it)
 			}
 			return nil
 		})

@@ -94,6 +94,10 @@ func TestMapPaths(t *testing.T) {
 		api.ObjectRef{Bucket: "b1", Key: "d/to-a"}, api.ObjectRef{Bucket: "b1", Key: "out"},
 		api.ObjectRef{Bucket: "b2", Key: "f"}, api.ObjectRef{Bucket: "b1", Key: "d/e.txt"})
 	own(filepath.Join(top, "via"), []string{filepath.Join(top, "via", "b1", "d", "to-a")}, api.ObjectRef{Bucket: "b1", Key: "d/to-a"})
+	got, err := mapPaths(nil, root, []string{"."}, true, true)
+	if want := []api.ObjectRef{{Bucket: "b1", Key: "d/e.txt"}, {Bucket: "b1", Key: "d/to-a"}}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("recursive, own links: %v %v, want %v", got, err, want)
+	}
 
 	for _, c := range []struct {
 		root      string

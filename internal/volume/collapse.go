@@ -213,6 +213,7 @@ func (s *Service) pastCollapse(ctx context.Context, id *string, op func() error)
 		}
 		// Housekeeping goes first, and is short: wait for it.
 		s.awaitCollapse(ctx, *id, deadline)
+		time.Sleep(20 * time.Millisecond) // should the wait end at once (a read failed)
 	}
 }
 

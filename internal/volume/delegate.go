@@ -102,6 +102,12 @@ func (s *Service) delegated(ctx context.Context) {
 		if sn.Status != meta.StatusCreating || sn.Node != s.cfg.Node || !delegatedBy(sn.RequestedBy, s.cfg.Node) {
 			return
 		}
+		done, err := s.asWriter(ctx, sn.VolumeID)
+		if err != nil {
+			s.failSnapshot(ctx, sn.ID, err)
+			return
+		}
+		defer done()
 		gate := s.Gate(sn.VolumeID)
 		gate.Lock()
 		defer gate.Unlock()

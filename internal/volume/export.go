@@ -298,3 +298,11 @@ func (g *gated) Trim(off, n int64, fua bool) error {
 	defer g.gate.RUnlock()
 	return g.Device.Trim(off, n, fua)
 }
+
+// Flush holds the gate too: a flush writes metadata (a cow map, checksum
+// tables), and a holder giving the lease up waits for it (leases.giveUp).
+func (g *gated) Flush() error {
+	g.gate.RLock()
+	defer g.gate.RUnlock()
+	return g.Device.Flush()
+}

@@ -132,7 +132,7 @@ func (s *Service) runJob(ctx context.Context, id string) bool {
 	kind := v.Job.Kind
 	start := time.Now()
 	var report any
-	holder, err := s.leases.use(ctx, id)
+	holder, err := s.useLease(ctx, id)
 	switch {
 	case err != nil:
 	case holder != s.cfg.Node && kind == meta.JobCollapse:
@@ -160,8 +160,8 @@ func (s *Service) runJob(ctx context.Context, id string) bool {
 	}
 	uerr := s.meta.Update(context.Background(), func(tx *meta.Tx) error {
 		cur, err := tx.Volume(id)
-		if err != nil || cur == nil {
-			return err
+		if err != nil || cur == nil || cur.Job == nil || !s.mine(cur.Job.Node) {
+			return err // the node that took the lease over adopted the job (adoptJob)
 		}
 		cur.Job, cur.UpdatedAt = nil, now()
 		if kind != meta.JobCollapse || res.Error != "" {
@@ -183,6 +183,26 @@ func (s *Service) runJob(ctx context.Context, id string) bool {
 		s.collectSoon()
 	}
 	return uerr == nil
+}
+
+// useLease takes volume id's write lease for a workflow that writes its
+// stack here (leases.use), waiting out a metadata cluster that cannot
+// answer for now (a job resumed at start, a leader election) or a lease
+// being handed over, up to a minute, rather than failing for good.
+func (s *Service) useLease(ctx context.Context, id string) (string, error) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		holder, err := s.leases.use(ctx, id)
+		e, ok := errs.As(err)
+		if err == nil || !ok || e.Kind != errs.KindUnavailable || time.Now().After(deadline) {
+			return holder, err
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // stages makes one progress of the maintainers a job calls one after
@@ -209,11 +229,13 @@ func (s *stages) next() block.Progress {
 
 // handJob records volume id's job, recorded for this node, for node
 // holder, which took the volume's write lease meanwhile: only the holder
-// writes the volume, and its watcher runs the job (delegated).
+// writes the volume, and its watcher runs the job (delegated). Should the
+// holder die before it ran it, the node that takes the lease over adopts
+// it (adoptJob).
 func (s *Service) handJob(ctx context.Context, id, holder string) error {
 	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 		cur, err := tx.Volume(id)
-		if err != nil || cur == nil || cur.Job == nil || cur.Job.Node != s.cfg.Node {
+		if err != nil || cur == nil || cur.Job == nil || !s.mine(cur.Job.Node) {
 			return err
 		}
 		cur.Job.Node, cur.Job.RequestedBy = holder, s.cfg.Node
@@ -225,6 +247,33 @@ func (s *Service) handJob(ctx context.Context, id, holder string) error {
 	}
 	s.logFor("volume", id).Info("job handed to the volume's writer", "node", holder)
 	return nil
+}
+
+// adoptJob makes volume vol's job, if one is recorded for another node,
+// this node's and runs it: this node has just taken the volume's write
+// lease over from that node, which can no longer write the volume (a job
+// it still runs is fenced, and does not record its outcome over ours).
+func (s *Service) adoptJob(ctx context.Context, vol string) {
+	adopted := false
+	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
+		adopted = false
+		cur, err := tx.Volume(vol)
+		if err != nil || cur == nil || cur.Job == nil || s.mine(cur.Job.Node) || cur.Status == meta.StatusCreating {
+			return err
+		}
+		cur.Job.RequestedBy, cur.Job.Node = cur.Job.Node, s.cfg.Node
+		tx.PutVolume(cur)
+		adopted = true
+		return nil
+	})
+	if err != nil {
+		s.logFor("volume", vol).Error("cannot adopt the previous writer's job", "err", err)
+		return
+	}
+	if adopted {
+		s.logFor("volume", vol).Info("adopted the previous writer's job")
+		s.startJob(vol)
+	}
 }
 
 // job runs one job on volume vol's live stack l and returns its report.
@@ -301,7 +350,7 @@ func (s *Service) progress(ctx context.Context, id string) block.Progress {
 	return throttled(func(done, total int64) {
 		err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 			cur, err := tx.Volume(id)
-			if err != nil || cur == nil || cur.Job == nil {
+			if err != nil || cur == nil || cur.Job == nil || !s.mine(cur.Job.Node) {
 				return err
 			}
 			cur.Job.Done, cur.Job.Total = done, total

@@ -506,6 +506,10 @@ func TestJobHoldsWriteLease(t *testing.T) {
 		return h.Node
 	}
 
+	if h := holder(v.ID); h != "" {
+		t.Errorf("a snapshot of a volume nobody writes left its write lease with %q", h)
+	}
+
 	c1 := clone()
 	if _, err := a.StartJob(ctx, alice, c1, meta.JobFlatten); err != nil {
 		t.Fatal(err)
@@ -594,4 +598,66 @@ func TestStagesProgress(t *testing.T) {
 	if (&stages{}).next() != nil {
 		t.Fatal("no progress wanted: the maintainers should get none")
 	}
+}
+
+// TestJobAdoptedFromDeadHolder: a job handed to the volume's writer is
+// run by whichever node takes the volume over when that writer dies
+// before running it.
+func TestJobAdoptedFromDeadHolder(t *testing.T) {
+	e := newEnv(t)
+	a := e.started(Config{Node: uniq("a")})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	v, err := a.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := make([]byte, 1<<20)
+	e.fill(a, v.ID, model, 3, [2]int64{0, 1 << 20})
+	sn, err := a.CreateSnapshot(ctx, alice, v.ID, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := a.CreateVolume(ctx, alice, CreateVolume{FromSnapshot: sn.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// b writes c (an rw attachment through it) but runs nothing it is
+	// handed: no watchers, as if it were about to die.
+	b := e.service(Config{Node: uniq("b")})
+	b.leases.renew(ctx)
+	att, err := b.Attach(ctx, alice, c.ID, "host", meta.ModeRW)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.update(func(tx *meta.Tx) error {
+		cur, err := tx.Volume(c.ID)
+		if err != nil {
+			return err
+		}
+		cur.Job = &meta.Job{Kind: meta.JobFlatten, Node: a.cfg.Node, StartedAt: now()}
+		tx.PutVolume(cur)
+		return nil
+	})
+	a.startJob(c.ID)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if j := e.volume(c.ID).Job; j != nil && j.Node == b.cfg.Node {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the job was not handed to %s: %+v", b.cfg.Node, e.volume(c.ID).Job)
+		}
+	}
+	b.leases.stop() // b dies: its etcd lease, and with it the volume's write lease, is gone
+	if lj := e.waitJob(c.ID).LastJob; lj == nil || lj.Kind != meta.JobFlatten || lj.Error != "" {
+		t.Fatalf("flatten outcome %+v", lj)
+	}
+	if h, err := e.meta.VolumeLeaseHolder(ctx, c.ID); err != nil || h == nil || h.Node != a.cfg.Node {
+		t.Fatalf("the volume's writer after the takeover: %+v %v", h, err)
+	}
+	e.sameVolume(a, c.ID, model, "clone flattened by the node that took it over")
+	if err := a.Detach(ctx, alice, att.ID); err != nil {
+		t.Fatal(err)
+	}
+	cleanupAll(t, a, alice)
 }

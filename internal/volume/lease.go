@@ -215,18 +215,22 @@ func (l *leases) lose(vol, why string) {
 	l.fenceAll(vol)
 }
 
-// giveUp stops this node writing vol before it deletes its own lease key:
-// the stacks open here are fenced for good (the onLost callbacks drop them
-// and close the volume's rw connections), and the writes already past the
-// fence — each holds the volume's write gate, read side (gated) — are
-// waited for. Without the wait, a write stalled in the file system (an NFS
-// server that does not answer for a while) could land after the next
-// holder's first write.
+// giveUp stops this node writing vol before it deletes its own lease key.
+// It takes the volume's write gate, whose read side every write and flush
+// through NBD holds (gated): those under way end, later ones wait. Then
+// the live stack is flushed — what was acknowledged here is durable for
+// the next holder — and fenced for good (the onLost callbacks drop it and
+// close the volume's rw connections), so the writes that waited fail.
+// Without the wait, a write stalled in the file system (an NFS server that
+// does not answer for a while) could land after the next holder's first
+// write. The caller holds vol's changeLock; no one holding the gate waits
+// for that lock (workflows take use before the gate).
 func (l *leases) giveUp(vol string) {
-	l.fenceAll(vol)
 	g := l.s.Gate(vol)
 	g.Lock()
-	g.Unlock() //nolint:staticcheck // an empty critical section: the wait is the point
+	defer g.Unlock()
+	l.s.flushLive(vol)
+	l.fenceAll(vol)
 }
 
 // fenceAll fences the stacks open on vol for good, forgets the lease and
@@ -348,6 +352,23 @@ func (l *leases) use(ctx context.Context, vol string) (string, error) {
 	return holder, err
 }
 
+// asWriter takes vol's write lease for a workflow that changes its live
+// stack here and must not be handed on (a delegated or resumed snapshot's
+// freeze, an extend), and returns the function that ends that use; another
+// node writing the volume now is VolumeBusy. Take it before the volume's
+// gate: a holder giving the lease up waits for the gate holding the
+// volume's change lock, which use takes.
+func (s *Service) asWriter(ctx context.Context, vol string) (func(), error) {
+	holder, err := s.useLease(ctx, vol)
+	if err != nil {
+		return nil, err
+	}
+	if holder != s.cfg.Node {
+		return nil, errs.Conflict(errs.CodeVolumeBusy, "volume %s is written by node %s now, which must run this; retry", vol, holder)
+	}
+	return func() { s.leases.unuse(context.Background(), vol) }, nil
+}
+
 // unuse ends a job's use of vol's lease; with no job left on it, the lease
 // is given up unless the volume has an rw attachment.
 func (l *leases) unuse(ctx context.Context, vol string) {
@@ -371,7 +392,7 @@ func (l *leases) unuse(ctx context.Context, vol string) {
 	l.releaseLocked(ctx, vol)
 }
 
-// inUse reports whether a job here runs on vol's lease.
+// inUse reports whether a workflow here runs on vol's lease.
 func (l *leases) inUse(vol string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -387,7 +408,11 @@ func (l *leases) release(ctx context.Context, vol string) {
 	mu := l.changeLock(vol)
 	mu.Lock()
 	defer mu.Unlock()
-	if l.inUse(vol) {
+	l.mu.Lock()
+	_, held := l.held[vol]
+	busy := held && l.users[vol] > 0
+	l.mu.Unlock()
+	if busy {
 		return
 	}
 	l.releaseLocked(ctx, vol)
@@ -482,6 +507,7 @@ func (l *leases) takeOver(ctx context.Context, vol string, rev int64) {
 	holder, err := l.acquire(ctx, vol)
 	if err == nil && holder == l.s.cfg.Node {
 		l.s.logFor("volume", vol).Info("took over the volume's write lease")
+		l.s.adoptJob(ctx, vol)
 	}
 }
 

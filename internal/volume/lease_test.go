@@ -139,10 +139,10 @@ func TestLeaseReleasedElsewhere(t *testing.T) {
 }
 
 // TestReleaseStopsWritingFirst: the holder giving its lease up (the
-// volume's last rw attachment detached) fences its stacks at once and
-// deletes the lease key — letting another node take the volume — only
-// after the writes already under way here have ended (one stalled in the
-// file system must not land after the next holder's first write).
+// volume's last rw attachment detached) deletes the lease key — letting
+// another node take the volume — only after the writes already under way
+// here have ended (one stalled in the file system must not land after the
+// next holder's first write), and fences its stacks before it does.
 func TestReleaseStopsWritingFirst(t *testing.T) {
 	ctx := ctxT(t)
 	e := newEnv(t)
@@ -166,16 +166,14 @@ func TestReleaseStopsWritingFirst(t *testing.T) {
 	gate.RLock()
 	detached := make(chan error, 1)
 	go func() { detached <- s.Detach(ctx, alice, att.ID) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for check() == nil {
-		if time.Now().After(deadline) {
-			t.Fatal("the release did not fence the stack")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
 	if h, err := e.meta.VolumeLeaseHolder(ctx, v.ID); err != nil || h == nil || h.Node != s.cfg.Node {
 		t.Fatalf("with a write in flight the lease key is %+v (%v); want it still %s's", h, err, s.cfg.Node)
+	}
+	select {
+	case err := <-detached:
+		t.Fatalf("the detach returned (%v) while a write was in flight", err)
+	default:
 	}
 	gate.RUnlock()
 	if err := <-detached; err != nil {
@@ -183,6 +181,9 @@ func TestReleaseStopsWritingFirst(t *testing.T) {
 	}
 	if h, err := e.meta.VolumeLeaseHolder(ctx, v.ID); err != nil || h != nil {
 		t.Fatalf("after the write ended and the detach returned, the lease is %+v (%v)", h, err)
+	}
+	if err := check(); !errors.Is(err, block.ErrFenced) {
+		t.Fatalf("the lease was given up; the stack's fence says %v", err)
 	}
 	cleanupAll(t, s, alice)
 }

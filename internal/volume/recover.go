@@ -54,9 +54,17 @@ func (s *Service) Start(ctx context.Context) error {
 		var err error
 		switch sn.Status {
 		case meta.StatusCreating:
-			// Nothing serves yet, so the volume has had no writes since
-			// the interruption: the freeze, done now, is still exact.
-			_, err = s.finishSnapshot(ctx, sn.ID)
+			// Nothing serves here yet, so the volume has had no writes
+			// through this node since the interruption: the freeze, done
+			// now, is still exact — unless another node took the volume
+			// for writing meanwhile, and then the snapshot fails.
+			var done func()
+			if done, err = s.asWriter(ctx, sn.VolumeID); err == nil {
+				_, err = s.finishSnapshot(ctx, sn.ID)
+				done()
+			} else {
+				s.failSnapshot(ctx, sn.ID, err)
+			}
 		case meta.StatusDeleting:
 			err = s.finishDeleteSnapshot(ctx, sn.ID)
 		default:

@@ -73,13 +73,19 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 			return nil, notSupported(v, "be snapshotted")
 		}
 	}
-	if h, err := s.meta.VolumeLeaseHolder(ctx, v.ID); err != nil {
+	// Only the volume's writer freezes it: this node, holding the write
+	// lease for the freeze (taken if no node holds it, so that no other
+	// node takes the volume for an rw attachment meanwhile), or the node
+	// that holds it.
+	if holder, err := s.useLease(ctx, v.ID); err != nil {
 		return nil, err
-	} else if h != nil && h.Node != s.cfg.Node {
-		sn.Node, sn.RequestedBy = h.Node, s.cfg.Node
+	} else if holder != s.cfg.Node {
+		sn.Node, sn.RequestedBy = holder, s.cfg.Node
 	} else {
+		defer s.leases.unuse(context.Background(), v.ID)
 		// Stop the volume's writers until the snapshot exists: writes
-		// acknowledged after this call returns must not reach it.
+		// acknowledged after this call returns must not reach it. (After
+		// use: see asWriter.)
 		gate := s.Gate(v.ID)
 		gate.Lock()
 		defer gate.Unlock()

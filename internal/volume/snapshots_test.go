@@ -394,6 +394,12 @@ func testPointInTime(t *testing.T, e *env, s *Service, typ string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// As an rw attachment's connection: the attachment (which takes the
+	// write lease here), then the gated live stack.
+	att, err := s.Attach(ctx, alice, v.ID, "host", meta.ModeRW)
+	if err != nil {
+		t.Fatal(err)
+	}
 	l, release, err := s.acquire(e.volume(v.ID))
 	if err != nil {
 		t.Fatal(err)
@@ -446,6 +452,9 @@ func testPointInTime(t *testing.T, e *env, s *Service, typ string) {
 	close(stop)
 	wg.Wait()
 	release()
+	if err := s.Detach(ctx, alice, att.ID); err != nil {
+		t.Fatal(err)
+	}
 	for i, x := range snaps {
 		c, err := s.CreateVolume(ctx, alice, CreateVolume{FromSnapshot: x.sn.ID})
 		if err != nil {

@@ -126,6 +126,23 @@ func (s *Service) releaseLive(vol string, ls *liveStack) {
 	ls.forget()
 }
 
+// flushLive flushes volume vol's live stack, if one is open here.
+func (s *Service) flushLive(vol string) {
+	s.liveMu.Lock()
+	ls := s.live[vol]
+	if ls != nil {
+		ls.refs++
+	}
+	s.liveMu.Unlock()
+	if ls == nil {
+		return
+	}
+	if err := ls.l.Flush(); err != nil {
+		s.logFor("volume", vol).Warn("flush before giving the write lease up", "err", err)
+	}
+	s.releaseLive(vol, ls)
+}
+
 // dropLive forgets volume vol's open stack after this node lost its write
 // lease: its in-memory state may be stale once another node wrote. Users
 // still holding it finish on the old (fenced) stack; the next acquire

@@ -400,7 +400,8 @@ func (s *Service) finishExtend(ctx context.Context, id string) (*meta.Volume, er
 	if err != nil {
 		return nil, err
 	}
-	if err := s.resize(v); err != nil {
+	err = s.resize(ctx, v)
+	if err != nil {
 		// The data is intact at the old size: return to rest, say why, and
 		// give the provisioned bytes back, in one transaction.
 		s.logFor("volume", id).Error("extend failed", "err", err)
@@ -428,8 +429,13 @@ func (s *Service) finishExtend(ctx context.Context, id string) (*meta.Volume, er
 	})
 }
 
-// resize grows v's live stack to its target size.
-func (s *Service) resize(v *meta.Volume) error {
+// resize grows v's live stack to its target size, as its writer.
+func (s *Service) resize(ctx context.Context, v *meta.Volume) error {
+	done, err := s.asWriter(ctx, v.ID)
+	if err != nil {
+		return err
+	}
+	defer done()
 	l, release, err := s.acquire(v)
 	if err != nil {
 		return err

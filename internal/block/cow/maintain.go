@@ -29,8 +29,8 @@ import (
 //     data meanwhile — a leg they consider failed or stale they do not
 //     read — and show the repaired state once reopened.
 //   - Two read-write instances of one image would overwrite each other's
-//     metadata, so every maintenance open holds an exclusive lock on the
-//     image directory (flock: it covers other volumes of this process and
+//     metadata, so every maintenance open holds the image's exclusive
+//     maintenance lock (flock: it covers other volumes of this process and
 //     other processes alike); a second maintainer waits for the first and
 //     then finds the image repaired.
 //   - Maintain only visits the images of the current chain. Every such
@@ -129,6 +129,13 @@ func (l *Layer) maintainBase(ctx context.Context, im *image, walk func(block.Lay
 	return more, nil
 }
 
+// Locks are flocks on files of the image, not on its directory: on NFS
+// Linux emulates flock with byte-range locks, which need a descriptor open
+// for writing for an exclusive lock — a directory cannot be.
+//   - maintenance: exclusive, on alloc.map (lockImage);
+//   - a frozen read-write instance: shared, on image.sb (holdFrozen);
+//     a maintainer probes it with an exclusive try (isFrozenOpen).
+
 // holdFrozen takes a shared lock (flock) on the superblock file of image
 // directory dir for a read-write instance of the image that a Snapshot
 // froze; closing the returned file releases it. Maintainers in every
@@ -157,7 +164,7 @@ func holdFrozen(dir string) (*os.File, error) {
 // image's maintenance lock, so no new frozen instance can appear: an
 // image is frozen only as its volume's top, and a base is never the top.
 func isFrozenOpen(dir string) (bool, error) {
-	f, err := os.Open(filepath.Join(dir, imgFile))
+	f, err := os.OpenFile(filepath.Join(dir, imgFile), os.O_RDWR, 0)
 	if err != nil {
 		return false, err
 	}
@@ -175,10 +182,11 @@ func isFrozenOpen(dir string) (bool, error) {
 	}
 }
 
-// lockImage takes the exclusive lock on image directory dir, waiting for
-// another maintainer to let go until ctx is done, and returns its release.
+// lockImage takes the maintenance lock of the image in directory dir,
+// waiting for another maintainer to let go until ctx is done, and returns
+// its release.
 func lockImage(ctx context.Context, dir string) (func(), error) {
-	f, err := os.Open(dir)
+	f, err := os.OpenFile(filepath.Join(dir, mapFile), os.O_RDWR, 0)
 	if err != nil {
 		return nil, fmt.Errorf("lock image: %w", err)
 	}
