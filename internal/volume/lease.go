@@ -18,8 +18,8 @@ package volume
 //
 // Handover: the lease key leaves its holder only (a) by the holder's own
 // doing — the volume's last rw attachment detached through it or a
-// handover, each after it fenced itself and waited out the writes in
-// flight (giveUp); a clean stop (its etcd lease revoked) — or
+// handover, each after it waited out the writes in flight, flushed and
+// fenced itself (giveUp); a clean stop (its etcd lease revoked) — or
 // (b) with the holder's etcd lease, which etcd ends no earlier than
 // leaseTTL after the last renewal the holder sent, so at least
 // leaseMargin after the holder fenced itself. No other node deletes the
