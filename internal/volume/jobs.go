@@ -2,6 +2,7 @@ package volume
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -143,13 +144,20 @@ func (s *Service) runJob(ctx context.Context, id string) bool {
 		}
 	default:
 		defer s.leases.unuse(context.Background(), id)
+		jctx, cancel := context.WithCancelCause(ctx)
+		stop := s.leases.watchLoss(id, cancel)
 		var l block.Layer
 		var release func()
 		l, release, err = s.acquire(v)
 		if err == nil {
-			report, err = s.job(ctx, id, l, kind, s.progress(ctx, id))
+			report, err = s.job(jctx, id, l, kind, s.progress(ctx, id))
 			release()
 		}
+		stop()
+		if cause := context.Cause(jctx); errors.Is(cause, errLeaseLost) {
+			err = cause
+		}
+		cancel(nil)
 	}
 	if ctx.Err() != nil {
 		return false // interrupted by shutdown: run again at next start

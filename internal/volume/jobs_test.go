@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -660,4 +661,43 @@ func TestJobAdoptedFromDeadHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	cleanupAll(t, a, alice)
+}
+
+// TestJobStopsWhenLeaseLost: a job whose node loses the volume's write
+// lease under it stops at once and says so, rather than go on over a stack
+// another node may be changing.
+func TestJobStopsWhenLeaseLost(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	typ := slowType(t, s, 50)
+	const size = 128 << 12 // about 1.5 s to flatten at 50 operations a second
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: size, Type: typ})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.fill(s, v.ID, nil, 1, [2]int64{0, size})
+	sn, err := s.CreateSnapshot(ctx, alice, v.ID, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.CreateVolume(ctx, alice, CreateVolume{FromSnapshot: sn.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.StartJob(ctx, alice, c.ID, meta.JobFlatten); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	s.leases.lose(c.ID, "test: as if cut off")
+	lj := e.waitJob(c.ID).LastJob
+	if lj == nil || !strings.Contains(lj.Error, "lost the volume's write lease") {
+		t.Fatalf("flatten outcome after the lease was lost: %+v", lj)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("the job went on for %v after the lease was lost", d)
+	}
+	cleanupAll(t, s, alice)
 }

@@ -96,8 +96,28 @@ type leases struct {
 	users map[string]int
 }
 
-// stackFence is one open stack's fence.
-type stackFence struct{ lost atomic.Bool }
+// stackFence is one open stack's fence, or (with cancel) a workflow's
+// watch on the lease (watchLoss).
+type stackFence struct {
+	lost   atomic.Bool
+	cancel context.CancelCauseFunc
+}
+
+// errLeaseLost is why a workflow's context ends when this node loses the
+// volume's write lease under it.
+var errLeaseLost = errors.New("this node lost the volume's write lease (another node may write it now); start the job again")
+
+// watchLoss cancels (errLeaseLost) the context of a workflow running on
+// vol's lease here as soon as the lease is lost; stop forgets the watch.
+// A job fails at its next write anyway (the fence), but one that only
+// reads — a scrub — would go on over a stack another node may change.
+func (l *leases) watchLoss(vol string, cancel context.CancelCauseFunc) (stop func()) {
+	f := &stackFence{cancel: cancel}
+	l.mu.Lock()
+	l.fences[vol] = append(l.fences[vol], f)
+	l.mu.Unlock()
+	return func() { l.forget(vol, f) }
+}
 
 func newLeases(s *Service) *leases {
 	return &leases{s: s, held: map[string]int64{}, changing: map[string]*sync.Mutex{}, fences: map[string][]*stackFence{}, users: map[string]int{}}
@@ -238,12 +258,18 @@ func (l *leases) giveUp(vol string) {
 func (l *leases) fenceAll(vol string) {
 	l.mu.Lock()
 	delete(l.held, vol)
-	for _, f := range l.fences[vol] {
+	fences := l.fences[vol]
+	for _, f := range fences {
 		f.lost.Store(true)
 	}
 	delete(l.fences, vol)
 	fns := l.lost
 	l.mu.Unlock()
+	for _, f := range fences {
+		if f.cancel != nil {
+			f.cancel(errLeaseLost)
+		}
+	}
 	for _, fn := range fns {
 		fn(vol)
 	}
@@ -272,15 +298,17 @@ func (l *leases) fence(vol string) (func() error, func()) {
 		}
 		return nil
 	}
-	forget := func() {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.fences[vol] = slices.DeleteFunc(l.fences[vol], func(x *stackFence) bool { return x == f })
-		if len(l.fences[vol]) == 0 {
-			delete(l.fences, vol)
-		}
+	return check, func() { l.forget(vol, f) }
+}
+
+// forget drops fence f of vol.
+func (l *leases) forget(vol string, f *stackFence) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.fences[vol] = slices.DeleteFunc(l.fences[vol], func(x *stackFence) bool { return x == f })
+	if len(l.fences[vol]) == 0 {
+		delete(l.fences, vol)
 	}
-	return check, forget
 }
 
 // acquire makes this node vol's writer if no other node is, and returns
