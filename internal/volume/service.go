@@ -121,8 +121,13 @@ type Service struct {
 	gatesMu sync.Mutex
 	gates   map[string]*sync.RWMutex
 
-	liveMu sync.Mutex
-	live   map[string]*liveStack // volume id -> open stack
+	// liveMu guards live, briefly: a stack is built, flushed and closed
+	// under its volume's openMu only (openMus), so a slow open or close
+	// of one volume (a file system that stalls, a long chain) holds up no
+	// other. Order: openMu before liveMu.
+	liveMu  sync.Mutex
+	live    map[string]*liveStack // volume id -> open stack
+	openMus map[string]*sync.Mutex
 
 	// gcMu keeps this node's image collection apart from its own creation
 	// of images (volumes, clones, snapshots), which hold it for reading:
@@ -151,7 +156,7 @@ func New(m *meta.Store, st *store.Store, cfg Config, log *slog.Logger) *Service 
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Service{meta: m, store: st, cfg: cfg, log: log, ctx: ctx, cancel: cancel,
-		gates: map[string]*sync.RWMutex{}, live: map[string]*liveStack{}}
+		gates: map[string]*sync.RWMutex{}, live: map[string]*liveStack{}, openMus: map[string]*sync.Mutex{}}
 	s.leases = newLeases(s)
 	s.leases.onLost(s.dropLive)
 	s.gc = newCollector()

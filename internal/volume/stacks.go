@@ -75,10 +75,16 @@ func (s *Service) createStack(v *meta.Volume, base string) error {
 // acquire returns volume v's live stack, opening it if needed; release
 // must be called when done.
 func (s *Service) acquire(v *meta.Volume) (block.Layer, func(), error) {
+	mu := s.openMu(v.ID)
+	mu.Lock()
+	defer mu.Unlock()
 	s.liveMu.Lock()
-	defer s.liveMu.Unlock()
 	ls := s.live[v.ID]
-	if ls == nil {
+	if ls != nil {
+		ls.refs++
+		s.liveMu.Unlock()
+	} else {
+		s.liveMu.Unlock()
 		spec, err := parseSpec(v.Stack)
 		if err != nil {
 			return nil, nil, err
@@ -98,10 +104,11 @@ func (s *Service) acquire(v *meta.Volume) (block.Layer, func(), error) {
 		}
 		e := &exact{Layer: l}
 		e.size.Store(v.SizeBytes)
-		ls = &liveStack{l: e, forget: forget}
+		ls = &liveStack{l: e, forget: forget, refs: 1}
+		s.liveMu.Lock()
 		s.live[v.ID] = ls
+		s.liveMu.Unlock()
 	}
-	ls.refs++
 	var once sync.Once
 	return ls.l, func() { once.Do(func() { s.releaseLive(v.ID, ls) }) }, nil
 }
@@ -109,13 +116,18 @@ func (s *Service) acquire(v *meta.Volume) (block.Layer, func(), error) {
 // releaseLive drops one reference to volume vol's live stack ls; the last
 // one flushes and closes it.
 func (s *Service) releaseLive(vol string, ls *liveStack) {
+	mu := s.openMu(vol) // the next open of vol waits for this close
+	mu.Lock()
+	defer mu.Unlock()
 	s.liveMu.Lock()
-	defer s.liveMu.Unlock()
-	if ls.refs--; ls.refs > 0 {
-		return
-	}
-	if s.live[vol] == ls {
+	ls.refs--
+	last := ls.refs == 0
+	if last && s.live[vol] == ls {
 		delete(s.live, vol)
+	}
+	s.liveMu.Unlock()
+	if !last {
+		return
 	}
 	if err := ls.l.Flush(); err != nil {
 		s.logFor("volume", vol).Warn("flush on close", "err", err)
@@ -124,6 +136,19 @@ func (s *Service) releaseLive(vol string, ls *liveStack) {
 		s.logFor("volume", vol).Warn("close stack", "err", err)
 	}
 	ls.forget()
+}
+
+// openMu returns the mutex under which volume vol's stack is opened and
+// closed (see Service.liveMu).
+func (s *Service) openMu(vol string) *sync.Mutex {
+	s.liveMu.Lock()
+	defer s.liveMu.Unlock()
+	mu := s.openMus[vol]
+	if mu == nil {
+		mu = &sync.Mutex{}
+		s.openMus[vol] = mu
+	}
+	return mu
 }
 
 // flushLive flushes volume vol's live stack, if one is open here.

@@ -2,12 +2,14 @@ package volume
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/errs"
@@ -586,4 +588,70 @@ func smallVolume(t *testing.T, s *Service, c Caller) string {
 		t.Fatal(err)
 	}
 	return v.ID
+}
+
+// openGate holds up the construction of a testslowopen layer until closed.
+var openGate = make(chan struct{})
+
+func init() {
+	block.Register(block.Type{Name: "testslowopen", Doc: "test: its construction waits for openGate", MinChildren: 1, MaxChildren: 1,
+		New: func(_ block.Env, _ json.RawMessage, children []block.Layer) (block.Layer, error) {
+			<-openGate
+			return splitLayer{children[0]}, nil
+		}})
+}
+
+// TestSlowOpenHoldsUpNoOther: opening one volume's stack while another's
+// open is stalled (a file system that does not answer) goes ahead.
+func TestSlowOpenHoldsUpNoOther(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow := &meta.Volume{ID: newID("vol-"), SizeBytes: 1 << 20,
+		Stack: json.RawMessage(`{"type":"testslowopen","children":[` + fileLeaf + `]}`)}
+	dir := e.st.VolumeDir(slow.ID)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "data.img"), make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	var letGo sync.Once
+	t.Cleanup(func() { letGo.Do(func() { close(openGate) }) }) // even if the test fails below
+	stalled := make(chan error, 1)
+	go func() {
+		_, release, err := s.acquire(slow)
+		if err == nil {
+			release()
+		}
+		stalled <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // the slow open is under way
+	done := make(chan error, 1)
+	go func() {
+		_, release, err := s.acquire(e.volume(v.ID))
+		if err == nil {
+			release()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("opening a volume waited for another volume's stalled open")
+	}
+	letGo.Do(func() { close(openGate) })
+	if err := <-stalled; err != nil {
+		t.Fatal(err)
+	}
+	cleanupAll(t, s, alice)
 }
