@@ -114,8 +114,14 @@ var errLeaseLost = errors.New("this node lost the volume's write lease (another 
 func (l *leases) watchLoss(vol string, cancel context.CancelCauseFunc) (stop func()) {
 	f := &stackFence{cancel: cancel}
 	l.mu.Lock()
-	l.fences[vol] = append(l.fences[vol], f)
+	_, held := l.held[vol]
+	if held {
+		l.fences[vol] = append(l.fences[vol], f)
+	}
 	l.mu.Unlock()
+	if !held {
+		cancel(errLeaseLost) // lost already, since use
+	}
 	return func() { l.forget(vol, f) }
 }
 
@@ -174,6 +180,12 @@ func (l *leases) stop() {
 	id := l.id
 	l.id, l.valid = 0, time.Time{}
 	clear(l.held)
+	for _, fs := range l.fences { // a straggler opened or closing now writes nothing
+		for _, f := range fs {
+			f.lost.Store(true)
+		}
+	}
+	clear(l.fences)
 	l.mu.Unlock()
 	if id != 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

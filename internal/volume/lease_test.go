@@ -1,6 +1,8 @@
 package volume
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -184,6 +186,77 @@ func TestReleaseStopsWritingFirst(t *testing.T) {
 	}
 	if err := check(); !errors.Is(err, block.ErrFenced) {
 		t.Fatalf("the lease was given up; the stack's fence says %v", err)
+	}
+	cleanupAll(t, s, alice)
+}
+
+// slowFlush is a test layer whose Flush waits for flushGo (flushing says
+// one began).
+type slowFlush struct{ block.Layer }
+
+var (
+	flushing = make(chan struct{}, 10)
+	flushGo  = make(chan struct{})
+)
+
+func (l slowFlush) Flush() error {
+	flushing <- struct{}{}
+	<-flushGo
+	return l.Layer.Flush()
+}
+
+func (l slowFlush) Children() []block.Layer { return []block.Layer{l.Layer} }
+
+func init() {
+	block.Register(block.Type{Name: "testslowflush", Doc: "test: its flush waits for flushGo", MinChildren: 1, MaxChildren: 1,
+		New: func(_ block.Env, _ json.RawMessage, children []block.Layer) (block.Layer, error) {
+			return slowFlush{children[0]}, nil
+		}})
+}
+
+// TestGiveUpWaitsForClosingFlush: the holder giving its lease up while its
+// stack's last user is closing it (the final flush under way) waits for
+// that flush, which must not be fenced: the writes it makes durable were
+// acknowledged.
+func TestGiveUpWaitsForClosingFlush(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vv := e.volume(v.ID)
+	vv.Stack = json.RawMessage(`{"type":"testslowflush","children":[` + string(vv.Stack) + `]}`)
+	if h, err := s.leases.acquire(ctx, v.ID); err != nil || h != s.cfg.Node {
+		t.Fatalf("acquire: %q %v", h, err)
+	}
+	l, release, err := s.acquire(vv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.WriteAt(bytes.Repeat([]byte{7}, 4096), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	go func() { release(); close(closed) }() // the last reference: the final flush, then close
+	<-flushing
+	released := make(chan struct{})
+	go func() { s.leases.release(ctx, v.ID); close(released) }()
+	select {
+	case <-released:
+		t.Fatal("the lease was given up while the stack's final flush was under way")
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(flushGo)
+	<-closed
+	<-released
+	if h, err := e.meta.VolumeLeaseHolder(ctx, v.ID); err != nil || h != nil {
+		t.Fatalf("lease after the release: %+v %v", h, err)
+	}
+	if got := e.readAt(s, v.ID, 0, 4096); !bytes.Equal(got, bytes.Repeat([]byte{7}, 4096)) {
+		t.Fatal("the write acknowledged before the lease was given up is gone")
 	}
 	cleanupAll(t, s, alice)
 }

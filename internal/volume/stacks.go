@@ -151,21 +151,23 @@ func (s *Service) openMu(vol string) *sync.Mutex {
 	return mu
 }
 
-// flushLive flushes volume vol's live stack, if one is open here.
+// flushLive flushes volume vol's live stack, if one is open here. Under
+// the volume's openMu: a stack being closed (its last reference gone, its
+// final flush under way) is waited for, and one being opened is flushed
+// once it is.
 func (s *Service) flushLive(vol string) {
+	mu := s.openMu(vol)
+	mu.Lock()
+	defer mu.Unlock()
 	s.liveMu.Lock()
 	ls := s.live[vol]
-	if ls != nil {
-		ls.refs++
-	}
 	s.liveMu.Unlock()
 	if ls == nil {
 		return
 	}
 	if err := ls.l.Flush(); err != nil {
-		s.logFor("volume", vol).Warn("flush before giving the write lease up", "err", err)
+		s.logFor("volume", vol).Error("flush before giving the write lease up failed: writes acknowledged here may be lost", "err", err)
 	}
-	s.releaseLive(vol, ls)
 }
 
 // dropLive forgets volume vol's open stack after this node lost its write
@@ -173,6 +175,9 @@ func (s *Service) flushLive(vol string) {
 // still holding it finish on the old (fenced) stack; the next acquire
 // opens a fresh one.
 func (s *Service) dropLive(vol string) {
+	mu := s.openMu(vol) // an open under way is dropped once it is done
+	mu.Lock()
+	defer mu.Unlock()
 	s.liveMu.Lock()
 	delete(s.live, vol)
 	s.liveMu.Unlock()

@@ -146,11 +146,18 @@ func holdFrozen(dir string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hold frozen image: %w", err)
 	}
-	for {
-		// Blocking: only a probe holds the exclusive lock, for an instant.
-		err := unix.Flock(int(f.Fd()), unix.LOCK_SH)
+	// Only a probe holds the exclusive lock, for an instant; yet the
+	// caller (a snapshot) keeps the volume's writers waiting, so a lock
+	// left by a client the file server has not yet given up on is not
+	// waited for long.
+	for try := 0; ; try++ {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
 		if err == nil {
 			return f, nil
+		}
+		if errors.Is(err, unix.EWOULDBLOCK) && try < 50 {
+			time.Sleep(lockPoll)
+			continue
 		}
 		if !errors.Is(err, unix.EINTR) {
 			f.Close()
