@@ -325,31 +325,17 @@ func TestSnapshotDuringFlatten(t *testing.T) {
 	s := e.started(Config{})
 	ctx := ctxT(t)
 	alice := caller("alice")
-	typ := slowType(t, s, 50)
-	const size = 128 << 12 // 128 chunks: about 1.5 s to flatten at 50 operations a second
-	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: size, Type: typ})
-	if err != nil {
-		t.Fatal(err)
-	}
-	model := make([]byte, size)
-	e.fill(s, v.ID, model, 1, [2]int64{0, size})
-	sn, err := s.CreateSnapshot(ctx, alice, v.ID, "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := s.CreateVolume(ctx, alice, CreateVolume{FromSnapshot: sn.ID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.StartJob(ctx, alice, c.ID, meta.JobFlatten); err != nil {
+	_, _, model, clone := e.slowClone(s, alice, 128<<12)
+	c := clone()
+	if _, err := s.StartJob(ctx, alice, c, meta.JobFlatten); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond) // past the burst, well before the end
-	mid, err := s.CreateSnapshot(ctx, alice, c.ID, "", "")
+	mid, err := s.CreateSnapshot(ctx, alice, c, "", "")
 	if err != nil && !errs.IsCode(err, errs.CodeVolumeBusy) {
 		t.Fatal(err)
 	}
-	if lj := e.waitJob(c.ID).LastJob; lj == nil || lj.Error != "" {
+	if lj := e.waitJob(c).LastJob; lj == nil || lj.Error != "" {
 		t.Fatalf("flatten outcome %+v", lj)
 	}
 	if mid != nil {
@@ -359,7 +345,7 @@ func TestSnapshotDuringFlatten(t *testing.T) {
 		}
 		e.sameVolume(s, m.ID, model, "clone of a snapshot taken during a flatten")
 	}
-	e.sameVolume(s, c.ID, model, "volume snapshotted during its flatten")
+	e.sameVolume(s, c, model, "volume snapshotted during its flatten")
 	cleanupAll(t, s, alice)
 }
 
@@ -464,6 +450,33 @@ func TestRepairJobReachesSnapshotImages(t *testing.T) {
 	checkProvisioned(t)
 }
 
+// slowClone makes a volume of size bytes of a throttled type (slowType,
+// 50 operations a second: a flatten of 128 chunks takes about 1.5 s),
+// fills it and snapshots it through s; it returns the volume, the
+// snapshot and the data, and clone makes a volume of the snapshot.
+func (e *env) slowClone(s *Service, c Caller, size int64) (vol, snap string, model []byte, clone func() string) {
+	e.t.Helper()
+	ctx := ctxT(e.t)
+	v, err := s.CreateVolume(ctx, c, CreateVolume{SizeBytes: size, Type: slowType(e.t, s, 50)})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	model = make([]byte, size)
+	e.fill(s, v.ID, model, 1, [2]int64{0, size})
+	sn, err := s.CreateSnapshot(ctx, c, v.ID, "", "")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return v.ID, sn.ID, model, func() string {
+		e.t.Helper()
+		cl, err := s.CreateVolume(ctx, c, CreateVolume{FromSnapshot: sn.ID})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		return cl.ID
+	}
+}
+
 // TestJobHoldsWriteLease: a job writes its volume only as the volume's
 // write-lease holder. Run where no node holds the lease, it takes it for
 // its whole run, so an rw attachment made meanwhile through another node
@@ -477,25 +490,7 @@ func TestJobHoldsWriteLease(t *testing.T) {
 	b := e.started(Config{Node: uniq("b")})
 	ctx := ctxT(t)
 	alice := caller("alice")
-	typ := slowType(t, a, 50)
-	const size = 128 << 12 // about 1.5 s to flatten at 50 operations a second
-	v, err := a.CreateVolume(ctx, alice, CreateVolume{SizeBytes: size, Type: typ})
-	if err != nil {
-		t.Fatal(err)
-	}
-	model := make([]byte, size)
-	e.fill(a, v.ID, model, 1, [2]int64{0, size})
-	sn, err := a.CreateSnapshot(ctx, alice, v.ID, "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	clone := func() string {
-		c, err := a.CreateVolume(ctx, alice, CreateVolume{FromSnapshot: sn.ID})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c.ID
-	}
+	v, _, model, clone := e.slowClone(a, alice, 128<<12)
 	holder := func(vol string) string {
 		h, err := e.meta.VolumeLeaseHolder(ctx, vol)
 		if err != nil {
@@ -507,7 +502,7 @@ func TestJobHoldsWriteLease(t *testing.T) {
 		return h.Node
 	}
 
-	if h := holder(v.ID); h != "" {
+	if h := holder(v); h != "" {
 		t.Errorf("a snapshot of a volume nobody writes left its write lease with %q", h)
 	}
 
@@ -671,28 +666,15 @@ func TestJobStopsWhenLeaseLost(t *testing.T) {
 	s := e.started(Config{})
 	ctx := ctxT(t)
 	alice := caller("alice")
-	typ := slowType(t, s, 50)
-	const size = 128 << 12 // about 1.5 s to flatten at 50 operations a second
-	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: size, Type: typ})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.fill(s, v.ID, nil, 1, [2]int64{0, size})
-	sn, err := s.CreateSnapshot(ctx, alice, v.ID, "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := s.CreateVolume(ctx, alice, CreateVolume{FromSnapshot: sn.ID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.StartJob(ctx, alice, c.ID, meta.JobFlatten); err != nil {
+	_, _, _, clone := e.slowClone(s, alice, 128<<12)
+	c := clone()
+	if _, err := s.StartJob(ctx, alice, c, meta.JobFlatten); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond)
 	start := time.Now()
-	s.leases.lose(c.ID, "test: as if cut off")
-	lj := e.waitJob(c.ID).LastJob
+	s.leases.lose(c, "test: as if cut off")
+	lj := e.waitJob(c).LastJob
 	if lj == nil || !strings.Contains(lj.Error, "lost the volume's write lease") {
 		t.Fatalf("flatten outcome after the lease was lost: %+v", lj)
 	}

@@ -208,10 +208,7 @@ func (l slowFlush) Flush() error {
 func (l slowFlush) Children() []block.Layer { return []block.Layer{l.Layer} }
 
 func init() {
-	block.Register(block.Type{Name: "testslowflush", Doc: "test: its flush waits for flushGo", MinChildren: 1, MaxChildren: 1,
-		New: func(_ block.Env, _ json.RawMessage, children []block.Layer) (block.Layer, error) {
-			return slowFlush{children[0]}, nil
-		}})
+	registerWrapper("testslowflush", "its flush waits for flushGo", func(c block.Layer) block.Layer { return slowFlush{c} })
 }
 
 // TestGiveUpWaitsForClosingFlush: the holder giving its lease up while its

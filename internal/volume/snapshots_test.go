@@ -360,10 +360,7 @@ func (l splitLayer) WriteAt(p []byte, off int64, fua bool) error {
 func (l splitLayer) Children() []block.Layer { return []block.Layer{l.Layer} }
 
 func init() {
-	block.Register(block.Type{Name: "testsplit", Doc: "test: writes in two halves", MinChildren: 1, MaxChildren: 1,
-		New: func(_ block.Env, _ json.RawMessage, children []block.Layer) (block.Layer, error) {
-			return splitLayer{children[0]}, nil
-		}})
+	registerWrapper("testsplit", "writes in two halves", func(c block.Layer) block.Layer { return splitLayer{c} })
 }
 
 // TestSnapshotPointInTime: a snapshot holds exactly the writes acknowledged

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -484,3 +485,12 @@ func allZero(b []byte) bool {
 }
 
 func sameBytes(a, b []byte) bool { return bytes.Equal(a, b) }
+
+// registerWrapper registers test layer type name: one child, wrapped by
+// wrap when the layer is built.
+func registerWrapper(name, doc string, wrap func(child block.Layer) block.Layer) {
+	block.Register(block.Type{Name: name, Doc: "test: " + doc, MinChildren: 1, MaxChildren: 1,
+		New: func(_ block.Env, _ json.RawMessage, children []block.Layer) (block.Layer, error) {
+			return wrap(children[0]), nil
+		}})
+}

@@ -594,11 +594,10 @@ func smallVolume(t *testing.T, s *Service, c Caller) string {
 var openGate = make(chan struct{})
 
 func init() {
-	block.Register(block.Type{Name: "testslowopen", Doc: "test: its construction waits for openGate", MinChildren: 1, MaxChildren: 1,
-		New: func(_ block.Env, _ json.RawMessage, children []block.Layer) (block.Layer, error) {
-			<-openGate
-			return splitLayer{children[0]}, nil
-		}})
+	registerWrapper("testslowopen", "its construction waits for openGate", func(c block.Layer) block.Layer {
+		<-openGate
+		return splitLayer{c}
+	})
 }
 
 // TestSlowOpenHoldsUpNoOther: opening one volume's stack while another's
