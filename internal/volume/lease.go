@@ -91,8 +91,9 @@ type leases struct {
 	// fences them for good.
 	fences map[string][]*stackFence
 	lost   []func(vol string)
-	// users counts, by volume, the jobs running here on the volume's
-	// lease (use): while one runs, the lease is not given up.
+	// users counts, by volume, the workflows running here on the
+	// volume's lease (use: jobs, freezes, extends): while one runs, the
+	// lease is not given up.
 	users map[string]int
 }
 
@@ -426,7 +427,8 @@ func (l *leases) unuse(ctx context.Context, vol string) {
 	if left > 0 || !held {
 		return // still used, or lost meanwhile (and maybe another node's now)
 	}
-	if v, err := l.s.meta.Volume(ctx, vol); err != nil || hasRW(ctx, l.s, v) {
+	v, err := l.s.meta.Volume(ctx, vol)
+	if err == nil && hasRW(ctx, l.s, v) || err != nil && !errs.IsCode(err, errs.CodeNotFound) {
 		return // needed (or unknown: keep it; the next detach decides)
 	}
 	l.releaseLocked(ctx, vol)
