@@ -244,6 +244,25 @@ func (s *Store) Alive(ctx context.Context) (map[string]bool, error) {
 	return out, nil
 }
 
+// WatchNodesGone calls fn with the name of every node whose liveness key
+// is deleted — its lease expired, it stopped, or it was removed — until
+// ctx ends. A deletion while the watch is broken is missed: callers also
+// look at Alive now and then.
+func (s *Store) WatchNodesGone(ctx context.Context, fn func(name string)) {
+	for ctx.Err() == nil {
+		wch := s.cli.Watch(clientv3.WithRequireLeader(ctx), prefixAlive, clientv3.WithPrefix(), clientv3.WithFilterPut())
+		for resp := range wch {
+			for _, ev := range resp.Events {
+				fn(strings.TrimPrefix(string(ev.Kv.Key), prefixAlive))
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 func tokenHash(token string) string {
 	h := sha256.Sum256([]byte(token))
 	return hex.EncodeToString(h[:])

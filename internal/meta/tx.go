@@ -94,6 +94,11 @@ func (tx *Tx) Snapshot(id string) (*Snapshot, error) {
 	return sn, nil
 }
 
+// Alive reports whether node's liveness key exists (KeepAlive); the
+// commit requires it still so — an adoption of a dead node's workflow
+// commits only while that node is gone.
+func (tx *Tx) Alive(node string) bool { return tx.stm.Get(prefixAlive+node) != "" }
+
 // PutUser writes a user and its S3 key index.
 func (tx *Tx) PutUser(u *User) {
 	u.Schema = SchemaVersion

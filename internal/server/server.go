@@ -174,7 +174,7 @@ func (n *Node) start(ctx context.Context) error {
 	}
 	n.volumes = volume.New(n.meta, n.store, volume.Config{
 		Node: n.cfg.Name, Overcommit: cfg.Overcommit, Keys: wrapper, ImageGrace: grace,
-		AdoptAll: n.single(ctx), Objects: objs,
+		AdoptAll: n.single(ctx), AdoptOrphans: true, Objects: objs,
 	}, log)
 	if err := n.volumes.Start(ctx); err != nil {
 		return err

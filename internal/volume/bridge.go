@@ -124,11 +124,7 @@ func (s *Service) ExportSnapshot(ctx context.Context, c Caller, ref, url string)
 }
 
 func (s *Service) startExport(id string) {
-	s.jobs.Add(1)
-	go func() {
-		defer s.jobs.Done()
-		s.runExport(s.ctx, id)
-	}()
+	s.background(func() { s.runExport(s.ctx, id) })
 }
 
 func (s *Service) runExport(ctx context.Context, id string) {
@@ -149,8 +145,8 @@ func (s *Service) runExport(ctx context.Context, id string) {
 	}
 	uerr := s.meta.Update(context.Background(), func(tx *meta.Tx) error {
 		cur, err := tx.Snapshot(id)
-		if err != nil || cur == nil {
-			return err
+		if err != nil || cur == nil || cur.Job == nil || !s.mine(cur.Job.Node) {
+			return err // adopted by another node, which found this one gone (orphans.go)
 		}
 		cur.Job, cur.LastJob, cur.UpdatedAt = nil, res, now()
 		tx.PutSnapshot(cur)
@@ -293,9 +289,7 @@ func (s *Service) checkImport(ctx context.Context, c Caller, url string, size in
 // startImport finishes creating a volume from an object in the
 // background (the copy takes time; the volume shows it as a job).
 func (s *Service) startImport(id string) {
-	s.jobs.Add(1)
-	go func() {
-		defer s.jobs.Done()
+	s.background(func() {
 		v, err := s.meta.Volume(s.ctx, id)
 		if err == nil {
 			_, err = s.finishImport(s.ctx, v)
@@ -303,7 +297,7 @@ func (s *Service) startImport(id string) {
 		if err != nil && s.ctx.Err() == nil {
 			s.logFor("volume", id).Error("create from object failed", "err", err)
 		}
-	}()
+	})
 }
 
 // importObject fills v's new stack from its source object.

@@ -99,20 +99,29 @@ func (s *Service) delegated(ctx context.Context) {
 		}
 	})
 	s.meta.WatchSnapshots(ctx, func(sn *meta.Snapshot) {
-		if sn.Status != meta.StatusCreating || sn.Node != s.cfg.Node || !delegatedBy(sn.RequestedBy, s.cfg.Node) {
-			return
-		}
-		done, err := s.asWriter(ctx, sn.VolumeID)
-		if err != nil {
-			s.failSnapshot(ctx, sn.ID, err)
-			return
-		}
-		defer done()
-		gate := s.Gate(sn.VolumeID)
-		gate.Lock()
-		defer gate.Unlock()
-		if _, err := s.finishSnapshot(ctx, sn.ID); err != nil {
-			s.logFor("snapshot", sn.ID).Error("delegated snapshot failed", "err", err)
+		if sn.Status == meta.StatusCreating && sn.Node == s.cfg.Node && delegatedBy(sn.RequestedBy, s.cfg.Node) {
+			s.runDelegatedSnapshot(ctx, sn)
 		}
 	})
+}
+
+// runDelegatedSnapshot freezes snapshot sn, handed to this node, as the
+// volume's writer, unless this node already is.
+func (s *Service) runDelegatedSnapshot(ctx context.Context, sn *meta.Snapshot) {
+	if !s.claim("snapshot/" + sn.ID) {
+		return
+	}
+	defer s.unclaim("snapshot/" + sn.ID)
+	done, err := s.asWriter(ctx, sn.VolumeID)
+	if err != nil {
+		s.failSnapshot(ctx, sn.ID, err)
+		return
+	}
+	defer done()
+	gate := s.Gate(sn.VolumeID)
+	gate.Lock()
+	defer gate.Unlock()
+	if _, err := s.finishSnapshot(ctx, sn.ID); err != nil {
+		s.logFor("snapshot", sn.ID).Error("delegated snapshot failed", "err", err)
+	}
 }

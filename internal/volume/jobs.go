@@ -144,6 +144,12 @@ func (s *Service) runJob(ctx context.Context, id string) bool {
 		}
 	default:
 		defer s.leases.unuse(context.Background(), id)
+		// Taking the lease may have waited out a partition, during which
+		// a node that found this one gone adopted the job (orphans.go).
+		if cur, err := s.meta.Volume(ctx, id); err != nil || cur.Job == nil || !s.mine(cur.Job.Node) {
+			s.logFor("volume", id).Info("job no longer this node's: not run", "err", err)
+			return false
+		}
 		jctx, cancel := context.WithCancelCause(ctx)
 		stop := s.leases.watchLoss(id, cancel)
 		var l block.Layer

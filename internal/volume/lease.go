@@ -543,7 +543,15 @@ func (l *leases) takeOver(ctx context.Context, vol string, rev int64) {
 	case <-time.After(time.Duration(rand.IntN(300)) * time.Millisecond):
 	}
 	v, err := l.s.meta.Volume(ctx, vol)
-	if err != nil || !hasRW(ctx, l.s, v) {
+	if err != nil {
+		return
+	}
+	if !hasRW(ctx, l.s, v) {
+		if v.Job != nil || v.Status == meta.StatusExtending || v.Status == meta.StatusCreating || len(v.Snapshotting) > 0 {
+			// A workflow of a node that is gone may have waited for the
+			// key to go (orphans.go).
+			l.s.lookForOrphans()
+		}
 		return
 	}
 	holder, err := l.acquire(ctx, vol)

@@ -10,8 +10,9 @@ import (
 // Start resumes this node's interrupted workflows: every record left in a
 // transitional status is driven to available or error, and recorded jobs
 // run again; the collection it asks for removes the stacks of volume
-// creates and deletes that were interrupted (they have no record). Call
-// once, before serving requests.
+// creates and deletes that were interrupted (they have no record). With
+// AdoptOrphans it then adopts those of nodes that are gone, and goes on
+// watching for them (orphans.go). Call once, before serving requests.
 func (s *Service) Start(ctx context.Context) error {
 	s.leases.renew(ctx) // a lease before the first attachment opens
 	s.jobs.Add(2)
@@ -87,6 +88,9 @@ func (s *Service) Start(ctx context.Context) error {
 		}
 	}
 	s.collectSoon() // what an earlier run of this node left asked for
+	if s.cfg.AdoptOrphans {
+		s.background(func() { s.watchOrphans(s.ctx) })
+	}
 	return nil
 }
 

@@ -98,6 +98,11 @@ type Config struct {
 	// Objects is the object store snapshots are exported to and volumes
 	// made from (bridge.go); nil: this node serves none.
 	Objects Objects
+	// AdoptOrphans makes Start watch the nodes' liveness keys and adopt
+	// the workflows of nodes that are gone (orphans.go). Every node of a
+	// cluster must then keep its own key (meta.KeepAlive), as a server
+	// does.
+	AdoptOrphans bool
 }
 
 // DefaultOvercommit is the default thin-provisioning ratio.
@@ -138,6 +143,8 @@ type Service struct {
 
 	leases *leases  // write leases of volumes (lease.go)
 	claims sync.Map // workflows running on this node (delegate.go)
+	// orphanKick asks for a sweep for orphaned workflows (orphans.go).
+	orphanKick chan struct{}
 	// exports serves this node's NBD connections (export.go); Detach
 	// revokes through it at once. Nil until NewExports.
 	exports atomic.Pointer[Exports]
@@ -156,7 +163,8 @@ func New(m *meta.Store, st *store.Store, cfg Config, log *slog.Logger) *Service 
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Service{meta: m, store: st, cfg: cfg, log: log, ctx: ctx, cancel: cancel,
-		gates: map[string]*sync.RWMutex{}, live: map[string]*liveStack{}, openMus: map[string]*sync.Mutex{}}
+		gates: map[string]*sync.RWMutex{}, live: map[string]*liveStack{}, openMus: map[string]*sync.Mutex{},
+		orphanKick: make(chan struct{}, 1)}
 	s.leases = newLeases(s)
 	s.leases.onLost(s.dropLive)
 	s.gc = newCollector()

@@ -213,17 +213,26 @@ func (s *Service) discardStack(id string) {
 }
 
 // finishImport builds the stack of v, a volume record read in status
-// creating, fills it from its object and marks the volume available.
+// creating, fills it from its object and marks the volume available. It
+// writes the stack as the volume's writer, so that a node which adopts
+// the import from this one (orphans.go) writes only once this one is
+// fenced.
 func (s *Service) finishImport(ctx context.Context, v *meta.Volume) (*meta.Volume, error) {
 	id := v.ID
 	start := time.Now()
-	s.gcMu.RLock()
-	err := s.createStack(v, "")
-	s.gcMu.RUnlock()
+	done, err := s.asWriter(ctx, id)
 	if err != nil {
 		return nil, s.failVolume(ctx, id, err)
 	}
+	s.gcMu.RLock()
+	err = s.createStack(v, "")
+	s.gcMu.RUnlock()
+	if err != nil {
+		done()
+		return nil, s.failVolume(ctx, id, err)
+	}
 	rep, err := s.importObject(ctx, v)
+	done()
 	if ctx.Err() != nil {
 		return nil, ctx.Err() // shutdown: Start imports again
 	}
@@ -255,6 +264,10 @@ func (s *Service) transitionVolume(ctx context.Context, id, from string, fn func
 		if v.Status != from {
 			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is %s, expected %s", id, v.Status, from)
 		}
+		if v.Node != "" && !s.mine(v.Node) {
+			// Adopted by a node that found this one gone (orphans.go).
+			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is %s by node %s now", id, v.Status, v.Node)
+		}
 		v.StatusMessage = "" // a message describes the last failure; this transition succeeded
 		fn(v)
 		v.Node = ""
@@ -271,8 +284,8 @@ func (s *Service) failVolume(ctx context.Context, id string, cause error) error 
 	s.logFor("volume", id).Error("volume workflow failed", "err", cause)
 	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 		v, err := tx.Volume(id)
-		if err != nil || v == nil {
-			return err
+		if err != nil || v == nil || v.Node != "" && !s.mine(v.Node) {
+			return err // adopted by a node that found this one gone (orphans.go)
 		}
 		if v.Status == meta.StatusCreating && v.Job != nil && v.Job.Kind == meta.JobImport {
 			v.Job, v.LastJob = nil, &meta.JobResult{Kind: meta.JobImport, Error: cause.Error(), Finished: now()}
@@ -407,7 +420,7 @@ func (s *Service) finishExtend(ctx context.Context, id string) (*meta.Volume, er
 		s.logFor("volume", id).Error("extend failed", "err", err)
 		uerr := s.meta.Update(ctx, func(tx *meta.Tx) error {
 			cur, terr := tx.Volume(id)
-			if terr != nil || cur == nil || cur.Status != meta.StatusExtending {
+			if terr != nil || cur == nil || cur.Status != meta.StatusExtending || !s.mine(cur.Node) {
 				return terr
 			}
 			if terr := tx.Provision(cur.SizeBytes-cur.TargetSize, 0); terr != nil {

@@ -459,6 +459,48 @@ func TestClusterWriteLeaseFailover(t *testing.T) {
 	qemuIOGood(t, "write after the failover", moved.NBDURI, "write -P 0x6b 4M 1M", "flush", "read -P 0x6b 4M 1M")
 }
 
+// TestClusterJobAdoptedFromDeadNode: a flatten runs on the node that
+// accepted it (the volume has no rw attachment, so no node held its write
+// lease). That node is killed mid-job: another node adopts the job once
+// the dead node's liveness key and write lease have expired, runs it to
+// the end, and the clone holds its data. Before, the job stayed recorded
+// for the dead node and the volume refused every other job for good.
+func TestClusterJobAdoptedFromDeadNode(t *testing.T) {
+	t.Parallel()
+	requireTools(t, "qemu-io", "nbdcopy")
+	c := StartCluster(t, 3)
+	admin := c.Admin(0)
+	admin.OK(nil, "type", "create", "slow", "--stack", stackFile(t, slowImagesStack))
+	const size = 32 * MiB
+	admin.CreateVolume("--size", sz(size), "--type", "slow", "--name", "src")
+	data := []region{{0, randomBytes(t, int(16*MiB))}}
+	admin.WriteRegions("src", data)
+	admin.CreateSnapshot("src", "--name", "s")
+	admin.CreateVolume("--from-snapshot", "s", "--name", "clone")
+
+	// Asked of n2: n2 runs it (256 chunks at 40 operations a second).
+	var started Volume
+	c.Admin(1).OK(&started, "volume", "flatten", "clone")
+	if started.Progress == nil || started.Progress.Job != "flatten" {
+		t.Fatalf("volume flatten printed progress %+v, want a running flatten", started.Progress)
+	}
+	time.Sleep(time.Second)
+	c.Nodes[1].Kill()
+	killed := time.Now()
+	got := admin.WaitJob("clone", 90*time.Second)
+	if got.LastJob == nil || got.LastJob.Job != "flatten" || got.LastJob.Error != "" {
+		t.Fatalf("flatten whose node died ended with last_job %+v", got.LastJob)
+	}
+	t.Logf("the adopted flatten ended %v after its node was killed", time.Since(killed).Round(time.Millisecond))
+	log := c.Nodes[0].Log() + c.Nodes[2].Log()
+	if !strings.Contains(log, "adopted the workflow of a node that is gone") {
+		t.Errorf("no live node logged the adoption:\n%s", tail(log, 4000))
+	}
+	checkImage(t, "clone flattened by the node that adopted the job", admin.VolumeCopy("clone"), image(size, data))
+	// The volume takes jobs again.
+	admin.OK(nil, "volume", "flatten", "clone", "--wait")
+}
+
 // TestClusterJoinSurvivesCrash: a node killed in the middle of its join —
 // right after the cluster added its member, before the member ran — joins
 // when restarted, with no second member left behind.

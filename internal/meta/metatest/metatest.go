@@ -71,6 +71,23 @@ func Shared(t testing.TB) *Env {
 	return shared
 }
 
+// Private starts a member of the test's own, stopped at cleanup: for a
+// test whose services act on every record in the store (adopting the
+// workflows of nodes that are gone), which the shared member's other
+// tests leave behind.
+func Private(t testing.TB) *Env {
+	t.Helper()
+	e, err := start()
+	if err != nil {
+		t.Fatalf("start a private test metadata store: %v", err)
+	}
+	t.Cleanup(func() {
+		e.Meta.Close()
+		os.RemoveAll(e.Dir)
+	})
+	return e
+}
+
 func start() (*Env, error) {
 	dir, err := os.MkdirTemp("", "basalt-meta-test-")
 	if err != nil {

@@ -1,0 +1,349 @@
+package volume
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
+	"github.com/basalt-storage/basalt/internal/meta/metatest"
+	"github.com/basalt-storage/basalt/internal/objects"
+	"github.com/basalt-storage/basalt/internal/store"
+)
+
+// newPrivateEnv is newEnv over a metadata member of the test's own: a
+// service that adopts orphans acts on every record in the store, and the
+// shared member holds other tests' records of nodes that are long gone.
+func newPrivateEnv(t *testing.T) *env {
+	m := metatest.Private(t).Meta
+	st, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, meta: m, st: st, node: uniq("node")}
+}
+
+// alive keeps node's liveness key, as a running server does, until gone
+// is called: then the key is revoked, as when the node stops or its lease
+// expires.
+func (e *env) alive(node string) (gone func()) {
+	e.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.meta.KeepAlive(ctx, node)
+	}()
+	var once sync.Once
+	gone = func() { once.Do(func() { cancel(); <-done }) }
+	e.t.Cleanup(gone)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if a, err := e.meta.Alive(ctx); err == nil && a[node] {
+			return gone
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("liveness key of %s never appeared", node)
+		}
+	}
+}
+
+// recordJob records a flatten job on vol for node.
+func (e *env) recordJob(vol, node string) {
+	e.update(func(tx *meta.Tx) error {
+		cur, err := tx.Volume(vol)
+		if err != nil {
+			return err
+		}
+		cur.Job = &meta.Job{Kind: meta.JobFlatten, Node: node, StartedAt: now()}
+		tx.PutVolume(cur)
+		return nil
+	})
+}
+
+// stillFor checks, for a while, that vol's job stays recorded for node.
+func (e *env) stillFor(vol, node, why string) {
+	e.t.Helper()
+	for end := time.Now().Add(600 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if j := e.volume(vol).Job; j == nil || j.Node != node {
+			e.t.Fatalf("%s: the job left %s: %+v", why, node, j)
+		}
+	}
+}
+
+// TestOrphanedJobAdopted: a job recorded for a node that is gone — no
+// liveness key, no write lease, no rw attachment that a takeover would
+// follow — is adopted by a live node and run there; while its node is
+// alive, nobody touches it.
+func TestOrphanedJobAdopted(t *testing.T) {
+	e := newPrivateEnv(t)
+	a := e.started(Config{Node: uniq("a"), AdoptOrphans: true})
+	e.alive(a.cfg.Node)
+	b := uniq("b")
+	bGone := e.alive(b)
+	ctx := ctxT(t)
+	alice := caller("alice")
+	_, _, model, clone := e.slowClone(a, alice, 64<<12)
+	c := clone()
+	e.recordJob(c, b)
+	a.lookForOrphans()
+	e.stillFor(c, b, "node alive")
+	_, err := a.StartJob(ctx, alice, c, meta.JobFlatten)
+	wantCode(t, err, errs.CodeVolumeBusy) // the record holds the job
+
+	bGone()
+	v := e.waitJob(c)
+	if lj := v.LastJob; lj == nil || lj.Kind != meta.JobFlatten || lj.Error != "" {
+		t.Fatalf("outcome of the adopted flatten: %+v", lj)
+	}
+	if ch := e.chain(c); len(ch) != 1 {
+		t.Fatalf("clone still on %d images after the adopted flatten: %v", len(ch), ch)
+	}
+	e.sameVolume(a, c, model, "clone flattened by the node that adopted the job")
+	if h, err := e.meta.VolumeLeaseHolder(ctx, c); err != nil || h != nil {
+		t.Errorf("write lease after the adopted job: %+v %v (want none: no rw attachment)", h, err)
+	}
+	cleanupAll(t, a, alice)
+}
+
+// TestOrphanWaitsForLeaseKey: a job recorded for a node that is gone but
+// whose write-lease key on the volume is still there (its etcd lease has
+// not expired yet) is not adopted — the lease would only hand it back —
+// until the key goes; then it is, at once.
+func TestOrphanWaitsForLeaseKey(t *testing.T) {
+	e := newPrivateEnv(t)
+	a := e.started(Config{Node: uniq("a"), AdoptOrphans: true})
+	e.alive(a.cfg.Node)
+	ctx := ctxT(t)
+	alice := caller("alice")
+	_, _, model, clone := e.slowClone(a, alice, 64<<12)
+	c := clone()
+	b := e.service(Config{Node: uniq("b")}) // runs nothing: not started
+	bGone := e.alive(b.cfg.Node)
+	b.leases.renew(ctx)
+	if holder, err := b.leases.use(ctx, c); err != nil || holder != b.cfg.Node {
+		t.Fatalf("b takes the lease: %q %v", holder, err)
+	}
+	e.recordJob(c, b.cfg.Node)
+
+	bGone() // its liveness key goes first; its write lease is another etcd lease
+	a.lookForOrphans()
+	e.stillFor(c, b.cfg.Node, "write-lease key of the gone node still there")
+
+	start := time.Now()
+	b.leases.stop() // the key goes
+	v := e.waitJob(c)
+	if lj := v.LastJob; lj == nil || lj.Kind != meta.JobFlatten || lj.Error != "" {
+		t.Fatalf("outcome of the adopted flatten: %+v", lj)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("adopted %v after the write-lease key went; want at once", d)
+	}
+	e.sameVolume(a, c, model, "clone flattened by the node that adopted the job")
+	cleanupAll(t, a, alice)
+}
+
+// TestOrphanedSnapshotAdopted: a snapshot handed to the volume's writer,
+// which dies before freezing it, is frozen by the node that adopts it; the
+// create call that handed it over sees it available, holding the data
+// written before it.
+func TestOrphanedSnapshotAdopted(t *testing.T) {
+	e := newPrivateEnv(t)
+	a := e.started(Config{Node: uniq("a"), AdoptOrphans: true})
+	e.alive(a.cfg.Node)
+	ctx := ctxT(t)
+	alice := caller("alice")
+	v, err := a.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := make([]byte, 1<<20)
+	e.fill(a, v.ID, model, 7, [2]int64{0, 1 << 20})
+	b := e.service(Config{Node: uniq("b")})
+	bGone := e.alive(b.cfg.Node)
+	b.leases.renew(ctx)
+	if holder, err := b.leases.use(ctx, v.ID); err != nil || holder != b.cfg.Node {
+		t.Fatalf("b takes the lease: %q %v", holder, err)
+	}
+	type result struct {
+		sn  *meta.Snapshot
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		sn, err := a.CreateSnapshot(ctx, alice, v.ID, "", "")
+		res <- result{sn, err}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if cur := e.volume(v.ID); len(cur.Snapshotting) == 1 {
+			if sn := e.snapshot(cur.Snapshotting[0]); sn.Node != b.cfg.Node {
+				t.Fatalf("snapshot recorded for %q, want the writer %s", sn.Node, b.cfg.Node)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the snapshot was never handed to the writer")
+		}
+	}
+	bGone()
+	b.leases.stop()
+	r := <-res
+	if r.err != nil || r.sn.Status != meta.StatusAvailable {
+		t.Fatalf("snapshot after its writer died: %+v %v", r.sn, r.err)
+	}
+	cl, err := a.CreateVolume(ctx, alice, CreateVolume{FromSnapshot: r.sn.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.sameVolume(a, cl.ID, model, "clone of the adopted snapshot")
+	cleanupAll(t, a, alice)
+}
+
+// objectStore is a real object store over the env's data root with one
+// bucket of owner's (whose user record it writes); it returns the store
+// and the bucket's name.
+func (e *env) objectStore(owner Caller) (*objects.Backend, string) {
+	e.t.Helper()
+	e.update(func(tx *meta.Tx) error {
+		tx.PutUser(&meta.User{Name: owner.Name, ID: owner.ID, CreatedAt: now()})
+		return nil
+	})
+	buckets := objects.MetaBuckets{Meta: e.meta}
+	be, err := objects.New(objects.Config{Root: e.st.BucketsDir(), Work: e.st.ObjectsDir(), Buckets: buckets})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	name := uniq("img")
+	if err := buckets.CreateBucket(ctxT(e.t), objects.Bucket{Name: name, Owner: owner.Name, CreatedAt: now()}); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(e.st.BucketsDir(), name), 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	return be, name
+}
+
+// TestOrphanedExportAdopted: a snapshot export recorded for a node that is
+// gone is adopted and run by a live node: the object holds the snapshot.
+func TestOrphanedExportAdopted(t *testing.T) {
+	e := newPrivateEnv(t)
+	alice := caller("alice")
+	be, bucket := e.objectStore(alice)
+	a := e.started(Config{Node: uniq("a"), AdoptOrphans: true, Objects: be})
+	e.alive(a.cfg.Node)
+	b := uniq("b")
+	bGone := e.alive(b)
+	ctx := ctxT(t)
+	v, err := a.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := make([]byte, 1<<20)
+	e.fill(a, v.ID, model, 9, [2]int64{0, 1 << 20})
+	sn, err := a.CreateSnapshot(ctx, alice, v.ID, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "s3://" + bucket + "/s.raw"
+	e.update(func(tx *meta.Tx) error {
+		cur, err := tx.Snapshot(sn.ID)
+		if err != nil {
+			return err
+		}
+		cur.Job = &meta.Job{Kind: meta.JobExport, Node: b, StartedAt: now(), Object: url, Total: cur.SizeBytes, Phase: "copy"}
+		tx.PutSnapshot(cur)
+		return nil
+	})
+	a.lookForOrphans()
+	time.Sleep(300 * time.Millisecond)
+	if j := e.snapshot(sn.ID).Job; j == nil || j.Node != b {
+		t.Fatalf("export of a live node adopted: %+v", j)
+	}
+
+	bGone()
+	var got *meta.Snapshot
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if got = e.snapshot(sn.ID); got.Job == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("export still recorded: %+v", got.Job)
+		}
+	}
+	if lj := got.LastJob; lj == nil || lj.Kind != meta.JobExport || lj.Error != "" {
+		t.Fatalf("outcome of the adopted export: %+v", lj)
+	}
+	f, _, err := be.OpenImage(ctx, bucket, "s.raw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if b, err := io.ReadAll(f); err != nil || !sameBytes(b, model) {
+		t.Fatalf("the object exported by the adopting node differs from the snapshot (%d bytes, %v)", len(b), err)
+	}
+	cleanupAll(t, a, alice)
+}
+
+// TestOrphanedImportAdopted: a volume being made from an object by a node
+// that is gone is finished by a live node, writing as the volume's writer.
+func TestOrphanedImportAdopted(t *testing.T) {
+	e := newPrivateEnv(t)
+	alice := caller("alice")
+	be, bucket := e.objectStore(alice)
+	a := e.started(Config{Node: uniq("a"), AdoptOrphans: true, Objects: be})
+	e.alive(a.cfg.Node)
+	b := uniq("b")
+	bGone := e.alive(b)
+	ctx := ctxT(t)
+	model := pattern(11, 1<<20)
+	if _, err := be.PutImage(ctx, objects.ImageInput{Bucket: bucket, Key: "in.raw", Fill: func(f *os.File) error {
+		_, err := f.Write(model)
+		return err
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	url := "s3://" + bucket + "/in.raw"
+	v, err := a.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As b records an import it has begun: the record in status creating.
+	e.update(func(tx *meta.Tx) error {
+		cur, err := tx.Volume(v.ID)
+		if err != nil {
+			return err
+		}
+		cur.Status, cur.Node, cur.SourceObject = meta.StatusCreating, b, url
+		cur.Job = &meta.Job{Kind: meta.JobImport, Node: b, StartedAt: now(), Object: url}
+		tx.PutVolume(cur)
+		return nil
+	})
+	a.lookForOrphans()
+	time.Sleep(300 * time.Millisecond)
+	if cur := e.volume(v.ID); cur.Status != meta.StatusCreating || cur.Node != b {
+		t.Fatalf("import of a live node adopted: %s on %q", cur.Status, cur.Node)
+	}
+
+	bGone()
+	var got *meta.Volume
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if got = e.volume(v.ID); got.Status != meta.StatusCreating {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("import still under way: %+v", got.Job)
+		}
+	}
+	if got.Status != meta.StatusAvailable || got.LastJob == nil || got.LastJob.Kind != meta.JobImport || got.LastJob.Error != "" {
+		t.Fatalf("volume after the adopted import: %s %q, last job %+v", got.Status, got.StatusMessage, got.LastJob)
+	}
+	e.sameVolume(a, v.ID, model, "volume imported by the adopting node")
+	if h, err := e.meta.VolumeLeaseHolder(ctx, v.ID); err != nil || h != nil {
+		t.Errorf("write lease after the import: %+v %v (want none)", h, err)
+	}
+	cleanupAll(t, a, alice)
+}
