@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -177,22 +178,62 @@ func (s *Store) WatchVolumes(ctx context.Context, fn func(*Volume)) {
 	watchPuts(ctx, s, prefixVolumes, func() *Volume { return &Volume{} }, fn)
 }
 
+// watchPuts calls fn with every record under prefix written from now on.
+// A watch that breaks (a leader election, a lost connection) resumes from
+// the revision after the last event it delivered, so no write is missed;
+// if etcd compacted that history meanwhile, fn is called with every
+// current record instead, and the watch goes on from there.
 func watchPuts[T versioned](ctx context.Context, s *Store, prefix string, mk func() T, fn func(T)) {
+	var next int64 // the first revision not yet delivered; 0: unknown
+	relist := false // the history from next was compacted
+	call := func(kv *mvccpb.KeyValue) {
+		r := mk()
+		if err := decode(string(kv.Key), kv.Value, r); err == nil {
+			fn(r)
+		}
+	}
 	for ctx.Err() == nil {
-		wch := s.cli.Watch(clientv3.WithRequireLeader(ctx), prefix, clientv3.WithPrefix(), clientv3.WithFilterDelete())
-		for resp := range wch {
-			for _, ev := range resp.Events {
-				r := mk()
-				if err := decode(string(ev.Kv.Key), ev.Kv.Value, r); err == nil {
-					fn(r)
+		if next == 0 {
+			// At start only the revision is needed; after a compaction,
+			// the writes missed are among the current records.
+			opts := []clientv3.OpOption{clientv3.WithPrefix()}
+			if !relist {
+				opts = append(opts, clientv3.WithCountOnly())
+			}
+			if r, err := s.cli.Get(ctx, prefix, opts...); err == nil {
+				next = r.Header.Revision + 1
+				for _, kv := range r.Kvs {
+					call(kv)
 				}
 			}
+		}
+		if next != 0 && !watchFrom(ctx, s, prefix, &next, call) {
+			next, relist = 0, true
 		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// watchFrom runs one watch of puts under prefix from revision *next until
+// it breaks, advancing *next past every event delivered; false if the
+// history from *next was compacted.
+func watchFrom(ctx context.Context, s *Store, prefix string, next *int64, call func(*mvccpb.KeyValue)) bool {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	wch := s.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithFilterDelete(), clientv3.WithRev(*next))
+	for resp := range wch {
+		if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
+			return false
+		}
+		for _, ev := range resp.Events {
+			call(ev.Kv)
+			*next = ev.Kv.ModRevision + 1
+		}
+	}
+	return true
 }
 
 // LookupName resolves an owner's name to an id ("" when unbound).
