@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -209,13 +210,16 @@ type VolumeLeaseEvent struct {
 
 // WatchVolumeLeases calls fn with every change of a volume lease key until
 // ctx ends. Whenever the watch (re)starts, fn first gets every key as it
-// stands, so that no mark is missed while the watch was down (a deletion
-// missed then is not replayed). An event may arrive after newer changes
-// were made: a holder compares a deletion's revision with its key's create
-// revision (its Token), and rereads a key before it acts on a mark.
+// stands, so that no mark is missed while the watch was down, and a
+// deletion of every key seen before that is gone now (at the listing's
+// revision): a holder that died while the watch was down is taken over
+// all the same. An event may arrive after newer changes were made: a
+// holder compares a deletion's revision with its key's create revision
+// (its Token), and rereads a key before it acts on a mark.
 func (s *Store) WatchVolumeLeases(ctx context.Context, fn func(VolumeLeaseEvent)) {
+	known := map[string]bool{} // volumes whose key the last event about it showed
 	for ctx.Err() == nil {
-		s.watchVolumeLeases(ctx, fn)
+		s.watchVolumeLeases(ctx, known, fn)
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Second):
@@ -223,19 +227,33 @@ func (s *Store) WatchVolumeLeases(ctx context.Context, fn func(VolumeLeaseEvent)
 	}
 }
 
-func (s *Store) watchVolumeLeases(ctx context.Context, fn func(VolumeLeaseEvent)) {
+func (s *Store) watchVolumeLeases(ctx context.Context, known map[string]bool, fn func(VolumeLeaseEvent)) {
 	cur, err := s.cli.Get(ctx, prefixVolumeLeases, clientv3.WithPrefix())
 	if err != nil {
 		return
 	}
+	event := func(kv *mvccpb.KeyValue, deleted bool) {
+		vol := strings.TrimPrefix(string(kv.Key), prefixVolumeLeases)
+		if deleted {
+			delete(known, vol)
+		} else {
+			known[vol] = true
+		}
+		s.volumeLeaseEvent(kv, deleted, fn)
+	}
+	gone := maps.Clone(known)
 	for _, kv := range cur.Kvs {
-		s.volumeLeaseEvent(kv, false, fn)
+		delete(gone, strings.TrimPrefix(string(kv.Key), prefixVolumeLeases))
+		event(kv, false)
+	}
+	for vol := range gone {
+		event(&mvccpb.KeyValue{Key: []byte(prefixVolumeLeases + vol), ModRevision: cur.Header.Revision}, true)
 	}
 	wch := s.cli.Watch(clientv3.WithRequireLeader(ctx), prefixVolumeLeases, clientv3.WithPrefix(),
 		clientv3.WithRev(cur.Header.Revision+1))
 	for resp := range wch {
 		for _, ev := range resp.Events {
-			s.volumeLeaseEvent(ev.Kv, ev.Type == clientv3.EventTypeDelete, fn)
+			event(ev.Kv, ev.Type == clientv3.EventTypeDelete)
 		}
 	}
 }

@@ -86,3 +86,57 @@ func TestVolumeLeaseReleasedElsewhere(t *testing.T) {
 		t.Fatalf("after the holder's release: %+v %v, want none", l, err)
 	}
 }
+
+// TestVolumeLeaseDeletionWhileWatchDown: a lease key seen by the watch and
+// deleted while the watch was down (a break: an election, a lost
+// connection) is reported deleted when the watch starts again, at the
+// revision it listed the keys at; a key still there is reported as it
+// stands.
+func TestVolumeLeaseDeletionWhileWatchDown(t *testing.T) {
+	s := openTestStore(t)
+	ctx := ctxT(t)
+	id, err := s.GrantLease(ctx, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.RevokeLease(context.Background(), id)
+	gone, stays := uniq("vol"), uniq("vol")
+	for _, vol := range []string{gone, stays} {
+		if _, err := s.AcquireVolumeLease(ctx, vol, "a", id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	known := map[string]bool{}
+	listed := func() map[string]*VolumeLeaseEvent {
+		t.Helper()
+		wctx, stop := context.WithCancel(ctx)
+		got := map[string]*VolumeLeaseEvent{}
+		go func() { time.Sleep(300 * time.Millisecond); stop() }() // the watch "breaks"
+		s.watchVolumeLeases(wctx, known, func(ev VolumeLeaseEvent) {
+			if ev.Volume == gone || ev.Volume == stays {
+				got[ev.Volume] = &ev
+			}
+		})
+		return got
+	}
+	if got := listed(); got[gone] == nil || got[gone].Lease == nil || got[stays] == nil || got[stays].Lease == nil {
+		t.Fatalf("first listing: %+v", got)
+	}
+	if err := s.ReleaseVolumeLease(ctx, gone, "a", id); err != nil { // while the watch is down
+		t.Fatal(err)
+	}
+	r, err := s.cli.Get(ctx, keyCluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := listed()
+	if ev := got[gone]; ev == nil || ev.Lease != nil || ev.Rev < r.Header.Revision {
+		t.Fatalf("key deleted while the watch was down: %+v, want a deletion at revision ≥ %d", ev, r.Header.Revision)
+	}
+	if ev := got[stays]; ev == nil || ev.Lease == nil || ev.Lease.Node != "a" {
+		t.Fatalf("key still held: %+v", ev)
+	}
+	if got := listed(); got[gone] != nil {
+		t.Fatalf("a deletion reported twice: %+v", got[gone])
+	}
+}

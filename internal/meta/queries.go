@@ -184,7 +184,7 @@ func (s *Store) WatchVolumes(ctx context.Context, fn func(*Volume)) {
 // if etcd compacted that history meanwhile, fn is called with every
 // current record instead, and the watch goes on from there.
 func watchPuts[T versioned](ctx context.Context, s *Store, prefix string, mk func() T, fn func(T)) {
-	var next int64 // the first revision not yet delivered; 0: unknown
+	var next int64  // the first revision not yet delivered; 0: unknown
 	relist := false // the history from next was compacted
 	call := func(kv *mvccpb.KeyValue) {
 		r := mk()
