@@ -7,12 +7,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"go.etcd.io/etcd/api/v3/version"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -158,27 +161,27 @@ type Status struct {
 	RaftIndex uint64   `json:"raft_index"`
 }
 
-// Status queries the first reachable endpoint.
+// Status reports the metadata cluster as this node sees it: from its own
+// member, in process, while that serves; else from the first endpoint
+// that answers among those the member list names. Never etcd's Status RPC
+// on a member that may have been removed: its handler panics (IsLearner)
+// between applying the removal and stopping — which the member list,
+// answered by any member, the removed one included, no longer names.
 func (s *Store) Status(ctx context.Context) (*Status, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	st := &Status{Embedded: s.Embedded(), Endpoints: s.cli.Endpoints()}
-	var lastErr error
-	for _, ep := range s.cli.Endpoints() {
-		r, err := s.cli.Status(ctx, ep)
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		st.Version, st.Leader, st.DBSize, st.DBInUse, st.RaftIndex = r.Version, r.Leader, r.DbSize, r.DbSizeInUse, r.RaftIndex
-		lastErr = nil
-		break
+	m, err := s.cli.MemberList(ctx, clientv3.WithSerializable())
+	if err != nil {
+		return st, wrap("status", err)
 	}
-	if lastErr != nil {
-		return st, wrap("status", lastErr)
-	}
-	if m, err := s.cli.MemberList(ctx); err == nil {
-		st.Members = len(m.Members)
+	st.Members = len(m.Members)
+	if serves, _ := s.ownMember(); serves {
+		srv := s.embedded.Server
+		st.Version, st.Leader, st.RaftIndex = version.Version, uint64(srv.Leader()), srv.CommittedIndex()
+		st.DBSize, st.DBInUse = srv.Backend().Size(), srv.Backend().SizeInUse()
+	} else if err := s.remoteStatus(ctx, st, m.Members); err != nil {
+		return st, wrap("status", err)
 	}
 	if a, err := s.cli.AlarmList(ctx); err == nil {
 		for _, al := range a.Alarms {
@@ -186,6 +189,33 @@ func (s *Store) Status(ctx context.Context) (*Status, error) {
 		}
 	}
 	return st, nil
+}
+
+// remoteStatus fills st from the first of the client's endpoints that is a
+// listed member's and answers (all of them when none is listed: an
+// external etcd may advertise other URLs than those it is reached by).
+func (s *Store) remoteStatus(ctx context.Context, st *Status, members []*etcdserverpb.Member) error {
+	listed := map[string]bool{}
+	for _, m := range members {
+		for _, u := range m.ClientURLs {
+			listed[u] = true
+		}
+	}
+	eps := slices.DeleteFunc(slices.Clone(s.cli.Endpoints()), func(ep string) bool { return !listed[ep] })
+	if len(eps) == 0 {
+		eps = s.cli.Endpoints()
+	}
+	lastErr := errors.New("no endpoint")
+	for _, ep := range eps {
+		r, err := s.cli.Status(ctx, ep)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		st.Version, st.Leader, st.DBSize, st.DBInUse, st.RaftIndex = r.Version, r.Leader, r.DbSize, r.DbSizeInUse, r.RaftIndex
+		return nil
+	}
+	return lastErr
 }
 
 // Defrag compacts history up to the current revision, defragments every

@@ -365,7 +365,7 @@ func TestExternalEndpoints(t *testing.T) {
 		t.Fatalf("write through the external store not visible: %+v, %v", v, err)
 	}
 	st, err := ext.Status(ctx)
-	if err != nil || st.Embedded || st.Members != 1 {
+	if err != nil || st.Embedded || st.Members != 1 || st.Version == "" || st.Leader == 0 || st.DBSize <= 0 {
 		t.Fatalf("external status %+v, %v", st, err)
 	}
 	ext.Close()
