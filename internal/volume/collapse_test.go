@@ -41,12 +41,7 @@ func TestDeletedSnapshotSpaceReclaimed(t *testing.T) {
 	ctx := ctxT(t)
 	alice := caller("alice")
 	const size = 4 << 20
-	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: size})
-	if err != nil {
-		t.Fatal(err)
-	}
-	model := make([]byte, size)
-	e.fill(s, v.ID, model, 1, [2]int64{0, size})
+	v, model := e.filledVolume(s, alice, size, 1)
 	sn, err := s.CreateSnapshot(ctx, alice, v.ID, "s1", "")
 	if err != nil {
 		t.Fatal(err)
@@ -190,19 +185,8 @@ func TestDeleteWaitsOutCollapses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	setJob := func(j *meta.Job) {
-		e.update(func(tx *meta.Tx) error {
-			cur, err := tx.Volume(v.ID)
-			if err != nil {
-				return err
-			}
-			cur.Job = j
-			tx.PutVolume(cur)
-			return nil
-		})
-	}
 	// A collapse that never ends: VolumeBusy once the wait is over.
-	setJob(&meta.Job{Kind: meta.JobCollapse, Node: s.cfg.Node, StartedAt: now()})
+	e.setJob(v.ID, &meta.Job{Kind: meta.JobCollapse, Node: s.cfg.Node, StartedAt: now()})
 	start := time.Now()
 	wantCode(t, s.DeleteVolume(ctx, alice, v.ID), errs.CodeVolumeBusy)
 	if d := time.Since(start); d < lockWait {
@@ -210,7 +194,7 @@ func TestDeleteWaitsOutCollapses(t *testing.T) {
 	}
 	// Three collapses one after another, each seen by one try: the
 	// delete goes through after the third.
-	setJob(nil)
+	e.setJob(v.ID, nil)
 	tries := 0
 	id := v.ID
 	err = s.pastCollapse(ctx, &id, func() error {

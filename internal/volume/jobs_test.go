@@ -128,43 +128,25 @@ func TestJobRules(t *testing.T) {
 
 	// A job recorded on the volume (run by a node that is not this one):
 	// no second job, no delete.
-	e.update(func(tx *meta.Tx) error {
-		cur, _ := tx.Volume(v.ID)
-		cur.Job = &meta.Job{Kind: meta.JobFlatten, Node: "some-other-node", StartedAt: now()}
-		tx.PutVolume(cur)
-		return nil
-	})
+	e.setJob(v.ID, flattenFor("some-other-node"))
 	_, err = s.StartJob(ctx, alice, v.ID, meta.JobFlatten)
 	wantCode(t, err, errs.CodeVolumeBusy)
 	wantCode(t, s.DeleteVolume(ctx, alice, v.ID), errs.CodeVolumeBusy)
-	e.update(func(tx *meta.Tx) error {
-		cur, _ := tx.Volume(v.ID)
-		cur.Job = nil
-		tx.PutVolume(cur)
-		return nil
-	})
+	e.setJob(v.ID, nil)
 	// Only an available (or in-use) volume runs jobs.
-	e.update(func(tx *meta.Tx) error {
-		cur, _ := tx.Volume(v.ID)
+	e.editVolume(v.ID, func(cur *meta.Volume) {
 		cur.Status = meta.StatusError
-		tx.PutVolume(cur)
-		return nil
 	})
 	_, err = s.StartJob(ctx, alice, v.ID, meta.JobFlatten)
 	wantCode(t, err, errs.CodeVolumeBusy)
-	e.update(func(tx *meta.Tx) error {
-		cur, _ := tx.Volume(v.ID)
+	e.editVolume(v.ID, func(cur *meta.Volume) {
 		cur.Status = meta.StatusAvailable
-		tx.PutVolume(cur)
-		return nil
 	})
 	// Flatten of a volume that is no clone: nothing to copy, succeeds.
 	if _, err := s.StartJob(ctx, alice, v.ID, meta.JobFlatten); err != nil {
 		t.Fatal(err)
 	}
-	if lj := e.waitJob(v.ID).LastJob; lj == nil || lj.Kind != meta.JobFlatten || lj.Error != "" {
-		t.Fatalf("flatten of a plain volume: %+v", lj)
-	}
+	e.flattened(v.ID, "flatten of a plain volume")
 	cleanupAll(t, s, alice)
 	checkProvisioned(t)
 }
@@ -176,12 +158,7 @@ func TestRecoverJob(t *testing.T) {
 	ctx := ctxT(t)
 	alice := caller("alice")
 	s0 := e.started(Config{})
-	v, err := s0.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 2 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	model := make([]byte, 2<<20)
-	e.fill(s0, v.ID, model, 1, [2]int64{0, 2 << 20})
+	v, model := e.filledVolume(s0, alice, 2<<20, 1)
 	sn, err := s0.CreateSnapshot(ctx, alice, v.ID, "", "")
 	if err != nil {
 		t.Fatal(err)
@@ -196,12 +173,7 @@ func TestRecoverJob(t *testing.T) {
 	}
 	s0.Stop()
 	for id, node := range map[string]string{mine.ID: e.node, theirs.ID: "some-other-node"} {
-		e.update(func(tx *meta.Tx) error {
-			cur, _ := tx.Volume(id)
-			cur.Job = &meta.Job{Kind: meta.JobFlatten, Node: node, StartedAt: now()}
-			tx.PutVolume(cur)
-			return nil
-		})
+		e.setJob(id, flattenFor(node))
 	}
 
 	s1 := e.started(Config{})
@@ -217,12 +189,7 @@ func TestRecoverJob(t *testing.T) {
 	if other.Job == nil || other.Job.Node != "some-other-node" || other.LastJob != nil || len(e.chain(theirs.ID)) != 2 {
 		t.Fatalf("another node's job was run or dropped: %+v (job %+v)", other, other.Job)
 	}
-	e.update(func(tx *meta.Tx) error {
-		cur, _ := tx.Volume(theirs.ID)
-		cur.Job = nil
-		tx.PutVolume(cur)
-		return nil
-	})
+	e.setJob(theirs.ID, nil)
 	cleanupAll(t, s1, alice)
 	checkProvisioned(t)
 }
@@ -537,15 +504,7 @@ func TestJobHoldsWriteLease(t *testing.T) {
 	if h, err := b.leases.acquire(ctx, c2); err != nil || h != b.cfg.Node {
 		t.Fatalf("acquire through %s: %q %v", b.cfg.Node, h, err)
 	}
-	e.update(func(tx *meta.Tx) error {
-		cur, err := tx.Volume(c2)
-		if err != nil {
-			return err
-		}
-		cur.Job = &meta.Job{Kind: meta.JobFlatten, Node: a.cfg.Node, StartedAt: now()}
-		tx.PutVolume(cur)
-		return nil
-	})
+	e.setJob(c2, flattenFor(a.cfg.Node))
 	a.startJob(c2)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -604,12 +563,7 @@ func TestJobAdoptedFromDeadHolder(t *testing.T) {
 	a := e.started(Config{Node: uniq("a")})
 	ctx := ctxT(t)
 	alice := caller("alice")
-	v, err := a.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	model := make([]byte, 1<<20)
-	e.fill(a, v.ID, model, 3, [2]int64{0, 1 << 20})
+	v, model := e.filledVolume(a, alice, 1<<20, 3)
 	sn, err := a.CreateSnapshot(ctx, alice, v.ID, "", "")
 	if err != nil {
 		t.Fatal(err)
@@ -626,15 +580,7 @@ func TestJobAdoptedFromDeadHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.update(func(tx *meta.Tx) error {
-		cur, err := tx.Volume(c.ID)
-		if err != nil {
-			return err
-		}
-		cur.Job = &meta.Job{Kind: meta.JobFlatten, Node: a.cfg.Node, StartedAt: now()}
-		tx.PutVolume(cur)
-		return nil
-	})
+	e.setJob(c.ID, flattenFor(a.cfg.Node))
 	a.startJob(c.ID)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		if j := e.volume(c.ID).Job; j != nil && j.Node == b.cfg.Node {
@@ -645,9 +591,7 @@ func TestJobAdoptedFromDeadHolder(t *testing.T) {
 		}
 	}
 	b.leases.stop() // b dies: its etcd lease, and with it the volume's write lease, is gone
-	if lj := e.waitJob(c.ID).LastJob; lj == nil || lj.Kind != meta.JobFlatten || lj.Error != "" {
-		t.Fatalf("flatten outcome %+v", lj)
-	}
+	e.flattened(c.ID, "flatten adopted from the dead holder")
 	if h, err := e.meta.VolumeLeaseHolder(ctx, c.ID); err != nil || h == nil || h.Node != a.cfg.Node {
 		t.Fatalf("the volume's writer after the takeover: %+v %v", h, err)
 	}

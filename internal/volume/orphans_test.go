@@ -52,17 +52,29 @@ func (e *env) alive(node string) (gone func()) {
 	}
 }
 
-// recordJob records a flatten job on vol for node.
-func (e *env) recordJob(vol, node string) {
-	e.update(func(tx *meta.Tx) error {
-		cur, err := tx.Volume(vol)
-		if err != nil {
-			return err
-		}
-		cur.Job = &meta.Job{Kind: meta.JobFlatten, Node: node, StartedAt: now()}
-		tx.PutVolume(cur)
-		return nil
-	})
+// adopting starts a service that adopts orphaned workflows, with its
+// liveness key.
+func (e *env) adopting(cfg Config) *Service {
+	e.t.Helper()
+	cfg.Node, cfg.AdoptOrphans = uniq("a"), true
+	s := e.started(cfg)
+	e.alive(s.cfg.Node)
+	return s
+}
+
+// holdingWriter makes a node, with its liveness key, that holds vol's
+// write lease as a job of its would, and runs nothing (not started): gone
+// ends its liveness key, its leases.stop the write-lease key.
+func (e *env) holdingWriter(vol string) (b *Service, gone func()) {
+	e.t.Helper()
+	ctx := ctxT(e.t)
+	b = e.service(Config{Node: uniq("b")})
+	gone = e.alive(b.cfg.Node)
+	b.leases.renew(ctx)
+	if holder, err := b.leases.use(ctx, vol); err != nil || holder != b.cfg.Node {
+		e.t.Fatalf("%s takes the write lease of %s: %q %v", b.cfg.Node, vol, holder, err)
+	}
+	return b, gone
 }
 
 // stillFor checks, for a while, that vol's job stays recorded for node.
@@ -81,25 +93,21 @@ func (e *env) stillFor(vol, node, why string) {
 // alive, nobody touches it.
 func TestOrphanedJobAdopted(t *testing.T) {
 	e := newPrivateEnv(t)
-	a := e.started(Config{Node: uniq("a"), AdoptOrphans: true})
-	e.alive(a.cfg.Node)
+	a := e.adopting(Config{})
 	b := uniq("b")
 	bGone := e.alive(b)
 	ctx := ctxT(t)
 	alice := caller("alice")
 	_, _, model, clone := e.slowClone(a, alice, 64<<12)
 	c := clone()
-	e.recordJob(c, b)
+	e.setJob(c, flattenFor(b))
 	a.lookForOrphans()
 	e.stillFor(c, b, "node alive")
 	_, err := a.StartJob(ctx, alice, c, meta.JobFlatten)
 	wantCode(t, err, errs.CodeVolumeBusy) // the record holds the job
 
 	bGone()
-	v := e.waitJob(c)
-	if lj := v.LastJob; lj == nil || lj.Kind != meta.JobFlatten || lj.Error != "" {
-		t.Fatalf("outcome of the adopted flatten: %+v", lj)
-	}
+	e.flattened(c, "the adopted flatten")
 	if ch := e.chain(c); len(ch) != 1 {
 		t.Fatalf("clone still on %d images after the adopted flatten: %v", len(ch), ch)
 	}
@@ -116,19 +124,12 @@ func TestOrphanedJobAdopted(t *testing.T) {
 // until the key goes; then it is, at once.
 func TestOrphanWaitsForLeaseKey(t *testing.T) {
 	e := newPrivateEnv(t)
-	a := e.started(Config{Node: uniq("a"), AdoptOrphans: true})
-	e.alive(a.cfg.Node)
-	ctx := ctxT(t)
+	a := e.adopting(Config{})
 	alice := caller("alice")
 	_, _, model, clone := e.slowClone(a, alice, 64<<12)
 	c := clone()
-	b := e.service(Config{Node: uniq("b")}) // runs nothing: not started
-	bGone := e.alive(b.cfg.Node)
-	b.leases.renew(ctx)
-	if holder, err := b.leases.use(ctx, c); err != nil || holder != b.cfg.Node {
-		t.Fatalf("b takes the lease: %q %v", holder, err)
-	}
-	e.recordJob(c, b.cfg.Node)
+	b, bGone := e.holdingWriter(c)
+	e.setJob(c, flattenFor(b.cfg.Node))
 
 	bGone() // its liveness key goes first; its write lease is another etcd lease
 	a.lookForOrphans()
@@ -136,10 +137,7 @@ func TestOrphanWaitsForLeaseKey(t *testing.T) {
 
 	start := time.Now()
 	b.leases.stop() // the key goes
-	v := e.waitJob(c)
-	if lj := v.LastJob; lj == nil || lj.Kind != meta.JobFlatten || lj.Error != "" {
-		t.Fatalf("outcome of the adopted flatten: %+v", lj)
-	}
+	e.flattened(c, "the adopted flatten")
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("adopted %v after the write-lease key went; want at once", d)
 	}
@@ -153,22 +151,11 @@ func TestOrphanWaitsForLeaseKey(t *testing.T) {
 // written before it.
 func TestOrphanedSnapshotAdopted(t *testing.T) {
 	e := newPrivateEnv(t)
-	a := e.started(Config{Node: uniq("a"), AdoptOrphans: true})
-	e.alive(a.cfg.Node)
+	a := e.adopting(Config{})
 	ctx := ctxT(t)
 	alice := caller("alice")
-	v, err := a.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	model := make([]byte, 1<<20)
-	e.fill(a, v.ID, model, 7, [2]int64{0, 1 << 20})
-	b := e.service(Config{Node: uniq("b")})
-	bGone := e.alive(b.cfg.Node)
-	b.leases.renew(ctx)
-	if holder, err := b.leases.use(ctx, v.ID); err != nil || holder != b.cfg.Node {
-		t.Fatalf("b takes the lease: %q %v", holder, err)
-	}
+	v, model := e.filledVolume(a, alice, 1<<20, 7)
+	b, bGone := e.holdingWriter(v.ID)
 	type result struct {
 		sn  *meta.Snapshot
 		err error
@@ -233,30 +220,18 @@ func TestOrphanedExportAdopted(t *testing.T) {
 	e := newPrivateEnv(t)
 	alice := caller("alice")
 	be, bucket := e.objectStore(alice)
-	a := e.started(Config{Node: uniq("a"), AdoptOrphans: true, Objects: be})
-	e.alive(a.cfg.Node)
+	a := e.adopting(Config{Objects: be})
 	b := uniq("b")
 	bGone := e.alive(b)
 	ctx := ctxT(t)
-	v, err := a.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	model := make([]byte, 1<<20)
-	e.fill(a, v.ID, model, 9, [2]int64{0, 1 << 20})
+	v, model := e.filledVolume(a, alice, 1<<20, 9)
 	sn, err := a.CreateSnapshot(ctx, alice, v.ID, "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	url := "s3://" + bucket + "/s.raw"
-	e.update(func(tx *meta.Tx) error {
-		cur, err := tx.Snapshot(sn.ID)
-		if err != nil {
-			return err
-		}
+	e.editSnapshot(sn.ID, func(cur *meta.Snapshot) {
 		cur.Job = &meta.Job{Kind: meta.JobExport, Node: b, StartedAt: now(), Object: url, Total: cur.SizeBytes, Phase: "copy"}
-		tx.PutSnapshot(cur)
-		return nil
 	})
 	a.lookForOrphans()
 	time.Sleep(300 * time.Millisecond)
@@ -294,8 +269,7 @@ func TestOrphanedImportAdopted(t *testing.T) {
 	e := newPrivateEnv(t)
 	alice := caller("alice")
 	be, bucket := e.objectStore(alice)
-	a := e.started(Config{Node: uniq("a"), AdoptOrphans: true, Objects: be})
-	e.alive(a.cfg.Node)
+	a := e.adopting(Config{Objects: be})
 	b := uniq("b")
 	bGone := e.alive(b)
 	ctx := ctxT(t)
@@ -312,15 +286,9 @@ func TestOrphanedImportAdopted(t *testing.T) {
 		t.Fatal(err)
 	}
 	// As b records an import it has begun: the record in status creating.
-	e.update(func(tx *meta.Tx) error {
-		cur, err := tx.Volume(v.ID)
-		if err != nil {
-			return err
-		}
+	e.editVolume(v.ID, func(cur *meta.Volume) {
 		cur.Status, cur.Node, cur.SourceObject = meta.StatusCreating, b, url
 		cur.Job = &meta.Job{Kind: meta.JobImport, Node: b, StartedAt: now(), Object: url}
-		tx.PutVolume(cur)
-		return nil
 	})
 	a.lookForOrphans()
 	time.Sleep(300 * time.Millisecond)

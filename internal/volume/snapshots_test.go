@@ -478,12 +478,7 @@ func TestConcurrentSnapshots(t *testing.T) {
 	s := e.started(Config{})
 	ctx := ctxT(t)
 	alice := caller("alice")
-	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	model := make([]byte, 1<<20)
-	e.fill(s, v.ID, model, 5, [2]int64{0, 1 << 20})
+	v, model := e.filledVolume(s, alice, 1<<20, 5)
 	const n = 6
 	out := make([]*meta.Snapshot, n)
 	errsOut := make([]error, n)
@@ -683,12 +678,7 @@ func TestConcurrentExtends(t *testing.T) {
 	s := e.started(Config{})
 	ctx := ctxT(t)
 	alice := caller("alice")
-	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	model := make([]byte, 1<<20)
-	e.fill(s, v.ID, model, 7, [2]int64{0, 1 << 20})
+	v, model := e.filledVolume(s, alice, 1<<20, 7)
 	const n = 8
 	errsOut := make([]error, n)
 	var wg sync.WaitGroup

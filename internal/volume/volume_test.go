@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -174,6 +175,65 @@ func (e *env) update(fn func(tx *meta.Tx) error) {
 	}
 }
 
+// filledVolume creates a volume of size bytes for c through s and writes
+// all of it (pattern seed); it returns the volume and what it holds.
+func (e *env) filledVolume(s *Service, c Caller, size int64, seed uint64) (*meta.Volume, []byte) {
+	e.t.Helper()
+	v, err := s.CreateVolume(ctxT(e.t), c, CreateVolume{SizeBytes: size})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	model := make([]byte, size)
+	e.fill(s, v.ID, model, seed, [2]int64{0, size})
+	return v, model
+}
+
+// editVolume changes volume id's record in one transaction, as a
+// workflow of some node would.
+func (e *env) editVolume(id string, fn func(v *meta.Volume)) {
+	e.t.Helper()
+	e.update(func(tx *meta.Tx) error {
+		v, err := tx.Volume(id)
+		if err != nil {
+			return err
+		}
+		if v == nil {
+			return fmt.Errorf("no volume %s", id)
+		}
+		fn(v)
+		tx.PutVolume(v)
+		return nil
+	})
+}
+
+// editSnapshot is editVolume for a snapshot's record.
+func (e *env) editSnapshot(id string, fn func(sn *meta.Snapshot)) {
+	e.t.Helper()
+	e.update(func(tx *meta.Tx) error {
+		sn, err := tx.Snapshot(id)
+		if err != nil {
+			return err
+		}
+		if sn == nil {
+			return fmt.Errorf("no snapshot %s", id)
+		}
+		fn(sn)
+		tx.PutSnapshot(sn)
+		return nil
+	})
+}
+
+// flattenFor is a flatten job recorded for node.
+func flattenFor(node string) *meta.Job {
+	return &meta.Job{Kind: meta.JobFlatten, Node: node, StartedAt: now()}
+}
+
+// setJob records job j on volume id (nil: none).
+func (e *env) setJob(id string, j *meta.Job) {
+	e.t.Helper()
+	e.editVolume(id, func(v *meta.Volume) { v.Job = j })
+}
+
 // waitJob waits until volume id has no job running and returns the record.
 func (e *env) waitJob(id string) *meta.Volume {
 	e.t.Helper()
@@ -187,6 +247,15 @@ func (e *env) waitJob(id string) *meta.Volume {
 			e.t.Fatalf("volume %s still runs job %+v", id, v.Job)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// flattened waits until volume id has no job running and checks that its
+// last job was a flatten that succeeded.
+func (e *env) flattened(id, what string) {
+	e.t.Helper()
+	if lj := e.waitJob(id).LastJob; lj == nil || lj.Kind != meta.JobFlatten || lj.Error != "" {
+		e.t.Fatalf("%s: last job %+v, want a flatten that succeeded", what, lj)
 	}
 }
 
