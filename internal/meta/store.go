@@ -191,19 +191,29 @@ func (s *Store) Status(ctx context.Context) (*Status, error) {
 	return st, nil
 }
 
-// remoteStatus fills st from the first of the client's endpoints that is a
-// listed member's and answers (all of them when none is listed: an
-// external etcd may advertise other URLs than those it is reached by).
+// remoteStatus fills st from the first member that answers: among the
+// client's endpoints those the member list names, else the URLs it names
+// (a first node's client may still know only its own listen URL) — never
+// this node's own member, which no longer serves it (it is removed, or
+// stopped: the member list may have been read just before it applied its
+// removal). An external etcd, which may advertise other URLs than those
+// it is reached by, is asked at its endpoints when neither works.
 func (s *Store) remoteStatus(ctx context.Context, st *Status, members []*etcdserverpb.Member) error {
-	listed := map[string]bool{}
+	var urls []string
 	for _, m := range members {
-		for _, u := range m.ClientURLs {
-			listed[u] = true
-		}
+		urls = append(urls, m.ClientURLs...)
 	}
-	eps := slices.DeleteFunc(slices.Clone(s.cli.Endpoints()), func(ep string) bool { return !listed[ep] })
+	eps := slices.DeleteFunc(slices.Clone(s.cli.Endpoints()), func(ep string) bool { return !slices.Contains(urls, ep) })
 	if len(eps) == 0 {
-		eps = s.cli.Endpoints()
+		eps = urls
+	}
+	if s.embedded == nil {
+		eps = append(eps, s.cli.Endpoints()...)
+	} else {
+		cfg := s.embedded.Config()
+		for _, u := range append(cfg.ListenClientUrls, cfg.AdvertiseClientUrls...) {
+			eps = slices.DeleteFunc(eps, func(ep string) bool { return ep == u.String() })
+		}
 	}
 	lastErr := errors.New("no endpoint")
 	for _, ep := range eps {

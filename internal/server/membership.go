@@ -200,9 +200,10 @@ func (n *Node) single(ctx context.Context) bool {
 	return err == nil && len(nodes) <= 1 && (len(nodes) == 0 || nodes[0].Name == n.cfg.Name)
 }
 
-// belong registers the node, keeps its liveness lease, finishes a
-// learner's promotion, and stops the node when it is removed from the
-// cluster by `basalt node remove` (watchRemoval).
+// belong registers the node, finishes a learner's promotion, and stops the
+// node when it is removed from the cluster by `basalt node remove`
+// (watchRemoval). (Its liveness key is kept from before the volume service
+// starts.)
 func (n *Node) belong(ctx context.Context, st *joinState) error {
 	rec := &meta.Node{Name: n.cfg.Name, API: n.advertisedURL(n.apiAddr), S3: n.s3URL(), NBD: n.nbdURI}
 	if n.meta.Embedded() {
@@ -211,7 +212,6 @@ func (n *Node) belong(ctx context.Context, st *joinState) error {
 	if err := n.cluster.Register(ctx, rec); err != nil {
 		return fmt.Errorf("register node: %w", err)
 	}
-	go n.meta.KeepAlive(ctx, n.cfg.Name)
 	if st != nil && st.Role == meta.RoleLearner {
 		go n.promote(ctx, st)
 	} else if st != nil {

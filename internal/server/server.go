@@ -172,6 +172,11 @@ func (n *Node) start(ctx context.Context) error {
 	if n.objects != nil {
 		objs = n.objects
 	}
+	// The liveness key first: while a node has none, the others adopt
+	// the workflows recorded for it — those its Start resumes now.
+	bg, cancel := context.WithCancel(context.Background())
+	n.stopBelonging = cancel
+	go n.meta.KeepAlive(bg, n.cfg.Name)
 	n.volumes = volume.New(n.meta, n.store, volume.Config{
 		Node: n.cfg.Name, Overcommit: cfg.Overcommit, Keys: wrapper, ImageGrace: grace,
 		AdoptAll: n.single(ctx), AdoptOrphans: true, Objects: objs,
@@ -203,8 +208,6 @@ func (n *Node) start(ctx context.Context) error {
 			log.Error("api server stopped", "err", err)
 		}
 	}()
-	bg, cancel := context.WithCancel(context.Background())
-	n.stopBelonging = cancel
 	if err := n.belong(bg, joined); err != nil {
 		return err
 	}

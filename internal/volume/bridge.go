@@ -13,6 +13,7 @@ package volume
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -145,7 +146,7 @@ func (s *Service) runExport(ctx context.Context, id string) {
 	}
 	uerr := s.meta.Update(context.Background(), func(tx *meta.Tx) error {
 		cur, err := tx.Snapshot(id)
-		if err != nil || cur == nil || cur.Job == nil || !s.mine(cur.Job.Node) {
+		if err != nil || cur == nil || cur.Job == nil || cur.Job.Node != sn.Job.Node {
 			return err // adopted by another node, which found this one gone (orphans.go)
 		}
 		cur.Job, cur.LastJob, cur.UpdatedAt = nil, res, now()
@@ -294,7 +295,9 @@ func (s *Service) startImport(id string) {
 		if err == nil {
 			_, err = s.finishImport(s.ctx, v)
 		}
-		if err != nil && s.ctx.Err() == nil {
+		if errors.Is(err, errAdopted) {
+			s.logFor("volume", id).Info("import taken by another node meanwhile")
+		} else if err != nil && s.ctx.Err() == nil {
 			s.logFor("volume", id).Error("create from object failed", "err", err)
 		}
 	})
@@ -328,7 +331,7 @@ func (s *Service) importObject(ctx context.Context, v *meta.Volume) (*ImportRepo
 		dev = e.Layer // the stack itself, with its FileCopier if it has one
 	}
 	rep := &ImportReport{Object: v.SourceObject, ETag: oi.ETag}
-	rep.CopyReport, err = block.CopyIn(dev, f, oi.Size, s.progress(ctx, v.ID))
+	rep.CopyReport, err = block.CopyIn(dev, f, oi.Size, s.progress(ctx, v.ID, v.Node))
 	if err != nil {
 		return rep, err
 	}

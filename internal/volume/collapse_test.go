@@ -162,7 +162,7 @@ func TestNoCollapseDuringSnapshot(t *testing.T) {
 		t.Fatalf("snapshot %s's image %s became the volume's live top", sn.ID, img)
 	}
 	// The snapshot finishes as it would have.
-	if got, err := s.finishSnapshot(ctx, sn.ID); err != nil || got.Image != img {
+	if got, err := s.finishSnapshot(ctx, sn.ID, sn.Node); err != nil || got.Image != img {
 		t.Fatalf("finishing the snapshot: %+v, %v", got, err)
 	}
 	cleanupAll(t, s, alice)

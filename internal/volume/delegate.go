@@ -12,6 +12,7 @@ package volume
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/meta"
@@ -114,14 +115,16 @@ func (s *Service) runDelegatedSnapshot(ctx context.Context, sn *meta.Snapshot) {
 	defer s.unclaim("snapshot/" + sn.ID)
 	done, err := s.asWriter(ctx, sn.VolumeID)
 	if err != nil {
-		s.failSnapshot(ctx, sn.ID, err)
+		s.failSnapshot(ctx, sn.ID, sn.Node, err)
 		return
 	}
 	defer done()
 	gate := s.Gate(sn.VolumeID)
 	gate.Lock()
 	defer gate.Unlock()
-	if _, err := s.finishSnapshot(ctx, sn.ID); err != nil {
+	if _, err := s.finishSnapshot(ctx, sn.ID, sn.Node); errors.Is(err, errAdopted) {
+		s.logFor("snapshot", sn.ID).Info("delegated snapshot taken by another node meanwhile")
+	} else if err != nil {
 		s.logFor("snapshot", sn.ID).Error("delegated snapshot failed", "err", err)
 	}
 }

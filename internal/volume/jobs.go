@@ -115,7 +115,7 @@ func (s *Service) startJob(id string) {
 		// A job recorded for this node while this one was finishing (a
 		// collapse proposed as soon as the slot was free) found the claim
 		// taken, and was left to this goroutine: run it.
-		if v, err := s.meta.Volume(s.ctx, id); err == nil && v != nil && v.Job != nil && s.mine(v.Job.Node) && v.Status != meta.StatusCreating {
+		if v, err := s.meta.Volume(s.ctx, id); err == nil && v != nil && v.Job != nil && v.Job.Node == s.cfg.Node && v.Status != meta.StatusCreating {
 			s.startJob(id)
 		}
 	}()
@@ -130,7 +130,11 @@ func (s *Service) runJob(ctx context.Context, id string) bool {
 		s.logFor("volume", id).Error("job: cannot read record", "err", err)
 		return false
 	}
-	kind := v.Job.Kind
+	// node is who the record names as the job's node: this one, or one
+	// whose job this node resumes (Start) or adopted. Should the record
+	// name another node later, that node adopted the job (orphans.go) and
+	// records its outcome.
+	kind, node := v.Job.Kind, v.Job.Node
 	start := time.Now()
 	var report any
 	holder, err := s.useLease(ctx, id)
@@ -139,14 +143,14 @@ func (s *Service) runJob(ctx context.Context, id string) bool {
 	case holder != s.cfg.Node && kind == meta.JobCollapse:
 		report = CollapseReport{Skipped: "the volume is written by node " + holder} // whose collector proposes it
 	case holder != s.cfg.Node:
-		if err = s.handJob(ctx, id, holder); err == nil {
+		if err = s.handJob(ctx, id, holder, node); err == nil {
 			return false
 		}
 	default:
 		defer s.leases.unuse(context.Background(), id)
 		// Taking the lease may have waited out a partition, during which
 		// a node that found this one gone adopted the job (orphans.go).
-		if cur, err := s.meta.Volume(ctx, id); err != nil || cur.Job == nil || !s.mine(cur.Job.Node) {
+		if cur, err := s.meta.Volume(ctx, id); err != nil || cur.Job == nil || cur.Job.Node != node {
 			s.logFor("volume", id).Info("job no longer this node's: not run", "err", err)
 			return false
 		}
@@ -156,7 +160,7 @@ func (s *Service) runJob(ctx context.Context, id string) bool {
 		var release func()
 		l, release, err = s.acquire(v)
 		if err == nil {
-			report, err = s.job(jctx, id, l, kind, s.progress(ctx, id))
+			report, err = s.job(jctx, id, l, kind, s.progress(ctx, id, node))
 			release()
 		}
 		stop()
@@ -174,8 +178,8 @@ func (s *Service) runJob(ctx context.Context, id string) bool {
 	}
 	uerr := s.meta.Update(context.Background(), func(tx *meta.Tx) error {
 		cur, err := tx.Volume(id)
-		if err != nil || cur == nil || cur.Job == nil || !s.mine(cur.Job.Node) {
-			return err // the node that took the lease over adopted the job (adoptJob)
+		if err != nil || cur == nil || cur.Job == nil || cur.Job.Node != node {
+			return err // adopted by the node that took the lease over (adoptJob) or found this one gone
 		}
 		cur.Job, cur.UpdatedAt = nil, now()
 		if kind != meta.JobCollapse || res.Error != "" {
@@ -246,10 +250,10 @@ func (s *stages) next() block.Progress {
 // writes the volume, and its watcher runs the job (delegated). Should the
 // holder die before it ran it, the node that takes the lease over adopts
 // it (adoptJob).
-func (s *Service) handJob(ctx context.Context, id, holder string) error {
+func (s *Service) handJob(ctx context.Context, id, holder, node string) error {
 	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 		cur, err := tx.Volume(id)
-		if err != nil || cur == nil || cur.Job == nil || !s.mine(cur.Job.Node) {
+		if err != nil || cur == nil || cur.Job == nil || cur.Job.Node != node {
 			return err
 		}
 		cur.Job.Node, cur.Job.RequestedBy = holder, s.cfg.Node
@@ -272,7 +276,7 @@ func (s *Service) adoptJob(ctx context.Context, vol string) {
 	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 		adopted = false
 		cur, err := tx.Volume(vol)
-		if err != nil || cur == nil || cur.Job == nil || s.mine(cur.Job.Node) || cur.Status == meta.StatusCreating {
+		if err != nil || cur == nil || cur.Job == nil || cur.Job.Node == s.cfg.Node || cur.Status == meta.StatusCreating {
 			return err
 		}
 		cur.Job.RequestedBy, cur.Job.Node = cur.Job.Node, s.cfg.Node
@@ -358,13 +362,13 @@ func (s *Service) job(ctx context.Context, vol string, l block.Layer, kind strin
 	return nil, fmt.Errorf("unknown job %q", kind)
 }
 
-// progress persists a volume job's progress at most once per
-// progressEvery.
-func (s *Service) progress(ctx context.Context, id string) block.Progress {
+// progress persists the progress of volume id's job, run by node, at most
+// once per progressEvery.
+func (s *Service) progress(ctx context.Context, id, node string) block.Progress {
 	return throttled(func(done, total int64) {
 		err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 			cur, err := tx.Volume(id)
-			if err != nil || cur == nil || cur.Job == nil || !s.mine(cur.Job.Node) {
+			if err != nil || cur == nil || cur.Job == nil || cur.Job.Node != node {
 				return err
 			}
 			cur.Job.Done, cur.Job.Total = done, total

@@ -546,12 +546,12 @@ func (l *leases) takeOver(ctx context.Context, vol string, rev int64) {
 	if err != nil {
 		return
 	}
+	if v.Job != nil || v.Status == meta.StatusExtending || v.Status == meta.StatusCreating || len(v.Snapshotting) > 0 {
+		// A workflow of a node that is gone may have waited for the key
+		// to go (orphans.go).
+		l.s.lookForOrphans()
+	}
 	if !hasRW(ctx, l.s, v) {
-		if v.Job != nil || v.Status == meta.StatusExtending || v.Status == meta.StatusCreating || len(v.Snapshotting) > 0 {
-			// A workflow of a node that is gone may have waited for the
-			// key to go (orphans.go).
-			l.s.lookForOrphans()
-		}
 		return
 	}
 	holder, err := l.acquire(ctx, vol)

@@ -36,10 +36,16 @@ package volume
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/meta"
 )
+
+// errAdopted: a node that went on with a workflow found the record no
+// longer naming it — another node, which found this one gone, adopted it.
+// Nothing is recorded then; the adopter records the outcome.
+var errAdopted = errors.New("the workflow was adopted by another node, which found this one gone")
 
 // orphanSweepEvery is how often a node looks for orphaned workflows
 // unasked.
@@ -82,7 +88,7 @@ func (s *Service) adoptOrphans(ctx context.Context) {
 		s.log.Warn("orphaned workflows: cannot read the nodes' liveness", "err", err)
 		return
 	}
-	gone := func(node string) bool { return node != "" && !s.mine(node) && !alive[node] }
+	gone := func(node string) bool { return node != "" && node != s.cfg.Node && !alive[node] }
 	vols, err := s.meta.Volumes(ctx)
 	if err != nil {
 		s.log.Warn("orphaned workflows: cannot list volumes", "err", err)
@@ -236,7 +242,7 @@ func (s *Service) adopter(ctx context.Context, vol string, alive map[string]bool
 		return "", false
 	case h == nil:
 		return s.cfg.Node, true
-	case s.mine(h.Node) || alive[h.Node]:
+	case h.Node == s.cfg.Node || alive[h.Node]:
 		return h.Node, true
 	default:
 		return "", false

@@ -326,3 +326,117 @@ func TestOrphanedImportAdopted(t *testing.T) {
 	e.noLease(v.ID, "after the import")
 	cleanupAll(t, a, alice)
 }
+
+// TestReturningNodeLeavesAdoptedImport: a node that read its import's
+// record, then was cut off while it waited for the write lease, comes back
+// after another node adopted the import, finished it and the volume was
+// written. It must neither import again over the user's writes nor mark
+// the volume failed — whether the lease is free then or another node
+// writes the volume.
+func TestReturningNodeLeavesAdoptedImport(t *testing.T) {
+	for _, holder := range []bool{false, true} {
+		t.Run(map[bool]string{false: "lease free", true: "another writer"}[holder], func(t *testing.T) {
+			e := newPrivateEnv(t)
+			alice := caller("alice")
+			be, bucket := e.objectStore(alice)
+			a := e.adopting(Config{Objects: be})
+			b := e.service(Config{Node: uniq("b"), Objects: be}) // no liveness key: cut off
+			ctx := ctxT(t)
+			model := pattern(11, 1<<20)
+			if _, err := be.PutImage(ctx, objects.ImageInput{Bucket: bucket, Key: "in.raw", Fill: func(f *os.File) error {
+				_, err := f.Write(model)
+				return err
+			}}); err != nil {
+				t.Fatal(err)
+			}
+			url := "s3://" + bucket + "/in.raw"
+			v, err := a.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.editVolume(v.ID, func(cur *meta.Volume) {
+				cur.Status, cur.Node, cur.SourceObject = meta.StatusCreating, b.cfg.Node, url
+				cur.Job = &meta.Job{Kind: meta.JobImport, Node: b.cfg.Node, StartedAt: now(), Object: url}
+			})
+			read := e.volume(v.ID) // what b's startImport read
+			a.lookForOrphans()
+			for deadline := time.Now().Add(20 * time.Second); e.volume(v.ID).Status == meta.StatusCreating; time.Sleep(20 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the import was not adopted")
+				}
+			}
+			e.noLease(v.ID, "after the adopted import")
+			later := append([]byte(nil), model...)
+			e.fill(a, v.ID, later, 99, [2]int64{0, 64 << 10}) // the user's writes
+			if holder {
+				e.holdingWriter(v.ID)
+			}
+
+			b.leases.renew(ctx)
+			if _, err := b.finishImport(ctx, read); err == nil {
+				t.Fatal("the returning node finished an import another node had finished")
+			}
+			if got := e.volume(v.ID); got.Status != meta.StatusAvailable || got.LastJob == nil || got.LastJob.Error != "" {
+				t.Fatalf("the volume after the returning node: %s %q, last job %+v", got.Status, got.StatusMessage, got.LastJob)
+			}
+			e.sameVolume(a, v.ID, later, "the user's writes after the returning node")
+		})
+	}
+}
+
+// TestReturningNodeLeavesAdoptedSnapshot: a node that was handed a
+// snapshot, was cut off, and comes back — its watch, resumed from its last
+// revision, delivering the hand-over — after another node adopted the
+// snapshot and the volume was written and snapshotted again, must neither
+// freeze the snapshot again (it would hold the later writes) nor mark it
+// failed.
+func TestReturningNodeLeavesAdoptedSnapshot(t *testing.T) {
+	for _, holder := range []bool{false, true} {
+		t.Run(map[bool]string{false: "lease free", true: "another writer"}[holder], func(t *testing.T) {
+			e := newPrivateEnv(t)
+			a := e.adopting(Config{})
+			ctx := ctxT(t)
+			alice := caller("alice")
+			v, model := e.filledVolume(a, alice, 1<<20, 7)
+			b, bGone := e.holdingWriter(v.ID)
+			done := make(chan error, 1)
+			go func() {
+				_, err := a.CreateSnapshot(ctx, alice, v.ID, "", "")
+				done <- err
+			}()
+			var handed *meta.Snapshot
+			for deadline := time.Now().Add(10 * time.Second); handed == nil; time.Sleep(10 * time.Millisecond) {
+				if cur := e.volume(v.ID); len(cur.Snapshotting) == 1 {
+					handed = e.snapshot(cur.Snapshotting[0])
+				} else if time.Now().After(deadline) {
+					t.Fatal("the snapshot was never handed to the writer")
+				}
+			}
+			bGone()
+			b.leases.stop()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			taken := e.snapAvailable(handed.ID)
+			e.fill(a, v.ID, append([]byte(nil), model...), 55, [2]int64{0, 64 << 10})
+			if _, err := a.CreateSnapshot(ctx, alice, v.ID, "", ""); err != nil {
+				t.Fatal(err)
+			}
+			if holder {
+				e.holdingWriter(v.ID)
+			}
+
+			b.leases.renew(ctx)
+			b.runDelegatedSnapshot(ctx, handed)
+			got := e.snapshot(handed.ID)
+			if got.Status != meta.StatusAvailable || got.Image != taken.Image {
+				t.Fatalf("the snapshot after the returning node: %s %q, image %s (was %s)", got.Status, got.StatusMessage, got.Image, taken.Image)
+			}
+			cl, err := a.CreateVolume(ctx, alice, CreateVolume{FromSnapshot: got.ID})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.sameVolume(a, cl.ID, model, "clone of the adopted snapshot")
+		})
+	}
+}

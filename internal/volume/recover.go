@@ -61,10 +61,10 @@ func (s *Service) Start(ctx context.Context) error {
 			// for writing meanwhile, and then the snapshot fails.
 			var done func()
 			if done, err = s.asWriter(ctx, sn.VolumeID); err == nil {
-				_, err = s.finishSnapshot(ctx, sn.ID)
+				_, err = s.finishSnapshot(ctx, sn.ID, sn.Node)
 				done()
 			} else {
-				s.failSnapshot(ctx, sn.ID, err)
+				s.failSnapshot(ctx, sn.ID, sn.Node, err)
 			}
 		case meta.StatusDeleting:
 			err = s.finishDeleteSnapshot(ctx, sn.ID)

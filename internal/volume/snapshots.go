@@ -2,6 +2,7 @@ package volume
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -145,32 +146,43 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 	if sn.Node != s.cfg.Node {
 		return s.awaitSnapshot(ctx, sn.ID)
 	}
-	return s.finishSnapshot(ctx, sn.ID)
+	return s.finishSnapshot(ctx, sn.ID, sn.Node)
 }
 
-// finishSnapshot freezes the volume's top image for snapshot id and marks
-// the snapshot available. The caller holds the volume's gate. Repeating it
-// after an interruption finds the freeze done (the cow layer knows the
-// snapshot's tag) and finishes the record.
-func (s *Service) finishSnapshot(ctx context.Context, id string) (*meta.Snapshot, error) {
+// finishSnapshot freezes the volume's top image for snapshot id, being
+// created by node (this one, or one this node adopted it from: the record
+// must still say so), and marks the snapshot available. The caller holds
+// the volume's write lease and gate. Repeating it after an interruption
+// finds the freeze done (the cow layer knows the snapshot's tag) and
+// finishes the record.
+func (s *Service) finishSnapshot(ctx context.Context, id, node string) (*meta.Snapshot, error) {
 	sn, err := s.meta.Snapshot(ctx, id)
 	if err != nil {
 		return nil, err
 	}
+	if sn.Status != meta.StatusCreating || sn.Node != node {
+		// Taking the lease may have waited out a partition during which
+		// a node that found this one gone adopted the snapshot and took
+		// it (orphans.go): freezing now would give it later writes.
+		return sn, errAdopted
+	}
 	v, err := s.meta.Volume(ctx, sn.VolumeID)
 	if err != nil {
-		return nil, s.failSnapshot(ctx, id, err)
+		return nil, s.failSnapshot(ctx, id, node, err)
 	}
 	start := time.Now()
 	image, err := s.freeze(v, id)
 	if err != nil {
-		return nil, s.failSnapshot(ctx, id, err)
+		return nil, s.failSnapshot(ctx, id, node, err)
 	}
 	var out *meta.Snapshot
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
 		cur, err := tx.Snapshot(id)
 		if err != nil || cur == nil {
 			return err
+		}
+		if cur.Status != meta.StatusCreating || cur.Node != node {
+			return errAdopted
 		}
 		if err := dropFromVolume(tx, cur.VolumeID, id); err != nil {
 			return err
@@ -181,7 +193,7 @@ func (s *Service) finishSnapshot(ctx context.Context, id string) (*meta.Snapshot
 		return nil
 	})
 	if err != nil {
-		return nil, s.failSnapshot(ctx, id, err)
+		return nil, s.failSnapshot(ctx, id, node, err)
 	}
 	s.logFor("snapshot", id).Info("snapshot available", "image", image, "took", time.Since(start).String())
 	return out, nil
@@ -314,12 +326,16 @@ func (s *Service) finishDeleteSnapshot(ctx context.Context, id string) error {
 	return err
 }
 
-// failSnapshot records a snapshot workflow failure and returns cause.
-func (s *Service) failSnapshot(ctx context.Context, id string, cause error) error {
+// failSnapshot records the failure of snapshot id's creation by node and
+// returns cause; nothing if the record no longer says node creates it.
+func (s *Service) failSnapshot(ctx context.Context, id, node string, cause error) error {
+	if errors.Is(cause, errAdopted) {
+		return cause
+	}
 	s.logFor("snapshot", id).Error("snapshot workflow failed", "err", cause)
 	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 		sn, err := tx.Snapshot(id)
-		if err != nil || sn == nil {
+		if err != nil || sn == nil || sn.Status != meta.StatusCreating || sn.Node != node {
 			return err
 		}
 		if err := dropFromVolume(tx, sn.VolumeID, id); err != nil {

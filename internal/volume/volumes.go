@@ -222,14 +222,29 @@ func (s *Service) finishImport(ctx context.Context, v *meta.Volume) (*meta.Volum
 	start := time.Now()
 	done, err := s.asWriter(ctx, id)
 	if err != nil {
-		return nil, s.failVolume(ctx, id, err)
+		return nil, s.failImport(ctx, v, err)
 	}
-	s.gcMu.RLock()
-	err = s.createStack(v, "")
-	s.gcMu.RUnlock()
+	// Taking the lease may have waited out a partition during which a
+	// node that found this one gone adopted the import, finished it, and
+	// the volume was written (orphans.go): build nothing then.
+	cur, err := s.meta.Volume(ctx, id)
+	if err == nil && (cur.Status != meta.StatusCreating || cur.Node != v.Node) {
+		err = errAdopted
+	}
+	if err == nil {
+		// The directory is removed and built again: only while this
+		// node may write the volume.
+		check, forget := s.leases.fence(id)
+		if err = check(); err == nil {
+			s.gcMu.RLock()
+			err = s.createStack(v, "")
+			s.gcMu.RUnlock()
+		}
+		forget()
+	}
 	if err != nil {
 		done()
-		return nil, s.failVolume(ctx, id, err)
+		return nil, s.failImport(ctx, v, err)
 	}
 	rep, err := s.importObject(ctx, v)
 	done()
@@ -237,10 +252,10 @@ func (s *Service) finishImport(ctx context.Context, v *meta.Volume) (*meta.Volum
 		return nil, ctx.Err() // shutdown: Start imports again
 	}
 	if err != nil {
-		return nil, s.failVolume(ctx, id, fmt.Errorf("import %s: %w", v.SourceObject, err))
+		return nil, s.failImport(ctx, v, fmt.Errorf("import %s: %w", v.SourceObject, err))
 	}
 	imported := &meta.JobResult{Kind: meta.JobImport, Report: rep, Finished: now()}
-	out, err := s.transitionVolume(ctx, id, meta.StatusCreating, func(v *meta.Volume) {
+	out, err := s.transitionVolume(ctx, id, meta.StatusCreating, v.Node, func(v *meta.Volume) {
 		v.Status = resting(v)
 		v.Job, v.LastJob = nil, imported
 	})
@@ -250,8 +265,9 @@ func (s *Service) finishImport(ctx context.Context, v *meta.Volume) (*meta.Volum
 	return out, err
 }
 
-// transitionVolume applies fn to a volume that is still in status from.
-func (s *Service) transitionVolume(ctx context.Context, id, from string, fn func(*meta.Volume)) (*meta.Volume, error) {
+// transitionVolume applies fn to a volume that is still in status from,
+// driven by node (this one, or one this node adopted the workflow from).
+func (s *Service) transitionVolume(ctx context.Context, id, from, node string, fn func(*meta.Volume)) (*meta.Volume, error) {
 	var out *meta.Volume
 	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 		v, err := tx.Volume(id)
@@ -264,9 +280,8 @@ func (s *Service) transitionVolume(ctx context.Context, id, from string, fn func
 		if v.Status != from {
 			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is %s, expected %s", id, v.Status, from)
 		}
-		if v.Node != "" && !s.mine(v.Node) {
-			// Adopted by a node that found this one gone (orphans.go).
-			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is %s by node %s now", id, v.Status, v.Node)
+		if v.Node != node {
+			return errAdopted
 		}
 		v.StatusMessage = "" // a message describes the last failure; this transition succeeded
 		fn(v)
@@ -279,19 +294,25 @@ func (s *Service) transitionVolume(ctx context.Context, id, from string, fn func
 	return out, err
 }
 
-// failVolume records a workflow failure on the record and returns cause.
-func (s *Service) failVolume(ctx context.Context, id string, cause error) error {
+// failImport records the failure of the import v, a record read in
+// status creating, and returns cause; nothing if the record no longer
+// says that import (adopted by another node).
+func (s *Service) failImport(ctx context.Context, v *meta.Volume, cause error) error {
+	id := v.ID
+	if errors.Is(cause, errAdopted) {
+		return cause
+	}
 	s.logFor("volume", id).Error("volume workflow failed", "err", cause)
 	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
-		v, err := tx.Volume(id)
-		if err != nil || v == nil || v.Node != "" && !s.mine(v.Node) {
-			return err // adopted by a node that found this one gone (orphans.go)
+		cur, err := tx.Volume(id)
+		if err != nil || cur == nil || cur.Status != meta.StatusCreating || cur.Node != v.Node {
+			return err
 		}
-		if v.Status == meta.StatusCreating && v.Job != nil && v.Job.Kind == meta.JobImport {
-			v.Job, v.LastJob = nil, &meta.JobResult{Kind: meta.JobImport, Error: cause.Error(), Finished: now()}
+		if cur.Job != nil && cur.Job.Kind == meta.JobImport {
+			cur.Job, cur.LastJob = nil, &meta.JobResult{Kind: meta.JobImport, Error: cause.Error(), Finished: now()}
 		}
-		v.Status, v.StatusMessage, v.Node, v.UpdatedAt = meta.StatusError, cause.Error(), "", now()
-		tx.PutVolume(v)
+		cur.Status, cur.StatusMessage, cur.Node, cur.UpdatedAt = meta.StatusError, cause.Error(), "", now()
+		tx.PutVolume(cur)
 		return nil
 	})
 	if err != nil {
@@ -414,13 +435,17 @@ func (s *Service) finishExtend(ctx context.Context, id string) (*meta.Volume, er
 		return nil, err
 	}
 	err = s.resize(ctx, v)
+	if errors.Is(err, errAdopted) {
+		s.logFor("volume", id).Info("extend taken by another node meanwhile")
+		return nil, err
+	}
 	if err != nil {
 		// The data is intact at the old size: return to rest, say why, and
 		// give the provisioned bytes back, in one transaction.
 		s.logFor("volume", id).Error("extend failed", "err", err)
 		uerr := s.meta.Update(ctx, func(tx *meta.Tx) error {
 			cur, terr := tx.Volume(id)
-			if terr != nil || cur == nil || cur.Status != meta.StatusExtending || !s.mine(cur.Node) {
+			if terr != nil || cur == nil || !sameExtend(cur, v) {
 				return terr
 			}
 			if terr := tx.Provision(cur.SizeBytes-cur.TargetSize, 0); terr != nil {
@@ -437,9 +462,15 @@ func (s *Service) finishExtend(ctx context.Context, id string) (*meta.Volume, er
 		return nil, err
 	}
 	s.logFor("volume", id).Info("volume extended", "size", v.TargetSize)
-	return s.transitionVolume(ctx, id, meta.StatusExtending, func(v *meta.Volume) {
+	return s.transitionVolume(ctx, id, meta.StatusExtending, v.Node, func(v *meta.Volume) {
 		v.SizeBytes, v.TargetSize, v.Status, v.RequestedBy = v.TargetSize, 0, resting(v), ""
 	})
+}
+
+// sameExtend reports whether cur still records the extend v, read when
+// it began: not adopted by another node (orphans.go), not another extend.
+func sameExtend(cur, v *meta.Volume) bool {
+	return cur.Status == meta.StatusExtending && cur.Node == v.Node && cur.TargetSize == v.TargetSize
 }
 
 // resize grows v's live stack to its target size, as its writer.
@@ -449,6 +480,13 @@ func (s *Service) resize(ctx context.Context, v *meta.Volume) error {
 		return err
 	}
 	defer done()
+	// Taking the lease may have waited out a partition during which a
+	// node that found this one gone adopted the extend (orphans.go).
+	if cur, err := s.meta.Volume(ctx, v.ID); err != nil {
+		return err
+	} else if !sameExtend(cur, v) {
+		return errAdopted
+	}
 	l, release, err := s.acquire(v)
 	if err != nil {
 		return err
