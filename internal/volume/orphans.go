@@ -21,7 +21,10 @@ package volume
 // that changes the volume's live stack goes to the volume's writer, the
 // live node holding its write lease, or to the adopting node when nobody
 // holds it; the others go to the adopting node. RequestedBy names the dead
-// node, so the new node runs it as a delegated one.
+// node, so the new node runs it as a delegated one. A snapshot is the
+// exception: frozen after another node has written the volume, it would
+// hold writes made after it was asked for, so then it fails, as one that
+// a restarted node finds in the same case (Start).
 //
 // Safety: a node whose key went may only be cut off, and still running the
 // workflow. Those that write a volume's stack (jobs, extends, snapshot
@@ -37,6 +40,7 @@ package volume
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/meta"
@@ -169,14 +173,14 @@ func (s *Service) adoptOrphans(ctx context.Context) {
 		return
 	}
 	for _, sn := range snaps {
-		var dead, to string
+		var dead, to, stale string
 		var move func(sn *meta.Snapshot) bool
 		switch {
 		case (sn.Status == meta.StatusCreating || sn.Status == meta.StatusDeleting) && gone(sn.Node):
 			dead, to = sn.Node, s.cfg.Node
-			if sn.Status == meta.StatusCreating { // a freeze: the volume's writer takes it
+			if sn.Status == meta.StatusCreating {
 				var ok bool
-				if to, ok = s.adopter(ctx, sn.VolumeID, alive); !ok {
+				if stale, ok = s.freezeExact(ctx, sn.VolumeID, dead, alive); !ok {
 					continue
 				}
 			}
@@ -215,10 +219,12 @@ func (s *Service) adoptOrphans(ctx context.Context) {
 		if adopted == nil || to != s.cfg.Node {
 			continue
 		}
-		switch adopted.Status {
-		case meta.StatusCreating:
+		switch {
+		case stale != "":
+			s.failSnapshot(ctx, adopted.ID, adopted.Node, errors.New(stale))
+		case adopted.Status == meta.StatusCreating:
 			s.background(func() { s.runDelegatedSnapshot(s.ctx, adopted) })
-		case meta.StatusDeleting:
+		case adopted.Status == meta.StatusDeleting:
 			s.background(func() {
 				if err := s.finishDeleteSnapshot(s.ctx, adopted.ID); err != nil && s.ctx.Err() == nil {
 					s.logFor("snapshot", adopted.ID).Error("adopted delete failed", "err", err)
@@ -246,6 +252,29 @@ func (s *Service) adopter(ctx context.Context, vol string, alive map[string]bool
 		return h.Node, true
 	default:
 		return "", false
+	}
+}
+
+// freezeExact says whether a snapshot of volume vol that node dead did not
+// take can still be taken exact — holding the writes acknowledged before
+// it was asked for, and no later ones — by the adopting node: only while
+// no node holds the volume's write lease (nobody has written it since its
+// writer died). Else it returns why it cannot ("": it can), and false
+// while the dead node's own write-lease key is still there (it goes with
+// that node's etcd lease, and takeOver asks again).
+func (s *Service) freezeExact(ctx context.Context, vol, dead string, alive map[string]bool) (string, bool) {
+	h, err := s.meta.VolumeLeaseHolder(ctx, vol)
+	switch {
+	case err != nil:
+		s.logFor("volume", vol).Warn("orphaned snapshot: cannot read the write lease", "err", err)
+		return "", false
+	case h == nil:
+		return "", true
+	case h.Node != s.cfg.Node && !alive[h.Node]:
+		return "", false
+	default:
+		return fmt.Sprintf("node %s, which was taking this snapshot, is gone, and node %s writes the volume now: "+
+			"the snapshot could no longer hold exactly the writes made before it was asked for; take it again", dead, h.Node), true
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -438,5 +439,55 @@ func TestReturningNodeLeavesAdoptedSnapshot(t *testing.T) {
 			}
 			e.sameVolume(a, cl.ID, model, "clone of the adopted snapshot")
 		})
+	}
+}
+
+// TestOrphanedSnapshotFailsAfterWrites: a snapshot whose node died before
+// freezing it, on a volume another node has taken for writing since, can
+// no longer hold exactly the writes made before it was asked for: the node
+// that adopts it fails it, saying why, rather than freeze it late.
+func TestOrphanedSnapshotFailsAfterWrites(t *testing.T) {
+	e := newPrivateEnv(t)
+	a := e.started(Config{Node: uniq("a")}) // adopts nothing
+	e.alive(a.cfg.Node)
+	ctx := ctxT(t)
+	alice := caller("alice")
+	v, _ := e.filledVolume(a, alice, 1<<20, 7)
+	b, bGone := e.holdingWriter(v.ID)
+	done := make(chan *meta.Snapshot, 1)
+	go func() {
+		sn, _ := a.CreateSnapshot(ctx, alice, v.ID, "", "")
+		done <- sn
+	}()
+	var handed *meta.Snapshot
+	for deadline := time.Now().Add(10 * time.Second); handed == nil; time.Sleep(10 * time.Millisecond) {
+		if cur := e.volume(v.ID); len(cur.Snapshotting) == 1 {
+			handed = e.snapshot(cur.Snapshotting[0])
+		} else if time.Now().After(deadline) {
+			t.Fatal("the snapshot was never handed to the writer")
+		}
+	}
+	bGone()
+	b.leases.stop()
+	c, _ := e.holdingWriter(v.ID) // takes the volume for writing
+
+	e.adopting(Config{})
+	var got *meta.Snapshot
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if got = e.snapshot(handed.ID); got.Status != meta.StatusCreating {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the orphaned snapshot is still being created")
+		}
+	}
+	if got.Status != meta.StatusError || !strings.Contains(got.StatusMessage, c.cfg.Node+" writes the volume now") || got.Image != "" {
+		t.Fatalf("orphaned snapshot after another node wrote the volume: %s %q image %q", got.Status, got.StatusMessage, got.Image)
+	}
+	if cur := e.volume(v.ID); len(cur.Snapshotting) != 0 {
+		t.Fatalf("the volume still records the snapshot as under way: %v", cur.Snapshotting)
+	}
+	if sn := <-done; sn == nil || sn.Status != meta.StatusError {
+		t.Fatalf("the create call that handed the snapshot over returned %+v", sn)
 	}
 }
