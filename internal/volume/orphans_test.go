@@ -103,6 +103,57 @@ func (e *env) stillFor(vol, node, why string) {
 	}
 }
 
+// snapshotResult is what a CreateSnapshot call returned.
+type snapshotResult struct {
+	sn  *meta.Snapshot
+	err error
+}
+
+// handSnapshot asks a for a snapshot of vol, which another node writes,
+// and returns the snapshot record once it is handed to that node, and
+// where the call's result will arrive.
+func (e *env) handSnapshot(a *Service, c Caller, vol string) (*meta.Snapshot, <-chan snapshotResult) {
+	e.t.Helper()
+	res := make(chan snapshotResult, 1)
+	go func() {
+		sn, err := a.CreateSnapshot(ctxT(e.t), c, vol, "", "")
+		res <- snapshotResult{sn, err}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if cur := e.volume(vol); len(cur.Snapshotting) == 1 {
+			return e.snapshot(cur.Snapshotting[0]), res
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatal("the snapshot was never handed to the volume's writer")
+		}
+	}
+}
+
+// importing makes, through a, a volume recorded as being imported by node
+// from a new object of be's bucket, as node's import records it when it
+// begins, and returns the volume and the object's bytes.
+func (e *env) importing(a *Service, c Caller, be *objects.Backend, bucket, node string) (*meta.Volume, []byte) {
+	e.t.Helper()
+	ctx := ctxT(e.t)
+	model := pattern(11, 1<<20)
+	if _, err := be.PutImage(ctx, objects.ImageInput{Bucket: bucket, Key: "in.raw", Fill: func(f *os.File) error {
+		_, err := f.Write(model)
+		return err
+	}}); err != nil {
+		e.t.Fatal(err)
+	}
+	url := "s3://" + bucket + "/in.raw"
+	v, err := a.CreateVolume(ctx, c, CreateVolume{SizeBytes: 1 << 20})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.editVolume(v.ID, func(cur *meta.Volume) {
+		cur.Status, cur.Node, cur.SourceObject = meta.StatusCreating, node, url
+		cur.Job = &meta.Job{Kind: meta.JobImport, Node: node, StartedAt: now(), Object: url}
+	})
+	return e.volume(v.ID), model
+}
+
 // TestOrphanedJobAdopted: a job recorded for a node that is gone — no
 // liveness key, no write lease, no rw attachment that a takeover would
 // follow — is adopted by a live node and run there; while its node is
@@ -170,25 +221,9 @@ func TestOrphanedSnapshotAdopted(t *testing.T) {
 	alice := caller("alice")
 	v, model := e.filledVolume(a, alice, 1<<20, 7)
 	b, bGone := e.holdingWriter(v.ID)
-	type result struct {
-		sn  *meta.Snapshot
-		err error
-	}
-	res := make(chan result, 1)
-	go func() {
-		sn, err := a.CreateSnapshot(ctx, alice, v.ID, "", "")
-		res <- result{sn, err}
-	}()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if cur := e.volume(v.ID); len(cur.Snapshotting) == 1 {
-			if sn := e.snapshot(cur.Snapshotting[0]); sn.Node != b.cfg.Node {
-				t.Fatalf("snapshot recorded for %q, want the writer %s", sn.Node, b.cfg.Node)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the snapshot was never handed to the writer")
-		}
+	handed, res := e.handSnapshot(a, alice, v.ID)
+	if handed.Node != b.cfg.Node {
+		t.Fatalf("snapshot recorded for %q, want the writer %s", handed.Node, b.cfg.Node)
 	}
 	bGone()
 	b.leases.stop()
@@ -286,24 +321,7 @@ func TestOrphanedImportAdopted(t *testing.T) {
 	a := e.adopting(Config{Objects: be})
 	b := uniq("b")
 	bGone := e.alive(b)
-	ctx := ctxT(t)
-	model := pattern(11, 1<<20)
-	if _, err := be.PutImage(ctx, objects.ImageInput{Bucket: bucket, Key: "in.raw", Fill: func(f *os.File) error {
-		_, err := f.Write(model)
-		return err
-	}}); err != nil {
-		t.Fatal(err)
-	}
-	url := "s3://" + bucket + "/in.raw"
-	v, err := a.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// As b records an import it has begun: the record in status creating.
-	e.editVolume(v.ID, func(cur *meta.Volume) {
-		cur.Status, cur.Node, cur.SourceObject = meta.StatusCreating, b, url
-		cur.Job = &meta.Job{Kind: meta.JobImport, Node: b, StartedAt: now(), Object: url}
-	})
+	v, model := e.importing(a, alice, be, bucket, b)
 	a.lookForOrphans()
 	time.Sleep(300 * time.Millisecond)
 	if cur := e.volume(v.ID); cur.Status != meta.StatusCreating || cur.Node != b {
@@ -343,23 +361,8 @@ func TestReturningNodeLeavesAdoptedImport(t *testing.T) {
 			a := e.adopting(Config{Objects: be})
 			b := e.service(Config{Node: uniq("b"), Objects: be}) // no liveness key: cut off
 			ctx := ctxT(t)
-			model := pattern(11, 1<<20)
-			if _, err := be.PutImage(ctx, objects.ImageInput{Bucket: bucket, Key: "in.raw", Fill: func(f *os.File) error {
-				_, err := f.Write(model)
-				return err
-			}}); err != nil {
-				t.Fatal(err)
-			}
-			url := "s3://" + bucket + "/in.raw"
-			v, err := a.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
-			if err != nil {
-				t.Fatal(err)
-			}
-			e.editVolume(v.ID, func(cur *meta.Volume) {
-				cur.Status, cur.Node, cur.SourceObject = meta.StatusCreating, b.cfg.Node, url
-				cur.Job = &meta.Job{Kind: meta.JobImport, Node: b.cfg.Node, StartedAt: now(), Object: url}
-			})
-			read := e.volume(v.ID) // what b's startImport read
+			read, model := e.importing(a, alice, be, bucket, b.cfg.Node) // read: what b's startImport read
+			v := read
 			a.lookForOrphans()
 			for deadline := time.Now().Add(20 * time.Second); e.volume(v.ID).Status == meta.StatusCreating; time.Sleep(20 * time.Millisecond) {
 				if time.Now().After(deadline) {
@@ -400,23 +403,11 @@ func TestReturningNodeLeavesAdoptedSnapshot(t *testing.T) {
 			alice := caller("alice")
 			v, model := e.filledVolume(a, alice, 1<<20, 7)
 			b, bGone := e.holdingWriter(v.ID)
-			done := make(chan error, 1)
-			go func() {
-				_, err := a.CreateSnapshot(ctx, alice, v.ID, "", "")
-				done <- err
-			}()
-			var handed *meta.Snapshot
-			for deadline := time.Now().Add(10 * time.Second); handed == nil; time.Sleep(10 * time.Millisecond) {
-				if cur := e.volume(v.ID); len(cur.Snapshotting) == 1 {
-					handed = e.snapshot(cur.Snapshotting[0])
-				} else if time.Now().After(deadline) {
-					t.Fatal("the snapshot was never handed to the writer")
-				}
-			}
+			handed, res := e.handSnapshot(a, alice, v.ID)
 			bGone()
 			b.leases.stop()
-			if err := <-done; err != nil {
-				t.Fatal(err)
+			if r := <-res; r.err != nil {
+				t.Fatal(r.err)
 			}
 			taken := e.snapAvailable(handed.ID)
 			e.fill(a, v.ID, append([]byte(nil), model...), 55, [2]int64{0, 64 << 10})
@@ -450,23 +441,10 @@ func TestOrphanedSnapshotFailsAfterWrites(t *testing.T) {
 	e := newPrivateEnv(t)
 	a := e.started(Config{Node: uniq("a")}) // adopts nothing
 	e.alive(a.cfg.Node)
-	ctx := ctxT(t)
 	alice := caller("alice")
 	v, _ := e.filledVolume(a, alice, 1<<20, 7)
 	b, bGone := e.holdingWriter(v.ID)
-	done := make(chan *meta.Snapshot, 1)
-	go func() {
-		sn, _ := a.CreateSnapshot(ctx, alice, v.ID, "", "")
-		done <- sn
-	}()
-	var handed *meta.Snapshot
-	for deadline := time.Now().Add(10 * time.Second); handed == nil; time.Sleep(10 * time.Millisecond) {
-		if cur := e.volume(v.ID); len(cur.Snapshotting) == 1 {
-			handed = e.snapshot(cur.Snapshotting[0])
-		} else if time.Now().After(deadline) {
-			t.Fatal("the snapshot was never handed to the writer")
-		}
-	}
+	handed, res := e.handSnapshot(a, alice, v.ID)
 	bGone()
 	b.leases.stop()
 	c, _ := e.holdingWriter(v.ID) // takes the volume for writing
@@ -487,7 +465,7 @@ func TestOrphanedSnapshotFailsAfterWrites(t *testing.T) {
 	if cur := e.volume(v.ID); len(cur.Snapshotting) != 0 {
 		t.Fatalf("the volume still records the snapshot as under way: %v", cur.Snapshotting)
 	}
-	if sn := <-done; sn == nil || sn.Status != meta.StatusError {
-		t.Fatalf("the create call that handed the snapshot over returned %+v", sn)
+	if r := <-res; r.sn == nil || r.sn.Status != meta.StatusError {
+		t.Fatalf("the create call that handed the snapshot over returned %+v, %v", r.sn, r.err)
 	}
 }
