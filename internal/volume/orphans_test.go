@@ -210,6 +210,82 @@ func TestOrphanWaitsForLeaseKey(t *testing.T) {
 	cleanupAll(t, a, alice)
 }
 
+// TestOrphanedExtendAdopted: an extend recorded for a node that is gone
+// (its first transaction done, the bytes provisioned) is finished by a live
+// node: the volume takes its new size, its data intact, and the
+// provisioned bytes stay counted once.
+func TestOrphanedExtendAdopted(t *testing.T) {
+	e := newPrivateEnv(t)
+	a := e.adopting(Config{})
+	b := uniq("b")
+	bGone := e.alive(b)
+	alice := caller("alice")
+	v, model := e.filledVolume(a, alice, 1<<20, 3)
+	before := e.provisioned()
+	e.extending(v.ID, 2<<20, b)
+	a.lookForOrphans()
+	time.Sleep(300 * time.Millisecond)
+	if cur := e.volume(v.ID); cur.Status != meta.StatusExtending || cur.Node != b {
+		t.Fatalf("extend of a live node adopted: %s on %q", cur.Status, cur.Node)
+	}
+
+	bGone()
+	var got *meta.Volume
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if got = e.volume(v.ID); got.Status != meta.StatusExtending {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the extend is still under way")
+		}
+	}
+	if got.Status != meta.StatusAvailable || got.SizeBytes != 2<<20 || got.Node != "" || got.StatusMessage != "" {
+		t.Fatalf("volume after the adopted extend: %s %q, %d bytes, node %q", got.Status, got.StatusMessage, got.SizeBytes, got.Node)
+	}
+	if p := e.provisioned(); p != before+1<<20 {
+		t.Errorf("provisioned %d bytes after the extend, want %d", p, before+1<<20)
+	}
+	e.sameVolume(a, v.ID, append(model, make([]byte, 1<<20)...), "volume extended by the node that adopted the extend")
+	cleanupAll(t, a, alice)
+}
+
+// TestOrphanedSnapshotDeleteAdopted: a snapshot delete whose node died
+// after its first transaction (the snapshot in status deleting) is
+// finished by a live node: the record goes and its bytes are given back.
+func TestOrphanedSnapshotDeleteAdopted(t *testing.T) {
+	e := newPrivateEnv(t)
+	a := e.adopting(Config{})
+	b := uniq("b")
+	bGone := e.alive(b)
+	ctx := ctxT(t)
+	alice := caller("alice")
+	v, _ := e.filledVolume(a, alice, 1<<20, 5)
+	sn, err := a.CreateSnapshot(ctx, alice, v.ID, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := e.provisioned()
+	e.editSnapshot(sn.ID, func(cur *meta.Snapshot) { cur.Status, cur.Node = meta.StatusDeleting, b })
+	a.lookForOrphans()
+	time.Sleep(300 * time.Millisecond)
+	if cur := e.snapshot(sn.ID); cur.Status != meta.StatusDeleting || cur.Node != b {
+		t.Fatalf("delete of a live node adopted: %s on %q", cur.Status, cur.Node)
+	}
+
+	bGone()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := e.meta.Snapshot(ctx, sn.ID); errs.IsCode(err, errs.CodeNotFound) {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the snapshot is still there: %v", err)
+		}
+	}
+	if p := e.provisioned(); p != before-sn.SizeBytes {
+		t.Errorf("provisioned %d bytes after the delete, want %d", p, before-sn.SizeBytes)
+	}
+	cleanupAll(t, a, alice)
+}
+
 // TestOrphanedSnapshotAdopted: a snapshot handed to the volume's writer,
 // which dies before freezing it, is frozen by the node that adopts it; the
 // create call that handed it over sees it available, holding the data

@@ -46,18 +46,6 @@ func TestRecoverTransitions(t *testing.T) {
 		}
 		return v
 	}
-	extending := func(id string, target int64, node string) {
-		t.Helper()
-		e.update(func(tx *meta.Tx) error {
-			v, _ := tx.Volume(id)
-			if err := tx.Provision(target-v.SizeBytes, math.MaxInt64); err != nil {
-				return err
-			}
-			v.Status, v.TargetSize, v.Node = meta.StatusExtending, target, node
-			tx.PutVolume(v)
-			return nil
-		})
-	}
 	// creatingSnapshot records a snapshot of volume id in progress, as
 	// CreateSnapshot's first transaction does.
 	creatingSnapshot := func(id, name string) *meta.Snapshot {
@@ -85,12 +73,12 @@ func TestRecoverTransitions(t *testing.T) {
 	// A: extending 1 MiB -> 4 MiB, the resize not done.
 	aData := make([]byte, 1<<20)
 	a := newVol("a", 1<<20, aData, 10)
-	extending(a.ID, 4<<20, e.node)
+	e.extending(a.ID, 4<<20, e.node)
 	// A2: extending 1 MiB -> 3 MiB, the resize done (the node died before
 	// its last transaction).
 	a2Data := make([]byte, 1<<20)
 	a2 := newVol("a2", 1<<20, a2Data, 11)
-	extending(a2.ID, 3<<20, e.node)
+	e.extending(a2.ID, 3<<20, e.node)
 	e.withStack(s0, a2.ID, func(l block.Layer) {
 		if err := l.(block.Resizer).Resize(3 << 20); err != nil {
 			t.Fatal(err)
@@ -129,7 +117,7 @@ func TestRecoverTransitions(t *testing.T) {
 	c2Top := e.top(c2.ID)
 	// D: extending, driven by another node: not ours to finish.
 	d := newVol("d", 1<<20, nil, 0)
-	extending(d.ID, 2<<20, "some-other-node")
+	e.extending(d.ID, 2<<20, "some-other-node")
 	// E: a snapshot left deleting.
 	eSnap, err := s0.CreateSnapshot(ctx, alice, src.ID, "e", "")
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -219,6 +220,24 @@ func (e *env) editSnapshot(id string, fn func(sn *meta.Snapshot)) {
 		}
 		fn(sn)
 		tx.PutSnapshot(sn)
+		return nil
+	})
+}
+
+// extending records volume id as being extended to target by node, as
+// the extend's first transaction does (the bytes provisioned).
+func (e *env) extending(id string, target int64, node string) {
+	e.t.Helper()
+	e.update(func(tx *meta.Tx) error {
+		v, err := tx.Volume(id)
+		if err != nil {
+			return err
+		}
+		if err := tx.Provision(target-v.SizeBytes, math.MaxInt64); err != nil {
+			return err
+		}
+		v.Status, v.TargetSize, v.Node = meta.StatusExtending, target, node
+		tx.PutVolume(v)
 		return nil
 	})
 }
