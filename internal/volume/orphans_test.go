@@ -103,6 +103,31 @@ func (e *env) stillFor(vol, node, why string) {
 	}
 }
 
+// keptFor asks a for a sweep and checks, a moment later, that volume id
+// is still in status, driven by node: a live node's workflow is nobody
+// else's to adopt.
+func (e *env) keptFor(a *Service, id, status, node string) {
+	e.t.Helper()
+	a.lookForOrphans()
+	time.Sleep(300 * time.Millisecond)
+	if cur := e.volume(id); cur.Status != status || cur.Node != node {
+		e.t.Fatalf("a workflow of live node %s adopted: volume %s is %s on %q", node, id, cur.Status, cur.Node)
+	}
+}
+
+// leaves waits until volume id is no longer in status and returns it.
+func (e *env) leaves(id, status string) *meta.Volume {
+	e.t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if v := e.volume(id); v.Status != status {
+			return v
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("volume %s is still %s", id, status)
+		}
+	}
+}
+
 // snapshotResult is what a CreateSnapshot call returned.
 type snapshotResult struct {
 	sn  *meta.Snapshot
@@ -223,22 +248,10 @@ func TestOrphanedExtendAdopted(t *testing.T) {
 	v, model := e.filledVolume(a, alice, 1<<20, 3)
 	before := e.provisioned()
 	e.extending(v.ID, 2<<20, b)
-	a.lookForOrphans()
-	time.Sleep(300 * time.Millisecond)
-	if cur := e.volume(v.ID); cur.Status != meta.StatusExtending || cur.Node != b {
-		t.Fatalf("extend of a live node adopted: %s on %q", cur.Status, cur.Node)
-	}
+	e.keptFor(a, v.ID, meta.StatusExtending, b)
 
 	bGone()
-	var got *meta.Volume
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if got = e.volume(v.ID); got.Status != meta.StatusExtending {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the extend is still under way")
-		}
-	}
+	got := e.leaves(v.ID, meta.StatusExtending)
 	if got.Status != meta.StatusAvailable || got.SizeBytes != 2<<20 || got.Node != "" || got.StatusMessage != "" {
 		t.Fatalf("volume after the adopted extend: %s %q, %d bytes, node %q", got.Status, got.StatusMessage, got.SizeBytes, got.Node)
 	}
@@ -398,22 +411,10 @@ func TestOrphanedImportAdopted(t *testing.T) {
 	b := uniq("b")
 	bGone := e.alive(b)
 	v, model := e.importing(a, alice, be, bucket, b)
-	a.lookForOrphans()
-	time.Sleep(300 * time.Millisecond)
-	if cur := e.volume(v.ID); cur.Status != meta.StatusCreating || cur.Node != b {
-		t.Fatalf("import of a live node adopted: %s on %q", cur.Status, cur.Node)
-	}
+	e.keptFor(a, v.ID, meta.StatusCreating, b)
 
 	bGone()
-	var got *meta.Volume
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if got = e.volume(v.ID); got.Status != meta.StatusCreating {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("import still under way: %+v", got.Job)
-		}
-	}
+	got := e.leaves(v.ID, meta.StatusCreating)
 	if got.Status != meta.StatusAvailable || got.LastJob == nil || got.LastJob.Kind != meta.JobImport || got.LastJob.Error != "" {
 		t.Fatalf("volume after the adopted import: %s %q, last job %+v", got.Status, got.StatusMessage, got.LastJob)
 	}
@@ -440,11 +441,7 @@ func TestReturningNodeLeavesAdoptedImport(t *testing.T) {
 			read, model := e.importing(a, alice, be, bucket, b.cfg.Node) // read: what b's startImport read
 			v := read
 			a.lookForOrphans()
-			for deadline := time.Now().Add(20 * time.Second); e.volume(v.ID).Status == meta.StatusCreating; time.Sleep(20 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatal("the import was not adopted")
-				}
-			}
+			e.leaves(v.ID, meta.StatusCreating)
 			e.noLease(v.ID, "after the adopted import")
 			later := append([]byte(nil), model...)
 			e.fill(a, v.ID, later, 99, [2]int64{0, 64 << 10}) // the user's writes
