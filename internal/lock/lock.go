@@ -446,8 +446,10 @@ func (l *Locker) enqueue(ctx context.Context, resource string, mode Mode) (*wait
 			clientv3.OpGet(w.prefix, clientv3.WithPrefix())).
 		Commit()
 	if err != nil {
-		// The put may have been applied even though the call failed.
+		// The put may have been applied even though the call failed — or
+		// may be applied later (sweepLate).
 		w.abandon(ctx)
+		l.sweepLate(resource, w.key)
 		return nil, fmt.Errorf("lock %q: queue %s request: %w", resource, mode, err)
 	}
 	if !resp.Succeeded {

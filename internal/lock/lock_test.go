@@ -536,3 +536,31 @@ func TestReleaseRetried(t *testing.T) {
 	hb.Release(ctx)
 	waitQueue(t, b, "vol", "")
 }
+
+// TestLateRequestSwept: a request whose enqueue failed with its outcome
+// unknown may have its put applied after the withdrawal (a forwarded
+// proposal delivered late): the key that appears then is deleted, so the
+// resource is not blocked until the session ends.
+func TestLateRequestSwept(t *testing.T) {
+	saved := lateSweeps
+	lateSweeps = []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond}
+	defer func() { lateSweeps = saved }()
+	ctx := context.Background()
+	p := testPrefix(t)
+	a, b := locker(t, p, "a", 30), locker(t, p, "b", 30)
+	key := a.newKey("vol")
+	a.sweepLate("vol", key)
+	time.Sleep(120 * time.Millisecond) // after the first sweeps: the put is late
+	rec := record{Mode: Write.String(), Owner: "a"}
+	if _, err := a.cli.Put(ctx, key, rec.encode(), clientv3.WithLease(a.sess.Lease())); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	hb, err := b.Acquire(wctx, "vol", Write)
+	if err != nil {
+		t.Fatalf("the late request still blocks the resource: %v", err)
+	}
+	hb.Release(ctx)
+	waitQueue(t, b, "vol", "")
+}
