@@ -9,12 +9,18 @@
 // new node's member is added as a learner — it catches up without counting
 // towards quorum — and promotes itself once etcd says it is in sync; beyond
 // the target, the node runs no member and is an etcd client of the voters.
+// Should the cluster lose a voter to `node remove`, a client node steps up
+// (StepUp, stepup.go): it is added as a learner and starts a member in its
+// running process.
 // Voter counts stay odd once grown: 2 or 4 voters tolerate no more failures
 // than 1 or 3 (a majority of 2 is 2), they only cost latency.
 //
 // Invariants:
-//   - at most one join is in flight (the lock; etcd also refuses a second
-//     learner);
+//   - at most one join or step-up is in flight (the lock; etcd also
+//     refuses a second learner);
+//   - the cluster runs its own etcd unless its record says External (the
+//     first node was started with --meta-endpoints): only then are etcd's
+//     members basalt's nodes, to list, join or remove;
 //   - a join is idempotent: the same name and peer URL asked again (a node
 //     that crashed mid-join) gets the same answer, never a second member;
 //   - node names are unique: a join under the name of a registered node is
@@ -120,12 +126,12 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (*JoinResponse, err
 	if err := checkRequest(req); err != nil {
 		return nil, err
 	}
-	if !s.meta.Embedded() {
-		return nil, errs.Conflict(CodeExternalMeta, "this cluster keeps its metadata in an external etcd: start the node with --meta-endpoints instead of --join")
-	}
 	cl, err := s.meta.Cluster(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if cl.External {
+		return nil, errs.Conflict(CodeExternalMeta, "this cluster keeps its metadata in an external etcd: start the node with --meta-endpoints instead of --join")
 	}
 	resp := &JoinResponse{ClusterID: cl.ID, CACert: string(s.ca.CertPEM), CAKey: string(s.ca.KeyPEM)}
 	err = s.meta.WithJoinLock(ctx, func() error {
@@ -266,8 +272,14 @@ func (s *Service) Nodes(ctx context.Context) ([]NodeInfo, error) {
 	if err != nil {
 		return nil, err
 	}
+	cl, err := s.meta.Cluster(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var members []meta.Member
-	if s.meta.Embedded() {
+	if !cl.External {
+		// Asked of any node, a client node's included: the member list
+		// is the cluster's.
 		if members, err = s.meta.Members(ctx); err != nil {
 			return nil, err
 		}
@@ -329,9 +341,17 @@ func (s *Service) Remove(ctx context.Context, name string) error {
 		if err != nil && !errs.IsCode(err, errs.CodeNotFound) {
 			return err
 		}
-		members, merr := s.meta.Members(ctx)
-		if merr != nil && s.meta.Embedded() {
-			return merr
+		cl, err := s.meta.Cluster(ctx)
+		if err != nil {
+			return err
+		}
+		var members []meta.Member
+		if !cl.External {
+			// (An external etcd's members are not basalt's to remove,
+			// whatever their names.)
+			if members, err = s.meta.Members(ctx); err != nil {
+				return err
+			}
 		}
 		var target *meta.Member
 		voters := 0

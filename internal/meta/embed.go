@@ -13,6 +13,9 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // EmbedConfig configures the embedded etcd member.
@@ -64,6 +67,7 @@ func startEmbedded(c EmbedConfig, log *slog.Logger) (*embed.Etcd, string, error)
 	}
 	cfg.InitialClusterToken = "basalt"
 	cfg.ListenMetricsUrls = nil
+	cfg.GRPCAdditionalServerOptions = []grpc.ServerOption{grpc.ChainUnaryInterceptor(answerStatusPanic)}
 	tls := transport.TLSInfo{CertFile: c.CertFile, KeyFile: c.KeyFile, TrustedCAFile: c.CAFile, ClientCertAuth: true}
 	cfg.ClientTLSInfo = tls
 	cfg.PeerTLSInfo = tls
@@ -101,6 +105,28 @@ func startEmbedded(c EmbedConfig, log *slog.Logger) (*embed.Etcd, string, error)
 	return e, clientURL.String(), nil
 }
 
+// statusMethod is etcd's Status RPC (etcdctl endpoint status).
+const statusMethod = "/etcdserverpb.Maintenance/Status"
+
+// answerStatusPanic turns a panic of etcd's Status handler into an error
+// answer. The handler asks whether the member is a learner, which panics
+// from the moment a member applies its own removal until it stops — a
+// second in which any node or tool asking it for its status (a client
+// node's remoteStatus, read from a member list taken a moment before)
+// would take this whole node down with it. Other handlers' panics are
+// etcd's own verdicts and are left alone.
+func answerStatusPanic(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+	if info.FullMethod != statusMethod {
+		return handler(ctx, req)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			resp, err = nil, status.Errorf(codes.Unavailable, "this etcd member is leaving the cluster: %v", r)
+		}
+	}()
+	return handler(ctx, req)
+}
+
 func advertised(u url.URL, host string) url.URL {
 	if host == "" {
 		return u
@@ -114,30 +140,72 @@ func advertised(u url.URL, host string) url.URL {
 // node remove`), which has stopped.
 var ErrMemberRemoved = errors.New("this node's etcd member was removed from the metadata cluster")
 
-// ownMember reports whether the embedded member still serves this node —
-// it runs and is in the member list by its own account — and whether it is
-// a learner. Never etcd's IsLearner: it panics once the member is no
-// longer in its own member list, which a removed member is from the moment
-// it applies its removal until it stops, a second later.
-func (s *Store) ownMember() (serves, learner bool) {
-	if s.local == nil {
-		return false, false
+// startMember starts the embedded member of c.Embed and a client of it
+// alone.
+func startMember(ctx context.Context, c Config, log *slog.Logger) (*member, string, error) {
+	e, url, err := startEmbedded(c.Embed, log)
+	if err != nil {
+		return nil, "", err
+	}
+	local, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second,
+		TLS: c.ClientTLS, Context: ctx, Logger: zapNop()})
+	if err != nil {
+		e.Close()
+		return nil, "", fmt.Errorf("connect to the embedded member: %w", err)
+	}
+	return &member{e: e, local: local, stopped: make(chan struct{})}, url, nil
+}
+
+// StartMember gives a node that runs no etcd member one: a client node
+// that was added to the cluster as a learner (c.Embed.InitialCluster names
+// every member, this one included). From then on the Store serves reads
+// from that member once it votes, as if it had been started with it.
+func (s *Store) StartMember(ctx context.Context, c Config) error {
+	if s.mem.Load() != nil {
+		return errors.New("this node runs an etcd member already")
+	}
+	m, _, err := startMember(ctx, c, s.log)
+	if err != nil {
+		return err
 	}
 	select {
-	case <-s.embedded.Server.StoppingNotify():
-		return false, false
+	case <-s.closed:
+		m.local.Close()
+		m.close()
+		return errors.New("metadata store closed")
 	default:
 	}
-	m := s.embedded.Server.Cluster().Member(s.embedded.Server.MemberID())
-	return m != nil, m != nil && m.IsLearner
+	s.mem.Store(m)
+	go s.watchMember(m)
+	return nil
+}
+
+// ownMember returns the embedded member (nil without one) and whether it
+// still serves this node — it runs and is in the member list by its own
+// account — and whether it is a learner. Never etcd's IsLearner: it
+// panics once the member is no longer in its own member list, which a
+// removed member is from the moment it applies its removal until it
+// stops, a second later.
+func (s *Store) ownMember() (m *member, serves, learner bool) {
+	m = s.mem.Load()
+	if m == nil {
+		return nil, false, false
+	}
+	select {
+	case <-m.e.Server.StoppingNotify():
+		return m, false, false
+	default:
+	}
+	mm := m.e.Server.Cluster().Member(m.e.Server.MemberID())
+	return m, mm != nil, mm != nil && mm.IsLearner
 }
 
 // localCopy is the client that serves serializable reads from a copy of
 // the metadata near this node: its own member while that serves, else the
 // cluster client (a client node, or a member removed or stopped).
 func (s *Store) localCopy() *clientv3.Client {
-	if serves, _ := s.ownMember(); serves {
-		return s.local
+	if m, serves, _ := s.ownMember(); serves {
+		return m.local
 	}
 	return s.cli
 }
@@ -149,35 +217,35 @@ func (s *Store) localCopy() *clientv3.Client {
 // its leadership over), points the cluster client at the other members
 // so that the node can still release what it holds while it shuts down
 // (the first node's client may know no other endpoint yet), records why
-// the member stopped and closes memberStopped.
-func (s *Store) watchMember() {
+// the member stopped and closes m.stopped.
+func (s *Store) watchMember(m *member) {
 	select {
 	case <-s.closed:
 		return
-	case <-s.embedded.Server.StoppingNotify():
+	case <-m.e.Server.StoppingNotify():
 	}
 	select {
 	case <-s.closed:
 		return // Close stopped it
 	default:
 	}
-	id := s.embedded.Server.MemberID()
+	id := m.e.Server.MemberID()
 	s.log.Warn("embedded etcd member stopped", "member", id.String())
-	go s.closeMember()
+	go m.close()
 	listed := false
 	var others []string
-	for _, m := range s.embedded.Server.Cluster().Members() {
-		if m.ID == id {
+	for _, mm := range m.e.Server.Cluster().Members() {
+		if mm.ID == id {
 			listed = true
 		} else {
-			others = append(others, m.ClientURLs...)
+			others = append(others, mm.ClientURLs...)
 		}
 	}
 	if len(others) > 0 {
 		s.cli.SetEndpoints(others...)
 	}
-	s.memberErr = s.stopCause(uint64(id), listed)
-	close(s.memberStopped)
+	m.err = s.stopCause(uint64(id), listed)
+	close(m.stopped)
 }
 
 // stopCause says why the member stopped: ErrMemberRemoved when it is no
@@ -207,22 +275,32 @@ func (s *Store) stopCause(id uint64, listed bool) error {
 
 // MemberStopped is closed when the embedded member stopped by itself
 // rather than by Close: removed from the cluster or failed, as MemberErr
-// says. Without an embedded member it is never closed.
-func (s *Store) MemberStopped() <-chan struct{} { return s.memberStopped }
+// says. Without an embedded member it is nil (never closed); a caller
+// that waits for it must ask again after StartMember.
+func (s *Store) MemberStopped() <-chan struct{} {
+	if m := s.mem.Load(); m != nil {
+		return m.stopped
+	}
+	return nil
+}
 
 // MemberErr is why the embedded member stopped (ErrMemberRemoved: it was
 // removed), once MemberStopped is closed; nil before.
 func (s *Store) MemberErr() error {
+	m := s.mem.Load()
+	if m == nil {
+		return nil
+	}
 	select {
-	case <-s.memberStopped:
-		return s.memberErr
+	case <-m.stopped:
+		return m.err
 	default:
 		return nil
 	}
 }
 
-// closeMember stops the embedded member and its listeners, once (a second
-// embed.Close panics).
-func (s *Store) closeMember() {
-	s.closeMemberOnce.Do(s.embedded.Close)
+// close stops the member and its listeners, once (a second embed.Close
+// panics).
+func (m *member) close() {
+	m.closeOnce.Do(m.e.Close)
 }

@@ -27,6 +27,19 @@ type memberOpener struct {
 // the store and the member's client URL.
 func (o *memberOpener) open(name, peerAddr string, endpoints []string, initial string) (*Store, string) {
 	o.t.Helper()
+	c, url := o.config(name, peerAddr, endpoints, initial)
+	s, err := Open(context.Background(), c, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		o.t.Fatalf("open member %s: %v", name, err)
+	}
+	o.t.Cleanup(s.Close)
+	return s, url
+}
+
+// config is the configuration of node name's store, and the client URL
+// its member would have.
+func (o *memberOpener) config(name, peerAddr string, endpoints []string, initial string) (Config, string) {
+	o.t.Helper()
 	pkiDir := filepath.Join(o.base, name, "pki")
 	if err := o.ca.Save(pkiDir); err != nil {
 		o.t.Fatal(err)
@@ -36,21 +49,101 @@ func (o *memberOpener) open(name, peerAddr string, endpoints []string, initial s
 		o.t.Fatal(err)
 	}
 	clientAddr := freeAddr(o.t)
-	s, err := Open(context.Background(), Config{
-		Endpoints: endpoints,
-		ClientTLS: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: o.ca.Pool(), MinVersion: tls.VersionTLS12},
+	tlsCfg := &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: o.ca.Pool(), MinVersion: tls.VersionTLS12}
+	return Config{
+		Endpoints:   endpoints,
+		ClientTLS:   tlsCfg,
+		ExternalTLS: tlsCfg,
 		Embed: EmbedConfig{
 			Name: name, Dir: filepath.Join(o.base, name, "meta"),
 			ClientAddr: clientAddr, PeerAddr: peerAddr,
 			CertFile: filepath.Join(pkiDir, "server.pem"), KeyFile: filepath.Join(pkiDir, "server-key.pem"),
 			CAFile: filepath.Join(pkiDir, "ca.pem"), InitialCluster: initial,
 		},
-	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}, "https://" + clientAddr
+}
+
+// TestClientStartsMember: a store opened as an etcd client of the voters
+// (a client node) gains a member of its own in process — the learner the
+// cluster added for it — and, once that is promoted, reads from it and
+// commits optimistically like any voter's store; writes go on throughout.
+func TestClientStartsMember(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	base := t.TempDir()
+	ca, err := pki.LoadOrCreateCA(filepath.Join(base, "ca"))
 	if err != nil {
-		o.t.Fatalf("open member %s: %v", name, err)
+		t.Fatal(err)
 	}
-	o.t.Cleanup(s.Close)
-	return s, "https://" + clientAddr
+	o := &memberOpener{t: t, base: base, ca: ca}
+	peer1, peer2 := freeAddr(t), freeAddr(t)
+	s1, url1 := o.open("m1", peer1, nil, "")
+	cfg, _ := o.config("m2", peer2, []string{url1}, "")
+	s2, err := Open(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s2.Close)
+	if s2.Embedded() || s2.MemberStopped() != nil || s2.attemptMode() != modeCareful {
+		t.Fatal("a client store claims a member")
+	}
+	put := func(s *Store, id string) {
+		t.Helper()
+		if err := s.Update(ctx, func(tx *Tx) error {
+			tx.PutVolume(&Volume{ID: id, Status: StatusAvailable})
+			return nil
+		}); err != nil {
+			t.Fatalf("write %s: %v", id, err)
+		}
+	}
+	put(s2, "as-client")
+
+	id2, err := s1.AddLearner(ctx, "https://"+peer2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Embed.InitialCluster = "m1=https://" + peer1 + ",m2=https://" + peer2
+	if err := s2.StartMember(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !s2.Embedded() || s2.MemberID() != id2 || s2.MemberStopped() == nil {
+		t.Fatalf("after StartMember: embedded %v, member %x (want %x)", s2.Embedded(), s2.MemberID(), id2)
+	}
+	if err := s2.StartMember(ctx, cfg); err == nil {
+		t.Fatal("a second StartMember succeeded")
+	}
+	put(s2, "as-learner")
+	for {
+		err := s2.Promote(ctx, id2)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrNotCaughtUp) || ctx.Err() != nil {
+			t.Fatalf("promote m2: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for {
+		if _, serves, learner := s2.ownMember(); serves && !learner && s2.attemptMode() != modeCareful {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("m2 never saw itself promoted")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if s2.txnClient() == s2.cli || s2.localCopy() == s2.cli {
+		t.Fatal("the promoted store does not read from its own member")
+	}
+	put(s2, "as-voter")
+	for _, id := range []string{"as-client", "as-learner", "as-voter"} {
+		if v, err := s1.Volume(ctx, id); err != nil || v.ID != id {
+			t.Fatalf("m1 reads %s: %+v, %v", id, v, err)
+		}
+	}
+	if ms, err := s1.Members(ctx); err != nil || len(ms) != 2 || ms[0].Learner || ms[1].Learner {
+		t.Fatalf("members: %+v, %v", ms, err)
+	}
 }
 
 // TestRemovedVoterStops: a voter removed from the cluster while its store
@@ -90,7 +183,7 @@ func TestRemovedVoterStops(t *testing.T) {
 	// m2's client knows its own member alone.
 	s2.cli.SetEndpoints(url2)
 	for {
-		if serves, learner := s2.ownMember(); serves && !learner {
+		if _, serves, learner := s2.ownMember(); serves && !learner {
 			break
 		}
 		if ctx.Err() != nil {
@@ -104,6 +197,20 @@ func TestRemovedVoterStops(t *testing.T) {
 	default:
 	}
 
+	// Another node asking m2 for its status throughout.
+	asking := make(chan struct{})
+	defer func() { <-asking }()
+	actx, acancel := context.WithCancel(ctx)
+	defer acancel()
+	go func() {
+		defer close(asking)
+		for actx.Err() == nil {
+			sctx, scancel := context.WithTimeout(actx, time.Second)
+			s1.cli.Status(sctx, url2)
+			scancel()
+			time.Sleep(time.Millisecond)
+		}
+	}()
 	// etcd removes a voter only once the others have been connected to
 	// it for 5 s (its strict reconfiguration check).
 	for {
@@ -117,12 +224,14 @@ func TestRemovedVoterStops(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	// From the removal until the member has stopped, reads and writes
-	// through m2 may fail, but must not panic.
+	// through m2 may fail, but must not panic; nor may etcd's Status RPC
+	// asked of m2 by another node.
 	stopped := false
 	for !stopped && ctx.Err() == nil {
 		if _, err := s2.Node(ctx, "m2"); err != nil && !errs.IsCode(err, errs.CodeNotFound) {
 			t.Logf("read through the removed member: %v", err)
 		}
+
 		s2.Update(ctx, func(tx *Tx) error { _, err := tx.Volume("removal-probe"); return err })
 		select {
 		case <-s2.MemberStopped():

@@ -293,10 +293,11 @@ func (s *Store) JoinTokenValid(ctx context.Context, token string) (bool, error) 
 
 // MemberID is the id of this node's embedded member (0: none).
 func (s *Store) MemberID() uint64 {
-	if s.embedded == nil {
+	m := s.mem.Load()
+	if m == nil {
 		return 0
 	}
-	return uint64(s.embedded.Server.MemberID())
+	return uint64(m.e.Server.MemberID())
 }
 
 func (n *Node) schema() int { return n.Schema }

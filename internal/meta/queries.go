@@ -264,7 +264,11 @@ func (s *Store) Provisioned(ctx context.Context) (int64, error) {
 func (s *Store) Bootstrap(ctx context.Context, clusterID string, voters int, caCert, caKey []byte) (*Cluster, []byte, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	c := &Cluster{Schema: SchemaVersion, ID: clusterID, CreatedAt: time.Now().UTC(), Voters: voters}
+	// The first node decides whether the cluster runs its own etcd: a node
+	// started without a member of its own and without joining is
+	// connected to an external one (a node that joined as a client finds
+	// the record there).
+	c := &Cluster{Schema: SchemaVersion, ID: clusterID, CreatedAt: time.Now().UTC(), Voters: voters, External: !s.Embedded()}
 	ca := encode(&caRecord{Schema: SchemaVersion, CertPEM: string(caCert), KeyPEM: string(caKey)})
 	_, err := s.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(keyCluster), "=", 0)).

@@ -202,6 +202,9 @@ type Cluster struct {
 	// nodes join (odd: 3 tolerates one failure, 5 two); nodes beyond run
 	// as etcd clients. 0 in records older than the field: 3.
 	Voters int `json:"voters,omitempty"`
+	// External: the metadata lives in an etcd cluster basalt does not
+	// run (--meta-endpoints); no node joins it or becomes a member.
+	External bool `json:"external,omitempty"`
 }
 
 // OwnedBy and Created let callers treat the records users own alike.

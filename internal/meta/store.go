@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
@@ -39,20 +40,26 @@ type Config struct {
 // Store is a connection to basalt's metadata.
 type Store struct {
 	cli *clientv3.Client
-	// local talks to the embedded member alone (nil without one):
-	// serializable reads are answered by this node's own copy.
-	local    *clientv3.Client
-	embedded *embed.Etcd
-	// closeMemberOnce guards embedded.Close, which Close and watchMember
-	// may both call.
-	closeMemberOnce sync.Once
-	// memberStopped is closed, memberErr set, when the embedded member
-	// stops by itself (watchMember; nil without an embedded member).
-	memberStopped chan struct{}
-	memberErr     error
-	log           *slog.Logger
-	q             quorum
-	closed        chan struct{} // closed by Close
+	// mem is this node's own etcd member (nil without one). A client
+	// node gains one when it becomes a voter (StartMember); it is never
+	// replaced after that.
+	mem    atomic.Pointer[member]
+	log    *slog.Logger
+	q      quorum
+	closed chan struct{} // closed by Close
+}
+
+// member is an embedded etcd member and what watches it.
+type member struct {
+	e *embed.Etcd
+	// local talks to e alone: serializable reads are answered by this
+	// node's own copy.
+	local *clientv3.Client
+	// closeOnce guards e.Close, which Close and watchMember may both call.
+	closeOnce sync.Once
+	// stopped is closed, err set, when e stops by itself (watchMember).
+	stopped chan struct{}
+	err     error
 }
 
 // requestTimeout bounds every metadata call so that losing quorum fails
@@ -64,19 +71,14 @@ func Open(ctx context.Context, c Config, log *slog.Logger) (*Store, error) {
 	s := &Store{log: log, closed: make(chan struct{})}
 	endpoints := c.Endpoints
 	tlsCfg := c.ExternalTLS
+	var m *member
 	if len(endpoints) == 0 || c.Embed.InitialCluster != "" {
-		e, url, err := startEmbedded(c.Embed, log)
-		if err != nil {
+		var url string
+		var err error
+		if m, url, err = startMember(ctx, c, log); err != nil {
 			return nil, err
 		}
-		s.embedded = e
-		local, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second,
-			TLS: c.ClientTLS, Context: ctx, Logger: zapNop()})
-		if err != nil {
-			s.Close()
-			return nil, fmt.Errorf("connect to the embedded member: %w", err)
-		}
-		s.local = local
+		s.mem.Store(m)
 		if len(endpoints) == 0 {
 			endpoints = []string{url}
 		}
@@ -98,9 +100,8 @@ func Open(ctx context.Context, c Config, log *slog.Logger) (*Store, error) {
 		return nil, fmt.Errorf("connect to etcd %v: %w", endpoints, err)
 	}
 	s.cli = cli
-	if s.embedded != nil {
-		s.memberStopped = make(chan struct{})
-		go s.watchMember()
+	if m != nil {
+		go s.watchMember(m)
 	}
 	// Prove the connection works before declaring the store open.
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -129,16 +130,14 @@ func (s *Store) Close() {
 	if s.cli != nil {
 		s.cli.Close()
 	}
-	if s.local != nil {
-		s.local.Close()
-	}
-	if s.embedded != nil {
-		s.closeMember()
+	if m := s.mem.Load(); m != nil {
+		m.local.Close()
+		m.close()
 	}
 }
 
 // Embedded reports whether this node runs its own etcd member.
-func (s *Store) Embedded() bool { return s.embedded != nil }
+func (s *Store) Embedded() bool { return s.mem.Load() != nil }
 
 // Health is a linearizable read: it succeeds only when a quorum answers.
 func (s *Store) Health(ctx context.Context) error {
@@ -171,16 +170,16 @@ func (s *Store) Status(ctx context.Context) (*Status, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	st := &Status{Embedded: s.Embedded(), Endpoints: s.cli.Endpoints()}
-	m, err := s.cli.MemberList(ctx, clientv3.WithSerializable())
+	ml, err := s.cli.MemberList(ctx, clientv3.WithSerializable())
 	if err != nil {
 		return st, wrap("status", err)
 	}
-	st.Members = len(m.Members)
-	if serves, _ := s.ownMember(); serves {
-		srv := s.embedded.Server
+	st.Members = len(ml.Members)
+	if m, serves, _ := s.ownMember(); serves {
+		srv := m.e.Server
 		st.Version, st.Leader, st.RaftIndex = version.Version, uint64(srv.Leader()), srv.CommittedIndex()
 		st.DBSize, st.DBInUse = srv.Backend().Size(), srv.Backend().SizeInUse()
-	} else if err := s.remoteStatus(ctx, st, m.Members); err != nil {
+	} else if err := s.remoteStatus(ctx, st, ml.Members); err != nil {
 		return st, wrap("status", err)
 	}
 	if a, err := s.cli.AlarmList(ctx); err == nil {
@@ -207,10 +206,10 @@ func (s *Store) remoteStatus(ctx context.Context, st *Status, members []*etcdser
 	if len(eps) == 0 {
 		eps = urls
 	}
-	if s.embedded == nil {
+	if m := s.mem.Load(); m == nil {
 		eps = append(eps, s.cli.Endpoints()...)
 	} else {
-		cfg := s.embedded.Config()
+		cfg := m.e.Config()
 		for _, u := range append(cfg.ListenClientUrls, cfg.AdvertiseClientUrls...) {
 			eps = slices.DeleteFunc(eps, func(ep string) bool { return ep == u.String() })
 		}

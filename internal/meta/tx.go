@@ -34,10 +34,10 @@ func (s *Store) Update(ctx context.Context, fn func(*Tx) error) error {
 
 // attemptMode is how a transaction's first attempt reads here (stm.go).
 func (s *Store) attemptMode() attemptMode {
-	switch serves, learner := s.ownMember(); {
+	switch m, serves, learner := s.ownMember(); {
 	case !serves || learner:
 		return modeCareful
-	case s.embedded.Server.Leader() == s.embedded.Server.MemberID():
+	case m.e.Server.Leader() == m.e.Server.MemberID():
 		return modeOptimistic
 	default:
 		return modeBarrier
@@ -50,8 +50,8 @@ func (s *Store) attemptMode() attemptMode {
 // cluster client (a learner serves no linearizable reads, a removed or
 // stopped member none at all).
 func (s *Store) txnClient() *clientv3.Client {
-	if serves, learner := s.ownMember(); serves && !learner {
-		return s.local
+	if m, serves, learner := s.ownMember(); serves && !learner {
+		return m.local
 	}
 	return s.cli
 }

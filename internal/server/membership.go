@@ -2,7 +2,8 @@ package server
 
 // How this node belongs to its cluster: bootstrapping a new one, joining
 // one (--join), keeping its registration and liveness, promoting its
-// learner, and leaving when an operator removes it.
+// learner, stepping up from client to voter when the cluster lacks one,
+// and leaving when an operator removes it.
 //
 // DATA/cluster.json records a join once it is granted, before the etcd
 // member starts, so that a node that crashes mid-join resumes with the
@@ -99,10 +100,7 @@ func (n *Node) join(ctx context.Context, pkiDir string) (*joinState, error) {
 	n.log.Info("joining", "via", n.cfg.Join)
 	resp, err := cluster.Enter(ctx, cluster.EnterParams{
 		Via: n.cfg.Join, Identity: n.cfg.JoinIdentity, Token: n.cfg.JoinToken,
-		Request: cluster.JoinRequest{
-			Name: n.cfg.Name, Peer: n.advertisedURL(n.cfg.EtcdPeer), Client: n.advertisedURL(n.cfg.EtcdClient),
-			API: n.advertisedURL(n.cfg.API), S3: n.s3URL(),
-		},
+		Request: n.joinRequest(n.advertisedURL(n.cfg.API)),
 	})
 	if err != nil {
 		return nil, err
@@ -120,6 +118,15 @@ func (n *Node) join(ctx context.Context, pkiDir string) (*joinState, error) {
 	}
 	n.log.Info("joined", "cluster", resp.ClusterID, "role", resp.Role, "voters", resp.Endpoints)
 	return st, nil
+}
+
+// joinRequest is how this node describes itself to join (or step up),
+// with api its API URL.
+func (n *Node) joinRequest(api string) cluster.JoinRequest {
+	return cluster.JoinRequest{
+		Name: n.cfg.Name, Peer: n.advertisedURL(n.cfg.EtcdPeer), Client: n.advertisedURL(n.cfg.EtcdClient),
+		API: api, S3: n.s3URL(),
+	}
 }
 
 // metaConfig adapts the metadata configuration to a joined node.
@@ -164,6 +171,75 @@ func (n *Node) promote(ctx context.Context, st *joinState) {
 	}
 	st.Role = meta.RoleVoter
 	n.refreshJoinState(ctx, st)
+}
+
+// stepUpEvery is how often a client node looks whether the cluster wants
+// a voter; stepUpRetry how long it waits after its member failed to start.
+var (
+	stepUpEvery = 3 * time.Second
+	stepUpRetry = time.Minute
+)
+
+// stepUp makes this client node a voter when the cluster has fewer voters
+// than its target (cluster.Service.StepUp decides, one node at a time):
+// its learner is added, the join state records the new role before the
+// member starts — a node that crashes from then on restarts as a learner
+// and promotes itself, as a joining node does — then the member starts in
+// this process, beside the services already running, and is promoted
+// once it has caught up. Nothing the node serves stops meanwhile.
+func (n *Node) stepUp(ctx context.Context, st *joinState, api string) {
+	req := n.joinRequest(api)
+	t := time.NewTicker(stepUpEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		resp, err := n.cluster.StepUp(ctx, req)
+		if err != nil {
+			if !errs.IsCode(err, meta.CodeJoinInProgress) && ctx.Err() == nil {
+				n.log.Warn("stepping up to voter", "err", err)
+			}
+			continue
+		}
+		if resp == nil {
+			continue
+		}
+		up := *st
+		up.Role, up.InitialCluster, up.Endpoints = meta.RoleLearner, resp.InitialCluster, resp.Endpoints
+		err = n.saveJoinState(&up)
+		if err == nil {
+			n.log.Info("the cluster wants a voter: starting an etcd member", "initial_cluster", up.InitialCluster)
+			err = n.meta.StartMember(ctx, n.metaConfig(n.metaCfg, &up))
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return // the node stops
+			}
+			n.log.Error("cannot become a voter; staying a client", "err", err)
+			// No member ran: what it left in its directory would make
+			// the next attempt's new member start as this one.
+			if err := os.RemoveAll(n.metaCfg.Embed.Dir); err != nil {
+				n.log.Warn("cannot remove the failed member's directory", "err", err)
+			}
+			if err := n.saveJoinState(st); err != nil {
+				n.log.Warn("cannot record cluster state", "err", err)
+			}
+			if err := n.cluster.StepDown(ctx, req); err != nil {
+				n.log.Warn("removing this node's learner", "err", err)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(stepUpRetry):
+			}
+			continue
+		}
+		n.promote(ctx, &up)
+		return
+	}
 }
 
 // refreshJoinState records the current voters, for the next start.
@@ -212,9 +288,13 @@ func (n *Node) belong(ctx context.Context, st *joinState) error {
 	if err := n.cluster.Register(ctx, rec); err != nil {
 		return fmt.Errorf("register node: %w", err)
 	}
-	if st != nil && st.Role == meta.RoleLearner {
+	switch {
+	case st != nil && st.Role == meta.RoleLearner:
 		go n.promote(ctx, st)
-	} else if st != nil {
+	case st != nil && st.Role == meta.RoleClient:
+		go n.refreshJoinState(ctx, st)
+		go n.stepUp(ctx, st, rec.API)
+	case st != nil:
 		go n.refreshJoinState(ctx, st)
 	}
 	go n.watchRemoval(ctx)

@@ -74,9 +74,12 @@ type Config struct {
 
 // Node is a running basalt node.
 type Node struct {
-	cfg       Config
-	log       *slog.Logger
-	meta      *meta.Store
+	cfg  Config
+	log  *slog.Logger
+	meta *meta.Store
+	// metaCfg is the metadata configuration before a join adapted it
+	// (metaConfig): what a client node's member starts with (stepUp).
+	metaCfg   meta.Config
 	volumes   *volume.Service
 	users     *user.Service
 	api       *api.Server
@@ -282,7 +285,7 @@ func (n *Node) openMeta(ctx context.Context, pkiDir string, joined *joinState) (
 		return nil, tls.Certificate{}, err
 	}
 	clientTLS := &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
-	n.meta, err = meta.Open(ctx, n.metaConfig(meta.Config{
+	n.metaCfg = meta.Config{
 		Endpoints: n.cfg.MetaEndpoints,
 		ClientTLS: clientTLS,
 		Embed: meta.EmbedConfig{
@@ -291,7 +294,8 @@ func (n *Node) openMeta(ctx context.Context, pkiDir string, joined *joinState) (
 			CertFile: filepath.Join(pkiDir, "server.pem"), KeyFile: filepath.Join(pkiDir, "server-key.pem"),
 			CAFile: filepath.Join(pkiDir, "ca.pem"), QuotaBytes: n.cfg.MetaQuota,
 		},
-	}, joined), n.log)
+	}
+	n.meta, err = meta.Open(ctx, n.metaConfig(n.metaCfg, joined), n.log)
 	if err != nil {
 		return nil, tls.Certificate{}, err
 	}

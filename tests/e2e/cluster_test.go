@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -229,12 +230,25 @@ func TestClusterMembership(t *testing.T) {
 // node, whose etcd client may know no member but its own — takes it out
 // cleanly: the removed process releases its volume's write lease, exits 0
 // saying why, and never panics (etcd panics when asked whether a removed
-// member is a learner); the two voters left serve writes, and a new node
-// joins in its place as a voter.
+// member is a learner); the two voters left serve writes, and one of the
+// two client nodes steps up to voter by itself, so that the cluster again
+// survives the loss of a voter. Client nodes serve joins and list the
+// cluster's roles like voters.
 func TestClusterRemoveVoter(t *testing.T) {
 	t.Parallel()
 	c := StartCluster(t, 3)
 	n1 := c.Nodes[0]
+	c.Join("n4", "--identity", n1.AdminDir())
+	// n5 joins through n4, a client node (which runs no etcd member).
+	n5 := StartNode(t, NodeOptions{Name: "n5", Store: c.Store, Args: []string{"--join", c.Nodes[3].Endpoint(), "--identity", n1.AdminDir()}})
+	c.Nodes = append(c.Nodes, n5)
+	c.WaitRoles(60*time.Second, map[string]string{"n1": "voter", "n2": "voter", "n3": "voter", "n4": "client", "n5": "client"})
+	// Asked of a client node, node list shows the voters as voters.
+	for _, n := range c.NodeList(4) {
+		if want := map[bool]string{true: "voter", false: "client"}[n.Name <= "n3"]; n.Role != want {
+			t.Errorf("node list through client node n5: %s is %s, want %s", n.Name, n.Role, want)
+		}
+	}
 	c.Admin(0).CreateVolume("--size", "64MiB", "--name", "held")
 	a := c.Admin(0).Attach("held", "h1", "rw")
 	if a.NBDURI != n1.nbdBase()+a.Export {
@@ -298,7 +312,7 @@ func TestClusterRemoveVoter(t *testing.T) {
 	}
 
 	c.Nodes = c.Nodes[1:] // n2 is the cluster's first node now
-	ns := c.WaitRoles(20*time.Second, map[string]string{"n2": "voter", "n3": "voter"})
+	ns := c.WaitRoles(20*time.Second, nil)
 	for _, n := range ns {
 		if n.Name == "n1" {
 			t.Errorf("n1 still listed after its removal: %+v", n)
@@ -326,17 +340,51 @@ func TestClusterRemoveVoter(t *testing.T) {
 	if took > 3500*time.Millisecond {
 		t.Errorf("the attachment moved off n1 %v after n1 began to shut down: its write lease expired instead of being released", took)
 	}
-	if moved.a.NBDURI != c.Nodes[0].nbdBase()+a.Export && moved.a.NBDURI != c.Nodes[1].nbdBase()+a.Export {
+	if !slices.ContainsFunc(c.Nodes, func(n *Node) bool { return moved.a.NBDURI == n.nbdBase()+a.Export }) {
 		t.Errorf("nbd_uri %s names no live node", moved.a.NBDURI)
 	}
 	c.Admin(0).CreateVolume("--size", "64MiB", "--name", "after-removal-2")
 	c.Admin(1).CreateVolume("--size", "64MiB", "--name", "after-removal-3")
 
-	c.Join("n4", "--identity", c.Nodes[0].AdminDir())
-	c.WaitRoles(30*time.Second, map[string]string{"n2": "voter", "n3": "voter", "n4": "voter"})
-	if v := c.Admin(2).Volume("after-removal-3"); v.Name != "after-removal-3" {
-		t.Errorf("the replacement reads %+v", v)
+	// One client node becomes the third voter, the other stays a client.
+	var up, client int // indexes into c.Nodes (n2 n3 n4 n5)
+	deadline = time.Now().Add(60 * time.Second)
+	for {
+		roles := map[string]string{}
+		for _, n := range c.NodeList(0) {
+			roles[n.Name] = n.Role
+		}
+		if roles["n2"] == "voter" && roles["n3"] == "voter" && len(roles) == 4 {
+			if roles["n4"] == "voter" && roles["n5"] == "client" {
+				up, client = 2, 3
+				break
+			}
+			if roles["n5"] == "voter" && roles["n4"] == "client" {
+				up, client = 3, 2
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no client node stepped up to voter within 60s: %v", roles)
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
+	if log := c.Nodes[up].Log(); !strings.Contains(log, "promoted to voter") {
+		t.Errorf("%s's log does not say it was promoted:\n%s", c.Nodes[up].opts.Name, tail(log, 4000))
+	}
+	if v := c.Admin(up).Volume("after-removal-3"); v.Name != "after-removal-3" {
+		t.Errorf("the new voter reads %+v", v)
+	}
+	// Three voters again: losing one (n2) leaves a quorum.
+	c.Nodes[0].Kill()
+	c.Admin(client).CreateVolume("--size", "64MiB", "--name", "after-step-up")
+	if v := c.Admin(up).Volume("after-step-up"); v.Name != "after-step-up" {
+		t.Errorf("the new voter reads %+v", v)
+	}
+	// Restarted, the new voter comes back as a voter.
+	c.Nodes[up].Kill()
+	c.Nodes[up].Restart()
+	c.Admin(up).CreateVolume("--size", "64MiB", "--name", "after-restart")
 }
 
 // attachmentMove is when `attachment show` first named another node.

@@ -1,0 +1,129 @@
+package cluster
+
+// Stepping up: a client node becomes a voter when the cluster has fewer
+// voters than its target — after `node remove` took a voter out, say — so
+// that the cluster tolerates as many failures as before without an
+// operator joining a new node.
+
+import (
+	"context"
+	"slices"
+
+	"github.com/basalt-storage/basalt/internal/meta"
+)
+
+// StepUp adds the client node req describes (the calling node itself) to
+// the cluster's etcd members as a learner if the cluster has fewer voters
+// than its target and no learner catching up; it returns what the node
+// needs to start its member (Role learner), or nil when no voter is
+// wanted. Like Join, it is idempotent: a node that crashed after its
+// learner was added finds it (by peer URL) and gets the same answer, so a
+// caller retries StepUp at every start until its member runs.
+//
+// Decided under the join lock, so that two client nodes never both step
+// up for one missing voter; the node's record gains its etcd URLs in the
+// same critical section (`node remove` finds its member by them).
+func (s *Service) StepUp(ctx context.Context, req JoinRequest) (*JoinResponse, error) {
+	if err := checkRequest(req); err != nil {
+		return nil, err
+	}
+	// A look without the lock first: every client node asks every few
+	// seconds, and almost always no voter is wanted.
+	if want, err := s.wantsVoter(ctx, req.Peer); err != nil || !want {
+		return nil, err
+	}
+	var resp *JoinResponse
+	err := s.meta.WithJoinLock(ctx, func() error {
+		want, err := s.wantsVoter(ctx, req.Peer)
+		if err != nil || !want {
+			return err
+		}
+		members, err := s.meta.Members(ctx)
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(members, func(m meta.Member) bool { return slices.Contains(m.Peers, req.Peer) }) {
+			rec, err := s.meta.Node(ctx, req.Name)
+			if err != nil {
+				return err
+			}
+			rec.Peer, rec.Client = req.Peer, req.Client
+			if err := s.meta.PutNode(ctx, rec); err != nil {
+				return err
+			}
+			if _, err := s.meta.AddLearner(ctx, req.Peer); err != nil {
+				return err
+			}
+			if members, err = s.meta.Members(ctx); err != nil {
+				return err
+			}
+		}
+		resp = &JoinResponse{Role: meta.RoleLearner, InitialCluster: initialCluster(members, req)}
+		for _, m := range members {
+			if !m.Learner && m.Name != "" {
+				resp.Endpoints = append(resp.Endpoints, m.Clients...)
+			}
+		}
+		return nil
+	})
+	if err != nil || resp == nil {
+		return nil, err
+	}
+	s.log.Info("client node steps up to voter", "node", req.Name, "peer", req.Peer)
+	return resp, nil
+}
+
+// wantsVoter reports whether the node with etcd peer URL peer should
+// become a member: the cluster runs its own etcd, and either a member
+// with that peer URL exists already (added before a crash) or the cluster
+// has fewer voters than its target and no learner.
+func (s *Service) wantsVoter(ctx context.Context, peer string) (bool, error) {
+	cl, err := s.meta.Cluster(ctx)
+	if err != nil || cl.External {
+		return false, err
+	}
+	members, err := s.meta.Members(ctx)
+	if err != nil {
+		return false, err
+	}
+	voters, learners := 0, 0
+	for _, m := range members {
+		if slices.Contains(m.Peers, peer) {
+			return true, nil
+		}
+		if m.Learner {
+			learners++
+		} else {
+			voters++
+		}
+	}
+	return voters < cl.Voters && learners == 0, nil
+}
+
+// StepDown undoes a StepUp whose member could not start (its ports not
+// bindable, say): the learner is removed, so that it does not block every
+// later join, and the node's record loses its etcd URLs again.
+func (s *Service) StepDown(ctx context.Context, req JoinRequest) error {
+	return s.meta.WithJoinLock(ctx, func() error {
+		members, err := s.meta.Members(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range members {
+			if slices.Contains(m.Peers, req.Peer) {
+				if !m.Learner {
+					return nil // promoted after all: keep it
+				}
+				if err := s.meta.RemoveMember(ctx, m.ID); err != nil {
+					return err
+				}
+			}
+		}
+		rec, err := s.meta.Node(ctx, req.Name)
+		if err != nil {
+			return err
+		}
+		rec.Peer, rec.Client = "", ""
+		return s.meta.PutNode(ctx, rec)
+	})
+}
