@@ -172,6 +172,15 @@ func TestExternalEtcdCluster(t *testing.T) {
 	if st2.Node.Name != "node2" {
 		t.Errorf("node2's status names node %q", st2.Node.Name)
 	}
+	// Both nodes are clients of an etcd that is not basalt's: its member
+	// ("default") is neither listed nor removable as a node.
+	var ns []NodeInfo
+	admin1.OK(&ns, "node", "list")
+	if len(ns) != 2 || ns[0].Role != "client" || ns[1].Role != "client" {
+		t.Errorf("node list over an external etcd: %+v, want node1 and node2 as clients", ns)
+	}
+	admin1.Fail("NotFound", "node", "remove", "default")
+
 	// alice works through node 2 with the identity node 1 issued, and a
 	// volume she creates there is visible through node 1.
 	aliceOn2 := n2.As(alice.Identity)
