@@ -164,7 +164,8 @@ func (s *Store) StartMember(ctx context.Context, c Config) error {
 	if s.mem.Load() != nil {
 		return errors.New("this node runs an etcd member already")
 	}
-	m, _, err := startMember(ctx, c, s.log)
+	// The member's client lives as long as the store, not as ctx.
+	m, _, err := startMember(context.WithoutCancel(ctx), c, s.log)
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/cluster"
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/failpoint"
 	"github.com/basalt-storage/basalt/internal/meta"
 	"github.com/basalt-storage/basalt/internal/pki"
 )
@@ -207,10 +208,12 @@ func (n *Node) stepUp(ctx context.Context, st *joinState, api string) {
 		if resp == nil {
 			continue
 		}
+		failpoint.Crash("step-up-learner-added")
 		up := *st
 		up.Role, up.InitialCluster, up.Endpoints = meta.RoleLearner, resp.InitialCluster, resp.Endpoints
 		err = n.saveJoinState(&up)
 		if err == nil {
+			failpoint.Crash("step-up-state-saved")
 			n.log.Info("the cluster wants a voter: starting an etcd member", "initial_cluster", up.InitialCluster)
 			err = n.meta.StartMember(ctx, n.metaConfig(n.metaCfg, &up))
 		}
@@ -292,8 +295,10 @@ func (n *Node) belong(ctx context.Context, st *joinState) error {
 	case st != nil && st.Role == meta.RoleLearner:
 		go n.promote(ctx, st)
 	case st != nil && st.Role == meta.RoleClient:
-		go n.refreshJoinState(ctx, st)
-		go n.stepUp(ctx, st, rec.API)
+		go func() {
+			n.refreshJoinState(ctx, st)
+			n.stepUp(ctx, st, rec.API)
+		}()
 	case st != nil:
 		go n.refreshJoinState(ctx, st)
 	}

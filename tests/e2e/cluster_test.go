@@ -231,16 +231,19 @@ func TestClusterMembership(t *testing.T) {
 // cleanly: the removed process releases its volume's write lease, exits 0
 // saying why, and never panics (etcd panics when asked whether a removed
 // member is a learner); the two voters left serve writes, and one of the
-// two client nodes steps up to voter by itself, so that the cluster again
-// survives the loss of a voter. Client nodes serve joins and list the
+// two client nodes steps up to voter by itself — resuming after crashes
+// at each step — so that the cluster again survives the loss of a voter. Client nodes serve joins and list the
 // cluster's roles like voters.
 func TestClusterRemoveVoter(t *testing.T) {
 	t.Parallel()
 	c := StartCluster(t, 3)
 	n1 := c.Nodes[0]
-	c.Join("n4", "--identity", n1.AdminDir())
+	// The client nodes crash when they begin to step up (below).
+	crash := []string{"BASALT_FAILPOINT=step-up-learner-added"}
+	n4 := StartNode(t, NodeOptions{Name: "n4", Store: c.Store, Env: crash, Args: []string{"--join", n1.Endpoint(), "--identity", n1.AdminDir()}})
+	c.Nodes = append(c.Nodes, n4)
 	// n5 joins through n4, a client node (which runs no etcd member).
-	n5 := StartNode(t, NodeOptions{Name: "n5", Store: c.Store, Args: []string{"--join", c.Nodes[3].Endpoint(), "--identity", n1.AdminDir()}})
+	n5 := StartNode(t, NodeOptions{Name: "n5", Store: c.Store, Env: crash, Args: []string{"--join", n4.Endpoint(), "--identity", n1.AdminDir()}})
 	c.Nodes = append(c.Nodes, n5)
 	c.WaitRoles(60*time.Second, map[string]string{"n1": "voter", "n2": "voter", "n3": "voter", "n4": "client", "n5": "client"})
 	// Asked of a client node, node list shows the voters as voters.
@@ -346,7 +349,46 @@ func TestClusterRemoveVoter(t *testing.T) {
 	c.Admin(0).CreateVolume("--size", "64MiB", "--name", "after-removal-2")
 	c.Admin(1).CreateVolume("--size", "64MiB", "--name", "after-removal-3")
 
-	// One client node becomes the third voter, the other stays a client.
+	// One client node steps up. It crashes once its learner is added
+	// (before it recorded that), and once more after it recorded it
+	// (before its member started); each time it resumes when restarted —
+	// and no other node can step up past its learner meanwhile.
+	deadline = time.Now().Add(60 * time.Second)
+	stepping := -1
+	for stepping < 0 {
+		for _, i := range []int{2, 3} {
+			if !c.Nodes[i].Running() {
+				stepping = i
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no client node stepped up (and crashed at step-up-learner-added) within 60s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	sn := c.Nodes[stepping]
+	joined := func() string {
+		st, _ := os.ReadFile(filepath.Join(sn.Data, "cluster.json"))
+		var js struct{ Role string }
+		json.Unmarshal(st, &js)
+		return js.Role
+	}
+	if role := joined(); role != "client" {
+		t.Errorf("%s crashed as its learner was added: cluster.json says %q, want client", sn.opts.Name, role)
+	}
+	sn.SetEnv("BASALT_FAILPOINT=step-up-state-saved")
+	sn.Restart()
+	select {
+	case <-sn.done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s did not resume its step up (and crash at step-up-state-saved) within 60s", sn.opts.Name)
+	}
+	if role := joined(); role != "learner" {
+		t.Errorf("%s crashed before its member started: cluster.json says %q, want learner", sn.opts.Name, role)
+	}
+	sn.SetEnv()
+	sn.Restart()
+	// Then it becomes the third voter, the other stays a client.
 	var up, client int // indexes into c.Nodes (n2 n3 n4 n5)
 	deadline = time.Now().Add(60 * time.Second)
 	for {

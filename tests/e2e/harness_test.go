@@ -183,6 +183,9 @@ type NodeOptions struct {
 	// (default 127.0.0.1), and NetNS the network namespace the process
 	// runs in: a node on its own link that a test can cut (netns_test.go).
 	Host, NetNS string
+	// Env is added to the process's environment (at every start: a test
+	// may change it between restarts), e.g. "BASALT_FAILPOINT=NAME".
+	Env []string
 }
 
 // Node is one `basalt server` process; Restart reuses its data dir, ports
@@ -311,6 +314,10 @@ func (n *Node) Restart() {
 	}
 }
 
+// SetEnv replaces the environment added to the process from its next
+// start on (NodeOptions.Env).
+func (n *Node) SetEnv(env ...string) { n.opts.Env = env }
+
 // launch runs the process and waits up to 60 s for /healthz == 200.
 func (n *Node) launch() error {
 	n.starts++
@@ -319,7 +326,7 @@ func (n *Node) launch() error {
 	if n.opts.NetNS != "" {
 		cmd = exec.Command("ip", append([]string{"netns", "exec", n.opts.NetNS, basaltBin}, args...)...)
 	}
-	cmd.Env = baseEnv()
+	cmd.Env = append(baseEnv(), n.opts.Env...)
 	cmd.Stdout, cmd.Stderr = n.log, n.log
 	fmt.Fprintf(n.log, "\n==== start #%d: basalt %s\n", n.starts, strings.Join(args, " "))
 	if err := cmd.Start(); err != nil {
