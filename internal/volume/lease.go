@@ -366,11 +366,13 @@ func (l *leases) acquireLocked(ctx context.Context, vol string) (string, error) 
 	}
 	if got.Node == l.s.cfg.Node {
 		l.mu.Lock()
-		if _, had := l.held[vol]; !had {
-			l.s.logFor("volume", vol).Info("write lease acquired", "token", got.Token)
-		}
+		_, had := l.held[vol]
 		l.held[vol] = got.Token
 		l.mu.Unlock()
+		if !had {
+			l.s.logFor("volume", vol).Info("write lease acquired", "token", got.Token)
+			l.s.failPassedSnapshots(ctx, vol)
+		}
 	}
 	return got.Node, nil
 }

@@ -24,7 +24,10 @@ package volume
 // node, so the new node runs it as a delegated one. A snapshot is the
 // exception: frozen after another node has written the volume, it would
 // hold writes made after it was asked for, so then it fails, as one that
-// a restarted node finds in the same case (Start).
+// a restarted node finds in the same case (Start) — and as any snapshot
+// under way does when another node takes the volume's write lease
+// (failPassedSnapshots), which closes the gap of a node that took the
+// lease, wrote and let it go before a sweep came.
 //
 // Safety: a node whose key went may only be cut off, and still running the
 // workflow. Those that write a volume's stack (jobs, extends, snapshot
@@ -43,6 +46,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
 )
 
@@ -275,6 +279,35 @@ func (s *Service) freezeExact(ctx context.Context, vol, dead string, alive map[s
 	default:
 		return fmt.Sprintf("node %s, which was taking this snapshot, is gone, and node %s writes the volume now: "+
 			"the snapshot could no longer hold exactly the writes made before it was asked for; take it again", dead, h.Node), true
+	}
+}
+
+// failPassedSnapshots fails the snapshots of volume vol under way on
+// other nodes, as this node takes vol's write lease. A snapshot is frozen
+// by the node that held the lease when it was asked for (or that node's
+// adopter); once the lease has passed to this node, which is about to
+// write, that node could only freeze the volume with writes made after the
+// snapshot was asked for. Without this, a node that took the lease, wrote
+// and let the lease go again before a sweep came (orphans: freezeExact
+// finds nobody writing) or before a node cut off meanwhile returned, would
+// leave the snapshot to be taken with its writes in it. Called before the
+// acquiring caller writes anything; an error only leaves the snapshot to
+// the sweeps, which find this node writing and fail it too.
+func (s *Service) failPassedSnapshots(ctx context.Context, vol string) {
+	v, err := s.meta.Volume(ctx, vol)
+	if err != nil {
+		if !errs.IsCode(err, errs.CodeNotFound) {
+			s.logFor("volume", vol).Warn("write lease taken: cannot look for snapshots under way", "err", err)
+		}
+		return
+	}
+	for _, id := range v.Snapshotting {
+		sn, err := s.meta.Snapshot(ctx, id)
+		if err != nil || sn.Status != meta.StatusCreating || sn.Node == s.cfg.Node {
+			continue
+		}
+		s.failSnapshot(ctx, id, sn.Node, fmt.Errorf("node %s, which was taking this snapshot, no longer writes the volume: node %s took it over for writing, "+
+			"so the snapshot could no longer hold exactly the writes made before it was asked for; take it again", sn.Node, s.cfg.Node))
 	}
 }
 

@@ -532,7 +532,7 @@ func TestOrphanedSnapshotFailsAfterWrites(t *testing.T) {
 			t.Fatal("the orphaned snapshot is still being created")
 		}
 	}
-	if got.Status != meta.StatusError || !strings.Contains(got.StatusMessage, c.cfg.Node+" writes the volume now") || got.Image != "" {
+	if got.Status != meta.StatusError || !strings.Contains(got.StatusMessage, c.cfg.Node) || got.Image != "" {
 		t.Fatalf("orphaned snapshot after another node wrote the volume: %s %q image %q", got.Status, got.StatusMessage, got.Image)
 	}
 	if cur := e.volume(v.ID); len(cur.Snapshotting) != 0 {
@@ -540,5 +540,41 @@ func TestOrphanedSnapshotFailsAfterWrites(t *testing.T) {
 	}
 	if r := <-res; r.sn == nil || r.sn.Status != meta.StatusError {
 		t.Fatalf("the create call that handed the snapshot over returned %+v, %v", r.sn, r.err)
+	}
+}
+
+// TestSnapshotFailsWhenLeasePasses: a snapshot recorded for the volume's
+// writer fails the moment another node takes the write lease — here after
+// the writer, alive, let it go before taking the snapshot — since that
+// node is about to write the volume and the snapshot could no longer be
+// taken without its writes. No sweep is involved: none would fail a live
+// node's snapshot, and after the new writer let the lease go too, a
+// sweep would find nobody writing.
+func TestSnapshotFailsWhenLeasePasses(t *testing.T) {
+	e := newPrivateEnv(t)
+	a := e.started(Config{Node: uniq("a")})
+	e.alive(a.cfg.Node)
+	alice := caller("alice")
+	v, _ := e.filledVolume(a, alice, 1<<20, 7)
+	b, _ := e.holdingWriter(v.ID)
+	handed, res := e.handSnapshot(a, alice, v.ID)
+	if handed.Node != b.cfg.Node {
+		t.Fatalf("snapshot recorded for %q, want the writer %s", handed.Node, b.cfg.Node)
+	}
+	b.leases.unuse(ctxT(t), v.ID)
+	e.noLease(v.ID, "after the writer let it go")
+	if got := e.snapshot(handed.ID); got.Status != meta.StatusCreating {
+		t.Fatalf("snapshot %s before another node took the lease, want creating", got.Status)
+	}
+	c, _ := e.holdingWriter(v.ID)
+	got := e.snapshot(handed.ID)
+	if got.Status != meta.StatusError || !strings.Contains(got.StatusMessage, c.cfg.Node) || !strings.Contains(got.StatusMessage, b.cfg.Node) {
+		t.Fatalf("snapshot once %s took the lease from %s: %s %q, want error naming both", c.cfg.Node, b.cfg.Node, got.Status, got.StatusMessage)
+	}
+	if cur := e.volume(v.ID); len(cur.Snapshotting) != 0 {
+		t.Fatalf("the volume still records the snapshot as under way: %v", cur.Snapshotting)
+	}
+	if r := <-res; r.sn == nil || r.sn.Status != meta.StatusError {
+		t.Fatalf("the create call returned %+v, %v", r.sn, r.err)
 	}
 }
