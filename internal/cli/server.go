@@ -141,6 +141,7 @@ func applyConfigFile(fs *pflag.FlagSet, path string) error {
 }
 
 func runServer(cfg server.Config, log *slog.Logger, g *globals) error {
+	tuneGC(log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	n, err := server.Start(ctx, cfg, log)

@@ -63,6 +63,21 @@ func (o *memberOpener) config(name, peerAddr string, endpoints []string, initial
 	}, "https://" + clientAddr
 }
 
+// promote makes learner id a voter through s once it has caught up.
+func promote(t *testing.T, ctx context.Context, s *Store, id uint64) {
+	t.Helper()
+	for {
+		err := s.Promote(ctx, id)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, ErrNotCaughtUp) || ctx.Err() != nil {
+			t.Fatalf("promote %x: %v", id, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // TestClientStartsMember: a store opened as an etcd client of the voters
 // (a client node) gains a member of its own in process — the learner the
 // cluster added for it — and, once that is promoted, reads from it and
@@ -113,16 +128,7 @@ func TestClientStartsMember(t *testing.T) {
 		t.Fatal("a second StartMember succeeded")
 	}
 	put(s2, "as-learner")
-	for {
-		err := s2.Promote(ctx, id2)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, ErrNotCaughtUp) || ctx.Err() != nil {
-			t.Fatalf("promote m2: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	promote(t, ctx, s2, id2)
 	for {
 		if _, serves, learner := s2.ownMember(); serves && !learner && s2.attemptMode() != modeCareful {
 			break
@@ -170,16 +176,7 @@ func TestRemovedVoterStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	s2, url2 := o.open("m2", peer2, []string{url1}, "m1=https://"+peer1+",m2=https://"+peer2)
-	for {
-		err := s1.Promote(ctx, id2)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, ErrNotCaughtUp) || ctx.Err() != nil {
-			t.Fatalf("promote m2: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	promote(t, ctx, s1, id2)
 	// m2's client knows its own member alone.
 	s2.cli.SetEndpoints(url2)
 	for {

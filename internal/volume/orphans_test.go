@@ -134,10 +134,10 @@ type snapshotResult struct {
 	err error
 }
 
-// handSnapshot asks a for a snapshot of vol, which another node writes,
-// and returns the snapshot record once it is handed to that node, and
-// where the call's result will arrive.
-func (e *env) handSnapshot(a *Service, c Caller, vol string) (*meta.Snapshot, <-chan snapshotResult) {
+// handSnapshot asks a for a snapshot of vol, which writer writes, and
+// returns the snapshot record once it is handed to writer, and where the
+// call's result will arrive.
+func (e *env) handSnapshot(a *Service, c Caller, vol string, writer *Service) (*meta.Snapshot, <-chan snapshotResult) {
 	e.t.Helper()
 	res := make(chan snapshotResult, 1)
 	go func() {
@@ -146,7 +146,11 @@ func (e *env) handSnapshot(a *Service, c Caller, vol string) (*meta.Snapshot, <-
 	}()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if cur := e.volume(vol); len(cur.Snapshotting) == 1 {
-			return e.snapshot(cur.Snapshotting[0]), res
+			sn := e.snapshot(cur.Snapshotting[0])
+			if sn.Node != writer.cfg.Node {
+				e.t.Fatalf("snapshot recorded for %q, want the writer %s", sn.Node, writer.cfg.Node)
+			}
+			return sn, res
 		}
 		if time.Now().After(deadline) {
 			e.t.Fatal("the snapshot was never handed to the volume's writer")
@@ -310,10 +314,7 @@ func TestOrphanedSnapshotAdopted(t *testing.T) {
 	alice := caller("alice")
 	v, model := e.filledVolume(a, alice, 1<<20, 7)
 	b, bGone := e.holdingWriter(v.ID)
-	handed, res := e.handSnapshot(a, alice, v.ID)
-	if handed.Node != b.cfg.Node {
-		t.Fatalf("snapshot recorded for %q, want the writer %s", handed.Node, b.cfg.Node)
-	}
+	_, res := e.handSnapshot(a, alice, v.ID, b)
 	bGone()
 	b.leases.stop()
 	r := <-res
@@ -476,7 +477,7 @@ func TestReturningNodeLeavesAdoptedSnapshot(t *testing.T) {
 			alice := caller("alice")
 			v, model := e.filledVolume(a, alice, 1<<20, 7)
 			b, bGone := e.holdingWriter(v.ID)
-			handed, res := e.handSnapshot(a, alice, v.ID)
+			handed, res := e.handSnapshot(a, alice, v.ID, b)
 			bGone()
 			b.leases.stop()
 			if r := <-res; r.err != nil {
@@ -517,7 +518,7 @@ func TestOrphanedSnapshotFailsAfterWrites(t *testing.T) {
 	alice := caller("alice")
 	v, _ := e.filledVolume(a, alice, 1<<20, 7)
 	b, bGone := e.holdingWriter(v.ID)
-	handed, res := e.handSnapshot(a, alice, v.ID)
+	handed, res := e.handSnapshot(a, alice, v.ID, b)
 	bGone()
 	b.leases.stop()
 	c, _ := e.holdingWriter(v.ID) // takes the volume for writing
@@ -557,10 +558,7 @@ func TestSnapshotFailsWhenLeasePasses(t *testing.T) {
 	alice := caller("alice")
 	v, _ := e.filledVolume(a, alice, 1<<20, 7)
 	b, _ := e.holdingWriter(v.ID)
-	handed, res := e.handSnapshot(a, alice, v.ID)
-	if handed.Node != b.cfg.Node {
-		t.Fatalf("snapshot recorded for %q, want the writer %s", handed.Node, b.cfg.Node)
-	}
+	handed, res := e.handSnapshot(a, alice, v.ID, b)
 	b.leases.unuse(ctxT(t), v.ID)
 	e.noLease(v.ID, "after the writer let it go")
 	if got := e.snapshot(handed.ID); got.Status != meta.StatusCreating {
