@@ -169,14 +169,18 @@ func (s *Store) StartMember(ctx context.Context, c Config) error {
 	if err != nil {
 		return err
 	}
+	if !s.mem.CompareAndSwap(nil, m) {
+		m.local.Close()
+		m.close()
+		return errors.New("this node runs an etcd member already")
+	}
 	select {
-	case <-s.closed:
+	case <-s.closed: // Close may have run before the swap: it missed m
 		m.local.Close()
 		m.close()
 		return errors.New("metadata store closed")
 	default:
 	}
-	s.mem.Store(m)
 	go s.watchMember(m)
 	return nil
 }
