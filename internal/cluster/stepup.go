@@ -29,17 +29,13 @@ func (s *Service) StepUp(ctx context.Context, req JoinRequest) (*JoinResponse, e
 	}
 	// A look without the lock first: every client node asks every few
 	// seconds, and almost always no voter is wanted.
-	if want, err := s.wantsVoter(ctx, req.Peer); err != nil || !want {
+	if _, want, err := s.wantsVoter(ctx, req.Peer); err != nil || !want {
 		return nil, err
 	}
 	var resp *JoinResponse
 	err := s.meta.WithJoinLock(ctx, func() error {
-		want, err := s.wantsVoter(ctx, req.Peer)
+		members, want, err := s.wantsVoter(ctx, req.Peer)
 		if err != nil || !want {
-			return err
-		}
-		members, err := s.meta.Members(ctx)
-		if err != nil {
 			return err
 		}
 		if !slices.ContainsFunc(members, func(m meta.Member) bool { return slices.Contains(m.Peers, req.Peer) }) {
@@ -74,22 +70,22 @@ func (s *Service) StepUp(ctx context.Context, req JoinRequest) (*JoinResponse, e
 }
 
 // wantsVoter reports whether the node with etcd peer URL peer should
-// become a member: the cluster runs its own etcd, and either a member
+// become a member — the cluster runs its own etcd, and either a member
 // with that peer URL exists already (added before a crash) or the cluster
-// has fewer voters than its target and no learner.
-func (s *Service) wantsVoter(ctx context.Context, peer string) (bool, error) {
+// has fewer voters than its target and no learner — with the members.
+func (s *Service) wantsVoter(ctx context.Context, peer string) ([]meta.Member, bool, error) {
 	cl, err := s.meta.Cluster(ctx)
 	if err != nil || cl.External {
-		return false, err
+		return nil, false, err
 	}
 	members, err := s.meta.Members(ctx)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	voters, learners := 0, 0
 	for _, m := range members {
 		if slices.Contains(m.Peers, peer) {
-			return true, nil
+			return members, true, nil
 		}
 		if m.Learner {
 			learners++
@@ -97,7 +93,7 @@ func (s *Service) wantsVoter(ctx context.Context, peer string) (bool, error) {
 			voters++
 		}
 	}
-	return voters < cl.Voters && learners == 0, nil
+	return members, voters < cl.Voters && learners == 0, nil
 }
 
 // StepDown undoes a StepUp whose member could not start (its ports not

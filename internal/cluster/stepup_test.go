@@ -60,7 +60,7 @@ func TestStepUp(t *testing.T) {
 	if ms, err := e.Meta.Members(ctx); err != nil || len(ms) != 1 {
 		t.Fatalf("members after StepDown: %+v %v", ms, err)
 	}
-	if want, err := s.wantsVoter(ctx, b.Peer); err != nil || !want {
+	if _, want, err := s.wantsVoter(ctx, b.Peer); err != nil || !want {
 		t.Fatalf("after StepDown, a voter wanted: %v %v", want, err)
 	}
 }
