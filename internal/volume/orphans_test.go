@@ -53,6 +53,15 @@ func (e *env) alive(node string) (gone func()) {
 	}
 }
 
+// liveNode names a node that runs nothing but keeps its liveness key
+// until gone is called: a node whose recorded workflows are not to be
+// adopted until then.
+func (e *env) liveNode() (name string, gone func()) {
+	e.t.Helper()
+	name = uniq("b")
+	return name, e.alive(name)
+}
+
 // adopting starts a service that adopts orphaned workflows, with its
 // liveness key.
 func (e *env) adopting(cfg Config) *Service {
@@ -158,6 +167,20 @@ func (e *env) handSnapshot(a *Service, c Caller, vol string, writer *Service) (*
 	}
 }
 
+// writerDiesWithSnapshot asks a for a snapshot of vol while another node
+// writes vol, and makes that node die (its liveness key and write-lease
+// key gone) once the snapshot is handed to it, before it takes it; it
+// returns that node (its service, not started), the handed snapshot and
+// where a's call will answer.
+func (e *env) writerDiesWithSnapshot(a *Service, c Caller, vol string) (*Service, *meta.Snapshot, <-chan snapshotResult) {
+	e.t.Helper()
+	b, bGone := e.holdingWriter(vol)
+	handed, res := e.handSnapshot(a, c, vol, b)
+	bGone()
+	b.leases.stop()
+	return b, handed, res
+}
+
 // importing makes, through a, a volume recorded as being imported by node
 // from a new object of be's bucket, as node's import records it when it
 // begins, and returns the volume and the object's bytes.
@@ -190,8 +213,7 @@ func (e *env) importing(a *Service, c Caller, be *objects.Backend, bucket, node 
 func TestOrphanedJobAdopted(t *testing.T) {
 	e := newPrivateEnv(t)
 	a := e.adopting(Config{})
-	b := uniq("b")
-	bGone := e.alive(b)
+	b, bGone := e.liveNode()
 	ctx := ctxT(t)
 	alice := caller("alice")
 	_, _, model, clone := e.slowClone(a, alice, 64<<12)
@@ -246,8 +268,7 @@ func TestOrphanWaitsForLeaseKey(t *testing.T) {
 func TestOrphanedExtendAdopted(t *testing.T) {
 	e := newPrivateEnv(t)
 	a := e.adopting(Config{})
-	b := uniq("b")
-	bGone := e.alive(b)
+	b, bGone := e.liveNode()
 	alice := caller("alice")
 	v, model := e.filledVolume(a, alice, 1<<20, 3)
 	before := e.provisioned()
@@ -272,8 +293,7 @@ func TestOrphanedExtendAdopted(t *testing.T) {
 func TestOrphanedSnapshotDeleteAdopted(t *testing.T) {
 	e := newPrivateEnv(t)
 	a := e.adopting(Config{})
-	b := uniq("b")
-	bGone := e.alive(b)
+	b, bGone := e.liveNode()
 	ctx := ctxT(t)
 	alice := caller("alice")
 	v, _ := e.filledVolume(a, alice, 1<<20, 5)
@@ -313,10 +333,7 @@ func TestOrphanedSnapshotAdopted(t *testing.T) {
 	ctx := ctxT(t)
 	alice := caller("alice")
 	v, model := e.filledVolume(a, alice, 1<<20, 7)
-	b, bGone := e.holdingWriter(v.ID)
-	_, res := e.handSnapshot(a, alice, v.ID, b)
-	bGone()
-	b.leases.stop()
+	_, _, res := e.writerDiesWithSnapshot(a, alice, v.ID)
 	r := <-res
 	if r.err != nil || r.sn.Status != meta.StatusAvailable {
 		t.Fatalf("snapshot after its writer died: %+v %v", r.sn, r.err)
@@ -360,8 +377,7 @@ func TestOrphanedExportAdopted(t *testing.T) {
 	alice := caller("alice")
 	be, bucket := e.objectStore(alice)
 	a := e.adopting(Config{Objects: be})
-	b := uniq("b")
-	bGone := e.alive(b)
+	b, bGone := e.liveNode()
 	ctx := ctxT(t)
 	v, model := e.filledVolume(a, alice, 1<<20, 9)
 	sn, err := a.CreateSnapshot(ctx, alice, v.ID, "", "")
@@ -409,8 +425,7 @@ func TestOrphanedImportAdopted(t *testing.T) {
 	alice := caller("alice")
 	be, bucket := e.objectStore(alice)
 	a := e.adopting(Config{Objects: be})
-	b := uniq("b")
-	bGone := e.alive(b)
+	b, bGone := e.liveNode()
 	v, model := e.importing(a, alice, be, bucket, b)
 	e.keptFor(a, v.ID, meta.StatusCreating, b)
 
@@ -476,10 +491,7 @@ func TestReturningNodeLeavesAdoptedSnapshot(t *testing.T) {
 			ctx := ctxT(t)
 			alice := caller("alice")
 			v, model := e.filledVolume(a, alice, 1<<20, 7)
-			b, bGone := e.holdingWriter(v.ID)
-			handed, res := e.handSnapshot(a, alice, v.ID, b)
-			bGone()
-			b.leases.stop()
+			b, handed, res := e.writerDiesWithSnapshot(a, alice, v.ID)
 			if r := <-res; r.err != nil {
 				t.Fatal(r.err)
 			}
@@ -517,10 +529,7 @@ func TestOrphanedSnapshotFailsAfterWrites(t *testing.T) {
 	e.alive(a.cfg.Node)
 	alice := caller("alice")
 	v, _ := e.filledVolume(a, alice, 1<<20, 7)
-	b, bGone := e.holdingWriter(v.ID)
-	handed, res := e.handSnapshot(a, alice, v.ID, b)
-	bGone()
-	b.leases.stop()
+	_, handed, res := e.writerDiesWithSnapshot(a, alice, v.ID)
 	c, _ := e.holdingWriter(v.ID) // takes the volume for writing
 
 	e.adopting(Config{})
