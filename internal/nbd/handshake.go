@@ -253,10 +253,16 @@ func (c *conn) infoGo(o option) (*Export, error) {
 		be.PutUint32(info[10:], MaxPayload)
 		err = c.reply(o.code, repInfo, info[:14])
 	}
-	if err == nil {
-		err = c.reply(o.code, repAck, nil)
-	}
 	if err != nil || o.code == optInfo {
+		// An INFO is done with the export before its final answer: a
+		// client that has read it finds the export released.
+		release(exp)
+		if err == nil {
+			err = c.reply(o.code, repAck, nil)
+		}
+		return nil, err
+	}
+	if err = c.reply(o.code, repAck, nil); err != nil {
 		release(exp)
 		return nil, err
 	}
