@@ -48,6 +48,14 @@ type VolumeLease struct {
 
 func (l *VolumeLease) schema() int { return l.Schema }
 
+// leaseClient is the client that grants and renews this node's etcd
+// leases: its own voting member while that serves (txnClient), which
+// forwards them to the leader — so that a renewal never waits on another
+// member cut off from the cluster, which the cluster client may have
+// picked and would only give up after its keepalive timeout, longer than
+// the leases' TTL — else the cluster client.
+func (s *Store) leaseClient() *clientv3.Client { return s.txnClient() }
+
 // ErrLeaseGone: the etcd lease expired (or was revoked); every key on it
 // is gone.
 var ErrLeaseGone = errors.New("lease expired")
@@ -56,7 +64,7 @@ var ErrLeaseGone = errors.New("lease expired")
 func (s *Store) GrantLease(ctx context.Context, ttl time.Duration) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.writeTimeout())
 	defer cancel()
-	r, err := s.cli.Grant(ctx, int64(ttl/time.Second))
+	r, err := s.leaseClient().Grant(ctx, int64(ttl/time.Second))
 	if err != nil {
 		return 0, wrap("grant lease", err)
 	}
@@ -65,7 +73,7 @@ func (s *Store) GrantLease(ctx context.Context, ttl time.Duration) (int64, error
 
 // RenewLease renews lease id once; ErrLeaseGone if it expired.
 func (s *Store) RenewLease(ctx context.Context, id int64) error {
-	_, err := s.cli.KeepAliveOnce(ctx, clientv3.LeaseID(id))
+	_, err := s.leaseClient().KeepAliveOnce(ctx, clientv3.LeaseID(id))
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) || err != nil && strings.Contains(err.Error(), "requested lease not found") {
 		return ErrLeaseGone
 	}

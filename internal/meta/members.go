@@ -206,16 +206,17 @@ func (s *Store) KeepAlive(ctx context.Context, name string) {
 }
 
 func (s *Store) keepAlive(ctx context.Context, name string) error {
+	cli := s.leaseClient()
 	gctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	lease, err := s.cli.Grant(gctx, aliveTTL)
+	lease, err := cli.Grant(gctx, aliveTTL)
 	if err == nil {
-		_, err = s.cli.Put(gctx, prefixAlive+name, time.Now().UTC().Format(time.RFC3339), clientv3.WithLease(lease.ID))
+		_, err = cli.Put(gctx, prefixAlive+name, time.Now().UTC().Format(time.RFC3339), clientv3.WithLease(lease.ID))
 	}
 	cancel()
 	if err != nil {
 		return err
 	}
-	ch, err := s.cli.KeepAlive(ctx, lease.ID)
+	ch, err := cli.KeepAlive(ctx, lease.ID)
 	if err != nil {
 		return err
 	}
