@@ -8,7 +8,10 @@
 #
 # Needs: go, fio (with the nbd engine), nbdkit, qemu-nbd, python3
 # (`make deps` installs them). Prints IOPS and MB/s per server and job, and
-# the ratios basalt/nbdkit and basalt/qemu-nbd.
+# the ratios basalt/nbdkit and basalt/qemu-nbd, then each server's CPU time
+# per request: on a host where fio and the server share the CPUs, a server
+# that needs less CPU per request leaves fio more, and this column says so
+# even when run-to-run noise hides it in the IOPS.
 #
 # All three servers serve the file at once but only one is driven at a
 # time; for each job the servers take turns, round after round, in an
@@ -35,6 +38,9 @@ pids+=("$(cat "$work/nbdkit.pid")")
 qport=$(freeport)
 qemu-nbd --fork --pid-file "$work/qemu-nbd.pid" -f raw -t -b 127.0.0.1 -p "$qport" -x bench "$file"
 pids+=("$(cat "$work/qemu-nbd.pid")")
+declare -A spid=([basalt]=${pids[0]} [nbdkit]=$(cat "$work/nbdkit.pid") [qemu-nbd]=$(cat "$work/qemu-nbd.pid"))
+# cputicks PID: user + system clock ticks the process has used (its threads included).
+cputicks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 declare -A uris=([basalt]=$uri [nbdkit]=nbd://127.0.0.1:$kport [qemu-nbd]=nbd://127.0.0.1:$qport/bench)
 
 # job name -> fio rw, block size, queue depth
@@ -49,9 +55,11 @@ for j in $JOBS; do
     order=(basalt nbdkit qemu-nbd)
     order=("${order[@]:round%3}" "${order[@]:0:round%3}")
     for name in "${order[@]}"; do
+      t0=$(cputicks "${spid[$name]}")
       fio --name="$1-$2" --ioengine=nbd --uri="${uris[$name]}" --rw="$1" --bs="$2" --iodepth="$3" \
         --size="$SIZE" --runtime="$RUNTIME" --time_based --ramp_time=2 --output-format=json \
         --output="$results.$name.$1-$2.$round.json" >/dev/null
+      echo $(($(cputicks "${spid[$name]}") - t0)) >"$results.$name.$1-$2.$round.cpu"
     done
   done
 done
@@ -61,10 +69,15 @@ import json, sys, platform, os, datetime
 base, runtime, size, rounds = sys.argv[1:5]
 jobs = sys.argv[5].split()
 servers = ["basalt", "nbdkit", "qemu-nbd"]
+tick = os.sysconf("SC_CLK_TCK")
 def one(s, j, r):
     d = json.load(open(f"{base}.{s}.{j}.{r}.json"))["jobs"][0]
     side = d["read"] if d["read"]["io_bytes"] > 0 else d["write"]
-    return side["iops"], side["bw_bytes"] / 1e6
+    # The CPU was counted over the whole fio run, ramp included, at about
+    # the rate fio measured after the ramp.
+    ops = side["iops"] * (int(runtime) + 2)
+    cpu_us = int(open(f"{base}.{s}.{j}.{r}.cpu").read()) / tick * 1e6 / max(ops, 1)
+    return side["iops"], side["bw_bytes"] / 1e6, cpu_us
 def load(s, j):
     runs = sorted(one(s, j, r) for r in range(1, int(rounds) + 1))
     return runs[len(runs) // 2]  # the median round
@@ -76,11 +89,15 @@ ok = True
 for j in jobs:
     row = f"{j:<14}"
     for s in servers:
-        iops, mbs = r[(s, j)]
+        iops, mbs, _ = r[(s, j)]
         row += f"{iops:>16.0f}{mbs:>14.1f}"
     k = r[("basalt", j)][0] / r[("nbdkit", j)][0]
     q = r[("basalt", j)][0] / r[("qemu-nbd", j)][0]
     ok &= k >= 1.0
     print(row + f"{k:>10.2f}{q:>9.2f}")
 print("target basalt/nbdkit >= 1.0 on all jobs:", "met" if ok else "NOT met")
+print(f"\nserver CPU per request, us (median round){'':<6}" + "".join(f"{s:>12}" for s in servers) + f"{'b/nbdkit':>10}")
+for j in jobs:
+    c = [r[(s, j)][2] for s in servers]
+    print(f"{j:<46}" + "".join(f"{x:>12.1f}" for x in c) + f"{c[0] / c[1]:>10.2f}")
 PY
