@@ -39,8 +39,6 @@ qport=$(freeport)
 qemu-nbd --fork --pid-file "$work/qemu-nbd.pid" -f raw -t -b 127.0.0.1 -p "$qport" -x bench "$file"
 pids+=("$(cat "$work/qemu-nbd.pid")")
 declare -A spid=([basalt]=${pids[0]} [nbdkit]=$(cat "$work/nbdkit.pid") [qemu-nbd]=$(cat "$work/qemu-nbd.pid"))
-# cputicks PID: user + system clock ticks the process has used (its threads included).
-cputicks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 declare -A uris=([basalt]=$uri [nbdkit]=nbd://127.0.0.1:$kport [qemu-nbd]=nbd://127.0.0.1:$qport/bench)
 
 # job name -> fio rw, block size, queue depth

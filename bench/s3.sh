@@ -47,6 +47,7 @@ vport=$(freeport)
 ROOT_ACCESS_KEY=benchak ROOT_SECRET_KEY=benchsk bin/versitygw --port 127.0.0.1:$vport --region us-east-1 \
   --keep-alive --quiet posix "$work/versitygw" >"$work/versitygw.log" 2>&1 &
 pids+=($!)
+declare -A spid=([basalt]=${pids[0]} [versitygw]=$!)
 for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$vport/" && break; sleep 0.1; done
 [[ $(stat -f -c %i "$work/versitygw") == $(stat -f -c %i "$work/basalt/store") ]] ||
   echo "warning: the two stores are on different file systems" >&2
@@ -71,21 +72,32 @@ for j in "${jobs[@]}"; do
   for round in $(seq "$ROUNDS"); do
     for s in "${order[@]}"; do
       sync
+      t0=$(cputicks "${spid[$s]}")
       load "$s" -mode "$1" -size "$2" -c "$3" -objects "$4" -duration "${RUNTIME}s" -warmup "$WARMUP" \
         >"$results.$s.$1-$2.$round.json"
+      echo $(($(cputicks "${spid[$s]}") - t0)) >"$results.$s.$1-$2.$round.cpu"
     done
     order=("${order[@]:1}" "${order[0]}")
   done
 done
 
-python3 - "$results" "$RUNTIME" "$ROUNDS" <<'PY'
-import json, sys, platform, os, datetime
+python3 - "$results" "$RUNTIME" "$ROUNDS" "$WARMUP" <<'PY'
+import json, sys, platform, os, datetime, re
 base, runtime, rounds = sys.argv[1:4]
+m = re.fullmatch(r"([0-9.]+)(ms|s)", sys.argv[4])
+warmup = float(m[1]) / (1000 if m[2] == "ms" else 1) if m else 0
 jobs = [("get-1MiB", "GET 1 MiB c8", 1.1), ("put-1MiB", "PUT 1 MiB c8", 1.3), ("get-4KiB", "GET 4 KiB c16", 1.1)]
 servers = ["basalt", "versitygw"]
+tick = os.sysconf("SC_CLK_TCK")
+def one(s, j, r):
+    d = json.load(open(f"{base}.{s}.{j}.{r}.json"))
+    # The server's CPU was counted over the whole load run, warm-up
+    # included, at about the rate measured after it.
+    ops = d["ops_per_s"] * (float(runtime) + warmup)
+    d["cpu_us"] = int(open(f"{base}.{s}.{j}.{r}.cpu").read()) / tick * 1e6 / max(ops, 1)
+    return d
 def load(s, j):
-    runs = sorted((json.load(open(f"{base}.{s}.{j}.{r}.json")) for r in range(1, int(rounds) + 1)),
-                  key=lambda d: d["ops_per_s"])
+    runs = sorted((one(s, j, r) for r in range(1, int(rounds) + 1)), key=lambda d: d["ops_per_s"])
     return runs[len(runs) // 2]  # the median round
 r = {(s, j): load(s, j) for s in servers for j, _, _ in jobs}
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
@@ -104,4 +116,8 @@ for j, name, target in jobs:
     ok &= met
     print(row + f"{ratio:>8.2f}{'>=' + str(target):>8}  " + ("met" if met else "NOT met"))
 print("targets (GET >= 1.1, PUT >= 1.3, small GET >= 1.1 x versitygw):", "all met" if ok else "NOT all met")
+print(f"\nserver CPU per request, us (median round){'':<4}" + "".join(f"{s:>12}" for s in servers) + f"{'b/vgw':>8}")
+for j, name, _ in jobs:
+    c = [r[(s, j)]["cpu_us"] for s in servers]
+    print(f"{name:<44}" + "".join(f"{x:>12.1f}" for x in c) + f"{c[0] / c[1]:>8.2f}")
 PY
