@@ -1,38 +1,37 @@
-// Package md5lanes computes the MD5 digests of many streams at once: the
-// S3 gateway's ETags, one per object being uploaded.
+// Package md5lanes computes the MD5 digests of many streams at once, in
+// the background: the S3 gateway's ETags, one per object being uploaded.
 //
 // MD5 cannot be sped up within one stream — every step waits for the one
-// before it — so one core hashes a single stream at well under 1 GB/s,
-// and on the S3 PUT path it is the largest cost there is (bench/RESULTS.md:
-// a third of the gateway's CPU under concurrent 1 MiB PUTs). What one
-// core can do is run the steps of eight independent streams side by side
-// in vector registers, at nearly the cost of one (blocks_amd64.s).
+// before it — so one core hashes a single stream at under 1 GB/s, and on
+// the S3 PUT path it was the largest cost there is (bench/RESULTS.md: a
+// third of the gateway's CPU under concurrent 1 MiB PUTs). What one core
+// can do is run the steps of eight independent streams side by side in
+// vector registers, at about the cost of one (blocks_amd64.s).
 //
-// So every Hasher hands its full 64-byte blocks to one batcher. Whoever
-// finds the batcher free runs it — there is no hashing goroutine, no
-// timer, no waiting for company: a stream hashed alone costs about what
-// crypto/md5 costs it, and streams whose blocks arrive while another
-// stream's are being hashed join the next round, up to eight at a time.
+// So a Stream does not hash what it is given: Add queues the buffer and
+// returns, and one goroutine (the hasher) hashes the queued buffers of up
+// to eight streams per round, each stream in its own lane, while the
+// streams' owners go on receiving. An upload's MD5 then costs it neither
+// the CPU of a whole stream nor the wait: by the time the last byte has
+// arrived most of it is hashed.
 //
 // Invariants:
-//   - A Write returns only after every byte it was given is in the
-//     Hasher's state or its partial-block buffer: the caller may reuse p.
-//   - A job queued on the batcher is hashed by the goroutine that holds
-//     the batcher (combine) or by one that takes it later: every goroutine
-//     that queues a job, or that releases the batcher, tries to take the
-//     batcher after doing so, and the holder hashes until the queue is
-//     empty (see batcher.run).
-//   - A Hasher's state is touched only by its own goroutine, or by the
-//     batcher's holder while that goroutine waits for its job.
+//   - A stream's buffers are hashed in the order they were added, and a
+//     stream is in at most one lane, or in the ready queue, at a time.
+//   - The hasher reads a buffer until it is hashed and no longer; Wait
+//     tells the owner when it may reuse one.
+//   - A Stream's state s is touched by the hasher while the stream has
+//     jobs, by its owner only after Wait(0).
 //
 // Where the CPU lacks the kernel's instructions (AVX-512F and AVX-512VL),
-// New returns crypto/md5's hash; digests are the same either way.
+// a Stream hashes in Add with crypto/md5; digests are the same either way.
 package md5lanes
 
 import (
 	"crypto/md5"
 	"encoding/binary"
 	"hash"
+	"runtime"
 	"sync"
 )
 
@@ -42,184 +41,233 @@ const (
 	BlockSize = md5.BlockSize
 )
 
-// minBatch: runs of full blocks shorter than this are hashed by the
-// writer itself (block): queueing them would cost more than it saves.
-const minBatch = 8 * BlockSize
-
-// sliceBlocks: a round of the batcher hashes at most this many blocks per
-// lane, so that a stream arriving meanwhile waits at most that long for a
-// free lane.
+// sliceBlocks: a round hashes at most this many blocks per lane, so that
+// a stream arriving meanwhile waits at most that long for a free lane.
 const sliceBlocks = 256
 
 var initState = [4]uint32{0x67452301, 0xefcdab89, 0x98badcfe, 0x10325476}
 
-// Hasher is an MD5 hash.Hash whose bulk goes through the batcher.
-type Hasher struct {
-	s    [4]uint32
-	buf  [BlockSize]byte
-	nbuf int
-	len  uint64
-	job  job
+// Stream is one MD5 digest computed in the background. Its methods are
+// for one goroutine, the owner.
+type Stream struct {
+	s     [4]uint32
+	tail  [BlockSize]byte // the bytes after the last full block added
+	ntail int
+	len   uint64
+	std   hash.Hash // crypto/md5 where there is no kernel (nil otherwise)
+
+	sig chan struct{} // a job of this stream was hashed
+
+	// Under hs.mu:
+	jobs   []job // not hashed yet, oldest first
+	out    int   // jobs that read an owner's buffer
+	queued bool  // in hs.ready or in a lane
 }
 
-// New returns an MD5 hash; the Hasher where the CPU can run the kernel.
-func New() hash.Hash {
+// job is a run of full blocks waiting for the hasher.
+type job struct {
+	data  []byte
+	owned bool // data is the stream's own copy, not an owner's buffer
+}
+
+// NewStream returns an empty stream.
+func NewStream() *Stream {
 	if !haveKernel {
-		return md5.New()
+		return &Stream{std: md5.New()}
 	}
-	h := &Hasher{}
-	h.job = job{h: h, done: make(chan struct{}, 1)}
-	h.Reset()
-	return h
+	hs.start.Do(func() { go hs.run() })
+	return &Stream{s: initState, sig: make(chan struct{}, 1)}
 }
 
-func (h *Hasher) Reset() {
-	h.s, h.nbuf, h.len = initState, 0, 0
-}
-
-func (h *Hasher) Size() int      { return Size }
-func (h *Hasher) BlockSize() int { return BlockSize }
-
-func (h *Hasher) Write(p []byte) (int, error) {
-	n := len(p)
-	h.len += uint64(n)
-	if h.nbuf > 0 {
-		k := copy(h.buf[h.nbuf:], p)
-		h.nbuf += k
-		p = p[k:]
-		if h.nbuf < BlockSize {
-			return n, nil
+// Add hashes p after everything added before it. It may return before p
+// is read: p must not change until Wait says so.
+func (s *Stream) Add(p []byte) {
+	if s.std != nil {
+		s.std.Write(p)
+		return
+	}
+	s.len += uint64(len(p))
+	var jobs [2]job
+	k := 0
+	if s.ntail > 0 {
+		c := copy(s.tail[s.ntail:], p)
+		s.ntail += c
+		p = p[c:]
+		if s.ntail < BlockSize {
+			return
 		}
-		block(&h.s, h.buf[:])
-		h.nbuf = 0
+		jobs[k] = job{data: append([]byte(nil), s.tail[:]...), owned: true}
+		k++
+		s.ntail = 0
 	}
-	if full := len(p) &^ (BlockSize - 1); full >= minBatch {
-		h.job.data = p[:full]
-		std.run(&h.job)
-		p = p[full:]
+	full := len(p) &^ (BlockSize - 1)
+	if full > 0 {
+		jobs[k] = job{data: p[:full]}
+		k++
 	}
-	for len(p) >= BlockSize {
-		block(&h.s, p[:BlockSize])
-		p = p[BlockSize:]
+	s.ntail = copy(s.tail[:], p[full:])
+	if k > 0 {
+		hs.add(s, jobs[:k])
 	}
-	h.nbuf = copy(h.buf[:], p)
-	return n, nil
 }
 
-// Sum appends the digest of what was written so far; the Hasher goes on.
-func (h *Hasher) Sum(b []byte) []byte {
-	s := h.s
+// Wait returns once at most max of the buffers given to Add are still to
+// be read; they are the latest ones, as buffers are read in order.
+func (s *Stream) Wait(max int) {
+	s.waitFor(func() bool { return s.out <= max })
+}
+
+// waitFor returns once done, called under hs.mu, holds.
+func (s *Stream) waitFor(done func() bool) {
+	if s.std != nil {
+		return
+	}
+	for {
+		hs.mu.Lock()
+		ok := done()
+		hs.mu.Unlock()
+		if ok {
+			return
+		}
+		<-s.sig
+	}
+}
+
+// Sum appends the digest of everything added, once it is hashed.
+func (s *Stream) Sum(b []byte) []byte {
+	if s.std != nil {
+		return s.std.Sum(b)
+	}
+	s.waitFor(func() bool { return len(s.jobs) == 0 })
+	st := s.s
 	// Padding: 0x80, zeros up to 56 bytes into a block, the bit length.
-	var tail [2 * BlockSize]byte
-	n := copy(tail[:], h.buf[:h.nbuf])
-	tail[n] = 0x80
+	var pad [2 * BlockSize]byte
+	n := copy(pad[:], s.tail[:s.ntail])
+	pad[n] = 0x80
 	end := BlockSize
 	if n >= BlockSize-8 {
 		end = 2 * BlockSize
 	}
-	binary.LittleEndian.PutUint64(tail[end-8:], h.len<<3)
+	binary.LittleEndian.PutUint64(pad[end-8:], s.len<<3)
 	for off := 0; off < end; off += BlockSize {
-		block(&s, tail[off:off+BlockSize])
+		block(&st, pad[off:off+BlockSize])
 	}
-	for _, v := range s {
+	for _, v := range st {
 		b = binary.LittleEndian.AppendUint32(b, v)
 	}
 	return b
 }
 
-// job is a Hasher's run of full blocks waiting for the batcher.
-type job struct {
-	h    *Hasher
-	data []byte        // blocks not hashed yet (a multiple of BlockSize)
-	done chan struct{} // receives once data is hashed
+// hasher runs the kernel over the ready streams, eight lanes a round.
+type hasher struct {
+	start sync.Once
+	wake  chan struct{} // something was queued
+	mu    sync.Mutex
+	ready []*Stream // streams with jobs and no lane, oldest first
 }
 
-// batcher hashes queued jobs eight lanes at a time.
-type batcher struct {
-	mu    sync.Mutex // held by the goroutine hashing (combine)
-	qmu   sync.Mutex // guards queue
-	queue []*job
-}
+var hs = hasher{wake: make(chan struct{}, 1)}
 
-var std batcher
-
-// run queues j and returns once it is hashed, by this goroutine or
-// another. Every goroutine that queues a job, or releases mu, tries mu
-// afterwards, and the holder empties the queue before releasing it: so a
-// queued job always has a goroutine that will hash it.
-func (b *batcher) run(j *job) {
-	b.qmu.Lock()
-	b.queue = append(b.queue, j)
-	b.qmu.Unlock()
-	for b.mu.TryLock() {
-		b.combine()
-		b.mu.Unlock()
-		if !b.pending() {
-			break
+func (h *hasher) add(s *Stream, jobs []job) {
+	h.mu.Lock()
+	for _, j := range jobs {
+		s.jobs = append(s.jobs, j)
+		if !j.owned {
+			s.out++
 		}
 	}
-	<-j.done
+	if !s.queued {
+		s.queued = true
+		h.ready = append(h.ready, s)
+	}
+	h.mu.Unlock()
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
 }
 
-func (b *batcher) pending() bool {
-	b.qmu.Lock()
-	defer b.qmu.Unlock()
-	return len(b.queue) > 0
-}
-
-// idle is what a lane without a job reads (stride 0).
+// idle is what a lane without a stream reads (stride 0).
 var idle [BlockSize]byte
 
-// combine hashes until no job is running or queued: it fills free lanes
-// from the queue, runs every lane for as many blocks as the shortest has
-// (at most sliceBlocks), and signals each job it finishes.
-func (b *batcher) combine() {
+func (h *hasher) run() {
 	var (
-		lane   [8]*job
+		lane   [8]*Stream
 		state  [4][8]uint32
 		ptr    [8]*byte
 		stride [8]uint64
 	)
 	for {
-		b.qmu.Lock()
+		h.mu.Lock()
+		active := 0
 		for i := range lane {
-			if lane[i] == nil && len(b.queue) > 0 {
-				lane[i] = b.queue[0]
-				b.queue[0] = nil
-				b.queue = b.queue[1:]
+			if lane[i] == nil && len(h.ready) > 0 {
+				lane[i] = h.ready[0]
+				h.ready[0] = nil
+				h.ready = h.ready[1:]
+			}
+			if lane[i] != nil {
+				active++
 			}
 		}
-		if len(b.queue) == 0 {
-			b.queue = b.queue[:0:0] // let the emptied array go
+		if len(h.ready) == 0 {
+			h.ready = h.ready[:0:0] // let the emptied array go
 		}
-		b.qmu.Unlock()
 		n := sliceBlocks
-		for i, j := range lane {
-			if j == nil {
+		for i, s := range lane {
+			if s == nil {
 				ptr[i], stride[i] = &idle[0], 0
 				continue
 			}
-			n = min(n, len(j.data)/BlockSize)
-			ptr[i], stride[i] = &j.data[0], BlockSize
-			for w := range 4 {
-				state[w][i] = j.h.s[w]
+			d := s.jobs[0].data
+			n = min(n, len(d)/BlockSize)
+			ptr[i], stride[i] = &d[0], BlockSize
+		}
+		h.mu.Unlock()
+		if active == 0 {
+			<-h.wake
+			continue
+		}
+		for i, s := range lane {
+			if s != nil {
+				for w := range 4 {
+					state[w][i] = s.s[w]
+				}
 			}
 		}
-		if stride == [8]uint64{} {
-			return
-		}
 		blocks8(&state, &ptr, &stride, n)
-		for i, j := range lane {
-			if j == nil {
+		h.mu.Lock()
+		for i, s := range lane {
+			if s == nil {
 				continue
 			}
 			for w := range 4 {
-				j.h.s[w] = state[w][i]
+				s.s[w] = state[w][i]
 			}
-			if j.data = j.data[n*BlockSize:]; len(j.data) == 0 {
+			j := &s.jobs[0]
+			if j.data = j.data[n*BlockSize:]; len(j.data) > 0 {
+				continue
+			}
+			if !j.owned {
+				s.out--
+			}
+			select {
+			case s.sig <- struct{}{}:
+			default:
+			}
+			s.jobs[0] = job{}
+			if s.jobs = s.jobs[1:]; len(s.jobs) == 0 {
+				s.jobs = nil
+				s.queued = false
 				lane[i] = nil
-				j.done <- struct{}{}
 			}
+		}
+		h.mu.Unlock()
+		if active < len(lane) {
+			// Let the streams' owners run before the next round, so
+			// that what they add joins it instead of waiting for the
+			// round after.
+			runtime.Gosched()
 		}
 	}
 }

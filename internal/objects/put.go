@@ -133,12 +133,8 @@ func (b *Backend) receive(body io.Reader, length *int64, algo types.ChecksumAlgo
 	if err != nil {
 		return nil, err
 	}
-	// Concurrent uploads share the vector lanes of md5lanes: MD5 is the
-	// largest CPU cost of a PUT.
-	h := md5lanes.New()
-	bp := bufPool.Get().(*[]byte)
-	n, err := io.CopyBuffer(io.MultiWriter(f, h), r, *bp)
-	bufPool.Put(bp)
+	h := md5lanes.NewStream()
+	n, err := copyHashed(f, r, h)
 	if err != nil {
 		discard(f)
 		return nil, err
@@ -166,6 +162,38 @@ func (b *Backend) receive(body io.Reader, length *int64, algo types.ChecksumAlgo
 	}
 	rc.st = fi.Sys().(*syscall.Stat_t)
 	return rc, nil
+}
+
+// copyHashed copies src to dst and adds it to h. MD5 is the largest CPU
+// cost of a PUT and cannot be sped up within one stream, so the stream is
+// hashed in the background, in vector lanes beside other uploads
+// (md5lanes), while the next piece is received into a second buffer.
+func copyHashed(dst io.Writer, src io.Reader, h *md5lanes.Stream) (int64, error) {
+	bufs := [2]*[]byte{bufPool.Get().(*[]byte), bufPool.Get().(*[]byte)}
+	defer func() {
+		h.Wait(0)
+		bufPool.Put(bufs[0])
+		bufPool.Put(bufs[1])
+	}()
+	var n int64
+	for i := 0; ; i ^= 1 {
+		h.Wait(1) // bufs[i] was added two pieces ago
+		buf := *bufs[i]
+		k, err := src.Read(buf)
+		if k > 0 {
+			if _, werr := dst.Write(buf[:k]); werr != nil {
+				return n, werr
+			}
+			h.Add(buf[:k])
+			n += int64(k)
+		}
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
 }
 
 // finish attaches m (with the temp file's stat) to the received file and
