@@ -47,10 +47,13 @@ func main() {
 		p("\tMOVQ %d(SI), AX", i*8)
 		p("\tMOVQ AX, %d(SP)", i*8)
 	}
-	p("\tVMOVDQU 0(DI), Y0")
-	p("\tVMOVDQU 32(DI), Y1")
-	p("\tVMOVDQU 64(DI), Y2")
-	p("\tVMOVDQU 96(DI), Y3")
+	// Y0-Y3: the lanes' a, b, c, d.
+	each4 := func(format string, f func(w int) []any) {
+		for w := range 4 {
+			p(format, f(w)...)
+		}
+	}
+	each4("\tVMOVDQU %d(DI), Y%d", func(w int) []any { return []any{32 * w, w} })
 	p("\tTESTQ CX, CX")
 	p("\tJZ done")
 	p("loop:")
@@ -93,10 +96,8 @@ func main() {
 		p("\tADDQ %d(R8), AX", i*8)
 		p("\tMOVQ AX, %d(SP)", i*8)
 	}
-	p("\tVMOVDQA Y0, Y4")
-	p("\tVMOVDQA Y1, Y5")
-	p("\tVMOVDQA Y2, Y6")
-	p("\tVMOVDQA Y3, Y7")
+	// Y4-Y7: the state before the block, added back after it.
+	each4("\tVMOVDQA Y%d, Y%d", func(w int) []any { return []any{w, w + 4} })
 	shifts := [4][4]int{{7, 12, 17, 22}, {5, 9, 14, 20}, {4, 11, 16, 23}, {6, 10, 15, 21}}
 	// The round functions as VPTERNLOGD immediates over (b, c, d):
 	// F = b ? c : d, G = d ? b : c, H = b ^ c ^ d, I = c ^ (b | ^d).
@@ -126,17 +127,11 @@ func main() {
 		p("\tVPADDD Y%d, Y%d, Y%d", bb, a, a)
 		r = [4]int{d, a, bb, c}
 	}
-	p("\tVPADDD Y4, Y0, Y0")
-	p("\tVPADDD Y5, Y1, Y1")
-	p("\tVPADDD Y6, Y2, Y2")
-	p("\tVPADDD Y7, Y3, Y3")
+	each4("\tVPADDD Y%d, Y%d, Y%d", func(w int) []any { return []any{w + 4, w, w} })
 	p("\tDECQ CX")
 	p("\tJNZ loop")
 	p("done:")
-	p("\tVMOVDQU Y0, 0(DI)")
-	p("\tVMOVDQU Y1, 32(DI)")
-	p("\tVMOVDQU Y2, 64(DI)")
-	p("\tVMOVDQU Y3, 96(DI)")
+	each4("\tVMOVDQU Y%d, %d(DI)", func(w int) []any { return []any{w, 32 * w} })
 	p("\tVZEROUPPER")
 	p("\tRET")
 	if err := os.WriteFile("blocks_amd64.s", b.Bytes(), 0o644); err != nil {

@@ -35,11 +35,8 @@ import (
 	"sync"
 )
 
-// Size and BlockSize are MD5's.
-const (
-	Size      = md5.Size
-	BlockSize = md5.BlockSize
-)
+// blockSize is MD5's.
+const blockSize = md5.BlockSize
 
 // sliceBlocks: a round hashes at most this many blocks per lane, so that
 // a stream arriving meanwhile waits at most that long for a free lane.
@@ -51,7 +48,7 @@ var initState = [4]uint32{0x67452301, 0xefcdab89, 0x98badcfe, 0x10325476}
 // for one goroutine, the owner.
 type Stream struct {
 	s     [4]uint32
-	tail  [BlockSize]byte // the bytes after the last full block added
+	tail  [blockSize]byte // the bytes after the last full block added
 	ntail int
 	len   uint64
 	std   hash.Hash // crypto/md5 where there is no kernel (nil otherwise)
@@ -93,14 +90,14 @@ func (s *Stream) Add(p []byte) {
 		c := copy(s.tail[s.ntail:], p)
 		s.ntail += c
 		p = p[c:]
-		if s.ntail < BlockSize {
+		if s.ntail < blockSize {
 			return
 		}
 		jobs[k] = job{data: append([]byte(nil), s.tail[:]...), owned: true}
 		k++
 		s.ntail = 0
 	}
-	full := len(p) &^ (BlockSize - 1)
+	full := len(p) &^ (blockSize - 1)
 	if full > 0 {
 		jobs[k] = job{data: p[:full]}
 		k++
@@ -141,16 +138,16 @@ func (s *Stream) Sum(b []byte) []byte {
 	s.waitFor(func() bool { return len(s.jobs) == 0 })
 	st := s.s
 	// Padding: 0x80, zeros up to 56 bytes into a block, the bit length.
-	var pad [2 * BlockSize]byte
+	var pad [2 * blockSize]byte
 	n := copy(pad[:], s.tail[:s.ntail])
 	pad[n] = 0x80
-	end := BlockSize
-	if n >= BlockSize-8 {
-		end = 2 * BlockSize
+	end := blockSize
+	if n >= blockSize-8 {
+		end = 2 * blockSize
 	}
 	binary.LittleEndian.PutUint64(pad[end-8:], s.len<<3)
-	for off := 0; off < end; off += BlockSize {
-		block(&st, pad[off:off+BlockSize])
+	for off := 0; off < end; off += blockSize {
+		block(&st, pad[off:off+blockSize])
 	}
 	for _, v := range st {
 		b = binary.LittleEndian.AppendUint32(b, v)
@@ -188,7 +185,7 @@ func (h *hasher) add(s *Stream, jobs []job) {
 }
 
 // idle is what a lane without a stream reads (stride 0).
-var idle [BlockSize]byte
+var idle [blockSize]byte
 
 func (h *hasher) run() {
 	var (
@@ -220,8 +217,8 @@ func (h *hasher) run() {
 				continue
 			}
 			d := s.jobs[0].data
-			n = min(n, len(d)/BlockSize)
-			ptr[i], stride[i] = &d[0], BlockSize
+			n = min(n, len(d)/blockSize)
+			ptr[i], stride[i] = &d[0], blockSize
 		}
 		h.mu.Unlock()
 		if active == 0 {
@@ -245,7 +242,7 @@ func (h *hasher) run() {
 				s.s[w] = state[w][i]
 			}
 			j := &s.jobs[0]
-			if j.data = j.data[n*BlockSize:]; len(j.data) > 0 {
+			if j.data = j.data[n*blockSize:]; len(j.data) > 0 {
 				continue
 			}
 			if !j.owned {

@@ -21,7 +21,7 @@ func random(r *rand.Rand, n int) []byte {
 // for some or all of them to be hashed.
 func addSplit(r *rand.Rand, s *Stream, p []byte) {
 	for len(p) > 0 {
-		k := min(len(p), 1+r.IntN(3*BlockSize))
+		k := min(len(p), 1+r.IntN(3*blockSize))
 		if r.IntN(4) == 0 {
 			k = min(len(p), 1+r.IntN(1<<20))
 		}
@@ -56,10 +56,10 @@ func TestKernel(t *testing.T) {
 				ptr[i] = &idle[0]
 				continue
 			}
-			data[i] = random(r, n*BlockSize+1) // +1: a lane of 0 blocks has a pointer too
-			ptr[i], stride[i] = &data[i][0], BlockSize
+			data[i] = random(r, n*blockSize+1) // +1: a lane of 0 blocks has a pointer too
+			ptr[i], stride[i] = &data[i][0], blockSize
 			for b := range n {
-				block(&want[i], data[i][b*BlockSize:])
+				block(&want[i], data[i][b*blockSize:])
 			}
 		}
 		blocks8(&state, &ptr, &stride, n)
