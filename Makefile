@@ -21,7 +21,8 @@ vet:
 
 # Unit tests, then end-to-end tests against real processes (tests/e2e).
 # Besides the unit and e2e tests: the race detector over the packages whose
-# goroutines share the data path (the NBD server, the block layers), and
+# goroutines share the data path (the NBD server, the block layers, the S3
+# backend and its MD5 hasher), and
 # every fuzz target for 500 inputs beyond its seed corpus — a count, not a
 # time: the fuzzer fails a time-boxed run whose last inputs outlast the box
 # ("context deadline exceeded"), which fsync-bound targets do on a busy disk.
@@ -32,7 +33,7 @@ test: deps vet build
 	BASALT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 25m ./tests/e2e/...
 
 CI_FUZZTIME ?= 500x
-RACE_PKGS   ?= ./internal/nbd/... ./internal/block/...
+RACE_PKGS   ?= ./internal/nbd/... ./internal/block/... ./internal/objects/... ./internal/md5lanes/...
 
 race:
 	$(GO) test -race -count=1 -timeout 15m $(RACE_PKGS)

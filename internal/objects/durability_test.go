@@ -25,15 +25,14 @@ func TestPutDurabilityOrder(t *testing.T) {
 	inBothModes(t, func(t *testing.T, e *env, mode string) {
 		var mu sync.Mutex
 		var events []string
-		fsTrace = func(op, name string) {
+		traceWrites(t, func(op, name string) {
 			mu.Lock()
 			if op == "sync parent" {
 				op += " " + name
 			}
 			events = append(events, op)
 			mu.Unlock()
-		}
-		t.Cleanup(func() { fsTrace = nil })
+		})
 		mark := func(ev string) {
 			mu.Lock()
 			events = append(events, ev)
@@ -138,12 +137,11 @@ func TestUploadDirDurable(t *testing.T) {
 	mkBucket(t, e.alice, "mpu")
 	var mu sync.Mutex
 	var events []string
-	fsTrace = func(op, name string) {
+	traceWrites(t, func(op, name string) {
 		mu.Lock()
 		events = append(events, op+" "+name)
 		mu.Unlock()
-	}
-	t.Cleanup(func() { fsTrace = nil })
+	})
 	up, err := e.alice.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String("mpu"), Key: aws.String("k")})
 	if err != nil {
 		t.Fatal(err)
@@ -164,14 +162,13 @@ func TestRemovedDirSyncedAgain(t *testing.T) {
 	inBothModes(t, func(t *testing.T, e *env, mode string) {
 		var mu sync.Mutex
 		var synced []string
-		fsTrace = func(op, name string) {
+		traceWrites(t, func(op, name string) {
 			if op == "sync parent" && name == "dir1" { // the key's directory (not a sidecar shard's)
 				mu.Lock()
 				synced = append(synced, name)
 				mu.Unlock()
 			}
-		}
-		t.Cleanup(func() { fsTrace = nil })
+		})
 		putSyncs := func(key string) []string {
 			mu.Lock()
 			synced = nil
@@ -201,4 +198,11 @@ func TestRemovedDirSyncedAgain(t *testing.T) {
 			t.Errorf("%s: PUT after dir1 was removed directly synced %v, want [dir1]", mode, got)
 		}
 	})
+}
+
+// traceWrites makes f the trace of the durable-write steps (fsTrace) for
+// the rest of the test.
+func traceWrites(t *testing.T, f func(op, name string)) {
+	fsTrace.Store(&f)
+	t.Cleanup(func() { fsTrace.Store(nil) })
 }

@@ -21,10 +21,12 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/md5lanes"
 	"github.com/versity/versitygw/s3err"
 	"golang.org/x/sys/unix"
 )
@@ -509,10 +511,18 @@ func (b *Backend) Verify(ctx context.Context, bucket string, opts VerifyOptions)
 	}
 	defer r.Close()
 	rep := VerifyReport{Bucket: bucket, Problems: []VerifyProblem{}}
+	var mu sync.Mutex // guards rep.Problems: content checks add from their goroutines
 	add := func(key, vid, problem, format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
 		rep.Problems = append(rep.Problems, VerifyProblem{Key: key, VersionID: vid, Problem: problem,
 			Detail: fmt.Sprintf(format, args...)})
 	}
+	// Content checks run verifyWorkers at a time, while the walk goes on:
+	// one file's reads overlap another's hashing, and their MD5s share
+	// md5lanes' vector lanes (one stream alone hashes at under 1 GB/s).
+	var checks sync.WaitGroup
+	slots := make(chan struct{}, verifyWorkers)
 	err = fs.WalkDir(r.FS(), ".", func(p string, d fs.DirEntry, err error) error {
 		if cerr := ctx.Err(); cerr != nil {
 			return cerr
@@ -562,35 +572,26 @@ func (b *Backend) Verify(ctx context.Context, bucket string, opts VerifyOptions)
 			add(key, vid, ProblemUnreadable, "cannot check it: %v", err)
 			return nil
 		}
-		defer o.f.Close()
 		rep.Objects++
-		if why != "" {
-			add(key, vid, ProblemModified, "%s", why)
-			return nil
-		}
-		if !opts.Content {
-			return nil
-		}
-		etag, ok, err := contentETag(ctx, o)
-		if err != nil {
-			if cerr := ctx.Err(); cerr != nil {
-				return cerr
+		if why != "" || !opts.Content {
+			o.f.Close()
+			if why != "" {
+				add(key, vid, ProblemModified, "%s", why)
 			}
-			add(key, vid, ProblemUnreadable, "cannot read it: %v", err)
 			return nil
 		}
-		if fi, err := o.f.Stat(); err == nil {
-			if why := o.m.differs(statOf(fi)); why != "" {
-				add(key, vid, ProblemModified, "%s (while it was being verified)", why)
-				return nil
-			}
-		}
-		if ok && etag != o.m.ETag {
-			add(key, vid, ProblemContent, "the file's content hashes to ETag %s, recorded %s: it was changed behind S3 "+
-				"keeping its size and mtime", etag, o.m.ETag)
-		}
+		slots <- struct{}{}
+		checks.Add(1)
+		go func() {
+			defer func() { o.f.Close(); <-slots; checks.Done() }()
+			checkContent(ctx, o, key, vid, add)
+		}()
 		return nil
 	})
+	checks.Wait()
+	if err == nil {
+		err = ctx.Err() // a content check stopped by it reported nothing
+	}
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return VerifyReport{}, cerr
@@ -618,6 +619,31 @@ func (b *Backend) Verify(ctx context.Context, bucket string, opts VerifyOptions)
 		return a.Key < b.Key || a.Key == b.Key && a.VersionID < b.VersionID
 	})
 	return rep, nil
+}
+
+// verifyWorkers: content checks run at once by Verify.
+const verifyWorkers = 8
+
+// checkContent reports through add whether o's bytes still hash to its
+// recorded ETag (nothing if ctx ends first).
+func checkContent(ctx context.Context, o *object, key, vid string, add func(key, vid, problem, format string, args ...any)) {
+	etag, ok, err := contentETag(ctx, o)
+	if err != nil {
+		if ctx.Err() == nil {
+			add(key, vid, ProblemUnreadable, "cannot read it: %v", err)
+		}
+		return
+	}
+	if fi, err := o.f.Stat(); err == nil {
+		if why := o.m.differs(statOf(fi)); why != "" {
+			add(key, vid, ProblemModified, "%s (while it was being verified)", why)
+			return
+		}
+	}
+	if ok && etag != o.m.ETag {
+		add(key, vid, ProblemContent, "the file's content hashes to ETag %s, recorded %s: it was changed behind S3 "+
+			"keeping its size and mtime", etag, o.m.ETag)
+	}
 }
 
 // contentETag recomputes o's ETag from its bytes: the MD5, or for a
@@ -658,26 +684,25 @@ func contentETag(ctx context.Context, o *object) (string, bool, error) {
 
 // md5Range hashes n bytes of f from off and says how many it read.
 func md5Range(ctx context.Context, f *os.File, off, n int64) ([]byte, int64, error) {
-	h := md5.New()
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
-	buf := *bp
-	var done int64
-	for done < n {
-		if err := ctx.Err(); err != nil {
-			return nil, done, err
-		}
-		k, err := f.ReadAt(buf[:min(int64(len(buf)), n-done)], off+done)
-		h.Write(buf[:k])
-		done += int64(k)
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, done, err
-		}
+	h := md5lanes.NewStream()
+	done, err := copyHashed(io.Discard, &ctxReader{ctx: ctx, r: io.NewSectionReader(f, off, n)}, h)
+	if err != nil {
+		return nil, done, err
 	}
 	return h.Sum(nil), done, nil
+}
+
+// ctxReader is r until ctx ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c *ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
 
 // orphan is a sidecar record without its file: of the object key, or of

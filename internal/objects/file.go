@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/versity/versitygw/s3err"
@@ -304,11 +305,13 @@ func (b *Backend) release(f *os.File) {
 // the directory's name relative to its tree: see makeDirs), "rename"
 // (published), "sync dir" (the rename made durable), "release" (the
 // replaced object closed).
-var fsTrace func(op, name string)
+// (Atomic: a request's goroutine may still trace after the test that
+// set it has ended and cleared it.)
+var fsTrace atomic.Pointer[func(op, name string)]
 
 func traceFS(op, name string) {
-	if fsTrace != nil {
-		fsTrace(op, name)
+	if f := fsTrace.Load(); f != nil {
+		(*f)(op, name)
 	}
 }
 
