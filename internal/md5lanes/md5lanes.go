@@ -19,9 +19,12 @@
 //   - A stream's buffers are hashed in the order they were added, and a
 //     stream is in at most one lane, or in the ready queue, at a time.
 //   - The hasher reads a buffer until it is hashed and no longer; Wait
-//     tells the owner when it may reuse one.
+//     tells the owner when it may reuse one. Buffers are counted by the
+//     jobs that read them (Mark), not by calls to Add: an Add of less
+//     than a block queues no job (its bytes are copied), so counting
+//     Adds would release an older buffer still unread.
 //   - A Stream's state s is touched by the hasher while the stream has
-//     jobs, by its owner only after Wait(0).
+//     jobs, by its owner only once they are all done (Sum).
 //
 // Where the CPU lacks the kernel's instructions (AVX-512F and AVX-512VL),
 // a Stream hashes in Add with crypto/md5; digests are the same either way.
@@ -55,11 +58,16 @@ type Stream struct {
 
 	sig chan struct{} // a job of this stream was hashed
 
+	added uint64 // jobs queued that read an owner's buffer (owner only)
+
 	// Under hs.mu:
-	jobs   []job // not hashed yet, oldest first
-	out    int   // jobs that read an owner's buffer
-	queued bool  // in hs.ready or in a lane
+	jobs   []job  // not hashed yet, oldest first
+	read   uint64 // jobs done that read an owner's buffer
+	queued bool   // in hs.ready or in a lane
 }
+
+// Mark stands for the buffers added to a stream up to some point.
+type Mark uint64
 
 // job is a run of full blocks waiting for the hasher.
 type job struct {
@@ -77,7 +85,7 @@ func NewStream() *Stream {
 }
 
 // Add hashes p after everything added before it. It may return before p
-// is read: p must not change until Wait says so.
+// is read: p must not change until Wait says so (or Sum returns).
 func (s *Stream) Add(p []byte) {
 	if s.std != nil {
 		s.std.Write(p)
@@ -101,6 +109,7 @@ func (s *Stream) Add(p []byte) {
 	if full > 0 {
 		jobs[k] = job{data: p[:full]}
 		k++
+		s.added++
 	}
 	s.ntail = copy(s.tail[:], p[full:])
 	if k > 0 {
@@ -108,10 +117,13 @@ func (s *Stream) Add(p []byte) {
 	}
 }
 
-// Wait returns once at most max of the buffers given to Add are still to
-// be read; they are the latest ones, as buffers are read in order.
-func (s *Stream) Wait(max int) {
-	s.waitFor(func() bool { return s.out <= max })
+// Mark returns a mark for every buffer added so far.
+func (s *Stream) Mark() Mark { return Mark(s.added) }
+
+// Wait returns once the buffers added before Mark returned m are read:
+// the owner may change them.
+func (s *Stream) Wait(m Mark) {
+	s.waitFor(func() bool { return s.read >= uint64(m) })
 }
 
 // waitFor returns once done, called under hs.mu, holds.
@@ -167,12 +179,7 @@ var hs = hasher{wake: make(chan struct{}, 1)}
 
 func (h *hasher) add(s *Stream, jobs []job) {
 	h.mu.Lock()
-	for _, j := range jobs {
-		s.jobs = append(s.jobs, j)
-		if !j.owned {
-			s.out++
-		}
-	}
+	s.jobs = append(s.jobs, jobs...)
 	if !s.queued {
 		s.queued = true
 		h.ready = append(h.ready, s)
@@ -246,7 +253,7 @@ func (h *hasher) run() {
 				continue
 			}
 			if !j.owned {
-				s.out--
+				s.read++
 			}
 			select {
 			case s.sig <- struct{}{}:

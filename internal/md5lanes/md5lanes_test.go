@@ -27,8 +27,8 @@ func addSplit(r *rand.Rand, s *Stream, p []byte) {
 		}
 		s.Add(p[:k])
 		p = p[k:]
-		if r.IntN(3) == 0 {
-			s.Wait(r.IntN(3))
+		if m, back := s.Mark(), Mark(r.IntN(3)); r.IntN(3) == 0 && m >= back {
+			s.Wait(m - back) // all but (at most) the last few jobs
 		}
 	}
 }
@@ -101,24 +101,35 @@ func TestDigest(t *testing.T) {
 	}
 }
 
-// TestWaitReleasesBuffers: once Wait(n) returns, at most the last n
-// buffers are still read — a buffer older than those may be overwritten
-// without changing the digest.
+// TestWaitReleasesBuffers: once Wait(m) returns, the buffers added
+// before m was taken may be overwritten without changing the digest. Two
+// buffers take turns, each filled by several Adds, some shorter than a
+// block (such an Add queues no job: counting Adds instead of jobs let a
+// buffer go while an older one was still being read).
 func TestWaitReleasesBuffers(t *testing.T) {
 	r := rand.New(rand.NewPCG(8, 9))
-	for range 20 {
+	for range 200 {
 		s := NewStream()
 		bufs := [2][]byte{make([]byte, 300<<10), make([]byte, 300<<10)}
+		var marks [2]Mark
 		var all []byte
 		for i := range 12 {
 			b := bufs[i%2]
-			s.Wait(1) // b was added two turns ago
-			k := 1 + r.IntN(len(b))
-			copy(b, random(r, k))
-			s.Add(b[:k])
-			all = append(all, b[:k]...)
+			s.Wait(marks[i%2]) // what was added from b two turns ago
+			for filled := 0; filled < len(b) && r.IntN(4) > 0; {
+				k := 1 + r.IntN(len(b)-filled)
+				if r.IntN(2) == 0 {
+					k = min(k, 1+r.IntN(blockSize))
+				}
+				piece := b[filled : filled+k]
+				copy(piece, random(r, k))
+				s.Add(piece)
+				all = append(all, piece...)
+				filled += k
+			}
+			marks[i%2] = s.Mark()
 		}
-		s.Wait(0)
+		s.Wait(s.Mark())
 		for i := range bufs {
 			clear(bufs[i])
 		}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -61,6 +62,7 @@ type Backend struct {
 	log        *slog.Logger
 	accessOf   func(ctx context.Context, user string) (string, error)
 	trustFile  string
+	noDirect   atomic.Bool // the file system refused O_DIRECT (direct.go)
 	// closing bounds the replaced objects being closed in the
 	// background (release); closers waits for them (Shutdown).
 	closing chan struct{}

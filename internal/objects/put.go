@@ -134,7 +134,7 @@ func (b *Backend) receive(body io.Reader, length *int64, algo types.ChecksumAlgo
 		return nil, err
 	}
 	h := md5lanes.NewStream()
-	n, err := copyHashed(f, r, h)
+	n, err := copyHashed(b.bodyFile(f, length), r, h)
 	if err != nil {
 		discard(f)
 		return nil, err
@@ -168,24 +168,37 @@ func (b *Backend) receive(body io.Reader, length *int64, algo types.ChecksumAlgo
 // cost of a PUT and cannot be sped up within one stream, so the stream is
 // hashed in the background, in vector lanes beside other uploads
 // (md5lanes), while the next piece is received into a second buffer.
+// What arrives is hashed as it arrives, but written only once its buffer
+// is full or src ends: fewer, larger writes, and whole blocks for a
+// direct bodyFile.
 func copyHashed(dst io.Writer, src io.Reader, h *md5lanes.Stream) (int64, error) {
 	bufs := [2]*[]byte{bufPool.Get().(*[]byte), bufPool.Get().(*[]byte)}
+	var marks [2]md5lanes.Mark // what was added from each buffer
 	defer func() {
-		h.Wait(0)
+		h.Wait(h.Mark())
 		bufPool.Put(bufs[0])
 		bufPool.Put(bufs[1])
 	}()
 	var n int64
 	for i := 0; ; i ^= 1 {
-		h.Wait(1) // bufs[i] was added two pieces ago
+		h.Wait(marks[i])
 		buf := *bufs[i]
-		k, err := src.Read(buf)
-		if k > 0 {
-			if _, werr := dst.Write(buf[:k]); werr != nil {
+		filled := 0
+		var err error
+		for filled < len(buf) && err == nil {
+			var k int
+			k, err = src.Read(buf[filled:])
+			if k > 0 {
+				h.Add(buf[filled : filled+k])
+				filled += k
+			}
+		}
+		marks[i] = h.Mark()
+		if filled > 0 {
+			if _, werr := dst.Write(buf[:filled]); werr != nil {
 				return n, werr
 			}
-			h.Add(buf[:k])
-			n += int64(k)
+			n += int64(filled)
 		}
 		if err == io.EOF {
 			return n, nil
