@@ -45,6 +45,9 @@ type Config struct {
 	// path template, "{home}" being the uid's home directory (default
 	// "{home}/.basalt-s3"; "{uid}" is also replaced). See identity.go.
 	TrustFile string
+	// BufferedIO writes every body through the page cache, never with
+	// O_DIRECT (direct.go): for a file system where O_DIRECT is slow.
+	BufferedIO bool
 }
 
 // Backend is basalt's backend.Backend: objects are plain files under
@@ -126,6 +129,7 @@ func New(cfg Config) (*Backend, error) {
 		trustFile: cfg.TrustFile,
 		closing:   make(chan struct{}, 16),
 	}
+	b.noDirect.Store(cfg.BufferedIO)
 	if b.trustFile == "" {
 		b.trustFile = DefaultTrustFile
 	}
@@ -138,7 +142,7 @@ func New(cfg Config) (*Backend, error) {
 	} else {
 		b.meta = &sidecarMeta{dir: filepath.Join(work, "sidecar"), locks: filepath.Join(work, "locks"), tmp: b.tmp}
 	}
-	log.Info("object store", "root", root, "work", work, "metadata", b.meta.kind(), "xattrs", xattrs)
+	log.Info("object store", "root", root, "work", work, "metadata", b.meta.kind(), "xattrs", xattrs, "buffered_io", cfg.BufferedIO)
 	b.tmpDir, err = os.Open(b.tmp)
 	if err != nil {
 		return nil, fmt.Errorf("objects: %w", err)

@@ -141,4 +141,15 @@ func TestBodyFileDirect(t *testing.T) {
 	if w := b.bodyFile(g, &small); w.direct || isDirect(t, g) {
 		t.Fatal("a small body is written direct")
 	}
+
+	// Nor does any body with Config.BufferedIO.
+	buffered, err := New(Config{Root: filepath.Join(dir, "root"), Work: filepath.Join(dir, "work"),
+		Buckets: &memBuckets{}, BufferedIO: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buffered.Shutdown()
+	if w := buffered.bodyFile(g, &length); w.direct || isDirect(t, g) {
+		t.Fatal("a body is written direct with BufferedIO")
+	}
 }
