@@ -264,8 +264,8 @@ func str(p *string) string {
 	return strings.Clone(*p)
 }
 
-// bufPool holds copy buffers.
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
+// bufPool holds copy buffers, aligned for O_DIRECT (direct.go).
+var bufPool = sync.Pool{New: func() any { b := alignedBuf(1 << 20); return &b }}
 
 // Middleware is the fiber middleware the gateway mounts in front of
 // s3api's routes (s3api.WithMiddleware("/", objects.Middleware())). It

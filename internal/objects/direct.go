@@ -24,14 +24,22 @@ import (
 // refuses O_DIRECT (tmpfs, some FUSE file systems) are written through
 // the cache, from then on for that file: the two kinds of write never
 // touch the same block.
-const (
-	// directAlign: O_DIRECT offsets, lengths and buffer addresses are
-	// multiples of it (the page size covers any logical block size).
-	directAlign = 4096
-	// directMin: smaller bodies go through the cache (for them the
-	// direct write's wait costs more than the copy it saves).
-	directMin = 256 << 10
-)
+
+// directAlign: O_DIRECT offsets, lengths and buffer addresses are
+// multiples of it. The page size covers any logical block size, and
+// Lustre asks for whole pages (64 KiB on some ppc64le and arm64 hosts).
+var directAlign = max(4096, os.Getpagesize())
+
+// directMin: smaller bodies go through the cache (for them the direct
+// write's wait costs more than the copy it saves).
+const directMin = 256 << 10
+
+// alignedBuf returns n bytes starting on a directAlign boundary.
+func alignedBuf(n int) []byte {
+	b := make([]byte, n+directAlign)
+	off := (directAlign - int(uintptr(unsafe.Pointer(unsafe.SliceData(b)))%uintptr(directAlign))) % directAlign
+	return b[off : off+n : off+n]
+}
 
 // bodyFile is the temp file a request body is written to.
 type bodyFile struct {
@@ -59,7 +67,7 @@ func (b *Backend) bodyFile(f *os.File, length *int64) *bodyFile {
 func (w *bodyFile) Write(p []byte) (int, error) {
 	done := 0
 	if w.direct {
-		if n := len(p) &^ (directAlign - 1); n > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(p)))%directAlign == 0 {
+		if n := len(p) &^ (directAlign - 1); n > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(p)))%uintptr(directAlign) == 0 {
 			k, err := w.f.Write(p[:n])
 			done = k
 			if err != nil && !(k == 0 && errors.Is(err, syscall.EINVAL)) {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"unsafe"
 
 	"github.com/basalt-storage/basalt/internal/md5lanes"
 	"golang.org/x/sys/unix"
@@ -151,5 +152,16 @@ func TestBodyFileDirect(t *testing.T) {
 	defer buffered.Shutdown()
 	if w := buffered.bodyFile(g, &length); w.direct || isDirect(t, g) {
 		t.Fatal("a body is written direct with BufferedIO")
+	}
+}
+
+func TestAlignedBuf(t *testing.T) {
+	for _, n := range []int{0, 1, 4096, 1 << 20} {
+		for range 20 {
+			b := alignedBuf(n)
+			if len(b) != n || cap(b) != n || (n > 0 && uintptr(unsafe.Pointer(&b[0]))%uintptr(directAlign) != 0) {
+				t.Fatalf("alignedBuf(%d): len %d cap %d at %p, alignment %d", n, len(b), cap(b), unsafe.SliceData(b), directAlign)
+			}
+		}
 	}
 }
