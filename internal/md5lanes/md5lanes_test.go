@@ -108,9 +108,9 @@ func TestDigest(t *testing.T) {
 // buffer go while an older one was still being read).
 func TestWaitReleasesBuffers(t *testing.T) {
 	r := rand.New(rand.NewPCG(8, 9))
-	for range 200 {
+	for range 100 {
 		s := NewStream()
-		bufs := [2][]byte{make([]byte, 300<<10), make([]byte, 300<<10)}
+		bufs := [2][]byte{make([]byte, 64<<10), make([]byte, 64<<10)}
 		var marks [2]Mark
 		var all []byte
 		for i := range 12 {
