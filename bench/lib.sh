@@ -4,7 +4,7 @@
 # BASALT_IDENTITY for the CLI, and cleans everything up on exit.
 #
 #   BIN     the basalt binary          work   the temp dir
-#   pids    processes killed on exit   freeport, cputicks, vol_create, vol_attach, vol_file
+#   pids    processes killed on exit   freeport, cputicks, idleticks, vol_create, vol_attach, vol_file
 
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -22,6 +22,8 @@ trap cleanup EXIT
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 # cputicks PID: user + system clock ticks the process has used (threads included).
 cputicks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# idleticks: idle + iowait clock ticks of all CPUs since boot.
+idleticks() { awk '/^cpu /{print $5 + $6; exit}' /proc/stat; }
 jsonfield() { python3 -c "import json,sys; print(json.load(sys.stdin)[\"$1\"])"; }
 
 api=$(freeport) nbd=$(freeport) s3=$(freeport) ec=$(freeport) ep=$(freeport)

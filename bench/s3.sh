@@ -72,10 +72,10 @@ for j in "${jobs[@]}"; do
   for round in $(seq "$ROUNDS"); do
     for s in "${order[@]}"; do
       sync
-      t0=$(cputicks "${spid[$s]}")
+      t0=$(cputicks "${spid[$s]}") i0=$(idleticks)
       load "$s" -mode "$1" -size "$2" -c "$3" -objects "$4" -duration "${RUNTIME}s" -warmup "$WARMUP" \
         >"$results.$s.$1-$2.$round.json"
-      echo $(($(cputicks "${spid[$s]}") - t0)) >"$results.$s.$1-$2.$round.cpu"
+      echo $(($(cputicks "${spid[$s]}") - t0)) $(($(idleticks) - i0)) >"$results.$s.$1-$2.$round.cpu"
     done
     order=("${order[@]:1}" "${order[0]}")
   done
@@ -94,7 +94,11 @@ def one(s, j, r):
     # The server's CPU was counted over the whole load run, warm-up
     # included, at about the rate measured after it.
     ops = d["ops_per_s"] * (float(runtime) + warmup)
-    d["cpu_us"] = int(open(f"{base}.{s}.{j}.{r}.cpu").read()) / tick * 1e6 / max(ops, 1)
+    cpu, idle = map(int, open(f"{base}.{s}.{j}.{r}.cpu").read().split())
+    d["cpu_us"] = cpu / tick * 1e6 / max(ops, 1)
+    # Idle + iowait share of all CPUs over the run: how far from
+    # CPU-bound the machine was.
+    d["idle"] = idle / tick / ((float(runtime) + warmup) * os.cpu_count())
     return d
 def load(s, j):
     runs = sorted((one(s, j, r) for r in range(1, int(rounds) + 1)), key=lambda d: d["ops_per_s"])
@@ -116,8 +120,12 @@ for j, name, target in jobs:
     ok &= met
     print(row + f"{ratio:>8.2f}{'>=' + str(target):>8}  " + ("met" if met else "NOT met"))
 print("targets (GET >= 1.1, PUT >= 1.3, small GET >= 1.1 x versitygw):", "all met" if ok else "NOT all met")
-print(f"\nserver CPU per request, us (median round){'':<4}" + "".join(f"{s:>12}" for s in servers) + f"{'b/vgw':>8}")
+print(f"\nCPU per request, us (median round){'':<11}" + "".join(f"{s:>12}" for s in servers) + f"{'b/vgw':>8}"
+      + "".join(f"{'client ' + s[:6]:>15}" for s in servers) + "".join(f"{'idle ' + s[:6]:>13}" for s in servers))
 for j, name, _ in jobs:
     c = [r[(s, j)]["cpu_us"] for s in servers]
-    print(f"{name:<44}" + "".join(f"{x:>12.1f}" for x in c) + f"{c[0] / c[1]:>8.2f}")
+    print(f"{name:<44}" + "".join(f"{x:>12.1f}" for x in c) + f"{c[0] / c[1]:>8.2f}"
+          + "".join(f"{r[(s, j)].get('client_cpu_us', 0):>15.1f}" for s in servers)
+          + "".join(f"{r[(s, j)]['idle']:>12.0%} " for s in servers))
+print("(server and client: CPU time per request; idle: idle + iowait share of all CPUs over the run)")
 PY

@@ -1,7 +1,7 @@
 // Command s3load is the load generator of bench/s3.sh: aws-sdk-go-v2
 // clients doing GETs or PUTs of one object size at a fixed concurrency
-// for a fixed time, printing one JSON line with ops/s, MB/s (10^6 bytes)
-// and latency percentiles.
+// for a fixed time, printing one JSON line with ops/s, MB/s (10^6 bytes),
+// latency percentiles and its own CPU time per op.
 //
 //	s3load -mode prep -size 1MiB -objects 64 -c 8       # create the bucket, write the GET set
 //	s3load -mode get  -size 1MiB -objects 64 -c 8 -duration 8s
@@ -33,6 +33,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -54,7 +55,10 @@ type Result struct {
 	P50ms       float64 `json:"p50_ms"`
 	P99ms       float64 `json:"p99_ms"`
 	Errors      int     `json:"errors"`
-	FirstError  string  `json:"first_error,omitempty"`
+	// CPUus is this process's CPU time (user + system) per counted op,
+	// over the whole run, warm-up included.
+	CPUus      float64 `json:"client_cpu_us"`
+	FirstError string  `json:"first_error,omitempty"`
 }
 
 func main() {
@@ -199,6 +203,12 @@ func main() {
 	r.Ops = len(lat)
 	r.OpsPerSec = float64(r.Ops) / r.Seconds
 	r.MBPerSec = r.OpsPerSec * float64(size) / 1e6
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil && r.Ops > 0 {
+		// Scaled to the measured time, as bench/s3.sh scales the server's.
+		cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		r.CPUus = float64(cpu.Microseconds()) * r.Seconds / (r.Seconds + warmup.Seconds()) / float64(r.Ops)
+	}
 	if len(lat) > 0 {
 		ms := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))].Microseconds()) / 1000 }
 		r.P50ms, r.P99ms = ms(0.50), ms(0.99)
