@@ -101,6 +101,26 @@ func TestDigest(t *testing.T) {
 	}
 }
 
+// TestScalar: crypto/md5 set to a state hashes whole blocks as block
+// does (the lone lane's path), from any state, for 0 to 40 blocks.
+func TestScalar(t *testing.T) {
+	if !lone.ok {
+		t.Fatal("crypto/md5 did not take a state: a lone lane would run the kernel")
+	}
+	r := rand.New(rand.NewPCG(10, 11))
+	for range 200 {
+		st := [4]uint32{r.Uint32(), r.Uint32(), r.Uint32(), r.Uint32()}
+		p := random(r, r.IntN(41)*blockSize)
+		want := st
+		for off := 0; off < len(p); off += blockSize {
+			block(&want, p[off:off+blockSize])
+		}
+		if !lone.blocks(&st, p) || st != want {
+			t.Fatalf("%d blocks: state %x, want %x", len(p)/blockSize, st, want)
+		}
+	}
+}
+
 // TestWaitReleasesBuffers: once Wait(m) returns, the buffers added
 // before m was taken may be overwritten without changing the digest. Two
 // buffers take turns, each filled by several Adds, some shorter than a
@@ -217,5 +237,29 @@ func BenchmarkParallel(b *testing.B) {
 				s.Sum(nil)
 			}
 		})
+	})
+}
+
+// BenchmarkSingle: one stream alone, as one large upload or export is.
+func BenchmarkSingle(b *testing.B) {
+	p := random(rand.New(rand.NewPCG(6, 7)), 1<<20)
+	b.Run("crypto-md5", func(b *testing.B) {
+		b.SetBytes(int64(len(p)))
+		h := md5.New()
+		for b.Loop() {
+			h.Reset()
+			h.Write(p)
+			h.Sum(nil)
+		}
+	})
+	b.Run("md5lanes", func(b *testing.B) {
+		b.SetBytes(int64(len(p)))
+		for b.Loop() {
+			s := NewStream()
+			for off := 0; off < len(p); off += 64 << 10 {
+				s.Add(p[off : off+64<<10])
+			}
+			s.Sum(nil)
+		}
 	})
 }
