@@ -85,7 +85,6 @@ command line wins over the environment, which wins over the file.`,
 	f.BoolVar(&cfg.S3Insecure, "s3-insecure", false, "allow S3 over plain HTTP on a non-loopback --s3 address")
 	f.StringVar(&cfg.S3Cert, "s3-cert", "", "PEM certificate (chain) for S3 instead of one from the cluster CA, e.g. from a public CA; implies HTTPS, needs --s3-key")
 	f.StringVar(&cfg.S3Key, "s3-key", "", "PEM private key of --s3-cert")
-	f.BoolVar(&cfg.S3BufferedIO, "s3-buffered-io", false, "write every object body through the page cache (default: bodies of 256 KiB or more with O_DIRECT where the file system allows); see docs/objects.md")
 	f.StringVar(&cfg.S3TrustFile, "s3-trust-file", objects.DefaultTrustFile, "where a uid vouches for the S3 user mapped to it ({home}: its home directory, {uid}: its number); see docs/objects.md")
 	f.StringVar(&cfg.NBD, "nbd", "127.0.0.1:10809", "NBD listen address; beyond loopback, clients must use TLS (nbds://) unless --nbd-insecure")
 	f.BoolVar(&cfg.NBDInsecure, "nbd-insecure", false, "allow NBD without TLS on a non-loopback --nbd address")

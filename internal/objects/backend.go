@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -45,9 +44,6 @@ type Config struct {
 	// path template, "{home}" being the uid's home directory (default
 	// "{home}/.basalt-s3"; "{uid}" is also replaced). See identity.go.
 	TrustFile string
-	// BufferedIO writes every body through the page cache, never with
-	// O_DIRECT (direct.go): for a file system where O_DIRECT is slow.
-	BufferedIO bool
 }
 
 // Backend is basalt's backend.Backend: objects are plain files under
@@ -65,7 +61,6 @@ type Backend struct {
 	log        *slog.Logger
 	accessOf   func(ctx context.Context, user string) (string, error)
 	trustFile  string
-	noDirect   atomic.Bool // the file system refused O_DIRECT (direct.go)
 	// closing bounds the replaced objects being closed in the
 	// background (release); closers waits for them (Shutdown).
 	closing chan struct{}
@@ -129,7 +124,6 @@ func New(cfg Config) (*Backend, error) {
 		trustFile: cfg.TrustFile,
 		closing:   make(chan struct{}, 16),
 	}
-	b.noDirect.Store(cfg.BufferedIO)
 	if b.trustFile == "" {
 		b.trustFile = DefaultTrustFile
 	}
@@ -142,7 +136,7 @@ func New(cfg Config) (*Backend, error) {
 	} else {
 		b.meta = &sidecarMeta{dir: filepath.Join(work, "sidecar"), locks: filepath.Join(work, "locks"), tmp: b.tmp}
 	}
-	log.Info("object store", "root", root, "work", work, "metadata", b.meta.kind(), "xattrs", xattrs, "buffered_io", cfg.BufferedIO)
+	log.Info("object store", "root", root, "work", work, "metadata", b.meta.kind(), "xattrs", xattrs)
 	b.tmpDir, err = os.Open(b.tmp)
 	if err != nil {
 		return nil, fmt.Errorf("objects: %w", err)
@@ -264,8 +258,8 @@ func str(p *string) string {
 	return strings.Clone(*p)
 }
 
-// bufPool holds copy buffers, aligned for O_DIRECT (direct.go).
-var bufPool = sync.Pool{New: func() any { b := alignedBuf(1 << 20); return &b }}
+// bufPool holds copy buffers.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 
 // Middleware is the fiber middleware the gateway mounts in front of
 // s3api's routes (s3api.WithMiddleware("/", objects.Middleware())). It

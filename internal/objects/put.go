@@ -134,7 +134,7 @@ func (b *Backend) receive(body io.Reader, length *int64, algo types.ChecksumAlgo
 		return nil, err
 	}
 	h := md5lanes.NewStream()
-	n, err := copyHashed(b.bodyFile(f, length), r, h)
+	n, err := copyHashed(newBodyFile(f, length), r, h)
 	if err != nil {
 		discard(f)
 		return nil, err
@@ -169,8 +169,7 @@ func (b *Backend) receive(body io.Reader, length *int64, algo types.ChecksumAlgo
 // hashed in the background, in vector lanes beside other uploads
 // (md5lanes), while the next piece is received into a second buffer.
 // What arrives is hashed as it arrives, but written only once its buffer
-// is full or src ends: fewer, larger writes, and whole blocks for a
-// direct bodyFile.
+// is full or src ends: fewer, larger writes.
 func copyHashed(dst io.Writer, src io.Reader, h *md5lanes.Stream) (int64, error) {
 	bufs := [2]*[]byte{bufPool.Get().(*[]byte), bufPool.Get().(*[]byte)}
 	var marks [2]md5lanes.Mark // what was added from each buffer

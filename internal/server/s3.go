@@ -61,7 +61,6 @@ func (n *Node) startS3() error {
 		Root: n.store.BucketsDir(), Work: n.store.ObjectsDir(),
 		Buckets: objects.MetaBuckets{Meta: n.meta, Mirror: n.meta.MirrorBuckets(ctx), Users: n.usersByName},
 		Log:     n.log.With("component", "s3"), TrustFile: n.cfg.S3TrustFile,
-		BufferedIO: n.cfg.S3BufferedIO,
 	})
 	if err != nil {
 		return fmt.Errorf("object store: %w", err)

@@ -53,11 +53,8 @@ type Config struct {
 	// S3TrustFile is where a uid vouches for the S3 user mapped to it
 	// (objects.Config.TrustFile; empty: the default).
 	S3TrustFile string
-	// S3BufferedIO writes every object body through the page cache
-	// (objects.Config.BufferedIO).
-	S3BufferedIO bool
-	S3TLSConfig  // HTTPS of the S3 gateway (s3_tls.go)
-	NBD          string
+	S3TLSConfig // HTTPS of the S3 gateway (s3_tls.go)
+	NBD         string
 	// NBDInsecure allows NBD without TLS on a non-loopback address.
 	NBDInsecure   bool
 	EtcdClient    string
