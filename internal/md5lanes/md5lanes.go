@@ -318,7 +318,7 @@ var lone = newScalar()
 const md5State = "md5\x01"
 
 func newScalar() *scalar {
-	c := &scalar{h: md5.New(), ok: true}
+	c := &scalar{h: md5.New()}
 	var want, got [4]uint32 = initState, initState
 	var p [2 * blockSize]byte
 	for i := range p {
