@@ -33,12 +33,20 @@ func addSplit(r *rand.Rand, s *Stream, p []byte) {
 	}
 }
 
-// TestKernel: eight lanes in any mix of active and idle, for 0 to 40
-// blocks, leave each active lane's state where block leaves it.
+// TestKernel: each kernel this CPU can run, given eight lanes in any mix
+// of active and idle, for 0 to 40 blocks, leaves each active lane's state
+// where block leaves it.
 func TestKernel(t *testing.T) {
-	if !haveKernel {
-		t.Skip("this CPU has no AVX-512F/VL: New is crypto/md5")
+	ks := kernels()
+	if len(ks) == 0 {
+		t.Skip("this CPU has no AVX2 or AVX-512: New is crypto/md5")
 	}
+	for name, blocks8 := range ks {
+		t.Run(name, func(t *testing.T) { testKernel(t, blocks8) })
+	}
+}
+
+func testKernel(t *testing.T, blocks8 func(s *[4][8]uint32, p *[8]*byte, stride *[8]uint64, n int)) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for round := range 500 {
 		n := r.IntN(41)
@@ -262,4 +270,25 @@ func BenchmarkSingle(b *testing.B) {
 			s.Sum(nil)
 		}
 	})
+}
+
+// BenchmarkKernel runs each kernel over eight full lanes of 64 KiB:
+// bytes per second of all lanes together, on one core.
+func BenchmarkKernel(b *testing.B) {
+	const blocks = 1024
+	data := random(rand.New(rand.NewPCG(8, 9)), 8*blocks*blockSize)
+	for name, blocks8 := range kernels() {
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(data)))
+			var state [4][8]uint32
+			var ptr [8]*byte
+			var stride [8]uint64
+			for b.Loop() {
+				for i := range 8 {
+					ptr[i], stride[i] = &data[i*blocks*blockSize], blockSize
+				}
+				blocks8(&state, &ptr, &stride, blocks)
+			}
+		})
+	}
 }
