@@ -26,6 +26,8 @@ type File struct {
 	closed   atomic.Bool
 	dsync    atomic.Bool // pwritev2(RWF_DSYNC) works here
 	noWait   atomic.Bool // preadv2(RWF_NOWAIT) works here
+	splice   atomic.Bool // splice(2) from this file works
+	cstat    atomic.Bool // cachestat(2) works here
 	fence    func() error
 }
 
@@ -66,6 +68,8 @@ func OpenFile(path string, readOnly bool) (*File, error) {
 	d.size.Store(st.Size())
 	d.dsync.Store(true)
 	d.noWait.Store(true)
+	d.splice.Store(true)
+	d.cstat.Store(true)
 	return d, nil
 }
 
@@ -146,6 +150,56 @@ func (d *File) TryReadAtV(bufs [][]byte, off int64) bool {
 		total += len(b)
 	}
 	return err == nil && n == total
+}
+
+// SpliceTo implements Splicer: splice(2) from the file into the pipe. It
+// stops short at the end of a file shorter than its device (ReadAt gives
+// the zeroes beyond). With nowait it first asks the page cache
+// (cachestat(2), Linux 6.5) whether it holds the whole range, and moves
+// nothing if not or if it cannot tell (pages evicted between the two calls
+// are read from the device: rare, and only a delay). A file system that
+// cannot splice is found out once.
+func (d *File) SpliceTo(pipe int, off int64, n int, nowait bool) int {
+	if !d.splice.Load() || d.closed.Load() || (nowait && !d.cached(off, n)) {
+		return 0
+	}
+	moved := 0
+	for moved < n {
+		o := off + int64(moved)
+		k, err := unix.Splice(d.fd, &o, pipe, nil, n-moved, unix.SPLICE_F_MOVE)
+		if err == unix.EINTR {
+			continue
+		}
+		// (EAGAIN: a non-blocking pipe is full; what is left is ReadAt's.)
+		if err == unix.EINVAL || err == unix.ENOSYS || err == unix.EOPNOTSUPP {
+			d.splice.Store(false)
+		}
+		if err != nil || k == 0 {
+			break
+		}
+		moved += int(k)
+	}
+	return moved
+}
+
+var _ Splicer = (*File)(nil)
+
+// cached reports whether the page cache holds all of [off, off+n).
+func (d *File) cached(off int64, n int) bool {
+	if !d.cstat.Load() {
+		return false
+	}
+	page := int64(os.Getpagesize())
+	first, end := off/page, (off+int64(n)+page-1)/page
+	r := unix.CachestatRange{Off: uint64(first * page), Len: uint64((end - first) * page)}
+	var st unix.Cachestat_t
+	if err := unix.Cachestat(uint(d.fd), &r, &st, 0); err != nil {
+		if err == unix.ENOSYS || err == unix.EOPNOTSUPP {
+			d.cstat.Store(false)
+		}
+		return false
+	}
+	return int64(st.Cache) >= end-first
 }
 
 // WriteAt implements Device.

@@ -43,6 +43,7 @@ type conn struct {
 	exp     *Export
 	dev     block.Device
 	nowait  block.NoWaitReader // dev, when it offers reads without waiting
+	splicer block.Splicer      // dev, when it can splice reads (used with sock only: splice.go)
 	sock    *socket            // nil unless plain TCP
 	size    uint64
 	flags   uint16
@@ -98,6 +99,7 @@ func (c *conn) run() {
 	defer release(exp)
 	c.exp, c.dev, c.size = exp, exp.Device, uint64(exp.Device.Size())
 	c.nowait, _ = exp.Device.(block.NoWaitReader)
+	c.splicer, _ = exp.Device.(block.Splicer)
 	c.flags = c.transmissionFlags(exp)
 	if exp.Revoked != nil {
 		go func() {
@@ -249,6 +251,14 @@ func (c *conn) readNow(req request, cost int64) bool {
 	if code, _ := c.check(req); code != 0 {
 		return false
 	}
+	if c.splices(req.length) {
+		if r, _ := c.spliceRead(req, cost, true); r != nil {
+			c.inflight.Add(1)
+			c.answer(r, false)
+			c.pending = true
+			return true
+		}
+	}
 	buf := getBuf(int(req.length))
 	if !c.nowait.TryReadAt(buf, int64(req.offset)) {
 		putBuf(buf)
@@ -294,6 +304,16 @@ func (c *conn) handle(req request, payload []byte, cost int64) {
 	var err error
 	switch req.typ {
 	case cmdRead:
+		if c.splices(req.length) {
+			var r *reply
+			if r, err = c.spliceRead(req, cost, false); r != nil {
+				c.send(r)
+				return
+			}
+			if err != nil {
+				break
+			}
+		}
 		buf := getBuf(int(n))
 		if err = c.dev.ReadAt(buf, off); err != nil {
 			putBuf(buf)
@@ -538,7 +558,9 @@ type reply struct {
 	offset uint64 // replyTypeOffsetData: the data's offset
 	extra  []byte // other structured payload before data
 	data   []byte
-	pooled bool // data came from getBuf
+	pooled bool  // data came from getBuf
+	pipe   *pipe // a spliced read's bytes, sent before data (splice.go)
+	piped  int   // how many bytes pipe holds
 	cost   int64
 }
 
@@ -563,6 +585,7 @@ func (c *conn) answer(r *reply, flush bool) {
 	if r.pooled {
 		putBuf(r.data)
 	}
+	r.releasePipe()
 	c.budget.release(r.cost)
 	c.inflight.Done()
 	if failed {
@@ -587,7 +610,26 @@ func (c *conn) writeReply(r *reply) error {
 			be.PutUint64(hdr[20:], r.offset)
 			h = hdr[:28]
 		}
-		be.PutUint32(hdr[16:], uint32(len(h)-20+len(r.extra)+len(r.data)))
+		be.PutUint32(hdr[16:], uint32(len(h)-20+len(r.extra)+r.piped+len(r.data)))
+	}
+	if r.piped > 0 {
+		// A spliced read (only ever on plain TCP, no extra): the header
+		// held back for the bytes from the pipe, then any rest.
+		if err := c.w.Flush(); err != nil {
+			return err
+		}
+		if err := c.sock.sendMore(h); err != nil {
+			return err
+		}
+		if err := c.sock.splice(r.pipe.r, r.piped, len(r.data) > 0); err != nil {
+			return err
+		}
+		r.piped = 0 // the pipe is empty again
+		if len(r.data) > 0 {
+			_, err := c.nc.Write(r.data)
+			return err
+		}
+		return nil
 	}
 	if len(r.data) >= largeReply {
 		// Send the payload from its own buffer instead of copying it

@@ -269,6 +269,11 @@ func (h *shared) Close() error {
 // TryReadAt implements block.NoWaitReader when the stack does.
 func (h *shared) TryReadAt(p []byte, off int64) bool { return block.TryReadAt(h.Device, p, off) }
 
+// SpliceTo implements block.Splicer when the stack does.
+func (h *shared) SpliceTo(pipe int, off int64, n int, nowait bool) int {
+	return block.SpliceTo(h.Device, pipe, off, n, nowait)
+}
+
 // gated holds a volume's write gate (read side) around every operation
 // that changes data, so that a snapshot, which holds the write side, sees
 // exactly the writes acknowledged before it.
@@ -280,6 +285,12 @@ type gated struct {
 // TryReadAt implements block.NoWaitReader when the stack does: reads do
 // not take the gate.
 func (g *gated) TryReadAt(p []byte, off int64) bool { return block.TryReadAt(g.Device, p, off) }
+
+// SpliceTo implements block.Splicer when the stack does; reads do not take
+// the gate.
+func (g *gated) SpliceTo(pipe int, off int64, n int, nowait bool) int {
+	return block.SpliceTo(g.Device, pipe, off, n, nowait)
+}
 
 func (g *gated) WriteAt(p []byte, off int64, fua bool) error {
 	g.gate.RLock()

@@ -198,6 +198,11 @@ func (e *exact) Children() []block.Layer { return []block.Layer{e.Layer} }
 // TryReadAt implements block.NoWaitReader when the stack does.
 func (e *exact) TryReadAt(p []byte, off int64) bool { return block.TryReadAt(e.Layer, p, off) }
 
+// SpliceTo implements block.Splicer when the stack does.
+func (e *exact) SpliceTo(pipe int, off int64, n int, nowait bool) int {
+	return block.SpliceTo(e.Layer, pipe, off, n, nowait)
+}
+
 // Resize grows the stack (if it is not big enough already) and then the
 // presented size.
 func (e *exact) Resize(n int64) error {

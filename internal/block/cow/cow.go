@@ -558,6 +558,39 @@ func (l *Layer) TryReadAt(p []byte, off int64) bool {
 	return true
 }
 
+// SpliceTo implements block.Splicer: run by run, each from the image that
+// holds it, as ReadAt reads them, stopping at the first run an image does
+// not move whole or that reaches beyond a base's (pre-extend) size, whose
+// zeroes ReadAt supplies. With nowait it gives up, as TryReadAt does, when
+// the chain is being changed.
+func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
+	if nowait {
+		if !l.chainMu.TryRLock() {
+			return 0
+		}
+	} else {
+		l.chainMu.RLock()
+	}
+	defer l.chainMu.RUnlock()
+	moved := 0
+	for _, r := range l.runs(off, int64(n), false) {
+		im := l.byDepth[r.owner]
+		size := im.meta.Size
+		if im == l.top {
+			size = l.size
+		}
+		if r.off+r.n > size {
+			break
+		}
+		k := block.SpliceTo(im.dev, pipe, r.off, int(r.n), nowait)
+		moved += k
+		if int64(k) < r.n {
+			break
+		}
+	}
+	return moved
+}
+
 // readFrom reads from one image.
 func (l *Layer) readFrom(im *image, p []byte, off int64) error {
 	if p = l.held(im, p, off); len(p) == 0 {
