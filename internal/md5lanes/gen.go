@@ -133,6 +133,16 @@ func transpose(p printer, mov string, row, tmp int, perm128 func(high bool, hi, 
 	}
 }
 
+// epilogue ends a kernel: the next block, or the lanes' state stored.
+func epilogue(p printer) {
+	p("\tDECQ CX")
+	p("\tJNZ loop")
+	p("done:")
+	each4(p, "\tVMOVDQU Y%d, %d(DI)", func(w int) []any { return []any{w, 32 * w} })
+	p("\tVZEROUPPER")
+	p("\tRET")
+}
+
 // avx512 writes blocks8AVX512. The frame: 0-63 the lanes' data pointers,
 // advanced by stride per block; 64-575 the block's message words, word j
 // of all lanes at 64+32j.
@@ -181,12 +191,7 @@ func avx512(p printer) {
 		r = [4]int{d, a, bb, c}
 	}
 	each4(p, "\tVPADDD Y%d, Y%d, Y%d", func(w int) []any { return []any{w + 4, w, w} })
-	p("\tDECQ CX")
-	p("\tJNZ loop")
-	p("done:")
-	each4(p, "\tVMOVDQU Y%d, %d(DI)", func(w int) []any { return []any{w, 32 * w} })
-	p("\tVZEROUPPER")
-	p("\tRET")
+	epilogue(p)
 }
 
 // avx2 writes blocks8AVX2. The frame as avx512's, and 576-703 the state
@@ -253,10 +258,5 @@ func avx2(p printer) {
 		r = [4]int{d, a, bb, c}
 	}
 	each4(p, "\tVPADDD %d(SP), Y%d, Y%d", func(w int) []any { return []any{576 + 32*w, w, w} })
-	p("\tDECQ CX")
-	p("\tJNZ loop")
-	p("done:")
-	each4(p, "\tVMOVDQU Y%d, %d(DI)", func(w int) []any { return []any{w, 32 * w} })
-	p("\tVZEROUPPER")
-	p("\tRET")
+	epilogue(p)
 }
