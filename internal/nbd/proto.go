@@ -18,6 +18,8 @@
 // and commands get a goroutine each; a big write is run by the goroutine
 // that received its payload, which first hands the reader's role to a new
 // goroutine, so the payload is copied on from a warm cache.
+// A big read from a device that offers block.Splicer is spliced from the
+// page cache into the socket, never copied through a buffer (splice.go).
 // A big payload is received with the socket's low-water mark set
 // (socket.go), one wakeup per payload. Each goroutine writes its own
 // reply under the connection's write lock, and the last of a convoy of
