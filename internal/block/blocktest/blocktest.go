@@ -12,6 +12,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/basalt-storage/basalt/internal/block"
 )
 
@@ -32,7 +34,9 @@ func Spec(t testing.TB, s string) block.Spec {
 // that offers block.NoWaitReader has every read tried that way too (and
 // a 4 KiB read at its start), and what it answers compared alike (with
 // at least one answer required: its data was just written, so the page
-// cache holds it). It returns the model so callers can check more.
+// cache holds it). A device that offers block.Splicer has every read also
+// spliced into a pipe, and what it moved followed by ReadAt of the rest
+// compared alike. It returns the model so callers can check more.
 func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 	t.Helper()
 	l, err := block.Build(env, Spec(t, spec))
@@ -46,6 +50,11 @@ func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 	caps := l.Capabilities()
 	nowait, tryable := l.(block.NoWaitReader)
 	tried := 0
+	splicer, splices := l.(block.Splicer)
+	var pipe [2]int
+	if splices {
+		pipe = newPipe(t)
+	}
 	model := make([]byte, size)
 	rng := rand.New(rand.NewPCG(1, uint64(len(spec))))
 	for i := 0; i < ops; i++ {
@@ -81,6 +90,22 @@ func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 			}
 			if !bytes.Equal(got, model[off:off+n]) {
 				t.Fatalf("op %d: read %d+%d differs from the model", i, off, n)
+			}
+			if splices {
+				// What the device moves into a pipe, then ReadAt of the
+				// rest, is the range.
+				k := splicer.SpliceTo(pipe[1], off, int(n), rng.IntN(2) == 0)
+				if k < 0 || int64(k) > n {
+					t.Fatalf("op %d: SpliceTo %d+%d moved %d bytes", i, off, n, k)
+				}
+				clear(got)
+				readPipe(t, pipe[0], got[:k])
+				if err := l.ReadAt(got[k:], off+int64(k)); err != nil {
+					t.Fatalf("read %d+%d: %v", off+int64(k), n-int64(k), err)
+				}
+				if !bytes.Equal(got, model[off:off+n]) {
+					t.Fatalf("op %d: %d bytes spliced of %d+%d, then the rest read: differs from the model", i, k, off, n)
+				}
 			}
 			if !tryable {
 				continue
@@ -157,4 +182,34 @@ func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 		t.Fatalf("after reopen: %v", err)
 	}
 	return model
+}
+
+// newPipe returns a non-blocking pipe (read end, write end) with room for
+// 1 MiB, closed when the test ends.
+func newPipe(t *testing.T) [2]int {
+	t.Helper()
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+	})
+	if _, err := unix.FcntlInt(uintptr(fds[1]), unix.F_SETPIPE_SZ, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	return fds
+}
+
+// readPipe fills p from the pipe's read end, which must hold that much.
+func readPipe(t *testing.T, fd int, p []byte) {
+	t.Helper()
+	for r := 0; r < len(p); {
+		m, err := unix.Read(fd, p[r:])
+		if err != nil || m == 0 {
+			t.Fatalf("pipe: read %d of %d bytes: %v", r, len(p), err)
+		}
+		r += m
+	}
 }

@@ -10,15 +10,16 @@ import (
 
 // stacks every layer type must serve correctly, built over file layers.
 var stacks = map[string]string{
-	"file":      `{"type":"file","params":{"path":"a.img"}}`,
-	"linear":    `{"type":"linear","children":[{"type":"file","params":{"path":"a.img"}},{"type":"file","params":{"path":"b.img"}},{"type":"file","params":{"path":"c.img"}}]}`,
-	"partition": `{"type":"linear","params":{"offset":1048576,"length":4194304},"children":[{"type":"file","params":{"path":"a.img"}}]}`,
-	"checksum":  `{"type":"checksum","children":[{"type":"file","params":{"path":"a.img"}}]}`,
-	"parity":    `{"type":"parity","params":{"chunk":4096},"children":[{"type":"file","params":{"path":"a.img"}},{"type":"file","params":{"path":"b.img"}},{"type":"file","params":{"path":"c.img"}}]}`,
-	"mirror":    `{"type":"mirror","params":{"region":65536},"children":[{"type":"file","params":{"path":"a.img"}},{"type":"file","params":{"path":"b.img"}}]}`,
-	"stripe":    `{"type":"stripe","params":{"chunk":4096},"children":[{"type":"file","params":{"path":"a.img"}},{"type":"file","params":{"path":"b.img"}},{"type":"file","params":{"path":"c.img"}},{"type":"file","params":{"path":"d.img"}}]}`,
-	"throttle":  `{"type":"throttle","params":{"iops":100000,"bps":1073741824},"children":[{"type":"file","params":{"path":"a.img"}}]}`,
-	"nested":    `{"type":"throttle","params":{"iops":100000},"children":[{"type":"stripe","params":{"chunk":8192},"children":[{"type":"linear","children":[{"type":"file","params":{"path":"a.img"}},{"type":"file","params":{"path":"b.img"}}]},{"type":"file","params":{"path":"c.img"}}]}]}`,
+	"file":       `{"type":"file","params":{"path":"a.img"}}`,
+	"linear":     `{"type":"linear","children":[{"type":"file","params":{"path":"a.img"}},{"type":"file","params":{"path":"b.img"}},{"type":"file","params":{"path":"c.img"}}]}`,
+	"partition":  `{"type":"linear","params":{"offset":1048576,"length":4194304},"children":[{"type":"file","params":{"path":"a.img"}}]}`,
+	"checksum":   `{"type":"checksum","children":[{"type":"file","params":{"path":"a.img"}}]}`,
+	"parity":     `{"type":"parity","params":{"chunk":4096},"children":[{"type":"file","params":{"path":"a.img"}},{"type":"file","params":{"path":"b.img"}},{"type":"file","params":{"path":"c.img"}}]}`,
+	"mirror":     `{"type":"mirror","params":{"region":65536},"children":[{"type":"file","params":{"path":"a.img"}},{"type":"file","params":{"path":"b.img"}}]}`,
+	"stripe":     `{"type":"stripe","params":{"chunk":4096},"children":[{"type":"file","params":{"path":"a.img"}},{"type":"file","params":{"path":"b.img"}},{"type":"file","params":{"path":"c.img"}},{"type":"file","params":{"path":"d.img"}}]}`,
+	"stripe-64k": `{"type":"stripe","children":[{"type":"file","params":{"path":"a.img"}},{"type":"file","params":{"path":"b.img"}},{"type":"file","params":{"path":"c.img"}}]}`,
+	"throttle":   `{"type":"throttle","params":{"iops":100000,"bps":1073741824},"children":[{"type":"file","params":{"path":"a.img"}}]}`,
+	"nested":     `{"type":"throttle","params":{"iops":100000},"children":[{"type":"stripe","params":{"chunk":8192},"children":[{"type":"linear","children":[{"type":"file","params":{"path":"a.img"}},{"type":"file","params":{"path":"b.img"}}]},{"type":"file","params":{"path":"c.img"}}]}]}`,
 }
 
 // TestConformance drives each stack with random operations and compares

@@ -118,6 +118,20 @@ func (l *Layer) TryReadAt(p []byte, off int64) bool {
 	return true
 }
 
+// SpliceTo implements block.Splicer: piece by piece, each from its child,
+// stopping at the first piece the child does not move whole.
+func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
+	moved := 0
+	for _, pc := range l.split(off, int64(n)) {
+		k := block.SpliceTo(l.children[pc.child], pipe, pc.off, int(pc.len), nowait)
+		moved += k
+		if int64(k) < pc.len {
+			break
+		}
+	}
+	return moved
+}
+
 // WriteAt implements block.Device.
 func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
 	for _, pc := range l.split(off, int64(len(p))) {

@@ -246,6 +246,31 @@ func (l *Layer) TryReadAt(b []byte, off int64) bool {
 	return true
 }
 
+// spliceMinChunk: with a smaller stripe unit, a read is spliced in so many
+// pieces (one system call each) that copying it costs less.
+const spliceMinChunk = 64 << 10
+
+// SpliceTo implements block.Splicer: chunk by chunk, in the volume's order,
+// each from its child, stopping at the first the child does not move
+// whole.
+func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
+	if l.chunk < spliceMinChunk {
+		return 0
+	}
+	moved := 0
+	for moved < n {
+		o := off + int64(moved)
+		m := min(int64(n-moved), l.chunk-o%l.chunk)
+		c, coff, _ := l.within(o, m)
+		k := block.SpliceTo(c, pipe, coff, int(m), nowait)
+		moved += k
+		if int64(k) < m {
+			break
+		}
+	}
+	return moved
+}
+
 // WriteAt implements block.Device.
 func (l *Layer) WriteAt(b []byte, off int64, fua bool) error {
 	if c, coff, ok := l.within(off, int64(len(b))); ok {
