@@ -79,6 +79,32 @@ func (l *Layer) TryReadAt(p []byte, off int64) bool {
 	return true
 }
 
+// SpliceTo implements block.Splicer: from the leg a read would use, as
+// TryReadAt does, and moving the round robin on only when that leg moved
+// every byte. What it did not move the caller reads with ReadAt, which
+// picks the same leg and meets whatever stopped the splice: an error
+// fails that leg over.
+func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
+	if n == 0 || l.usable() != nil {
+		return 0
+	}
+	if nowait {
+		if !l.mu.TryLock() {
+			return 0
+		}
+	} else {
+		l.mu.Lock()
+	}
+	t := l.pickReaderLocked(off, int64(n), false)
+	l.mu.Unlock()
+	defer t.refs.Done()
+	k := block.SpliceTo(t.dev, pipe, off, n, nowait)
+	if k == n {
+		l.rr.Add(1)
+	}
+	return k
+}
+
 // pickReader chooses the leg for a read of [off, off+n) and references it.
 func (l *Layer) pickReader(off, n int64) target {
 	l.mu.Lock()
