@@ -53,7 +53,7 @@ func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 	splicer, splices := l.(block.Splicer)
 	var pipe [2]int
 	if splices {
-		pipe = newPipe(t)
+		pipe = Pipe(t)
 	}
 	model := make([]byte, size)
 	rng := rand.New(rand.NewPCG(1, uint64(len(spec))))
@@ -99,7 +99,7 @@ func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 					t.Fatalf("op %d: SpliceTo %d+%d moved %d bytes", i, off, n, k)
 				}
 				clear(got)
-				readPipe(t, pipe[0], got[:k])
+				ReadPipe(t, pipe[0], got[:k])
 				if err := l.ReadAt(got[k:], off+int64(k)); err != nil {
 					t.Fatalf("read %d+%d: %v", off+int64(k), n-int64(k), err)
 				}
@@ -184,9 +184,9 @@ func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 	return model
 }
 
-// newPipe returns a non-blocking pipe (read end, write end) with room for
-// 1 MiB, closed when the test ends.
-func newPipe(t *testing.T) [2]int {
+// Pipe returns a non-blocking pipe (read end, write end) with room for
+// 1 MiB, closed when the test ends: what block.Splicer moves bytes into.
+func Pipe(t testing.TB) [2]int {
 	t.Helper()
 	var fds [2]int
 	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
@@ -202,8 +202,8 @@ func newPipe(t *testing.T) [2]int {
 	return fds
 }
 
-// readPipe fills p from the pipe's read end, which must hold that much.
-func readPipe(t *testing.T, fd int, p []byte) {
+// ReadPipe fills p from the pipe's read end, which must hold that much.
+func ReadPipe(t testing.TB, fd int, p []byte) {
 	t.Helper()
 	for r := 0; r < len(p); {
 		m, err := unix.Read(fd, p[r:])

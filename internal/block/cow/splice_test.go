@@ -5,7 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/basalt-storage/basalt/internal/block/blocktest"
 )
 
 // TestSpliceTo: bytes spliced from a chain (runs in the top and in bases,
@@ -29,15 +29,7 @@ func TestSpliceTo(t *testing.T) {
 	model = append(model, make([]byte, 256<<10)...)
 	randomOps(t, rng, l, model, 10)
 
-	var fds [2]int
-	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fds[0])
-	defer unix.Close(fds[1])
-	if _, err := unix.FcntlInt(uintptr(fds[1]), unix.F_SETPIPE_SZ, 1<<20); err != nil {
-		t.Fatal(err)
-	}
+	fds := blocktest.Pipe(t)
 	spliced := 0
 	for i := range 300 {
 		off := rng.Int64N(int64(len(model)))
@@ -47,13 +39,7 @@ func TestSpliceTo(t *testing.T) {
 			t.Fatalf("SpliceTo(%d, %d) moved %d", off, n, k)
 		}
 		got := make([]byte, n)
-		for r := 0; r < k; {
-			m, err := unix.Read(fds[0], got[r:k])
-			if err != nil || m == 0 {
-				t.Fatalf("pipe: %d bytes, %v", m, err)
-			}
-			r += m
-		}
+		blocktest.ReadPipe(t, fds[0], got[:k])
 		if err := l.ReadAt(got[k:], off+int64(k)); err != nil {
 			t.Fatal(err)
 		}
