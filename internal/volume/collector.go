@@ -11,8 +11,13 @@ import (
 // grows with the store; a delete should not pay it, nor wait behind another
 // delete's.
 //
-// Requests that arrive while a collection runs are served by the next run,
-// which starts after them and so sees everything their callers did. A node
+// A request is served by a run that starts collectDelay after it, so that
+// a burst of deletes — a user cleaning up, a script, a cluster's nodes each
+// deleting — costs one run instead of one per delete: a run lists every
+// record and image, and on a busy node runs back to back would take the
+// CPU from the requests themselves. Requests that arrive while a
+// collection waits or runs are served by that run or the next, which
+// starts after them and so sees everything their callers did. A node
 // that stops drops the requests it has not served: its next Start asks for
 // a collection, and any node's next one finds the same garbage. Besides,
 // every node collects unasked once per image grace (at least a minute
@@ -23,6 +28,11 @@ import (
 // minCollectEvery bounds how often a node collects unasked.
 var minCollectEvery = time.Minute
 
+// collectDelay is how long a requested collection waits for more requests
+// before it runs: space comes back that much later, which no caller waits
+// for.
+var collectDelay = time.Second
+
 type collector struct {
 	kick chan struct{} // a pending request (capacity 1)
 
@@ -30,6 +40,7 @@ type collector struct {
 	cond    *sync.Cond
 	asked   uint64 // requests made
 	done    uint64 // requests served (all those made before the last run began)
+	runs    uint64 // runs started
 	stopped bool   // no run will come: requests are dropped, waiters return
 }
 
@@ -71,10 +82,22 @@ func (s *Service) runCollector() {
 		case <-s.ctx.Done():
 			return
 		case <-s.gc.kick:
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-time.After(collectDelay):
+			}
+			// Requests made until now are served by this run; one whose
+			// kick is drained here is counted below.
+			select {
+			case <-s.gc.kick:
+			default:
+			}
 		case <-tick.C:
 		}
 		s.gc.mu.Lock()
 		served := s.gc.asked
+		s.gc.runs++
 		s.gc.mu.Unlock()
 		s.collect(s.ctx)
 		s.gc.mu.Lock()

@@ -12,8 +12,9 @@ import (
 )
 
 // TestCollector: requests from many goroutines are served; a waiter
-// returns once the requests made before it ran; a stopped service
-// releases its waiters instead of hanging them.
+// returns once the requests made before it ran; a burst of requests is
+// served by one run; a stopped service releases its waiters instead of
+// hanging them.
 func TestCollector(t *testing.T) {
 	e := newEnv(t)
 	s := e.started(Config{})
@@ -38,6 +39,27 @@ func TestCollector(t *testing.T) {
 	s.gc.mu.Unlock()
 	if done < 50 || done > asked {
 		t.Fatalf("served %d of %d requests", done, asked)
+	}
+
+	// A burst of requests within the delay is served by one run (two if
+	// the burst straddles a run's start).
+	old := collectDelay
+	collectDelay = 300 * time.Millisecond
+	t.Cleanup(func() { collectDelay = old })
+	s.collected()
+	s.gc.mu.Lock()
+	before := s.gc.runs
+	s.gc.mu.Unlock()
+	for range 20 {
+		s.collectSoon()
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.collected()
+	s.gc.mu.Lock()
+	runs := s.gc.runs - before
+	s.gc.mu.Unlock()
+	if runs < 1 || runs > 2 {
+		t.Fatalf("20 requests within the delay took %d runs, want 1 (2 at most)", runs)
 	}
 
 	s.Stop()

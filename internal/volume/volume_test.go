@@ -28,7 +28,10 @@ import (
 	"github.com/basalt-storage/basalt/internal/store"
 )
 
-func TestMain(m *testing.M) { metatest.Main(m) }
+func TestMain(m *testing.M) {
+	collectDelay = 10 * time.Millisecond // short: tests wait for collections (settle)
+	metatest.Main(m)
+}
 
 // openTestStore returns the package's shared metadata store and its CA.
 func openTestStore(t testing.TB) (*meta.Store, *pki.CA) {
