@@ -785,6 +785,47 @@ func (l *Layer) TryReadAt(p []byte, off int64) bool {
 	return block.TryReadAt(l.children[leg], p, s*C+w%C)
 }
 
+// spliceMinChunk: with a smaller chunk, a read is spliced in so many
+// pieces (one system call each) that copying it costs less.
+const spliceMinChunk = 64 << 10
+
+// SpliceTo implements block.Splicer: chunk by chunk, in the volume's
+// order, each from the leg that holds it valid, stopping at the first
+// chunk that would have to be reconstructed (ReadAt does that) or that
+// its leg does not move whole.
+func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
+	if l.chunk < spliceMinChunk {
+		return 0
+	}
+	if nowait {
+		if !l.mode.TryRLock() {
+			return 0
+		}
+	} else {
+		l.mode.RLock()
+	}
+	defer l.mode.RUnlock()
+	if l.closed {
+		return 0
+	}
+	C := l.chunk
+	moved := 0
+	for moved < n {
+		s, w := (off+int64(moved))/l.dsz, (off+int64(moved))%l.dsz
+		m := min(int64(n-moved), C-w%C)
+		leg := l.dataLeg(s, int(w/C))
+		if !l.legValid(s, leg) || l.isLost(s, leg) {
+			break
+		}
+		k := block.SpliceTo(l.children[leg], pipe, s*C+w%C, int(m), nowait)
+		moved += k
+		if int64(k) < m {
+			break
+		}
+	}
+	return moved
+}
+
 func (l *Layer) readRange(p []byte, off int64) error {
 	C := l.chunk
 	if s, w := off/l.dsz, off%l.dsz; w%C+int64(len(p)) <= C { // one chunk: the common small read

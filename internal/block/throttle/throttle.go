@@ -97,25 +97,70 @@ func (l *Layer) ReadAt(p []byte, off int64) error {
 // now and the child answers it at once. Tokens taken for a read the child
 // cannot answer at once are given back (ReadAt takes them again).
 func (l *Layer) TryReadAt(p []byte, off int64) bool {
-	now := time.Now()
-	var taken []*rate.Reservation
+	h, ok := l.takeNow(len(p))
+	ok = ok && block.TryReadAt(l.child, p, off)
+	if !ok {
+		h.cancel()
+	}
+	return ok
+}
+
+// takeNow reserves one operation and n bytes for now; ok only if the
+// limits allow them without waiting. What it reserved is returned either
+// way, to be cancelled if unused.
+func (l *Layer) takeNow(n int) (h held, ok bool) {
+	h.at = time.Now()
 	take := func(lim *rate.Limiter, n int) bool {
-		r := lim.ReserveN(now, n)
+		r := lim.ReserveN(h.at, n)
 		if !r.OK() {
 			return false
 		}
-		taken = append(taken, r)
-		return r.DelayFrom(now) == 0
+		h.rs = append(h.rs, r)
+		return r.DelayFrom(h.at) == 0
 	}
-	ok := (l.ops == nil || take(l.ops, 1)) &&
-		(l.bytes == nil || len(p) == 0 || len(p) <= l.burst && take(l.bytes, len(p))) &&
-		block.TryReadAt(l.child, p, off)
-	if !ok {
-		for _, r := range taken {
-			r.CancelAt(now)
+	ok = (l.ops == nil || take(l.ops, 1)) &&
+		(l.bytes == nil || n == 0 || n <= l.burst && take(l.bytes, n))
+	return h, ok
+}
+
+// held is what takeNow reserved, and when.
+type held struct {
+	at time.Time
+	rs []*rate.Reservation
+}
+
+// cancel gives the tokens back. It cancels as of the reservations' own
+// time: a limiter gives back nothing for a reservation whose time to act
+// has passed.
+func (h held) cancel() {
+	for _, r := range h.rs {
+		r.CancelAt(h.at)
+	}
+}
+
+// SpliceTo implements block.Splicer: the child's, once the limits allow
+// the read — at once with nowait, else after waiting as ReadAt does. A
+// read the child moves only in part is charged twice for its operation:
+// here, and by the ReadAt of the rest.
+func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
+	if _, ok := l.child.(block.Splicer); !ok || n <= 0 {
+		return 0
+	}
+	if !nowait {
+		if l.wait(int64(n)) != nil {
+			return 0
 		}
+		return block.SpliceTo(l.child, pipe, off, n, false)
 	}
-	return ok
+	h, ok := l.takeNow(n)
+	k := 0
+	if ok {
+		k = block.SpliceTo(l.child, pipe, off, n, true)
+	}
+	if k == 0 {
+		h.cancel() // the caller's ReadAt takes them again
+	}
+	return k
 }
 
 // WriteAt implements block.Device.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/block/blocktest"
 	"github.com/basalt-storage/basalt/internal/block/file"
 )
 
@@ -178,5 +179,53 @@ func TestLimitsHoldOverTime(t *testing.T) {
 	}
 	if d := time.Since(start); d < 900*time.Millisecond {
 		t.Errorf("3 MiB read under 2 MiB/s (burst 1 MiB) took %v, want at least 1 s", d)
+	}
+}
+
+// Splices keep to the limits as reads do: without waiting only while
+// tokens are there, and a splice the child cannot make costs nothing; the
+// bytes spliced are the child's.
+func TestSpliceToKeepsTheLimits(t *testing.T) {
+	f := cachedFile(t)
+	refilled := func(start time.Time, rate float64) int { return int(time.Since(start).Seconds()*rate) + 1 }
+	fds := blocktest.Pipe(t)
+	got := make([]byte, 64<<10)
+
+	l := throttle(t, `{"iops":5}`, f)
+	n, start := 0, time.Now()
+	for n < 100 {
+		k := l.SpliceTo(fds[1], 4096, len(got), true)
+		if k == 0 {
+			break
+		}
+		blocktest.ReadPipe(t, fds[0], got[:k])
+		if !bytes.Equal(got[:k], bytes.Repeat([]byte{7}, k)) {
+			t.Fatal("spliced bytes differ from the child's")
+		}
+		n++
+	}
+	if extra := refilled(start, 5); n < 5 || n > 5+extra {
+		t.Fatalf("%d splices made at once under iops 5 (burst 5), want 5 (+%d refilled)", n, extra)
+	}
+	// Waiting, the next splice is made once a token comes (0.2 s).
+	start = time.Now()
+	if k := l.SpliceTo(fds[1], 0, len(got), false); k != len(got) {
+		t.Fatalf("a waiting splice moved %d of %d bytes", k, len(got))
+	}
+	blocktest.ReadPipe(t, fds[0], got)
+	if waited := time.Since(start); waited < 100*time.Millisecond {
+		t.Fatalf("a splice over the limit did not wait (%v)", waited)
+	}
+
+	// A child that cannot splice: nothing moved, nothing charged.
+	l = throttle(t, `{"iops":5,"bps":2097152}`, notNow{f})
+	for range 50 {
+		if l.SpliceTo(fds[1], 0, len(got), true)+l.SpliceTo(fds[1], 0, len(got), false) != 0 {
+			t.Fatal("spliced through a child that cannot")
+		}
+	}
+	now := time.Now()
+	if ops, b := l.ops.TokensAt(now), l.bytes.TokensAt(now); ops < 4.99 || b < 1<<20-1 {
+		t.Fatalf("tokens left after splices the child could not make: %.2f ops, %.0f bytes; want all", ops, b)
 	}
 }
