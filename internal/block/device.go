@@ -115,6 +115,31 @@ type Splicer interface {
 	SpliceTo(pipe int, off int64, n int, nowait bool) int
 }
 
+// SpliceWriter is implemented by devices that can take a write's bytes
+// from a pipe straight into the page cache (splice(2)): the NBD server
+// moves a big write's payload from the client's socket into a pipe
+// (references to the received pages, no copy) and the device moves it on,
+// so the bytes are copied once instead of into a buffer first. Like
+// Splicer, only a layer whose bytes lie as they are in a file can, and a
+// layer offers it only by implementing it itself.
+type SpliceWriter interface {
+	// SpliceFrom writes up to n bytes at off, taking them in order from
+	// the pipe whose read end is pipe, which holds at least n bytes, and
+	// returns how many it took, all of them written (as by WriteAt
+	// without FUA). The rest stay in the pipe, in order: the caller reads
+	// them and writes them with WriteAt, which also meets and reports any
+	// error (SpliceFrom reports none).
+	SpliceFrom(pipe int, off int64, n int) int
+}
+
+// SpliceFrom is d's SpliceFrom when d offers it, else 0.
+func SpliceFrom(d Device, pipe int, off int64, n int) int {
+	if s, ok := d.(SpliceWriter); ok {
+		return s.SpliceFrom(pipe, off, n)
+	}
+	return 0
+}
+
 // SpliceTo is d's SpliceTo when d offers it, else 0.
 func SpliceTo(d Device, pipe int, off int64, n int, nowait bool) int {
 	if s, ok := d.(Splicer); ok {

@@ -27,6 +27,7 @@ type File struct {
 	dsync    atomic.Bool // pwritev2(RWF_DSYNC) works here
 	noWait   atomic.Bool // preadv2(RWF_NOWAIT) works here
 	splice   atomic.Bool // splice(2) from this file works
+	spliceIn atomic.Bool // splice(2) into this file works
 	cstat    atomic.Bool // cachestat(2) works here
 	fence    func() error
 }
@@ -69,6 +70,7 @@ func OpenFile(path string, readOnly bool) (*File, error) {
 	d.dsync.Store(true)
 	d.noWait.Store(true)
 	d.splice.Store(true)
+	d.spliceIn.Store(true)
 	d.cstat.Store(true)
 	return d, nil
 }
@@ -183,6 +185,32 @@ func (d *File) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 }
 
 var _ Splicer = (*File)(nil)
+
+// SpliceFrom implements SpliceWriter: splice(2) from the pipe into the
+// file. A file system that cannot is found out once.
+func (d *File) SpliceFrom(pipe int, off int64, n int) int {
+	if !d.spliceIn.Load() || d.writable() != nil {
+		return 0
+	}
+	moved := 0
+	for moved < n {
+		o := off + int64(moved)
+		k, err := unix.Splice(pipe, nil, d.fd, &o, n-moved, unix.SPLICE_F_MOVE)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EINVAL || err == unix.ENOSYS || err == unix.EOPNOTSUPP {
+			d.spliceIn.Store(false)
+		}
+		if err != nil || k == 0 {
+			break
+		}
+		moved += int(k)
+	}
+	return moved
+}
+
+var _ SpliceWriter = (*File)(nil)
 
 // cached reports whether the page cache holds all of [off, off+n).
 func (d *File) cached(off int64, n int) bool {

@@ -44,11 +44,15 @@ type conn struct {
 	dev     block.Device
 	nowait  block.NoWaitReader // dev, when it offers reads without waiting
 	splicer block.Splicer      // dev, when it can splice reads (used with sock only: splice.go)
-	sock    *socket            // nil unless plain TCP
-	size    uint64
-	flags   uint16
-	pending bool      // the reader queued replies it has not flushed (reader only)
-	watch   *watchdog // guards the reader while it runs a write (watchdog.go)
+	spliceW block.SpliceWriter // dev, when it can splice writes (splicewrite.go)
+	// spliceRefused counts the spliced writes in a row the device took
+	// nothing of (splicewrite.go).
+	spliceRefused atomic.Int32
+	sock          *socket // nil unless plain TCP
+	size          uint64
+	flags         uint16
+	pending       bool      // the reader queued replies it has not flushed (reader only)
+	watch         *watchdog // guards the reader while it runs a write (watchdog.go)
 
 	budget   *budget
 	inflight sync.WaitGroup
@@ -100,6 +104,7 @@ func (c *conn) run() {
 	c.exp, c.dev, c.size = exp, exp.Device, uint64(exp.Device.Size())
 	c.nowait, _ = exp.Device.(block.NoWaitReader)
 	c.splicer, _ = exp.Device.(block.Splicer)
+	c.spliceW, _ = exp.Device.(block.SpliceWriter)
 	c.flags = c.transmissionFlags(exp)
 	if exp.Revoked != nil {
 		go func() {
@@ -192,6 +197,10 @@ func (c *conn) readRequests(ended chan<- error) {
 		}
 		var cost int64
 		var payload []byte
+		var wp *pipe // a big write's payload is spliced through it (splicewrite.go)
+		if req.typ == cmdWrite {
+			wp = c.writePipe(req)
+		}
 		switch {
 		case req.typ == cmdWrite && req.length > MaxPayload:
 			// Stay in sync without holding the payload, then refuse.
@@ -204,6 +213,21 @@ func (c *conn) readRequests(ended chan<- error) {
 			c.inflight.Add(1)
 			c.sendError(req, errInval, "write of %d bytes exceeds the maximum payload of %d", req.length, MaxPayload)
 			continue
+		case wp != nil:
+			cost = int64(req.length)
+			c.budget.acquire(cost)
+			c.flushBeforeWait(int(req.length))
+			w := &splicedWrite{p: wp, off: int64(req.offset)}
+			if err := c.receiveSpliced(req, w); err != nil {
+				wp.close()
+				c.budget.release(cost)
+				ended <- err
+				return
+			}
+			c.inflight.Add(1)
+			go c.readRequests(ended)
+			c.finishSpliced(req, w, cost)
+			return
 		case req.typ == cmdWrite:
 			cost = int64(req.length)
 			c.budget.acquire(cost)

@@ -274,6 +274,11 @@ func (h *shared) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 	return block.SpliceTo(h.Device, pipe, off, n, nowait)
 }
 
+// SpliceFrom implements block.SpliceWriter when the stack does.
+func (h *shared) SpliceFrom(pipe int, off int64, n int) int {
+	return block.SpliceFrom(h.Device, pipe, off, n)
+}
+
 // gated holds a volume's write gate (read side) around every operation
 // that changes data, so that a snapshot, which holds the write side, sees
 // exactly the writes acknowledged before it.
@@ -290,6 +295,14 @@ func (g *gated) TryReadAt(p []byte, off int64) bool { return block.TryReadAt(g.D
 // the gate.
 func (g *gated) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 	return block.SpliceTo(g.Device, pipe, off, n, nowait)
+}
+
+// SpliceFrom implements block.SpliceWriter when the stack does, under the
+// gate like every write.
+func (g *gated) SpliceFrom(pipe int, off int64, n int) int {
+	g.gate.RLock()
+	defer g.gate.RUnlock()
+	return block.SpliceFrom(g.Device, pipe, off, n)
 }
 
 func (g *gated) WriteAt(p []byte, off int64, fua bool) error {

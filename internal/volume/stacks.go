@@ -203,6 +203,11 @@ func (e *exact) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 	return block.SpliceTo(e.Layer, pipe, off, n, nowait)
 }
 
+// SpliceFrom implements block.SpliceWriter when the stack does.
+func (e *exact) SpliceFrom(pipe int, off int64, n int) int {
+	return block.SpliceFrom(e.Layer, pipe, off, n)
+}
+
 // Resize grows the stack (if it is not big enough already) and then the
 // presented size.
 func (e *exact) Resize(n int64) error {

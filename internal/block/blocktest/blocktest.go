@@ -36,7 +36,9 @@ func Spec(t testing.TB, s string) block.Spec {
 // at least one answer required: its data was just written, so the page
 // cache holds it). A device that offers block.Splicer has every read also
 // spliced into a pipe, and what it moved followed by ReadAt of the rest
-// compared alike. It returns the model so callers can check more.
+// compared alike; one that offers block.SpliceWriter has some writes
+// taken from a pipe, the rest written with WriteAt. It returns the model
+// so callers can check more.
 func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 	t.Helper()
 	l, err := block.Build(env, Spec(t, spec))
@@ -55,6 +57,11 @@ func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 	if splices {
 		pipe = Pipe(t)
 	}
+	spliceW, splicesW := l.(block.SpliceWriter)
+	var wpipe [2]int
+	if splicesW {
+		wpipe = Pipe(t)
+	}
 	model := make([]byte, size)
 	rng := rand.New(rand.NewPCG(1, uint64(len(spec))))
 	for i := 0; i < ops; i++ {
@@ -71,8 +78,27 @@ func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 			for j := range p {
 				p[j] = byte(rng.IntN(256))
 			}
-			if err := l.WriteAt(p, off, rng.IntN(4) == 0); err != nil {
-				t.Fatalf("write %d+%d: %v", off, n, err)
+			fua := rng.IntN(4) == 0
+			if splicesW && !fua && rng.IntN(2) == 0 {
+				// What the device takes from a pipe is written; the rest
+				// stays in the pipe, in order, for WriteAt.
+				if _, err := unix.Write(wpipe[1], p); err != nil {
+					t.Fatal(err)
+				}
+				k := spliceW.SpliceFrom(wpipe[0], off, int(n))
+				if k < 0 || int64(k) > n {
+					t.Fatalf("op %d: SpliceFrom %d+%d took %d bytes", i, off, n, k)
+				}
+				rest := make([]byte, n-int64(k))
+				ReadPipe(t, wpipe[0], rest)
+				if !bytes.Equal(rest, p[k:]) {
+					t.Fatalf("op %d: SpliceFrom %d+%d took %d bytes but left others in the pipe", i, off, n, k)
+				}
+				copy(model[off:], p[:k])
+				p, off = p[k:], off+int64(k)
+			}
+			if err := l.WriteAt(p, off, fua); err != nil {
+				t.Fatalf("write %d+%d: %v", off, len(p), err)
 			}
 			copy(model[off:], p)
 		case 2:

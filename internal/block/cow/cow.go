@@ -635,6 +635,46 @@ func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
 	})
 }
 
+// SpliceFrom implements block.SpliceWriter: run by run into the top, as
+// WriteAt writes them, when no base holds a chunk of the range (else
+// nothing is taken: a copy-up needs the bytes in a buffer, and WriteAt
+// does that). It stops at the first run the top does not take whole.
+func (l *Layer) SpliceFrom(pipe int, off int64, n int) int {
+	if l.env.ReadOnly || n <= 0 {
+		return 0
+	}
+	l.chainMu.RLock()
+	if _, ok := l.top.dev.(block.SpliceWriter); !ok {
+		l.chainMu.RUnlock()
+		return 0
+	}
+	topd := l.top.depth
+	for _, r := range l.runs(off, int64(n), true) {
+		if r.owner != topd && r.owner != 0 {
+			l.chainMu.RUnlock()
+			return 0
+		}
+	}
+	l.chainMu.RUnlock()
+	// Every run is recorded as the top's, as WriteAt records it, the ones
+	// not taken (after the first run taken short) too: the caller writes
+	// them next, and until then the top holds what readers saw there
+	// before. A snapshot taken meanwhile makes the top a new, empty image
+	// whose chunks its base holds: such a chunk is copied up with its old
+	// content (overlay leaves it), which changes nothing a reader sees,
+	// and no byte more is taken.
+	moved, stop := 0, false
+	_ = l.write(off, int64(n), false, func(r run, _ int64) error {
+		if !stop {
+			k := block.SpliceFrom(l.top.dev, pipe, r.off, int(r.n))
+			moved += k
+			stop = int64(k) < r.n
+		}
+		return nil
+	}, func([]byte, run, int64) { stop = true })
+	return moved
+}
+
 // write is the shared path of writes and zeroes: direct covers a run the
 // top holds or nobody holds; overlay puts a run's new content into a
 // copied-up chunk buffer.
