@@ -132,6 +132,20 @@ func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 	return moved
 }
 
+// SpliceFrom implements block.SpliceWriter: piece by piece, each into its
+// child, stopping at the first piece the child does not take whole.
+func (l *Layer) SpliceFrom(pipe int, off int64, n int) int {
+	moved := 0
+	for _, pc := range l.split(off, int64(n)) {
+		k := block.SpliceFrom(l.children[pc.child], pipe, pc.off, int(pc.len))
+		moved += k
+		if int64(k) < pc.len {
+			break
+		}
+	}
+	return moved
+}
+
 // WriteAt implements block.Device.
 func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
 	for _, pc := range l.split(off, int64(len(p))) {

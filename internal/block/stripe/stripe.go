@@ -271,6 +271,27 @@ func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 	return moved
 }
 
+// SpliceFrom implements block.SpliceWriter: chunk by chunk, in the
+// volume's order, each into its child, stopping at the first the child
+// does not take whole (with a stripe unit under 64 KiB, not at all).
+func (l *Layer) SpliceFrom(pipe int, off int64, n int) int {
+	if l.chunk < spliceMinChunk {
+		return 0
+	}
+	moved := 0
+	for moved < n {
+		o := off + int64(moved)
+		m := min(int64(n-moved), l.chunk-o%l.chunk)
+		c, coff, _ := l.within(o, m)
+		k := block.SpliceFrom(c, pipe, coff, int(m))
+		moved += k
+		if int64(k) < m {
+			break
+		}
+	}
+	return moved
+}
+
 // WriteAt implements block.Device.
 func (l *Layer) WriteAt(b []byte, off int64, fua bool) error {
 	if c, coff, ok := l.within(off, int64(len(b))); ok {

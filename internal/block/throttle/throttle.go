@@ -163,6 +163,16 @@ func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 	return k
 }
 
+// SpliceFrom implements block.SpliceWriter: the child's, after waiting
+// for the limits as WriteAt does. Like a read spliced in part, a write
+// the child takes in part pays for its operation twice.
+func (l *Layer) SpliceFrom(pipe int, off int64, n int) int {
+	if _, ok := l.child.(block.SpliceWriter); !ok || n <= 0 || l.wait(int64(n)) != nil {
+		return 0
+	}
+	return block.SpliceFrom(l.child, pipe, off, n)
+}
+
 // WriteAt implements block.Device.
 func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
 	if err := l.wait(int64(len(p))); err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/block/blocktest"
 	"github.com/basalt-storage/basalt/internal/block/file"
+	"golang.org/x/sys/unix"
 )
 
 // cachedFile is a file layer whose 1 MiB is in the page cache; the test
@@ -227,5 +228,40 @@ func TestSpliceToKeepsTheLimits(t *testing.T) {
 	now := time.Now()
 	if ops, b := l.ops.TokensAt(now), l.bytes.TokensAt(now); ops < 4.99 || b < 1<<20-1 {
 		t.Fatalf("tokens left after splices the child could not make: %.2f ops, %.0f bytes; want all", ops, b)
+	}
+}
+
+// Writes taken from a pipe wait for the limits as writes do and land in
+// the child; a child that cannot take them costs nothing.
+func TestSpliceFromKeepsTheLimits(t *testing.T) {
+	f := plainFile(t)
+	fds := blocktest.Pipe(t)
+	p := bytes.Repeat([]byte{9}, 64<<10)
+	l := throttle(t, `{"iops":5}`, f)
+	start := time.Now()
+	for i := range 6 {
+		if _, err := unix.Write(fds[1], p); err != nil {
+			t.Fatal(err)
+		}
+		if k := l.SpliceFrom(fds[0], int64(i)*int64(len(p)), len(p)); k != len(p) {
+			t.Fatalf("took %d of %d bytes", k, len(p))
+		}
+	}
+	if waited := time.Since(start); waited < 100*time.Millisecond {
+		t.Fatalf("6 writes under iops 5 (burst 5) took %v: the sixth did not wait", waited)
+	}
+	got := make([]byte, 6*len(p))
+	if err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, bytes.Repeat([]byte{9}, len(got))) {
+		t.Fatalf("the child does not hold the spliced writes (%v)", err)
+	}
+
+	l = throttle(t, `{"iops":5}`, notNow{f})
+	for range 50 {
+		if l.SpliceFrom(fds[0], 0, len(p)) != 0 {
+			t.Fatal("took bytes for a child that cannot")
+		}
+	}
+	if ops := l.ops.TokensAt(time.Now()); ops < 4.99 {
+		t.Fatalf("%.2f operation tokens left after writes the child could not take; want all", ops)
 	}
 }
