@@ -177,7 +177,9 @@ func (c *conn) transmit() error {
 // role to a new goroutine first: the payload is still in this CPU's cache
 // when it is copied into the page cache (handing a 1 MiB payload to
 // another goroutine instead cost a third more CPU per write, the copies
-// running from another CPU's cache).
+// running from another CPU's cache). A big write whose device can take it
+// from a pipe is spliced instead (splicewrite.go), and handed over the
+// same way once its payload is off the socket.
 func (c *conn) readRequests(ended chan<- error) {
 	var hdr [requestSize]byte
 	for {
