@@ -165,23 +165,10 @@ func (d *File) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 	if !d.splice.Load() || d.closed.Load() || (nowait && !d.cached(off, n)) {
 		return 0
 	}
-	moved := 0
-	for moved < n {
-		o := off + int64(moved)
-		k, err := unix.Splice(d.fd, &o, pipe, nil, n-moved, unix.SPLICE_F_MOVE)
-		if err == unix.EINTR {
-			continue
-		}
-		// (EAGAIN: a non-blocking pipe is full; what is left is ReadAt's.)
-		if err == unix.EINVAL || err == unix.ENOSYS || err == unix.EOPNOTSUPP {
-			d.splice.Store(false)
-		}
-		if err != nil || k == 0 {
-			break
-		}
-		moved += int(k)
-	}
-	return moved
+	// (EAGAIN: a non-blocking pipe is full; what is left is ReadAt's.)
+	return spliceAll(&d.splice, off, n, func(o *int64, m int) (int64, error) {
+		return unix.Splice(d.fd, o, pipe, nil, m, unix.SPLICE_F_MOVE)
+	})
 }
 
 var _ Splicer = (*File)(nil)
@@ -192,15 +179,25 @@ func (d *File) SpliceFrom(pipe int, off int64, n int) int {
 	if !d.spliceIn.Load() || d.writable() != nil {
 		return 0
 	}
+	return spliceAll(&d.spliceIn, off, n, func(o *int64, m int) (int64, error) {
+		return unix.Splice(pipe, nil, d.fd, o, m, unix.SPLICE_F_MOVE)
+	})
+}
+
+// spliceAll calls one — one splice(2) of up to m bytes at file offset o —
+// until n bytes from off have moved, or one moves none or fails, and
+// returns the bytes moved. An error saying the file cannot splice this way
+// turns works off.
+func spliceAll(works *atomic.Bool, off int64, n int, one func(o *int64, m int) (int64, error)) int {
 	moved := 0
 	for moved < n {
 		o := off + int64(moved)
-		k, err := unix.Splice(pipe, nil, d.fd, &o, n-moved, unix.SPLICE_F_MOVE)
+		k, err := one(&o, n-moved)
 		if err == unix.EINTR {
 			continue
 		}
 		if err == unix.EINVAL || err == unix.ENOSYS || err == unix.EOPNOTSUPP {
-			d.spliceIn.Store(false)
+			works.Store(false)
 		}
 		if err != nil || k == 0 {
 			break

@@ -239,3 +239,34 @@ func ReadPipe(t testing.TB, fd int, p []byte) {
 		r += m
 	}
 }
+
+// SpliceReads splices rounds random ranges of d, of up to maxLen bytes
+// each (every other one with nowait), reads the rest of each with ReadAt
+// and compares the whole with model; it returns how many bytes were
+// spliced.
+func SpliceReads(t testing.TB, d interface {
+	block.Device
+	block.Splicer
+}, model []byte, rng *rand.Rand, rounds int, maxLen int64, what string) int {
+	t.Helper()
+	fds := Pipe(t)
+	spliced := 0
+	for i := range rounds {
+		off := rng.Int64N(int64(len(model)))
+		n := int(min(rng.Int64N(maxLen)+1, int64(len(model))-off))
+		k := d.SpliceTo(fds[1], off, n, i%2 == 0)
+		if k < 0 || k > n {
+			t.Fatalf("%s: SpliceTo(%d, %d) moved %d", what, off, n, k)
+		}
+		got := make([]byte, n)
+		ReadPipe(t, fds[0], got[:k])
+		if err := d.ReadAt(got[k:], off+int64(k)); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if !bytes.Equal(got, model[off:off+int64(n)]) {
+			t.Fatalf("%s: range %d+%d (%d spliced): wrong bytes", what, off, n, k)
+		}
+		spliced += k
+	}
+	return spliced
+}

@@ -30,25 +30,7 @@ func TestSpliceTo(t *testing.T) {
 	model = append(model, make([]byte, 256<<10)...)
 	randomOps(t, rng, l, model, 10)
 
-	fds := blocktest.Pipe(t)
-	spliced := 0
-	for i := range 300 {
-		off := rng.Int64N(int64(len(model)))
-		n := int(min(rng.Int64N(200<<10)+1, int64(len(model))-off))
-		k := l.SpliceTo(fds[1], off, n, i%2 == 0)
-		if k < 0 || k > n {
-			t.Fatalf("SpliceTo(%d, %d) moved %d", off, n, k)
-		}
-		got := make([]byte, n)
-		blocktest.ReadPipe(t, fds[0], got[:k])
-		if err := l.ReadAt(got[k:], off+int64(k)); err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, model[off:off+int64(n)]) {
-			t.Fatalf("range %d+%d (%d spliced): wrong bytes", off, n, k)
-		}
-		spliced += k
-	}
+	spliced := blocktest.SpliceReads(t, l, model, rng, 300, 200<<10, "chain")
 	if spliced == 0 {
 		t.Fatal("nothing was spliced")
 	}

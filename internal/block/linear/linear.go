@@ -121,23 +121,25 @@ func (l *Layer) TryReadAt(p []byte, off int64) bool {
 // SpliceTo implements block.Splicer: piece by piece, each from its child,
 // stopping at the first piece the child does not move whole.
 func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
-	moved := 0
-	for _, pc := range l.split(off, int64(n)) {
-		k := block.SpliceTo(l.children[pc.child], pipe, pc.off, int(pc.len), nowait)
-		moved += k
-		if int64(k) < pc.len {
-			break
-		}
-	}
-	return moved
+	return l.splicePieces(off, n, func(c block.Layer, coff int64, m int) int {
+		return block.SpliceTo(c, pipe, coff, m, nowait)
+	})
 }
 
 // SpliceFrom implements block.SpliceWriter: piece by piece, each into its
 // child, stopping at the first piece the child does not take whole.
 func (l *Layer) SpliceFrom(pipe int, off int64, n int) int {
+	return l.splicePieces(off, n, func(c block.Layer, coff int64, m int) int {
+		return block.SpliceFrom(c, pipe, coff, m)
+	})
+}
+
+// splicePieces runs move on each child's piece of [off, off+n), in order,
+// until one moves less than its whole piece, and returns the bytes moved.
+func (l *Layer) splicePieces(off int64, n int, move func(c block.Layer, coff int64, m int) int) int {
 	moved := 0
 	for _, pc := range l.split(off, int64(n)) {
-		k := block.SpliceFrom(l.children[pc.child], pipe, pc.off, int(pc.len))
+		k := move(l.children[pc.child], pc.off, int(pc.len))
 		moved += k
 		if int64(k) < pc.len {
 			break

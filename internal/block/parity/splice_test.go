@@ -1,7 +1,6 @@
 package parity
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"math/rand/v2"
@@ -10,33 +9,6 @@ import (
 	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/block/blocktest"
 )
-
-// spliceReads splices random ranges of l, reading the rest of each with
-// ReadAt, and compares with the model; it returns how many bytes were
-// spliced.
-func spliceReads(t *testing.T, l *Layer, model []byte, rng *rand.Rand, what string) int {
-	t.Helper()
-	fds := blocktest.Pipe(t)
-	spliced := 0
-	for i := range 200 {
-		off := rng.Int64N(int64(len(model)))
-		n := int(min(rng.Int64N(1<<20)+1, int64(len(model))-off))
-		k := l.SpliceTo(fds[1], off, n, i%2 == 0)
-		if k < 0 || k > n {
-			t.Fatalf("%s: SpliceTo(%d, %d) moved %d", what, off, n, k)
-		}
-		got := make([]byte, n)
-		blocktest.ReadPipe(t, fds[0], got[:k])
-		if err := l.ReadAt(got[k:], off+int64(k)); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		if !bytes.Equal(got, model[off:off+int64(n)]) {
-			t.Fatalf("%s: range %d+%d (%d spliced): wrong bytes", what, off, n, k)
-		}
-		spliced += k
-	}
-	return spliced
-}
 
 // TestSpliceTo: bytes spliced from the legs, then the rest read with
 // ReadAt, are the volume's bytes — healthy, with a leg lost (its chunks
@@ -52,7 +24,7 @@ func TestSpliceTo(t *testing.T) {
 	l := build(t, env, spec)
 	model := make([]byte, l.Size())
 	randomOps(t, l, model, rng, 60)
-	if spliceReads(t, l, model, rng, "healthy") == 0 {
+	if blocktest.SpliceReads(t, l, model, rng, 200, 1<<20, "healthy") == 0 {
 		t.Fatal("healthy: nothing was spliced")
 	}
 	if err := l.Close(); err != nil {
@@ -64,7 +36,7 @@ func TestSpliceTo(t *testing.T) {
 	l = build(t, env, spec)
 	defer func() { l.Close() }()
 	randomOps(t, l, model, rng, 30)
-	if spliceReads(t, l, model, rng, "degraded") == 0 {
+	if blocktest.SpliceReads(t, l, model, rng, 200, 1<<20, "degraded") == 0 {
 		t.Fatal("degraded: nothing was spliced")
 	}
 	// A range held by the lost leg alone: its first chunk is in stripe 0
@@ -85,11 +57,11 @@ func TestSpliceTo(t *testing.T) {
 	if !errors.Is(err, context.Canceled) || l.Describe().State != block.StateRebuilding {
 		t.Fatalf("repair: %v, state %s; want it interrupted", err, l.Describe().State)
 	}
-	spliceReads(t, l, model, rng, "mid-rebuild")
+	blocktest.SpliceReads(t, l, model, rng, 200, 1<<20, "mid-rebuild")
 	if err := l.Repair(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
-	if spliceReads(t, l, model, rng, "rebuilt") == 0 {
+	if blocktest.SpliceReads(t, l, model, rng, 200, 1<<20, "rebuilt") == 0 {
 		t.Fatal("rebuilt: nothing was spliced")
 	}
 

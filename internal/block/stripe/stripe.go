@@ -254,27 +254,24 @@ const spliceMinChunk = 64 << 10
 // each from its child, stopping at the first the child does not move
 // whole.
 func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
-	if l.chunk < spliceMinChunk {
-		return 0
-	}
-	moved := 0
-	for moved < n {
-		o := off + int64(moved)
-		m := min(int64(n-moved), l.chunk-o%l.chunk)
-		c, coff, _ := l.within(o, m)
-		k := block.SpliceTo(c, pipe, coff, int(m), nowait)
-		moved += k
-		if int64(k) < m {
-			break
-		}
-	}
-	return moved
+	return l.spliceChunks(off, n, func(c block.Layer, coff int64, m int) int {
+		return block.SpliceTo(c, pipe, coff, m, nowait)
+	})
 }
 
 // SpliceFrom implements block.SpliceWriter: chunk by chunk, in the
 // volume's order, each into its child, stopping at the first the child
-// does not take whole (with a stripe unit under 64 KiB, not at all).
+// does not take whole.
 func (l *Layer) SpliceFrom(pipe int, off int64, n int) int {
+	return l.spliceChunks(off, n, func(c block.Layer, coff int64, m int) int {
+		return block.SpliceFrom(c, pipe, coff, m)
+	})
+}
+
+// spliceChunks runs move on each chunk's piece of [off, off+n), in order,
+// until one moves less than its whole piece, and returns the bytes moved;
+// with a stripe unit under spliceMinChunk, none.
+func (l *Layer) spliceChunks(off int64, n int, move func(c block.Layer, coff int64, m int) int) int {
 	if l.chunk < spliceMinChunk {
 		return 0
 	}
@@ -283,7 +280,7 @@ func (l *Layer) SpliceFrom(pipe int, off int64, n int) int {
 		o := off + int64(moved)
 		m := min(int64(n-moved), l.chunk-o%l.chunk)
 		c, coff, _ := l.within(o, m)
-		k := block.SpliceFrom(c, pipe, coff, int(m))
+		k := move(c, coff, int(m))
 		moved += k
 		if int64(k) < m {
 			break
