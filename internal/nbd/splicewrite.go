@@ -13,8 +13,8 @@ import (
 // socket into a pipe (splice(2): references to the received pages, no
 // copy) and from the pipe into the device, which moves it into the page
 // cache — one copy instead of two, socket to buffer and buffer to page
-// cache (bench/RESULTS.md, session 19: 1 MiB writes over loopback, 335–386
-// against 257–327 µs of server CPU per MiB).
+// cache (bench/RESULTS.md, session 19: 1 MiB writes over loopback, 335–414
+// against 257–357 µs of server CPU per MiB).
 //
 // The reader does this itself, since the payload must be off the socket
 // before the next request can be read. A payload that fits the pipe
