@@ -140,6 +140,12 @@ func SpliceFrom(d Device, pipe int, off int64, n int) int {
 	return 0
 }
 
+// SpliceMinPiece: a layer that splits a range into pieces on its
+// children (stripe units, parity chunks) splices only pieces of at least
+// this size; with smaller ones a big read or write would take a system
+// call per few KiB, and copying it costs less.
+const SpliceMinPiece = 64 << 10
+
 // SpliceTo is d's SpliceTo when d offers it, else 0.
 func SpliceTo(d Device, pipe int, off int64, n int, nowait bool) int {
 	if s, ok := d.(Splicer); ok {

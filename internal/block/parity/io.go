@@ -785,16 +785,12 @@ func (l *Layer) TryReadAt(p []byte, off int64) bool {
 	return block.TryReadAt(l.children[leg], p, s*C+w%C)
 }
 
-// spliceMinChunk: with a smaller chunk, a read is spliced in so many
-// pieces (one system call each) that copying it costs less.
-const spliceMinChunk = 64 << 10
-
 // SpliceTo implements block.Splicer: chunk by chunk, in the volume's
 // order, each from the leg that holds it valid, stopping at the first
 // chunk that would have to be reconstructed (ReadAt does that) or that
 // its leg does not move whole.
 func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
-	if l.chunk < spliceMinChunk {
+	if l.chunk < block.SpliceMinPiece {
 		return 0
 	}
 	if nowait {

@@ -246,10 +246,6 @@ func (l *Layer) TryReadAt(b []byte, off int64) bool {
 	return true
 }
 
-// spliceMinChunk: with a smaller stripe unit, a read is spliced in so many
-// pieces (one system call each) that copying it costs less.
-const spliceMinChunk = 64 << 10
-
 // SpliceTo implements block.Splicer: chunk by chunk, in the volume's order,
 // each from its child, stopping at the first the child does not move
 // whole.
@@ -270,9 +266,9 @@ func (l *Layer) SpliceFrom(pipe int, off int64, n int) int {
 
 // spliceChunks runs move on each chunk's piece of [off, off+n), in order,
 // until one moves less than its whole piece, and returns the bytes moved;
-// with a stripe unit under spliceMinChunk, none.
+// with a stripe unit under block.SpliceMinPiece, none.
 func (l *Layer) spliceChunks(off int64, n int, move func(c block.Layer, coff int64, m int) int) int {
-	if l.chunk < spliceMinChunk {
+	if l.chunk < block.SpliceMinPiece {
 		return 0
 	}
 	moved := 0
