@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -594,6 +595,10 @@ func (c *Client) OK(out any, args ...string) Result {
 		c.t.Fatalf("expected success: %s", r)
 	}
 	if out != nil {
+		// Zero the target first: json.Unmarshal leaves fields the output
+		// omits (progress once a job ended) as an earlier decode set them,
+		// and callers poll with one variable.
+		reflect.ValueOf(out).Elem().SetZero()
 		if err := json.Unmarshal([]byte(r.Stdout), out); err != nil {
 			c.t.Fatalf("decode JSON of %s: %v", r, err)
 		}
