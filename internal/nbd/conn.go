@@ -48,7 +48,7 @@ type conn struct {
 	// spliceRefused counts the spliced writes in a row the device took
 	// nothing of (splicewrite.go).
 	spliceRefused atomic.Int32
-	sock          *socket // nil unless plain TCP
+	sock          *socket // nil unless plain TCP (nil after STARTTLS)
 	size          uint64
 	flags         uint16
 	pending       bool      // the reader queued replies it has not flushed (reader only)
@@ -69,15 +69,20 @@ type conn struct {
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
-	return &conn{
+	c := &conn{
 		srv:  s,
 		raw:  nc,
 		nc:   nc,
-		r:    bufio.NewReaderSize(nc, readBufSize),
-		w:    bufio.NewWriterSize(nc, writeBufSize),
+		sock: newSocket(nc),
 		log:  s.Log.With("remote", nc.RemoteAddr().String()),
 		done: make(chan struct{}),
 	}
+	var rw io.ReadWriter = nc
+	if c.sock != nil {
+		rw = c.sock
+	}
+	c.r, c.w = bufio.NewReaderSize(rw, readBufSize), bufio.NewWriterSize(rw, writeBufSize)
+	return c
 }
 
 // shutdown closes the connection; the reader then ends the session.
@@ -148,9 +153,6 @@ func (c *conn) closeTLS() {
 // requests in flight.
 func (c *conn) transmit() error {
 	c.budget = newBudget(c.srv.MaxInFlight, c.srv.MaxInFlightBytes)
-	if !c.tls { // (STARTTLS is over: c.tls is final)
-		c.sock = newSocket(c.raw)
-	}
 	ended := make(chan error, 1)
 	c.watch = newWatchdog(func() { go c.readRequests(ended) })
 	c.readRequests(ended)

@@ -181,7 +181,7 @@ func (c *conn) startTLS(o option) error {
 	if err := tc.Handshake(); err != nil {
 		return fmt.Errorf("TLS handshake: %w", err)
 	}
-	c.nc, c.tls = tc, true
+	c.nc, c.tls, c.sock = tc, true, nil // the socket now carries TLS records
 	c.r = bufio.NewReaderSize(tc, readBufSize)
 	c.w = bufio.NewWriterSize(tc, writeBufSize)
 	// The spec: no negotiation state survives STARTTLS.

@@ -2,8 +2,10 @@ package nbd
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net"
+	"os"
 	"testing"
 	"time"
 )
@@ -96,5 +98,91 @@ func TestBigPayloadInPieces(t *testing.T) {
 		if !bytes.Equal(c.mustRead(uint64(i)<<22, uint32(size)), p) {
 			t.Fatalf("write of %d bytes not read back", size)
 		}
+	}
+}
+
+// tcpPair returns both ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (client, server net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	server, err = ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { server.Close() })
+	return client, server
+}
+
+// The socket's raw Read and Write keep net.Conn's contract: a write bigger
+// than the kernel's buffers waits for room and arrives whole and in order,
+// a read waits for data, a closed peer is io.EOF, a deadline interrupts a
+// waiting read, and closing the connection interrupts a waiting read with
+// net.ErrClosed.
+func TestSocketReadWrite(t *testing.T) {
+	client, server := tcpPair(t)
+	s := newSocket(server)
+	if s == nil {
+		t.Fatal("no socket for a TCP connection")
+	}
+
+	// 32 MiB is far more than the socket buffers hold: Write must wait.
+	want := pattern(32<<20, 7)
+	got := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(io.LimitReader(client, int64(len(want))))
+		got <- b
+	}()
+	if n, err := s.Write(want); err != nil || n != len(want) {
+		t.Fatalf("Write: %d, %v", n, err)
+	}
+	if b := <-got; !bytes.Equal(b, want) {
+		t.Fatalf("the peer read %d bytes, not the %d written", len(b), len(want))
+	}
+
+	go func() {
+		time.Sleep(20 * time.Millisecond) // the reader waits first
+		client.Write([]byte("hello"))
+	}()
+	buf := make([]byte, 64)
+	if n, err := io.ReadAtLeast(s, buf, 5); err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("Read: %q, %v", buf[:n], err)
+	}
+
+	server.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
+	if _, err := s.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("Read past the deadline: %v, want a timeout", err)
+	}
+	server.SetReadDeadline(time.Time{})
+
+	client.Close()
+	if n, err := s.Read(buf); n != 0 || err != io.EOF {
+		t.Fatalf("Read after the peer closed: %d, %v, want io.EOF", n, err)
+	}
+
+	_, server2 := tcpPair(t)
+	s2 := newSocket(server2)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s2.Read(buf)
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	server2.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Read interrupted by Close: %v, want net.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not interrupt a waiting Read")
 	}
 }
