@@ -654,7 +654,7 @@ func (c *conn) writeReply(r *reply) error {
 		}
 		r.piped = 0 // the pipe is empty again
 		if len(r.data) > 0 {
-			_, err := c.nc.Write(r.data)
+			_, err := c.sock.Write(r.data)
 			return err
 		}
 		return nil
@@ -673,7 +673,7 @@ func (c *conn) writeReply(r *reply) error {
 			if err := c.sock.sendMore(h); err != nil {
 				return err
 			}
-			_, err := c.nc.Write(r.data)
+			_, err := c.sock.Write(r.data)
 			return err
 		}
 		bufs := net.Buffers{h, r.extra, r.data}

@@ -6,6 +6,8 @@ import (
 	"os"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // bigPayload: a write payload with at least this many bytes still to come
@@ -40,7 +42,8 @@ func newSocket(nc net.Conn) *socket {
 	return &socket{rc: rc, lowat: 1}
 }
 
-// Read and Write use raw system calls. The socket is non-blocking (the
+// Read, Write, sendMore and the splices to and from pipes use raw system
+// calls. The socket is non-blocking (the
 // runtime's poller waits when it has nothing to give or no room), so a
 // call never blocks, and the runtime's bookkeeping for one that might is
 // pure cost: each call through net.Conn enters and leaves a "syscall"
@@ -49,6 +52,17 @@ func newSocket(nc net.Conn) *socket {
 // whose client shares the CPUs (a hypervisor, fio) those wake-ups preempt
 // it: with net.Conn, fio's 4 KiB random reads were preempted 2,000–5,000
 // times a second, against 200 with these (bench/RESULTS.md, 2026-11-27).
+
+// rawSplice is splice(2) between a pipe and the socket as a raw system
+// call: both are non-blocking (SPLICE_F_NONBLOCK for the pipe), so it
+// never blocks either (see Read).
+func rawSplice(in, out, n, flags int) (int, error) {
+	k, _, e := syscall.RawSyscall6(unix.SYS_SPLICE, uintptr(in), 0, uintptr(out), 0, uintptr(n), uintptr(flags))
+	if e != 0 {
+		return 0, e
+	}
+	return int(k), nil
+}
 
 // Read reads what the socket holds, waiting in the poller if it is empty;
 // io.EOF once the client has closed its side.
@@ -136,15 +150,18 @@ func (s *socket) sendMore(p []byte) error {
 	var serr error
 	err := s.rc.Write(func(fd uintptr) bool {
 		for len(p) > 0 {
-			n, err := syscall.SendmsgN(int(fd), p, nil, nil, syscall.MSG_MORE|syscall.MSG_NOSIGNAL)
-			if err == syscall.EAGAIN {
+			n, _, e := syscall.RawSyscall6(syscall.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)),
+				syscall.MSG_MORE|syscall.MSG_NOSIGNAL, 0, 0)
+			switch e {
+			case 0:
+				p = p[n:]
+			case syscall.EINTR:
+			case syscall.EAGAIN:
 				return false // wait until writable, then go on
-			}
-			if err != nil {
-				serr = err
+			default:
+				serr = e
 				return true
 			}
-			p = p[n:]
 		}
 		return true
 	})

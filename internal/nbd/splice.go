@@ -166,7 +166,7 @@ func (s *socket) splice(from, n int, more bool) error {
 	var serr error
 	err := s.rc.Write(func(fd uintptr) bool {
 		for n > 0 {
-			k, err := unix.Splice(from, nil, int(fd), nil, n, flags)
+			k, err := rawSplice(from, int(fd), n, flags)
 			switch {
 			case err == unix.EAGAIN:
 				return false // wait until writable, then go on

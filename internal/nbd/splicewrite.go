@@ -169,11 +169,11 @@ func readPipe(fd int, p []byte) error {
 // end is to. With wait it waits for the socket to have some; without, it
 // returns errWouldWait when it would wait — or when the pipe is full.
 func (s *socket) spliceIn(to, n int, wait bool) (int, error) {
-	var k int64
+	var k int
 	var serr error
 	err := s.rc.Read(func(fd uintptr) bool {
 		for {
-			k, serr = unix.Splice(int(fd), nil, to, nil, n, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+			k, serr = rawSplice(int(fd), to, n, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
 			if serr != unix.EINTR {
 				break
 			}
@@ -190,5 +190,5 @@ func (s *socket) spliceIn(to, n int, wait bool) (int, error) {
 	case k == 0:
 		return 0, io.ErrUnexpectedEOF // the client closed mid-payload
 	}
-	return int(k), nil
+	return k, nil
 }
