@@ -74,8 +74,11 @@ func newConn(s *Server, nc net.Conn) *conn {
 		raw:  nc,
 		nc:   nc,
 		sock: newSocket(nc),
-		log:  s.Log.With("remote", nc.RemoteAddr().String()),
-		done: make(chan struct{}),
+		// Set before the connection is tracked (Server.track, under its
+		// lock), so whoever finds it there sees it.
+		budget: newBudget(s.MaxInFlight, s.MaxInFlightBytes),
+		log:    s.Log.With("remote", nc.RemoteAddr().String()),
+		done:   make(chan struct{}),
 	}
 	var rw io.ReadWriter = nc
 	if c.sock != nil {
@@ -152,7 +155,6 @@ func (c *conn) closeTLS() {
 // transmit serves requests until DISC or an error, then waits for the
 // requests in flight.
 func (c *conn) transmit() error {
-	c.budget = newBudget(c.srv.MaxInFlight, c.srv.MaxInFlightBytes)
 	ended := make(chan error, 1)
 	c.watch = newWatchdog(func() { go c.readRequests(ended) })
 	c.readRequests(ended)

@@ -160,9 +160,9 @@ func TestInFlightBytesBounded(t *testing.T) {
 		}
 		sendErr <- nil
 	}()
-	// Sample the server's own accounting too, while the writes run. The
-	// sampler starts after the first reply: reading it orders the
-	// connection's setup of its budget before the sampler's reads.
+	// Sample the server's own accounting too, while the writes run (from
+	// the first reply on). A connection's budget is set before the server
+	// tracks it, under s.mu.
 	var budgetPeak atomic.Int64
 	stop, start := make(chan struct{}), make(chan struct{})
 	sampled := make(chan struct{})
