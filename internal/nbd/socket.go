@@ -27,7 +27,7 @@ type socket struct {
 }
 
 // newSocket returns nil unless nc is a plain TCP connection. It must not be
-// used under TLS: sendMore would put bytes on the wire unencrypted, and the
+// used under TLS: its writes would put bytes on the wire unencrypted, and the
 // mark would count record bytes, not payload bytes, some of which the TLS
 // layer may already hold — a mark that could exceed what will ever come.
 func newSocket(nc net.Conn) *socket {
@@ -43,15 +43,15 @@ func newSocket(nc net.Conn) *socket {
 }
 
 // Read, Write, sendMore and the splices to and from pipes use raw system
-// calls. The socket is non-blocking (the
-// runtime's poller waits when it has nothing to give or no room), so a
-// call never blocks, and the runtime's bookkeeping for one that might is
-// pure cost: each call through net.Conn enters and leaves a "syscall"
-// state, and the first after the process was idle wakes the runtime's
-// monitor thread, which then polls every 20 µs for a while. On a host
-// whose client shares the CPUs (a hypervisor, fio) those wake-ups preempt
-// it: with net.Conn, fio's 4 KiB random reads were preempted 2,000–5,000
-// times a second, against 200 with these (bench/RESULTS.md, 2026-11-27).
+// calls. The socket is non-blocking (the runtime's poller waits when it has
+// nothing to give or no room), so a call never blocks, and the runtime's
+// bookkeeping for one that might is pure cost: each call through net.Conn
+// enters and leaves a "syscall" state, and the first after the process was
+// idle wakes the runtime's monitor thread, which then polls every 20 µs
+// for a while. On a host whose client shares the CPUs (a hypervisor, fio)
+// those wake-ups preempt it: fio's 4 KiB random reads were preempted
+// 1,000–5,000 times a second through net.Conn, 200–450 with these
+// (bench/RESULTS.md, 2026-11-27).
 
 // rawSplice is splice(2) between a pipe and the socket as a raw system
 // call: both are non-blocking (SPLICE_F_NONBLOCK for the pipe), so it
@@ -101,12 +101,24 @@ func (s *socket) Read(p []byte) (int, error) {
 
 // Write writes all of p, waiting in the poller while the socket has no
 // room.
-func (s *socket) Write(p []byte) (int, error) {
+func (s *socket) Write(p []byte) (int, error) { return s.send(p, 0) }
+
+// sendMore sends p with MSG_MORE: the kernel holds it to go out with the
+// next send, which must follow at once.
+func (s *socket) sendMore(p []byte) error {
+	_, err := s.send(p, syscall.MSG_MORE)
+	return err
+}
+
+// send sends all of p with flags, and MSG_NOSIGNAL (a peer gone is EPIPE,
+// not a signal).
+func (s *socket) send(p []byte, flags int) (int, error) {
 	var n int
 	var serr error
 	err := s.rc.Write(func(fd uintptr) bool {
 		for n < len(p) {
-			m, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p[n])), uintptr(len(p)-n))
+			m, _, e := syscall.RawSyscall6(syscall.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&p[n])), uintptr(len(p)-n),
+				uintptr(flags|syscall.MSG_NOSIGNAL), 0, 0)
 			switch e {
 			case 0:
 				n += int(m)
@@ -124,7 +136,7 @@ func (s *socket) Write(p []byte) (int, error) {
 	case err != nil:
 		return n, err
 	case serr != nil:
-		return n, &net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("write", serr)}
+		return n, &net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("sendto", serr)}
 	}
 	return n, nil
 }
@@ -142,33 +154,6 @@ func (s *socket) setLowat(n int) bool {
 	}
 	s.lowat = n
 	return true
-}
-
-// sendMore sends p with MSG_MORE: the kernel holds it to go out with the
-// next send, which must follow at once.
-func (s *socket) sendMore(p []byte) error {
-	var serr error
-	err := s.rc.Write(func(fd uintptr) bool {
-		for len(p) > 0 {
-			n, _, e := syscall.RawSyscall6(syscall.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)),
-				syscall.MSG_MORE|syscall.MSG_NOSIGNAL, 0, 0)
-			switch e {
-			case 0:
-				p = p[n:]
-			case syscall.EINTR:
-			case syscall.EAGAIN:
-				return false // wait until writable, then go on
-			default:
-				serr = e
-				return true
-			}
-		}
-		return true
-	})
-	if err != nil {
-		return err
-	}
-	return serr
 }
 
 // readPayload reads a write's payload. A big one is read with the
