@@ -13,21 +13,7 @@ import (
 // The mark really holds a waiting reader back until that many bytes are
 // queued, and back at 1 lets it go at the first byte.
 func TestLowWaterHoldsReader(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	client, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	server, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer server.Close()
+	client, server := tcpPair(t)
 	s := newSocket(server)
 	if s == nil || !s.setLowat(32<<10) {
 		t.Fatal("cannot set the low-water mark on a TCP connection")
