@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 	"slices"
 	"sync/atomic"
 	"unsafe"
@@ -465,10 +464,10 @@ func rawPreadv2(fd int, bufs [][]byte, off int64) (int, error) {
 	if len(bufs) == 0 {
 		return 0, nil
 	}
-	var small [4]unix.Iovec
-	iov := small[:0]
+	var small [4]unix.Iovec // no allocation for the usual one buffer
+	iov := small[:]
 	if len(bufs) > len(small) {
-		iov = make([]unix.Iovec, 0, len(bufs))
+		iov = make([]unix.Iovec, len(bufs))
 	}
 	iov = iov[:len(bufs)]
 	for i, b := range bufs {
@@ -480,7 +479,6 @@ func rawPreadv2(fd int, bufs [][]byte, off int64) (int, error) {
 	// (On 64-bit Linux the offset's high half, the fifth argument, is
 	// ignored: the fourth holds all of it.)
 	n, _, e := unix.RawSyscall6(unix.SYS_PREADV2, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)), uintptr(off), 0, unix.RWF_NOWAIT)
-	runtime.KeepAlive(bufs)
 	if e != 0 {
 		return 0, e
 	}
