@@ -49,6 +49,7 @@ type conn struct {
 	// nothing of (splicewrite.go).
 	spliceRefused atomic.Int32
 	sock          *socket // nil unless plain TCP (nil after STARTTLS)
+	warm          bool    // the client is on this host: spliced reads are warmed (splice.go)
 	size          uint64
 	flags         uint16
 	pending       bool      // the reader queued replies it has not flushed (reader only)
@@ -74,6 +75,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		raw:  nc,
 		nc:   nc,
 		sock: newSocket(nc),
+		warm: !s.coldLocal && onThisHost(nc),
 		// Set before the connection is tracked (Server.track, under its
 		// lock), so whoever finds it there sees it.
 		budget: newBudget(s.MaxInFlight, s.MaxInFlightBytes),

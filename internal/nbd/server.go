@@ -60,6 +60,10 @@ type Server struct {
 	// HandshakeTimeout bounds option haggling (default 30 s).
 	HandshakeTimeout time.Duration
 
+	// coldLocal (tests) serves clients on this host as remote ones: their
+	// spliced reads are not warmed.
+	coldLocal bool
+
 	mu     sync.Mutex
 	conns  map[*conn]struct{}
 	lns    []net.Listener

@@ -195,3 +195,12 @@ func (c *conn) readPayload(p []byte) error {
 	}
 	return nil
 }
+
+// onThisHost reports whether nc's peer is on this host: a loopback
+// address, or the connection's own local address (a client that dialled
+// one of the host's other addresses).
+func onThisHost(nc net.Conn) bool {
+	r, ok1 := nc.RemoteAddr().(*net.TCPAddr)
+	l, ok2 := nc.LocalAddr().(*net.TCPAddr)
+	return ok1 && ok2 && (r.IP.IsLoopback() || r.IP.Equal(l.IP))
+}

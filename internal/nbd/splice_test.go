@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
+	"net"
 	"os"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
+	"golang.org/x/sys/unix"
 )
 
 // splicing counts the bytes its file moves into pipes. With part, it
@@ -62,12 +64,15 @@ func TestSplicedReads(t *testing.T) {
 		name              string
 		part              float64
 		handler, failRest bool
+		cold              bool // served as to a remote client: not warmed
 	}{
-		{"whole", 0, false, false},
-		{"part", 0.4, false, false},
-		{"whole-handler", 0, true, false},
-		{"part-handler", 0.4, true, false},
-		{"rest-fails", 0.4, true, true},
+		{"whole", 0, false, false, false},
+		{"part", 0.4, false, false, false},
+		{"whole-handler", 0, true, false, false},
+		{"part-handler", 0.4, true, false, false},
+		{"rest-fails", 0.4, true, true, false},
+		{"whole-cold", 0, false, false, true},
+		{"part-handler-cold", 0.4, true, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			modes(t, func(t *testing.T, structured bool) {
@@ -76,7 +81,7 @@ func TestSplicedReads(t *testing.T) {
 					t.Fatal(err)
 				}
 				dev := &splicing{File: file, part: tc.part, handler: tc.handler, failRest: tc.failRest}
-				_, addr := serve(t, dev, nil)
+				_, addr := serve(t, dev, func(s *Server) { s.coldLocal = tc.cold })
 				c, _ := open(t, addr, structured, false)
 				type read struct {
 					off uint64
@@ -137,5 +142,73 @@ func TestSplicedReads(t *testing.T) {
 		return pipes.live == len(pipes.idle)
 	}) {
 		t.Fatalf("%d pipes open, %d of them idle", pipes.live, len(pipes.idle))
+	}
+}
+
+// Warming a pipe leaves every byte in it, in order, and returns its second
+// pipe for reuse.
+func TestWarmKeepsPipe(t *testing.T) {
+	for _, n := range []int{4096, 300<<10 + 7, pipeSize} {
+		p := getPipe()
+		if p == nil {
+			t.Skip("no pipes of pipeSize here (fs.pipe-max-size)")
+		}
+		want := pattern(n, byte(n))
+		for w := 0; w < n; {
+			k, err := unix.Write(p.w, want[w:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			w += k
+		}
+		p.warm(n + 4096) // asked for more than it holds: warms what is there
+		got := make([]byte, n+1)
+		k := 0
+		for k < n {
+			m, err := unix.Read(p.r, got[k:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			k += m
+		}
+		if _, err := unix.Read(p.r, got[k:]); err != unix.EAGAIN {
+			t.Fatalf("pipe holds more than was written (read: %v)", err)
+		}
+		if !bytes.Equal(got[:n], want) {
+			t.Fatalf("%d bytes: the pipe's bytes changed", n)
+		}
+		putPipe(p)
+	}
+	pipes.mu.Lock()
+	defer pipes.mu.Unlock()
+	if pipes.live != len(pipes.idle) {
+		t.Fatalf("%d pipes open, %d of them idle", pipes.live, len(pipes.idle))
+	}
+}
+
+type addrConn struct {
+	net.Conn
+	local, remote net.Addr
+}
+
+func (c addrConn) LocalAddr() net.Addr  { return c.local }
+func (c addrConn) RemoteAddr() net.Addr { return c.remote }
+
+func TestOnThisHost(t *testing.T) {
+	tcp := func(ip string) net.Addr { return &net.TCPAddr{IP: net.ParseIP(ip), Port: 10809} }
+	for _, tc := range []struct {
+		local, remote net.Addr
+		want          bool
+	}{
+		{tcp("127.0.0.1"), tcp("127.0.0.1"), true},
+		{tcp("::1"), tcp("::1"), true},
+		{tcp("10.0.0.1"), tcp("10.0.0.1"), true}, // dialled one of the host's own addresses
+		{tcp("10.0.0.1"), tcp("10.0.0.2"), false},
+		{tcp("::ffff:10.0.0.1"), tcp("10.0.0.1"), true},
+		{&net.UnixAddr{Name: "a"}, &net.UnixAddr{Name: "b"}, false},
+	} {
+		if got := onThisHost(addrConn{local: tc.local, remote: tc.remote}); got != tc.want {
+			t.Errorf("local %v remote %v: %v, want %v", tc.local, tc.remote, got, tc.want)
+		}
 	}
 }
