@@ -38,6 +38,7 @@ type Service struct {
 	byName               *meta.Mirror[*meta.User] // nil: every lookup asks the store
 	s3Endpoint, s3Region string
 	s3CABundle           bool
+	verified             verified // chains found signed by ca (verified.go)
 }
 
 // New makes a user service that issues certificates from ca.
@@ -173,13 +174,7 @@ func (s *Service) Authenticate(ctx context.Context, chain []*x509.Certificate) (
 			"a client certificate is required: pass --identity DIR (or BASALT_IDENTITY)")
 	}
 	leaf := chain[0]
-	inter := x509.NewCertPool()
-	for _, c := range chain[1:] {
-		inter.AddCert(c)
-	}
-	_, err := leaf.Verify(x509.VerifyOptions{Roots: s.ca.Pool(), Intermediates: inter,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
-	if err != nil {
+	if err := s.verify(chain); err != nil {
 		var inv x509.CertificateInvalidError
 		if errors.As(err, &inv) && inv.Reason == x509.Expired && leaf.CheckSignatureFrom(s.ca.Cert) == nil {
 			return volume.Caller{}, errs.New(errs.KindUnauthenticated, errs.CodeCertificateExpired,
@@ -192,8 +187,9 @@ func (s *Service) Authenticate(ctx context.Context, chain []*x509.Certificate) (
 	// The mirror lags the store by its watch's latency: a user deleted a
 	// moment ago on another node may authenticate here for that long, as
 	// with any cached credential; a user created a moment ago is looked up.
-	u, ok := s.lookupMirror(name)
-	if !ok {
+	u, found := s.lookupMirror(name)
+	var err error
+	if !found {
 		u, err = s.meta.User(ctx, name)
 	}
 	if err != nil {
@@ -208,6 +204,24 @@ func (s *Service) Authenticate(ctx context.Context, chain []*x509.Certificate) (
 			"client certificate for %q is revoked: it was issued to an earlier user of that name", name)
 	}
 	return volume.Caller{Name: u.Name, ID: u.ID, Admin: u.Admin}, nil
+}
+
+// verify checks that chain leads to the cluster CA and its leaf may
+// authenticate clients, once per chain while its leaf is valid.
+func (s *Service) verify(chain []*x509.Certificate) error {
+	if s.verified.ok(chain, time.Now()) {
+		return nil
+	}
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	_, err := chain[0].Verify(x509.VerifyOptions{Roots: s.ca.Pool(), Intermediates: inter,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	if err == nil {
+		s.verified.add(chain)
+	}
+	return err
 }
 
 func (s *Service) lookupMirror(name string) (*meta.User, bool) {
