@@ -33,9 +33,10 @@ import (
 // by the server. Read first by the server, in parallel with the client's
 // work on earlier replies, the bytes reach the client from the caches:
 // bench/nbd.sh's 1 MiB reads over loopback went from 0.95 of nbdkit's
-// rate to 1.06–1.17, for about 230 µs more server CPU per MiB, three
-// quarters of nbdkit's (bench/RESULTS.md, session 21). A remote client's
-// copy does not share this host's caches, so its reads are spliced cold.
+// rate to 1.06–1.28, for about 230 µs more server CPU per MiB, two
+// thirds to three quarters of nbdkit's (bench/RESULTS.md, session 21).
+// A remote client's copy does not share this host's caches, so its reads
+// are spliced cold.
 //
 // A pipe with bytes in it is never reused: one whose reply was not sent
 // whole is closed. Idle empty pipes are kept (up to maxIdlePipes), since
