@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -53,9 +54,12 @@ type Backend struct {
 	backend.BackendUnsupported
 
 	root, work string
-	tmp        string   // Work/tmp
-	tmpDir     *os.File // Work/tmp, for renameat
-	uploads    string   // Work/uploads
+	rootDir    *os.Root    // Root: buckets are opened below it
+	rootFile   *os.File    // Root again, for openat2 (quickOpen)
+	noOpenat2  atomic.Bool // openat2 is missing or refused here: quickOpen never tries
+	tmp        string      // Work/tmp
+	tmpDir     *os.File    // Work/tmp, for renameat
+	uploads    string      // Work/uploads
 	buckets    BucketStore
 	meta       metaStore
 	log        *slog.Logger
@@ -141,6 +145,15 @@ func New(cfg Config) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("objects: %w", err)
 	}
+	if b.rootDir, err = os.OpenRoot(root); err != nil {
+		b.tmpDir.Close()
+		return nil, fmt.Errorf("objects: %w", err)
+	}
+	if b.rootFile, err = os.Open(root); err != nil {
+		b.tmpDir.Close()
+		b.rootDir.Close()
+		return nil, fmt.Errorf("objects: %w", err)
+	}
 	b.cleanTemp()
 	return b, nil
 }
@@ -176,18 +189,24 @@ func (b *Backend) Shutdown() {
 	if b.tmpDir != nil {
 		b.tmpDir.Close()
 	}
+	if b.rootDir != nil {
+		b.rootDir.Close()
+		b.rootFile.Close()
+	}
 }
 
 // bucketDir is Root/<bucket>; bucket must have passed checkBucketName.
 func (b *Backend) bucketDir(bucket string) string { return filepath.Join(b.root, bucket) }
 
 // openBucket opens Root/<bucket> as an os.Root: every path below is
-// resolved inside it (symbolic links may not leave it).
+// resolved inside it (symbolic links may not leave it). It is opened
+// through the Root held open since New, so each request resolves one
+// path component for its bucket, not the store's whole path.
 func (b *Backend) openBucket(bucket string) (*os.Root, error) {
 	if err := checkBucketName(bucket); err != nil {
 		return nil, err
 	}
-	r, err := os.OpenRoot(b.bucketDir(bucket))
+	r, err := b.rootDir.OpenRoot(bucket)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, s3err.GetAPIError(s3err.ErrNoSuchBucket)
 	}

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/versity/versitygw/backend"
 	"github.com/versity/versitygw/s3err"
+	"golang.org/x/sys/unix"
 )
 
 // object is an open, verified object file.
@@ -162,19 +164,8 @@ func (o *object) part(n int32) (start, length int64, count int32, err error) {
 // GetObject serves an object from its file; a whole object is the file
 // itself (sent with sendfile), a range a section of it.
 func (b *Backend) GetObject(ctx context.Context, in *s3.GetObjectInput) (*s3.GetObjectOutput, error) {
-	bucket, key := str(in.Bucket), str(in.Key)
-	if err := readKey(key); err != nil {
-		return nil, err
-	}
-	r, err := b.openBucket(bucket)
+	o, m, err := b.openRequested(ctx, str(in.Bucket), str(in.Key), str(in.VersionId), "GET")
 	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
-	vid := str(in.VersionId)
-	o, err := b.openVersion(r, bucket, key, vid)
-	if err != nil {
-		m, err := b.markerError(ctx, r, key, vid, "GET", err)
 		if m == nil {
 			return nil, err
 		}
@@ -194,21 +185,89 @@ func (b *Backend) GetObject(ctx context.Context, in *s3.GetObjectInput) (*s3.Get
 	return out, nil
 }
 
-// HeadObject describes an object (checking its file like GetObject).
-func (b *Backend) HeadObject(ctx context.Context, in *s3.HeadObjectInput) (*s3.HeadObjectOutput, error) {
-	bucket, key := str(in.Bucket), str(in.Key)
+// openRequested opens the version vid ("" the current one) of bucket/key
+// for a GET or HEAD (method). When that fails because of a delete marker,
+// the marker comes with the error to answer (markerError).
+func (b *Backend) openRequested(ctx context.Context, bucket, key, vid, method string) (*object, *deleteMarker, error) {
 	if err := readKey(key); err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	if vid == "" {
+		if o, ok := b.quickOpen(bucket, key); ok {
+			return o, nil, nil
+		}
 	}
 	r, err := b.openBucket(bucket)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer r.Close()
-	vid := str(in.VersionId)
 	o, err := b.openVersion(r, bucket, key, vid)
 	if err != nil {
-		m, err := b.markerError(ctx, r, key, vid, "HEAD", err)
+		m, err := b.markerError(ctx, r, key, vid, method, err)
+		return nil, m, err
+	}
+	return o, nil, nil
+}
+
+// quickOpen is openObject's fast path for the current version of a key:
+// one openat2(2) below Root, where the general path opens the bucket as an
+// os.Root and walks the key a component at a time (a system call each).
+// It serves only the plain case — xattr records, no symbolic link on the
+// way, a regular file whose stat matches its record — and answers ok=false
+// for anything else, which the caller then takes down the general path for
+// the whole answer: a missing bucket or key, a link to follow inside the
+// bucket, a bad or missing record, a file changed behind S3. So it never
+// answers differently; it only answers sooner.
+//
+// bucket and key must have passed checkBucketName and checkKey: no "." or
+// ".." component, so the path stays inside the bucket's directory, which
+// RESOLVE_BENEATH and RESOLVE_NO_SYMLINKS enforce again in the kernel.
+func (b *Backend) quickOpen(bucket, key string) (o *object, ok bool) {
+	if _, xattrs := b.meta.(xattrMeta); !xattrs || b.noOpenat2.Load() || checkBucketName(bucket) != nil {
+		return nil, false
+	}
+	name := bucket + "/" + key
+	var fd int
+	var err error
+	rerr := rawFd(b.rootFile, func(dir int) {
+		fd, err = unix.Openat2(dir, name, &unix.OpenHow{
+			// O_NONBLOCK: a FIFO dropped into the bucket must not block the open.
+			Flags:   unix.O_RDONLY | unix.O_NONBLOCK | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		})
+	})
+	if rerr != nil {
+		return nil, false
+	}
+	if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EINVAL) {
+		// A kernel before 5.6, or a seccomp filter that refuses it.
+		b.noOpenat2.Store(true)
+	}
+	if err != nil {
+		return nil, false
+	}
+	f := os.NewFile(uintptr(fd), filepath.Join(b.root, name))
+	defer func() {
+		if !ok {
+			f.Close()
+		}
+	}()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return nil, false
+	}
+	m, err := b.meta.read(f, bucket, key)
+	if err != nil || m.differs(&st) != "" {
+		return nil, false
+	}
+	return &object{f: f, m: m, st: &st}, true
+}
+
+// HeadObject describes an object (checking its file like GetObject).
+func (b *Backend) HeadObject(ctx context.Context, in *s3.HeadObjectInput) (*s3.HeadObjectOutput, error) {
+	o, m, err := b.openRequested(ctx, str(in.Bucket), str(in.Key), str(in.VersionId), "HEAD")
+	if err != nil {
 		if m == nil {
 			return nil, err
 		}

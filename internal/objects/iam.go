@@ -23,6 +23,8 @@ type IAM struct {
 	// Users, if set, answers lookups without a round trip (the store is
 	// asked on a miss: a user created a moment ago on another node).
 	Users *meta.Mirror[*meta.User]
+
+	keys signingKeys // SigV4 signing keys by secret and scope (signing.go)
 }
 
 // userArn prefixes the basalt user name carried in Account.Arn, which
