@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net/http"
 	"os"
@@ -177,11 +176,12 @@ func (b *Backend) GetObject(ctx context.Context, in *s3.GetObjectInput) (*s3.Get
 		o.f.Close()
 		return nil, err
 	}
-	if start == 0 && length == o.m.Size {
-		out.Body = o.f
-	} else {
-		out.Body = &backend.FileSectionReadCloser{R: io.NewSectionReader(o.f, start, length), F: o.f}
+	body, err := newFileBody(o.f, start, length)
+	if err != nil {
+		o.f.Close()
+		return nil, fmt.Errorf("get %s/%s: %w", str(in.Bucket), str(in.Key), err)
 	}
+	out.Body = body
 	return out, nil
 }
 
