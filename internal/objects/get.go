@@ -160,8 +160,8 @@ func (o *object) part(n int32) (start, length int64, count int32, err error) {
 	return start, o.m.Parts[n-1] - start, count, nil
 }
 
-// GetObject serves an object from its file; a whole object is the file
-// itself (sent with sendfile), a range a section of it.
+// GetObject serves an object, or a range of it, from its file (a
+// fileBody: sendfile on plain TCP).
 func (b *Backend) GetObject(ctx context.Context, in *s3.GetObjectInput) (*s3.GetObjectOutput, error) {
 	o, m, err := b.openRequested(ctx, str(in.Bucket), str(in.Key), str(in.VersionId), "GET")
 	if err != nil {
