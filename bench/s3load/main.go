@@ -21,6 +21,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -75,6 +77,7 @@ func main() {
 		duration = flag.Duration("duration", 8*time.Second, "measured time")
 		warmup   = flag.Duration("warmup", time.Second, "time before measuring")
 		label    = flag.String("label", "", "label copied into the output")
+		caFile   = flag.String("ca", os.Getenv("AWS_CA_BUNDLE"), "PEM file of the CA an https endpoint's certificate is checked against (default: the system's)")
 	)
 	flag.Parse()
 	size, err := parseSize(*sizeStr)
@@ -82,14 +85,25 @@ func main() {
 		fmt.Fprintf(os.Stderr, "s3load: need -endpoint, -access, -secret, a size, -c >= 1, -objects >= 1 (%v)\n", err)
 		os.Exit(2)
 	}
+	transport := &http.Transport{MaxIdleConns: 4 * *conc, MaxIdleConnsPerHost: 2 * *conc, IdleConnTimeout: time.Minute,
+		DisableCompression: true}
+	if *caFile != "" {
+		pem, err := os.ReadFile(*caFile)
+		if err != nil {
+			fail("-ca: %v", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			fail("-ca %s: no PEM certificate in it", *caFile)
+		}
+		transport.TLSClientConfig = &tls.Config{RootCAs: pool}
+	}
 	client := s3.New(s3.Options{
-		Region:       *region,
-		BaseEndpoint: aws.String(*endpoint),
-		UsePathStyle: true,
-		Credentials:  credentials.NewStaticCredentialsProvider(*access, *secret, ""),
-		HTTPClient: &http.Client{Transport: &http.Transport{
-			MaxIdleConns: 4 * *conc, MaxIdleConnsPerHost: 2 * *conc, IdleConnTimeout: time.Minute,
-			DisableCompression: true}},
+		Region:           *region,
+		BaseEndpoint:     aws.String(*endpoint),
+		UsePathStyle:     true,
+		Credentials:      credentials.NewStaticCredentialsProvider(*access, *secret, ""),
+		HTTPClient:       &http.Client{Transport: transport},
 		RetryMaxAttempts: 1,
 	})
 	prefix := fmt.Sprintf("s3load-%d/", size)

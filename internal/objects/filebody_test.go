@@ -14,8 +14,16 @@ import (
 
 // fileBody over a real TCP connection, as fasthttp drives it: headers in
 // a bufio.Writer, then the body's WriteTo, then a final Flush; and read
-// directly, as any other caller would.
+// directly, as any other caller would. Both ways of copying: sendfile,
+// and the large pieces an encrypted connection gets (their path does not
+// depend on the connection being TLS).
 func TestFileBody(t *testing.T) {
+	for _, encrypted := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "encrypted"}[encrypted], func(t *testing.T) { testFileBody(t, encrypted) })
+	}
+}
+
+func testFileBody(t *testing.T, encrypted bool) {
 	data := make([]byte, 3<<20+123)
 	for i := range data {
 		data[i] = byte(rand.Uint32())
@@ -25,7 +33,7 @@ func TestFileBody(t *testing.T) {
 	open := func(start, length int64) *fileBody {
 		f, err := os.Open(path)
 		must(t, err)
-		b, err := newFileBody(f, start, length)
+		b, err := newFileBody(f, start, length, encrypted)
 		must(t, err)
 		return b
 	}

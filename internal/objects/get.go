@@ -176,13 +176,21 @@ func (b *Backend) GetObject(ctx context.Context, in *s3.GetObjectInput) (*s3.Get
 		o.f.Close()
 		return nil, err
 	}
-	body, err := newFileBody(o.f, start, length)
+	body, err := newFileBody(o.f, start, length, overTLS(ctx))
 	if err != nil {
 		o.f.Close()
 		return nil, fmt.Errorf("get %s/%s: %w", str(in.Bucket), str(in.Key), err)
 	}
 	out.Body = body
 	return out, nil
+}
+
+// overTLS reports whether the request came over TLS. s3api passes the
+// backend fasthttp's RequestCtx as the context; other contexts (direct
+// calls, tests) count as plain.
+func overTLS(ctx context.Context) bool {
+	t, ok := ctx.(interface{ IsTLS() bool })
+	return ok && t.IsTLS()
 }
 
 // openRequested opens the version vid ("" the current one) of bucket/key

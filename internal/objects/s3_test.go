@@ -879,4 +879,21 @@ func TestTrailerChecksums(t *testing.T) {
 			}
 		}
 	}
+
+	// Over TLS a body goes out in large pieces (fileBody): a whole
+	// multi-MiB object, and a range of it.
+	whole := strings.Repeat("a", 5<<20) + "tail"
+	if got := get(t, e.alice, "trail", "mp-SHA256"); got != whole {
+		t.Fatalf("GET over TLS: %d bytes, want %d", len(got), len(whole))
+	}
+	r, err := e.alice.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("trail"), Key: aws.String("mp-SHA256"),
+		Range: aws.String("bytes=100-5242883")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(r.Body)
+	r.Body.Close()
+	if err != nil || string(got) != whole[100:5242884] {
+		t.Fatalf("ranged GET over TLS: %d bytes (%v), want %d", len(got), err, 5242884-100)
+	}
 }
