@@ -7,8 +7,8 @@
 //	s3load -mode get  -size 1MiB -objects 64 -c 8 -duration 8s
 //	s3load -mode put  -size 1MiB -objects 64 -c 8 -duration 8s
 //
-// The endpoint and keys default to AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and
-// AWS_SECRET_ACCESS_KEY (a basalt s3.env). Requests are path-style and
+// The endpoint, keys and CA default to AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
+// AWS_SECRET_ACCESS_KEY and AWS_CA_BUNDLE (a basalt s3.env). Requests are path-style and
 // signed as the SDK signs them by default (SigV4 with a payload hash on
 // plain HTTP), so server and client share the machine's CPUs as real
 // clients would. GET reads random keys of the prepared set; PUT
