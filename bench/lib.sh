@@ -26,9 +26,9 @@ cputicks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 idleticks() { awk '/^cpu /{print $5 + $6; exit}' /proc/stat; }
 jsonfield() { python3 -c "import json,sys; print(json.load(sys.stdin)[\"$1\"])"; }
 
-api=$(freeport) nbd=$(freeport) s3=$(freeport) ec=$(freeport) ep=$(freeport)
+api=$(freeport) nbd=$(freeport) s3=$(freeport) ec=$(freeport) ep=$(freeport) eh=$(freeport)
 "$BIN" server --data "$work/basalt" --api 127.0.0.1:$api --nbd 127.0.0.1:$nbd --s3 127.0.0.1:$s3 \
-  --etcd-client 127.0.0.1:$ec --etcd-peer 127.0.0.1:$ep --log-level warn >"$work/basalt.log" 2>&1 &
+  --etcd-client 127.0.0.1:$ec --etcd-peer 127.0.0.1:$ep --etcd-http 127.0.0.1:$eh --log-level warn >"$work/basalt.log" 2>&1 &
 pids+=($!)
 export BASALT_ENDPOINT=https://127.0.0.1:$api BASALT_IDENTITY=$work/basalt/identities/admin
 for _ in $(seq 100); do "$BIN" status >/dev/null 2>&1 && break; sleep 0.2; done
@@ -49,17 +49,19 @@ print(leaf(json.load(sys.stdin)["stack"]))'
 # --- more nodes (bench/meta.sh) ----------------------------------------------
 # node_start NAME ARGS... starts one more server named NAME on free loopback
 # ports, data in $work/NAME, log in $work/NAME.log, ARGS appended (e.g.
-# --store DIR, --join URL --identity DIR). node_api, node_etcd and node_pid
-# say where it is; node_wait waits until it answers, node_stop stops it.
-declare -A node_api=() node_etcd=() node_pid=()
+# --store DIR, --join URL --identity DIR). node_api, node_etcd (its member's
+# gRPC), node_etcd_http (its /metrics) and node_pid say where it is;
+# node_wait waits until it answers, node_stop stops it.
+declare -A node_api=() node_etcd=() node_etcd_http=() node_pid=()
 node_start() {
-  local name=$1 a e
-  a=$(freeport) e=$(freeport)
+  local name=$1 a e h
+  a=$(freeport) e=$(freeport) h=$(freeport)
   "$BIN" server --name "$name" --data "$work/$name" --api 127.0.0.1:$a --etcd-client 127.0.0.1:$e \
-    --etcd-peer 127.0.0.1:$(freeport) --s3 127.0.0.1:$(freeport) --nbd 127.0.0.1:$(freeport) \
-    --log-level warn "${@:2}" >"$work/$name.log" 2>&1 &
+    --etcd-http 127.0.0.1:$h --etcd-peer 127.0.0.1:$(freeport) --s3 127.0.0.1:$(freeport) \
+    --nbd 127.0.0.1:$(freeport) --log-level warn "${@:2}" >"$work/$name.log" 2>&1 &
   pids+=($!)
   node_pid[$name]=$! node_api[$name]=https://127.0.0.1:$a node_etcd[$name]=https://127.0.0.1:$e
+  node_etcd_http[$name]=https://127.0.0.1:$h
 }
 # node_wait NAME IDENTITY waits (60 s at most) until NAME answers status.
 node_wait() {

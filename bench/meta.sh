@@ -58,7 +58,7 @@ results=$work/results
 # --- the single node: lib.sh started it (its pid is the first in pids) -----
 single='{"name": "single", "api": "https://127.0.0.1:'$api'", "identity": "'$BASALT_IDENTITY'",
   "pki": "'$work/basalt/pki'", "member": "https://127.0.0.1:'$ec'", "etcd": ["https://127.0.0.1:'$ec'"],
-  "pids": ['${pids[0]}']}'
+  "metrics": ["https://127.0.0.1:'$eh'"], "pids": ['${pids[0]}']}'
 if [[ $SEQUENTIAL == 1 ]]; then
   echo "[$single]" >"$work/single.json"
   load "$work/single.json" >"$results.single.json"
@@ -91,6 +91,7 @@ target() {
   cat <<EOF
 {"name": "$1", "node": "$2", "api": "${node_api[$2]}", "identity": "$admin", "pki": "$work/$2/pki",
  "member": "${node_etcd[$2]}", "etcd": ["${node_etcd[n1]}", "${node_etcd[n2]}", "${node_etcd[n3]}"],
+ "metrics": ["${node_etcd_http[n1]}", "${node_etcd_http[n2]}", "${node_etcd_http[n3]}"],
  "pids": [${node_pid[n1]}, ${node_pid[n2]}, ${node_pid[n3]}]}
 EOF
 }

@@ -11,7 +11,7 @@
 //
 //	[{"name": "single", "api": "https://127.0.0.1:8443", "identity": "DATA/identities/admin",
 //	  "pki": "DATA/pki", "member": "https://127.0.0.1:2379", "etcd": ["https://127.0.0.1:2379"],
-//	  "pids": [4242]}]
+//	  "metrics": ["https://127.0.0.1:2381"], "pids": [4242]}]
 //
 // Per round, the targets take turns (in an order that rotates from round to
 // round, so a machine whose speed drifts favours none) and each runs:
@@ -74,6 +74,9 @@ type Target struct {
 	PKI      string   `json:"pki,omitempty"`
 	Member   string   `json:"member,omitempty"`
 	Etcd     []string `json:"etcd,omitempty"`
+	// Metrics are the members' /metrics URLs, in Etcd's order, where
+	// they are not on the client URLs (basalt's embedded members).
+	Metrics []string `json:"metrics,omitempty"`
 	// PIDs are the processes of the target's nodes (all of its cluster):
 	// their CPU time during the writes is reported per pair.
 	PIDs []int `json:"pids,omitempty"`
@@ -563,9 +566,13 @@ func (t *Target) metrics(ctx context.Context) map[string]float64 {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	ok := true
-	for _, u := range t.Etcd {
+	for i, u := range t.Etcd {
 		wg.Go(func() {
-			m, err := t.scrape(ctx, u)
+			at := u
+			if i < len(t.Metrics) {
+				at = t.Metrics[i]
+			}
+			m, err := t.scrape(ctx, at)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {

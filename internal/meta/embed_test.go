@@ -6,7 +6,9 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -259,5 +261,51 @@ func TestRemovedVoterStops(t *testing.T) {
 	}
 	if ms, err := s2.Members(ctx); err != nil || len(ms) != 1 || ms[0].Name != "m1" {
 		t.Fatalf("members as the removed node sees them: %+v, %v", ms, err)
+	}
+}
+
+// TestMemberHTTPEndpoints: the member's /health and /metrics answer on
+// their own address, with the client port's TLS, and the client port
+// serves gRPC alone (sharing it, every gRPC call went through net/http).
+func TestMemberHTTPEndpoints(t *testing.T) {
+	base := t.TempDir()
+	ca, err := pki.LoadOrCreateCA(filepath.Join(base, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &memberOpener{t: t, base: base, ca: ca}
+	cfg, clientURL := o.config("m1", freeAddr(t), nil, "")
+	httpAddr := freeAddr(t)
+	cfg.Embed.HTTPAddr = httpAddr
+	s, err := Open(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg.ClientTLS}}
+	get := func(url string) (int, string, error) {
+		resp, err := hc.Get(url)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), err
+	}
+	if code, body, err := get("https://" + httpAddr + "/health"); err != nil || code != http.StatusOK {
+		t.Errorf("/health on the HTTP address: %d %q %v", code, body, err)
+	}
+	if code, body, err := get("https://" + httpAddr + "/metrics"); err != nil || code != http.StatusOK ||
+		!strings.Contains(body, "etcd_server_has_leader") {
+		t.Errorf("/metrics on the HTTP address: %d, %d bytes, %v", code, len(body), err)
+	}
+	if code, _, err := get(clientURL + "/health"); err == nil && code == http.StatusOK {
+		t.Error("the client port still answers HTTP")
+	}
+	// Without a certificate from the CA, nothing.
+	plain := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}}}
+	if resp, err := plain.Get("https://" + httpAddr + "/metrics"); err == nil {
+		resp.Body.Close()
+		t.Errorf("/metrics answered %d to a client without a certificate", resp.StatusCode)
 	}
 }

@@ -59,6 +59,7 @@ type Config struct {
 	NBDInsecure   bool
 	EtcdClient    string
 	EtcdPeer      string
+	EtcdHTTP      string // the embedded member's /metrics and /health ("": a free loopback port)
 	Name          string
 	Advertise     string
 	MetaEndpoints []string
@@ -290,7 +291,7 @@ func (n *Node) openMeta(ctx context.Context, pkiDir string, joined *joinState) (
 		ClientTLS: clientTLS,
 		Embed: meta.EmbedConfig{
 			Name: n.cfg.Name, Dir: filepath.Join(n.cfg.Data, "meta"),
-			ClientAddr: n.cfg.EtcdClient, PeerAddr: n.cfg.EtcdPeer, AdvertiseHost: n.cfg.Advertise,
+			ClientAddr: n.cfg.EtcdClient, PeerAddr: n.cfg.EtcdPeer, HTTPAddr: n.cfg.EtcdHTTP, AdvertiseHost: n.cfg.Advertise,
 			CertFile: filepath.Join(pkiDir, "server.pem"), KeyFile: filepath.Join(pkiDir, "server-key.pem"),
 			CAFile: filepath.Join(pkiDir, "ca.pem"), QuotaBytes: n.cfg.MetaQuota,
 		},
