@@ -30,7 +30,7 @@ type EmbedConfig struct {
 	// means a free loopback port. They are kept off the client port so
 	// that it serves gRPC alone: sharing it, etcd hands every gRPC call
 	// to net/http first (grpc.Server.ServeHTTP), which costs each Range
-	// and Txn about 0.15 ms more here (bench/RESULTS.md, session 22).
+	// and Txn 0.1-0.2 ms more here (bench/RESULTS.md, session 22).
 	HTTPAddr string
 	// AdvertiseHost replaces the listen host in advertised URLs when set.
 	AdvertiseHost string
