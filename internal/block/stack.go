@@ -159,6 +159,24 @@ func (env Env) openMeta(name string) (MetaFile, error) {
 	return f, nil
 }
 
+// SyncDir makes the entries of directory dir durable: the files and
+// directories created in it. A layer that creates metadata files syncs
+// their directory (and a new directory's parent) before anything that
+// names them is written: fsync of a file does not cover its name on every
+// file system (ext4 without a journal, an in-place fdatasync on ext4 with
+// one).
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync directory %s: %w", dir, err)
+	}
+	return nil
+}
+
 // emptyMeta is a missing metadata file opened read-only: empty, unwritable.
 type emptyMeta struct{}
 

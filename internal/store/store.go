@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/basalt-storage/basalt/internal/block"
 	"golang.org/x/sys/unix"
 )
 
@@ -65,7 +66,7 @@ func (s *Store) RemoveVolume(id string) error {
 	if err := os.RemoveAll(s.VolumeDir(id)); err != nil {
 		return fmt.Errorf("remove volume %s: %w", id, err)
 	}
-	return syncDir(filepath.Join(s.Root, "volumes"))
+	return block.SyncDir(filepath.Join(s.Root, "volumes"))
 }
 
 // Capacity is the size of the file system under the store.
@@ -94,13 +95,4 @@ func (s *Store) Check() error {
 		return fmt.Errorf("store %s not writable: %w", s.Root, err)
 	}
 	return os.Remove(p)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

@@ -69,7 +69,15 @@ func (s *Service) createStack(v *meta.Volume, base string) error {
 		l.Close()
 		return err
 	}
-	return l.Close()
+	if err := l.Close(); err != nil {
+		return err
+	}
+	// The stack's files in the volume's directory, and that directory in
+	// volumes/, durably named before the volume is reported created.
+	if err := block.SyncDir(dir); err != nil {
+		return err
+	}
+	return block.SyncDir(filepath.Dir(dir))
 }
 
 // acquire returns volume v's live stack, opening it if needed; release

@@ -29,14 +29,21 @@
 // holds go straight to the top.
 //
 // Crash safety. A chunk's allocation bit is persisted only after its data
-// is durable in the top (Flush: child flush, then the bits of writes that
-// completed before it; FUA: the write, then its bits). So after a crash a
-// chunk reads either from the top, with all data acknowledged as durable,
-// or from the base, when the copy-up was never made durable — never from a
-// top chunk whose copied-up base data was lost. cow.sb and image.sb are
-// superblocks (two copies); a snapshot's steps before the cow.sb write
-// leave only an unreferenced image directory, which Collect removes; a
-// collapse's steps before it change only chunks the top overrides.
+// is durable in the top (Flush: child flush, then the bits of every chunk
+// the top took before it began — a chunk is recorded as pending before the
+// owner table sends any write to the top; FUA: the write, then its bits,
+// and a flush first when the write lands in a chunk another write copied
+// up whose bit is not durable yet). So after a crash a chunk reads either
+// from the top, with all data acknowledged as durable, or from the base,
+// when the copy-up was never made durable — never from a top chunk whose
+// copied-up base data was lost. A chunk no image holds reads from the top;
+// one whose data landed but whose bit did not is claimed by the top at the
+// next read-write open (claimUnheld), so a snapshot cannot hide it. New
+// images are named durably (their directory and Env.Images synced) before
+// cow.sb can name them. cow.sb and image.sb are superblocks (two copies); a
+// snapshot's steps before the cow.sb write leave only an unreferenced image
+// directory, which Collect removes; a collapse's steps before it change
+// only chunks the top overrides.
 //
 // Base images are opened read-only, yet they are children like the top
 // (Children, Describe), and repair and scrub reach them through Maintain
@@ -57,6 +64,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -202,6 +210,15 @@ type Layer struct {
 
 	pendMu  sync.Mutex
 	pending []int64 // chunks newly held by the top, bits not yet persisted
+	// unsynced marks the chunks copied up from a base whose allocation
+	// bits are not durable yet (claim sets, flush clears): a FUA write
+	// into one must persist the bit before it is acknowledged, or a crash
+	// would send the chunk's reads back to the base.
+	unsynced []atomic.Uint64
+	// flushMu makes flushes one at a time, so that a flush that returns
+	// has persisted every bit claimed before it began, including those an
+	// earlier flush was still writing.
+	flushMu sync.Mutex
 
 	locks [256]sync.Mutex // copy-up locks by chunk
 
@@ -287,6 +304,18 @@ func (l *Layer) newImage(m imageMeta) (*image, error) {
 		return nil, err
 	}
 	im, err := l.createImage(dir, m)
+	if err == nil {
+		// The image's files, then the image itself, named durably
+		// before cow.sb (written in place) can name the image.
+		if err = block.SyncDir(dir); err == nil {
+			err = block.SyncDir(l.env.Images)
+		}
+		if err != nil {
+			im.dev.Close()
+			im.sb.Close()
+			im.alloc.Close()
+		}
+	}
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("create image %s: %w", m.ID, err)
@@ -384,6 +413,7 @@ func (l *Layer) open() error {
 	l.size = l.top.meta.Size
 	l.byDepth = make([]*image, len(chain)+1)
 	l.owner = make([]atomic.Uint32, chunks(l.size, l.chunk))
+	l.unsynced = make([]atomic.Uint64, (len(l.owner)+63)/64)
 	for i := range chain {
 		im := chain[len(chain)-1-i]
 		im.depth = uint32(i + 1)
@@ -399,6 +429,42 @@ func (l *Layer) open() error {
 			m.Close()
 			im.alloc = nil
 		}
+	}
+	if l.env.ReadOnly {
+		return nil
+	}
+	return l.claimUnheld()
+}
+
+// claimUnheld makes the top hold every chunk that no image holds but the
+// top's stack has data for: writes whose bits a crash kept from the disk
+// (their data may have landed). Such a chunk reads from the top already;
+// held, it stays the top's through a snapshot, where an unheld chunk
+// would read from the new, empty top. Its bit is persisted by the next
+// flush, after the data.
+func (l *Layer) claimUnheld() error {
+	topd := l.top.depth
+	n := int64(len(l.owner))
+	for c := int64(0); c < n; {
+		if l.owner[c].Load() != 0 {
+			c++
+			continue
+		}
+		e := c + 1
+		for e < n && l.owner[e].Load() == 0 {
+			e++
+		}
+		err := dataIn(l.top.dev, c*l.chunk, min(e*l.chunk, l.size)-c*l.chunk, func(off, m int64) {
+			for k := off / l.chunk; k*l.chunk < off+m; k++ {
+				if l.owner[k].CompareAndSwap(0, topd) {
+					l.claim(k, false)
+				}
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("image %s: %w", l.top.meta.ID, err)
+		}
+		c = e
 	}
 	return nil
 }
@@ -695,14 +761,18 @@ func (l *Layer) write(off, n int64, fua bool, direct func(r run, at int64) error
 		switch r.owner {
 		case topd:
 			if err := direct(r, at); err != nil {
-				return l.failedWrite(fresh, err)
+				return err
 			}
 		case 0:
 			if err := direct(r, at); err != nil {
-				return l.failedWrite(fresh, err)
+				return err
 			}
+			// Claimed after the write: a chunk nobody holds reads from
+			// the top, bit or no bit (and claimUnheld claims it after a
+			// crash), so no order matters here.
 			for c := r.off / l.chunk; c*l.chunk < r.off+r.n; c++ {
 				if l.owner[c].CompareAndSwap(0, topd) {
+					l.claim(c, false)
 					fresh = append(fresh, c)
 				}
 			}
@@ -711,7 +781,7 @@ func (l *Layer) write(off, n int64, fua bool, direct func(r run, at int64) error
 				lo, hi := max(r.off, c*l.chunk), min(r.off+r.n, (c+1)*l.chunk)
 				ok, err := l.copyUp(c, fua, run{lo, hi - lo, r.owner}, at+lo-r.off, direct, overlay)
 				if err != nil {
-					return l.failedWrite(fresh, err)
+					return err
 				}
 				if ok {
 					fresh = append(fresh, c)
@@ -720,18 +790,25 @@ func (l *Layer) write(off, n int64, fua bool, direct func(r run, at int64) error
 		}
 		at += r.n
 	}
-	return l.allocated(fresh, fua)
+	if fua {
+		return l.persistFUA(off, n, fresh)
+	}
+	return nil
 }
 
-// failedWrite ends a write that failed after it had moved chunks to the
-// top (fresh): the owner table already sends their reads and later writes
-// to the top, so their allocation bits must reach the disk with the next
-// flush like any others — or a write acknowledged after this one, going
-// straight to such a chunk, would be lost to a reopen that reads the chunk
-// from a base again.
-func (l *Layer) failedWrite(fresh []int64, err error) error {
-	_ = l.allocated(fresh, false) // without FUA it only queues them: no error
-	return err
+// claim records that chunk c is the top's from now on (the caller then or
+// just before says so in the owner table): c joins pending, whose bits the
+// next flush persists after the data. A chunk copied up from a base is
+// claimed before the owner table names the top, so that any write that
+// then goes straight to the top, and any flush after that write, finds it
+// pending; it is also marked unsynced until its bit is durable.
+func (l *Layer) claim(c int64, copied bool) {
+	if copied {
+		l.unsynced[c/64].Or(1 << (c % 64))
+	}
+	l.pendMu.Lock()
+	l.pending = append(l.pending, c)
+	l.pendMu.Unlock()
 }
 
 // copyUp writes piece r of chunk c, which a base held when the run was
@@ -756,26 +833,35 @@ func (l *Layer) copyUp(c int64, fua bool, r run, at int64, direct func(run, int6
 	if err := l.top.dev.WriteAt(buf, start, fua); err != nil {
 		return false, fmt.Errorf("copy up chunk %d: %w", c, err)
 	}
+	l.claim(c, true)
 	l.owner[c].Store(l.top.depth)
 	return true, nil
 }
 
-// allocated records chunks the top now holds: with fua their data is
-// durable, so their bits are persisted at once; otherwise the next Flush
-// persists them after flushing the data.
-func (l *Layer) allocated(fresh []int64, fua bool) error {
+// persistFUA ends a FUA write of [off, off+n), whose data is durable: the
+// chunks it moved to the top (fresh, their whole content written with FUA)
+// get their bits persisted at once. If the range also touches a chunk
+// another write copied up and whose bit is not durable yet, the write
+// would be lost with that bit, so the whole flush runs instead: the other
+// write's data, then every pending bit.
+func (l *Layer) persistFUA(off, n int64, fresh []int64) error {
+	for c := off / l.chunk; c*l.chunk < off+n; c++ {
+		if l.unsynced[c/64].Load()&(1<<(c%64)) != 0 && !slices.Contains(fresh, c) {
+			return l.flush()
+		}
+	}
 	if len(fresh) == 0 {
 		return nil
 	}
-	if fua {
-		for _, c := range fresh {
-			l.top.alloc.Set(c)
-		}
-		return l.top.alloc.Sync()
+	for _, c := range fresh {
+		l.top.alloc.Set(c)
 	}
-	l.pendMu.Lock()
-	l.pending = append(l.pending, fresh...)
-	l.pendMu.Unlock()
+	if err := l.top.alloc.Sync(); err != nil {
+		return err
+	}
+	for _, c := range fresh {
+		l.unsynced[c/64].And(^(1 << (c % 64)))
+	}
 	return nil
 }
 
@@ -829,10 +915,14 @@ func (l *Layer) fastZero(off, n int64, f block.ZeroFlags) error {
 	var fresh []int64
 	for c := off / l.chunk; c*l.chunk < off+n; c++ {
 		if l.owner[c].CompareAndSwap(0, topd) {
+			l.claim(c, false)
 			fresh = append(fresh, c)
 		}
 	}
-	return l.allocated(fresh, f.FUA)
+	if f.FUA {
+		return l.persistFUA(off, n, fresh)
+	}
+	return nil
 }
 
 // Trim implements block.Device: ranges the top holds (or nobody holds)
@@ -841,6 +931,9 @@ func (l *Layer) fastZero(off, n int64, f block.ZeroFlags) error {
 func (l *Layer) Trim(off, n int64, fua bool) error {
 	if l.env.ReadOnly {
 		return block.ErrReadOnly
+	}
+	if err := l.brokenErr(); err != nil {
+		return err
 	}
 	l.chainMu.RLock()
 	defer l.chainMu.RUnlock()
@@ -871,6 +964,8 @@ func (l *Layer) flush() error {
 	if err := l.brokenErr(); err != nil {
 		return err
 	}
+	l.flushMu.Lock()
+	defer l.flushMu.Unlock()
 	l.pendMu.Lock()
 	list := l.pending
 	l.pending = nil
@@ -889,6 +984,9 @@ func (l *Layer) flush() error {
 	}
 	if err := l.top.alloc.Sync(); err != nil {
 		return fail(fmt.Errorf("allocation map: %w", err))
+	}
+	for _, c := range list {
+		l.unsynced[c/64].And(^(1 << (c % 64)))
 	}
 	return nil
 }
@@ -953,7 +1051,11 @@ func (l *Layer) Resize(n int64) error {
 	for i := range l.owner {
 		owner[i].Store(l.owner[i].Load())
 	}
-	l.owner, l.size = owner, n
+	unsynced := make([]atomic.Uint64, (len(owner)+63)/64)
+	for i := range l.unsynced {
+		unsynced[i].Store(l.unsynced[i].Load())
+	}
+	l.owner, l.unsynced, l.size = owner, unsynced, n
 	return nil
 }
 
@@ -1113,11 +1215,6 @@ func (l *Layer) flattenPass(ctx context.Context, progress block.Progress) error 
 		l.chainMu.RUnlock()
 		if err != nil {
 			return fmt.Errorf("flatten: %w", err)
-		}
-		if moved {
-			l.pendMu.Lock()
-			l.pending = append(l.pending, c)
-			l.pendMu.Unlock()
 		}
 		if progress != nil && (c%1024 == 0 || c == total-1) {
 			progress(c+1, total)

@@ -53,7 +53,9 @@ func TopOf(dir string) (string, error) {
 // now, not yet recorded). It returns the ids removed. An image whose
 // superblock cannot be read is kept while a root names it; otherwise, once
 // older than grace, it is the leftover of a creation that crashed before
-// its superblock was written, and is removed.
+// its superblock was written, and is removed. A live image older than
+// grace whose superblock cannot be read hides its parent, which may be
+// any other image: then nothing is removed and Collect fails.
 //
 // Collect is ListImages then Sweep. A caller that must keep its own
 // creations apart from a collection lists, reads its roots, and only then
@@ -102,25 +104,40 @@ func ListImages(images string) ([]Listed, error) {
 func Sweep(images string, listed []Listed, roots []string, grace time.Duration) ([]string, error) {
 	parent := map[string]string{}
 	young := map[string]bool{}
+	unread := map[string]error{}
 	for _, l := range listed {
 		if time.Since(l.Modified) < grace {
 			young[l.ID] = true
 		}
 		if im, err := ReadImage(images, l.ID); err == nil {
 			parent[l.ID] = im.Parent
+		} else {
+			unread[l.ID] = err
 		}
 	}
 	live := map[string]bool{}
+	var hidden error // a live image whose parent cannot be known
 	mark := func(id string) {
 		for id != "" && !live[id] {
 			live[id] = true
 			p, ok := parent[id]
 			if !ok {
 				// Not listed: created since (a root read after the
-				// listing may name it). Its chain may lead into the
-				// listed images.
-				if im, err := ReadImage(images, id); err == nil {
+				// listing may name it), so its chain may lead into the
+				// listed images. Or listed and unreadable.
+				im, err := ReadImage(images, id)
+				switch {
+				case err == nil:
 					p = im.Parent
+				case young[id]:
+					// Being created: its superblock is not written
+					// yet, and its parent is a root of its own (a
+					// volume's top until the new image replaces it).
+				default:
+					if e, ok := unread[id]; ok {
+						err = e
+					}
+					hidden = errors.Join(hidden, err)
 				}
 			}
 			id = p
@@ -131,6 +148,9 @@ func Sweep(images string, listed []Listed, roots []string, grace time.Duration) 
 	}
 	for id := range young {
 		mark(id)
+	}
+	if hidden != nil {
+		return nil, fmt.Errorf("collect nothing: the parent of a live image is unknown: %w", hidden)
 	}
 	var removed []string
 	var errs []error
