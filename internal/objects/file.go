@@ -304,7 +304,8 @@ func (b *Backend) release(f *os.File) {
 // record), "sync parent" (the parent of a directory the write needs, by
 // the directory's name relative to its tree: see makeDirs), "rename"
 // (published), "sync dir" (the rename made durable), "release" (the
-// replaced object closed).
+// replaced object closed); and "part" (UploadPart renamed a part's bytes
+// into its upload directory, by the file's name; its record follows).
 // (Atomic: a request's goroutine may still trace after the test that
 // set it has ended and cleared it.)
 var fsTrace atomic.Pointer[func(op, name string)]

@@ -337,6 +337,13 @@ func writeFileSync(tmpDir, base, path string, data []byte) error {
 	if err := makeDirs(under(base), filepath.ToSlash(rel), nil); err != nil {
 		return err
 	}
+	return writeFileIn(tmpDir, path, data)
+}
+
+// writeFileIn is writeFileSync in a directory that must exist: it never
+// creates one (a missing directory fails with ENOENT, at the rename or
+// at the directory's fsync if it went meanwhile).
+func writeFileIn(tmpDir, path string, data []byte) error {
 	f, err := os.CreateTemp(tmpDir, "meta-*")
 	if err != nil {
 		return err

@@ -34,7 +34,7 @@ import (
 //	<n>.<random>     part n's bytes
 //
 // Complete concatenates the parts into a temp file in Work/tmp and
-// publishes it like a PUT; then the upload directory is removed.
+// publishes it like a PUT; then the upload is removed (removeUpload).
 
 type uploadInfo struct {
 	Bucket            string                  `json:"bucket"`
@@ -91,11 +91,51 @@ func validUploadID(id string) bool {
 
 func (b *Backend) uploadDir(bucket, id string) string { return filepath.Join(b.uploads, bucket, id) }
 
-// removeUpload removes an upload's directory, and forgets it was durable
-// (writeFileSync made it so; its path is its durableDirs key).
-func removeUpload(dir string) error {
-	durableDirs.Delete(dir)
-	return os.RemoveAll(dir)
+// removedSuffix ends the name an upload directory is renamed to when the
+// upload is removed (removeUpload): not an upload id, so no request
+// resolves it.
+const removedSuffix = ".removed"
+
+// errUploadGone: removeUpload found no upload directory (another Abort or
+// Complete removed the upload first).
+var errUploadGone = errors.New("upload gone")
+
+// removeUpload removes the upload whose directory is dir. The directory
+// is first renamed to dir+removedSuffix, which no request resolves: from
+// that one atomic step on the upload is gone for every request. An
+// UploadPart that renames its part or record in afterwards finds no
+// directory and answers NoSuchUpload, and nothing creates the directory
+// again (UploadPart writes records with writeFileIn, which makes no
+// directory), so the upload is never half removed. Then the renamed
+// directory is removed; a file that an UploadPart in flight during the
+// rename still put into it (its rename had looked up the directory
+// before) makes a pass fail with ENOTEMPTY, and the next pass removes it.
+// It answers errUploadGone if there is no directory to rename, an error
+// if the rename failed (nothing changed); once the rename is done the
+// upload is removed, and a failure to clean up is logged, not returned.
+func (b *Backend) removeUpload(dir string) error {
+	tomb := dir + removedSuffix
+	if err := os.Rename(dir, tomb); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return errUploadGone
+		}
+		return fmt.Errorf("remove upload: %w", err)
+	}
+	durableDirs.Delete(dir) // writeFileSync made it durable; its path is its key
+	if err := syncDir(filepath.Dir(dir)); err != nil {
+		b.log.Warn("sync uploads directory", "dir", filepath.Dir(dir), "err", err)
+	}
+	for pass := 1; ; pass++ {
+		err := os.RemoveAll(tomb)
+		if err == nil {
+			return nil
+		}
+		if pass == 5 {
+			b.log.Warn("removed upload left files", "dir", tomb, "err", err)
+			return nil
+		}
+		time.Sleep(time.Duration(pass) * time.Millisecond)
+	}
 }
 
 // upload reads upload id of bucket/key; NoSuchUpload if there is none
@@ -164,14 +204,17 @@ func (b *Backend) CreateMultipartUpload(ctx context.Context, in s3response.Creat
 		err = writeFileSync(b.tmp, b.uploads, filepath.Join(dir, "info.json"), data)
 	}
 	if err != nil {
-		removeUpload(dir)
+		_ = b.removeUpload(dir)
 		return s3response.InitiateMultipartUploadResult{}, fmt.Errorf("create upload: %w", err)
 	}
 	return s3response.InitiateMultipartUploadResult{Bucket: bucket, Key: key, UploadId: id}, nil
 }
 
 // UploadPart stores part n: bytes to Work/tmp, fsync, rename into the
-// upload directory, then the part record.
+// upload directory, then the part record. Neither step creates the
+// directory: if the upload is removed meanwhile (removeUpload renames its
+// directory away first), the part answers NoSuchUpload, and what it had
+// put in goes with the upload.
 func (b *Backend) UploadPart(ctx context.Context, in *s3.UploadPartInput) (*s3.UploadPartOutput, error) {
 	bucket, key, id := str(in.Bucket), str(in.Key), str(in.UploadId)
 	info, dir, err := b.upload(bucket, key, id)
@@ -205,6 +248,7 @@ func (b *Backend) UploadPart(ctx context.Context, in *s3.UploadPartInput) (*s3.U
 		return nil, err
 	}
 	rc.published = true
+	traceFS("part", file)
 	if rc.sum != nil {
 		rc.sum.Type = info.ChecksumType
 	}
@@ -213,10 +257,13 @@ func (b *Backend) UploadPart(ctx context.Context, in *s3.UploadPartInput) (*s3.U
 	old, _ := readPart(dir, n)
 	data, err := json.Marshal(&rec)
 	if err == nil {
-		err = writeFileSync(b.tmp, b.uploads, filepath.Join(dir, fmt.Sprintf("%d.json", n)), data)
+		err = writeFileIn(b.tmp, filepath.Join(dir, fmt.Sprintf("%d.json", n)), data)
 	}
 	if err != nil {
 		os.Remove(filepath.Join(dir, file))
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, s3err.GetNoSuchUploadErr(id) // removed meanwhile
+		}
 		return nil, fmt.Errorf("record part %d: %w", n, err)
 	}
 	if old != nil && old.File != file {
@@ -280,7 +327,11 @@ func (b *Backend) AbortMultipartUpload(ctx context.Context, in *s3.AbortMultipar
 	if t := in.IfMatchInitiatedTime; t != nil && t.Unix() != info.Initiated.Unix() {
 		return s3err.GetPreconditionFailedErr(s3err.ConditionIfMatchInitiatedTime)
 	}
-	if err := removeUpload(dir); err != nil {
+	err = b.removeUpload(dir)
+	if errors.Is(err, errUploadGone) {
+		return s3err.GetNoSuchUploadErr(id) // aborted or completed meanwhile
+	}
+	if err != nil {
 		return fmt.Errorf("abort upload %s: %w", id, err)
 	}
 	return nil
@@ -479,6 +530,9 @@ func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMu
 	defer rc.close()
 	for _, rec := range recs {
 		if err := appendFile(tmp, filepath.Join(dir, rec.File), rec.Size); err != nil {
+			if _, serr := os.Stat(dir); errors.Is(serr, fs.ErrNotExist) {
+				return none, "", s3err.GetNoSuchUploadErr(id) // aborted meanwhile
+			}
 			return none, "", fmt.Errorf("complete upload %s: part %d: %w", id, rec.Number, err)
 		}
 	}
@@ -503,7 +557,7 @@ func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMu
 		return none, "", err
 	}
 	rc.published = true
-	if err := removeUpload(dir); err != nil {
+	if err := b.removeUpload(dir); err != nil {
 		b.log.Warn("remove completed upload", "upload", id, "err", err)
 	}
 	res := s3response.CompleteMultipartUploadResult{Bucket: &bucket, Key: &key, ETag: &etag}

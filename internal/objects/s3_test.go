@@ -897,3 +897,89 @@ func TestTrailerChecksums(t *testing.T) {
 		t.Fatalf("ranged GET over TLS: %d bytes (%v), want %d", len(got), err, 5242884-100)
 	}
 }
+
+// TestAbortRacesUploadPart: UploadParts racing an Abort of their upload
+// either land before the abort (which then removes them) or answer
+// NoSuchUpload. Abort always succeeds and removes the whole upload: no
+// directory or file of it is left under Work/uploads (a part renamed in
+// after Abort listed the directory made its rmdir fail, and a part record
+// written after Abort recreated the directory); an UploadPart sent after
+// Abort answered is NoSuchUpload.
+func TestAbortRacesUploadPart(t *testing.T) {
+	e := newEnv(t, false)
+	mkBucket(t, e.alice, "mpr")
+	in := func(id *string, n int32) *s3.UploadPartInput {
+		return &s3.UploadPartInput{Bucket: aws.String("mpr"), Key: aws.String("k"), UploadId: id,
+			PartNumber: aws.Int32(n), Body: strings.NewReader(strings.Repeat("p", 1000+int(n)))}
+	}
+	uploadsDir := filepath.Join(e.work, "uploads", "mpr")
+	noneLeft := func(what string) {
+		t.Helper()
+		if ents, err := os.ReadDir(uploadsDir); err != nil || len(ents) != 0 {
+			var names []string
+			for _, ent := range ents {
+				names = append(names, ent.Name())
+			}
+			t.Fatalf("%s: left in %s: %v %v (%v)", what, uploadsDir, names, files(t, uploadsDir), err)
+		}
+	}
+	// Abort done between the part's rename and its record: the record
+	// must not recreate the directory.
+	up, err := e.alice.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String("mpr"), Key: aws.String("k")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	traceWrites(t, func(op, name string) {
+		if op == "part" {
+			once.Do(func() {
+				if err := e.be.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{Bucket: aws.String("mpr"),
+					Key: aws.String("k"), UploadId: up.UploadId}); err != nil {
+					t.Errorf("abort between a part's rename and its record: %v", err)
+				}
+			})
+		}
+	})
+	_, err = e.alice.UploadPart(ctx, in(up.UploadId, 1))
+	wantCode(t, err, "NoSuchUpload")
+	fsTrace.Store(nil)
+	noneLeft("abort between a part's rename and its record")
+
+	const rounds, writers = 40, 8
+	for round := range rounds {
+		up, err := e.alice.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String("mpr"), Key: aws.String("k")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.alice.UploadPart(ctx, in(up.UploadId, 1)); err != nil {
+			t.Fatal(err)
+		}
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for w := range writers {
+			wg.Go(func() {
+				<-start
+				for i := range 3 {
+					_, err := e.alice.UploadPart(ctx, in(up.UploadId, int32(2+w*3+i)))
+					if err != nil && code(err) != "NoSuchUpload" {
+						t.Errorf("round %d: UploadPart racing Abort: %v", round, err)
+					}
+				}
+			})
+		}
+		close(start)
+		time.Sleep(time.Duration(round%4) * time.Millisecond)
+		_, err = e.alice.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{Bucket: aws.String("mpr"),
+			Key: aws.String("k"), UploadId: up.UploadId})
+		if err != nil {
+			t.Errorf("round %d: Abort racing UploadParts: %v", round, err)
+		}
+		_, err = e.alice.UploadPart(ctx, in(up.UploadId, 9999))
+		wantCode(t, err, "NoSuchUpload")
+		wg.Wait()
+		_, err = e.alice.ListParts(ctx, &s3.ListPartsInput{Bucket: aws.String("mpr"), Key: aws.String("k"), UploadId: up.UploadId})
+		wantCode(t, err, "NoSuchUpload")
+		noneLeft(fmt.Sprint("round ", round))
+	}
+	noTempLeft(t, e)
+}
