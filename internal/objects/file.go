@@ -203,22 +203,70 @@ func syncIn(r *os.Root, dir string) error {
 	return d.Sync()
 }
 
+// dirRetries bounds how often a write makes the directory it needs again
+// after finding it gone (inDir).
+const dirRetries = 8
+
+// forgetDir drops the durableDirs entries of dir (slash-separated, in the
+// tree named tree) and of its ancestors: one of them was found gone.
+func forgetDir(tree, dir string) {
+	for i := 0; i <= len(dir); i++ {
+		if i == len(dir) || dir[i] == '/' {
+			durableDirs.Delete(tree + "/" + dir[:i])
+		}
+	}
+}
+
+// inDir runs step, which creates directory dir of r (mkdirs) if again is
+// set and then uses it. A DELETE of the last object below dir removes it
+// (pruneDirs) at any moment the directory is empty, so between a write's
+// mkdirs and the rename, link or create that fills it, the directory (or
+// an ancestor) may be gone: step then fails with ENOENT, and inDir
+// forgets what it knew of dir and runs step again with again set, at
+// most dirRetries times.
+func inDir(r *os.Root, dir string, step func(again bool) error) error {
+	err := step(false)
+	for i := 0; i < dirRetries && errors.Is(err, fs.ErrNotExist); i++ {
+		forgetDir(r.Name(), dir)
+		err = step(true)
+	}
+	return err
+}
+
 // publish renames the temp file tmp (in Work/tmp) to bucket/key inside r
 // through m (which publishes the metadata record with it) and fsyncs the
-// directory. tmp must be synced.
+// directory. tmp must be synced. The key's directory is made again if a
+// DELETE removes it meanwhile (inDir).
 func (b *Backend) publish(r *os.Root, bucket, key string, tmp *os.File, m *objectMeta) error {
 	dir, base := splitKey(key)
-	if err := mkdirs(r, bucket, key, dir, sameOwner(r, tmp)); err != nil {
+	var parent *os.File
+	defer func() {
+		if parent != nil {
+			parent.Close()
+		}
+	}()
+	// openParent makes the key's directory and opens it.
+	openParent := func(bool) error {
+		if parent != nil {
+			parent.Close()
+			parent = nil
+		}
+		if err := mkdirs(r, bucket, key, dir, sameOwner(r, tmp)); err != nil {
+			return err
+		}
+		d, err := r.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY, 0)
+		if errors.Is(err, syscall.ENOTDIR) {
+			return errParentIsFile(bucket, key)
+		}
+		if err != nil {
+			return fmt.Errorf("open directory of %s/%s: %w", bucket, key, err)
+		}
+		parent = d
+		return nil
+	}
+	if err := inDir(r, dir, openParent); err != nil {
 		return err
 	}
-	parent, err := r.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY, 0)
-	if errors.Is(err, syscall.ENOTDIR) {
-		return errParentIsFile(bucket, key)
-	}
-	if err != nil {
-		return fmt.Errorf("open directory of %s/%s: %w", bucket, key, err)
-	}
-	defer parent.Close()
 	// The object being replaced stays open until after the rename: the
 	// rename then only unlinks it, and the inode is freed (its blocks
 	// truncated and, on a file system mounted with discard, discarded)
@@ -232,18 +280,26 @@ func (b *Backend) publish(r *os.Root, bucket, key string, tmp *os.File, m *objec
 	defer b.release(old)
 	tmpName := filepath.Base(tmp.Name())
 	err = b.meta.commit(bucket, key, m, func() error {
-		var rerr, perr error
-		err := rawFd(b.tmpDir, func(from int) {
-			perr = rawFd(parent, func(to int) { rerr = unix.Renameat(from, tmpName, to, base) })
+		return inDir(r, dir, func(again bool) error {
+			if again {
+				if err := openParent(again); err != nil {
+					return err
+				}
+			}
+			var rerr, perr error
+			err := rawFd(b.tmpDir, func(from int) {
+				perr = rawFd(parent, func(to int) { rerr = unix.Renameat(from, tmpName, to, base) })
+			})
+			err = errors.Join(err, perr, rerr)
+			switch {
+			case errors.Is(err, syscall.EISDIR) || errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST):
+				return errKeyIsDirectory(bucket, key)
+			case err != nil:
+				// ENOENT: the directory was removed after it was opened.
+				return fmt.Errorf("publish %s/%s: %w", bucket, key, err)
+			}
+			return nil
 		})
-		err = errors.Join(err, perr, rerr)
-		switch {
-		case errors.Is(err, syscall.EISDIR) || errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST):
-			return errKeyIsDirectory(bucket, key)
-		case err != nil:
-			return fmt.Errorf("publish %s/%s: %w", bucket, key, err)
-		}
-		return nil
 	})
 	if err != nil {
 		return err

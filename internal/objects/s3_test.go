@@ -983,3 +983,83 @@ func TestAbortRacesUploadPart(t *testing.T) {
 	}
 	noTempLeft(t, e)
 }
+
+// TestPutRacesPrune: a DELETE of the last object of a directory removes
+// the directory (pruneDirs) while a PUT into it may be between creating
+// it and renaming its object in. The PUT must then create it again, not
+// fail: every PUT succeeds and is readable.
+func TestPutRacesPrune(t *testing.T) {
+	inBothModes(t, func(t *testing.T, e *env, mode string) {
+		mkBucket(t, e.alice, "prune")
+		// Deterministically: the directory goes right after the PUT made
+		// it durable (a DELETE of d/y prunes d). d/y is written directly
+		// and exported, so that the PUT finds d unknown and syncs it.
+		writeFile(t, filepath.Join(e.root, "prune", "d", "y"), "y")
+		if _, err := e.be.Export(ctx, "prune", "d/y"); err != nil {
+			t.Fatal(err)
+		}
+		var once sync.Once
+		traceWrites(t, func(op, name string) {
+			if op == "sync parent" && name == "d" {
+				once.Do(func() {
+					if _, err := e.alice.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String("prune"),
+						Key: aws.String("d/y")}); err != nil {
+						t.Errorf("delete d/y: %v", err)
+					}
+				})
+			}
+		})
+		put(t, e.alice, "prune", "d/x", "x")
+		fsTrace.Store(nil)
+		if got := get(t, e.alice, "prune", "d/x"); got != "x" {
+			t.Fatalf("d/x: %q", got)
+		}
+		if _, err := os.Stat(filepath.Join(e.root, "prune", "d", "y")); !os.IsNotExist(err) {
+			t.Fatalf("d/y not deleted: %v", err)
+		}
+		deleteAll(t, e.alice, "prune", "d/x")
+		// And racing, in an unversioned and a versioned bucket (where
+		// DELETEs also prune .basalt-versions/d and PUTs create it).
+		for _, bk := range []string{"prune-u", "prune-v"} {
+			mkBucket(t, e.alice, bk)
+			if bk == "prune-v" {
+				setVersioning(t, e.alice, bk, types.BucketVersioningStatusEnabled)
+			}
+			var wg sync.WaitGroup
+			for _, key := range []string{"d/x", "d/y", "d/z"} {
+				wg.Go(func() {
+					for i := range 40 {
+						body := fmt.Sprint(key, i)
+						out, err := e.alice.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bk), Key: aws.String(key),
+							Body: strings.NewReader(body)})
+						if err != nil {
+							t.Errorf("%s: PUT %s racing DELETEs: %v", bk, key, err)
+							return
+						}
+						g, err := e.alice.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bk), Key: aws.String(key)})
+						if err != nil {
+							t.Errorf("%s: GET %s: %v", bk, key, err)
+							return
+						}
+						got, _ := io.ReadAll(g.Body)
+						g.Body.Close()
+						if string(got) != body {
+							t.Errorf("%s: GET %s: %q, want %q", bk, key, got, body)
+						}
+						// Versioned: remove every version, which prunes
+						// the version directories too.
+						in := &s3.DeleteObjectInput{Bucket: aws.String(bk), Key: aws.String(key), VersionId: out.VersionId}
+						if _, err := e.alice.DeleteObject(ctx, in); err != nil {
+							t.Errorf("%s: DELETE %s: %v", bk, key, err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if left := files(t, filepath.Join(e.root, bk)); len(left) != 0 {
+				t.Errorf("%s: files left: %v", bk, left)
+			}
+		}
+	})
+}

@@ -221,23 +221,38 @@ func (b *Backend) keepCurrent(r *os.Root, bucket, key string, replaceNull bool) 
 		}
 	}
 	dir := path.Dir(vpath)
-	if err := mkdirs(r, bucket, vpath, dir, nil); err != nil {
-		return "", fmt.Errorf("keep version of %s/%s: %w", bucket, key, err)
+	mkdir := func() error {
+		if err := mkdirs(r, bucket, vpath, dir, nil); err != nil {
+			return fmt.Errorf("keep version of %s/%s: %w", bucket, key, err)
+		}
+		return nil
+	}
+	if err := inDir(r, dir, func(bool) error { return mkdir() }); err != nil {
+		return "", err
 	}
 	kept := *rec
 	kept.Key = ""
 	err = b.meta.commit(bucket, vpath, &kept, func() error {
-		err := r.Link(key, vpath)
-		if errors.Is(err, fs.ErrExist) {
-			// A stale file of the same version (an earlier null version).
-			if err = r.Remove(vpath); err == nil {
-				err = r.Link(key, vpath)
+		// The version directory is made again if a DELETE of another
+		// key's last version prunes it meanwhile (inDir).
+		return inDir(r, dir, func(again bool) error {
+			if again {
+				if err := mkdir(); err != nil {
+					return err
+				}
 			}
-		}
-		if err != nil {
-			return fmt.Errorf("keep version of %s/%s: %w", bucket, key, err)
-		}
-		return nil
+			err := r.Link(key, vpath)
+			if errors.Is(err, fs.ErrExist) {
+				// A stale file of the same version (an earlier null version).
+				if err = r.Remove(vpath); err == nil {
+					err = r.Link(key, vpath)
+				}
+			}
+			if err != nil {
+				return fmt.Errorf("keep version of %s/%s: %w", bucket, key, err)
+			}
+			return nil
+		})
 	})
 	if err != nil {
 		return "", err
@@ -299,12 +314,19 @@ func (b *Backend) removeNull(r *os.Root, bucket, key string) error {
 func (b *Backend) addMarker(r *os.Root, bucket, key, vid string) error {
 	p := markerFile(key, vid)
 	dir := path.Dir(p)
-	if err := mkdirs(r, bucket, p, dir, nil); err != nil {
-		return err
-	}
-	f, err := r.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	var f *os.File
+	err := inDir(r, dir, func(bool) error {
+		if err := mkdirs(r, bucket, p, dir, nil); err != nil {
+			return err
+		}
+		var err error
+		if f, err = r.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644); err != nil {
+			return fmt.Errorf("create delete marker %s/%s: %w", bucket, p, err)
+		}
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("create delete marker %s/%s: %w", bucket, p, err)
+		return err
 	}
 	err = f.Sync()
 	if cerr := f.Close(); err == nil {
@@ -418,16 +440,26 @@ func (b *Backend) promote(r *os.Root, bucket, key string) error {
 		}
 	}
 	dir, _ := splitKey(key)
-	if err := mkdirs(r, bucket, key, dir, sameOwner(r, o.f)); err != nil {
+	mkdir := func() error { return mkdirs(r, bucket, key, dir, sameOwner(r, o.f)) }
+	if err := inDir(r, dir, func(bool) error { return mkdir() }); err != nil {
 		return err
 	}
 	rec := *m
 	rec.Key = ""
 	err = b.meta.commit(bucket, key, &rec, func() error {
-		if err := r.Rename(vpath, key); err != nil {
-			return fmt.Errorf("restore %s/%s: %w", bucket, vpath, err)
-		}
-		return nil
+		// The key's directory is made again if a DELETE of another key
+		// prunes it meanwhile (inDir).
+		return inDir(r, dir, func(again bool) error {
+			if again {
+				if err := mkdir(); err != nil {
+					return err
+				}
+			}
+			if err := r.Rename(vpath, key); err != nil {
+				return fmt.Errorf("restore %s/%s: %w", bucket, vpath, err)
+			}
+			return nil
+		})
 	})
 	if err != nil {
 		return err
