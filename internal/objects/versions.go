@@ -599,13 +599,19 @@ func (b *Backend) ListObjectVersions(ctx context.Context, in *s3.ListObjectVersi
 		return s3response.ListVersionsResult{}, err
 	}
 	defer r.Close()
+	out := s3response.ListVersionsResult{Name: &bucket, Prefix: &prefix, Delimiter: &delim, MaxKeys: &maxk,
+		KeyMarker: &keyMarker, VersionIdMarker: &vidMarker}
+	truncated := false
+	if maxk == 0 {
+		// An empty page, not truncated: one truncated without a next
+		// marker would have paginators ask again forever.
+		out.IsTruncated = &truncated
+		return out, nil
+	}
 	keys, err := b.versionedKeys(ctx, r, prefix)
 	if err != nil {
 		return s3response.ListVersionsResult{}, err
 	}
-	out := s3response.ListVersionsResult{Name: &bucket, Prefix: &prefix, Delimiter: &delim, MaxKeys: &maxk,
-		KeyMarker: &keyMarker, VersionIdMarker: &vidMarker}
-	truncated := false
 	count := int32(0)
 	lastKey, lastVid := "", ""
 	seenCP := map[string]bool{}
@@ -638,14 +644,10 @@ func (b *Backend) ListObjectVersions(ctx context.Context, in *s3.ListObjectVersi
 		if err != nil {
 			return s3response.ListVersionsResult{}, err
 		}
-		skipping := key == keyMarker && vidMarker != ""
+		if key == keyMarker && vidMarker != "" {
+			vers = vers[pageStart(vers, vidMarker):]
+		}
 		for _, v := range vers {
-			if skipping {
-				if v.ver != nil && *v.ver.VersionId == vidMarker || v.mark != nil && *v.mark.VersionId == vidMarker {
-					skipping = false
-				}
-				continue
-			}
 			if full() {
 				truncated = true
 				break
@@ -676,8 +678,41 @@ func (b *Backend) ListObjectVersions(ctx context.Context, in *s3.ListObjectVersi
 
 // listedVersion is a version or a delete marker of a listing.
 type listedVersion struct {
-	ver  *s3response.ObjectVersion
-	mark *types.DeleteMarkerEntry
+	ver   *s3response.ObjectVersion
+	mark  *types.DeleteMarkerEntry
+	id    string // "" for null
+	stamp int64  // its place in the order (versionStamp)
+}
+
+// pageStart returns the index in vers (one key's entries in listing
+// order, keyVersions) of the first entry after the version id marker vid
+// (as S3 shows it). That is the entry after the marker's own if it is
+// still there. If it is gone (deleted between two pages), it is the first
+// entry that did not come before the marker's place: non-current entries
+// are ordered by stamp, newest first, then by id descending
+// (sortVersions), and the stamp of an id is the clock in its first 16
+// digits (versionStamp; a current object, listed first, is normally the
+// newest). So nothing is skipped; an entry may be listed again only if
+// the current object is older than the marker was (a PUT published after
+// a concurrent one that drew a later id). The place of a gone null
+// version is unknown (its stamp was its file's mtime): the key's entries
+// are listed from the first.
+func pageStart(vers []listedVersion, vid string) int {
+	for i, v := range vers {
+		if showVersion(v.id) == vid {
+			return i + 1
+		}
+	}
+	if vid == nullVersion || !validVersionID(vid) {
+		return 0
+	}
+	stamp := versionStamp(vid, 0)
+	for i, v := range vers {
+		if v.stamp < stamp || v.stamp == stamp && v.id < vid {
+			return i
+		}
+	}
+	return len(vers)
 }
 
 // keyVersions returns key's current object and versions, newest first,
@@ -713,8 +748,9 @@ func (b *Backend) keyVersions(r *os.Root, bucket, key string) ([]listedVersion, 
 	}
 	if o, err := b.openAny(r, bucket, key); err == nil {
 		o.f.Close()
-		if v := describe(key, o.versionID()); v != nil {
-			out = append(out, listedVersion{ver: v})
+		vid := o.versionID()
+		if v := describe(key, vid); v != nil {
+			out = append(out, listedVersion{ver: v, id: vid, stamp: versionStamp(vid, o.st.Mtim.Nano())})
 		}
 	}
 	vs, err := b.versionsOf(r, key)
@@ -729,11 +765,11 @@ func (b *Backend) keyVersions(r *os.Root, bucket, key string) ([]listedVersion, 
 				t := fi.ModTime().UTC()
 				m.LastModified = &t
 			}
-			out = append(out, listedVersion{mark: m})
+			out = append(out, listedVersion{mark: m, id: e.id, stamp: e.stamp})
 			continue
 		}
 		if v := describe(versionFile(key, e.id), e.id); v != nil {
-			out = append(out, listedVersion{ver: v})
+			out = append(out, listedVersion{ver: v, id: e.id, stamp: e.stamp})
 		}
 	}
 	if len(out) > 0 {

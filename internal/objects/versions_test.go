@@ -25,6 +25,7 @@ func TestVersioning(t *testing.T) {
 		t.Run("Changed", e.testVersionsChanged)
 		t.Run("Forged", e.testVersionsForged)
 		t.Run("Concurrent", e.testVersionsConcurrent)
+		t.Run("MarkerGone", e.testVersionsMarkerGone)
 		noTempLeft(t, e)
 	})
 }
@@ -631,5 +632,85 @@ func (e *env) testVersionsConcurrent(t *testing.T) {
 	}
 	if got := versions(t, c, bk, "", 1000); len(got) != n {
 		t.Fatalf("%d versions, want %d: %v", len(got), n, got)
+	}
+}
+
+// A page ends at a version that is deleted before the next page is asked
+// for: the next page goes on from where that version was in the listing's
+// order (key, then newest first), skipping nothing. max-keys 0 answers an
+// empty page that is not truncated (a truncated one with no next marker
+// made paginators loop forever).
+func (e *env) testVersionsMarkerGone(t *testing.T) {
+	c, bk := e.alice, "ver-marker"
+	mkBucket(t, c, bk)
+	setVersioning(t, c, bk, types.BucketVersioningStatusEnabled)
+	var ids []string
+	for i := range 4 {
+		ids = append(ids, aws.ToString(put(t, c, bk, "k", fmt.Sprint("k-", i)).VersionId))
+	}
+	m := aws.ToString(delVersion(t, c, bk, "m", "").VersionId) // a delete marker, the only entry of m
+	l := aws.ToString(put(t, c, bk, "l", "l").VersionId)
+	z := aws.ToString(put(t, c, bk, "z", "z").VersionId)
+	// from lists the versions after the marker, as versions() does.
+	from := func(key, vid string) []string {
+		t.Helper()
+		out, err := c.ListObjectVersions(ctx, &s3.ListObjectVersionsInput{Bucket: aws.String(bk),
+			KeyMarker: aws.String(key), VersionIdMarker: aws.String(vid)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, v := range out.Versions {
+			s := *v.Key + "@" + *v.VersionId
+			if aws.ToBool(v.IsLatest) {
+				s += "*"
+			}
+			got = append(got, s)
+		}
+		for _, dm := range out.DeleteMarkers {
+			got = append(got, *dm.Key+"@"+*dm.VersionId+"!")
+		}
+		return got
+	}
+	page, err := c.ListObjectVersions(ctx, &s3.ListObjectVersionsInput{Bucket: aws.String(bk), MaxKeys: aws.Int32(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if aws.ToString(page.NextKeyMarker) != "k" || aws.ToString(page.NextVersionIdMarker) != ids[3] {
+		t.Fatalf("first page ends at %s@%s, want k@%s", aws.ToString(page.NextKeyMarker),
+			aws.ToString(page.NextVersionIdMarker), ids[3])
+	}
+	// The marker, the current version, is deleted: the next newest
+	// becomes current and comes next.
+	delVersion(t, c, bk, "k", ids[3])
+	want := []string{"k@" + ids[2] + "*", "k@" + ids[1], "k@" + ids[0], "l@" + l + "*", "z@" + z + "*", "m@" + m + "!"}
+	if got := from("k", ids[3]); !slices.Equal(got, want) {
+		t.Fatalf("after a deleted current version: %v, want %v", got, want)
+	}
+	// A non-current marker deleted.
+	delVersion(t, c, bk, "k", ids[1])
+	want = []string{"k@" + ids[0], "l@" + l + "*", "z@" + z + "*", "m@" + m + "!"}
+	if got := from("k", ids[1]); !slices.Equal(got, want) {
+		t.Fatalf("after a deleted non-current version: %v, want %v", got, want)
+	}
+	// A marker that still exists is skipped up to and including itself.
+	want = []string{"k@" + ids[0], "l@" + l + "*", "z@" + z + "*", "m@" + m + "!"}
+	if got := from("k", ids[2]); !slices.Equal(got, want) {
+		t.Fatalf("after an existing version: %v, want %v", got, want)
+	}
+	// A deleted delete marker, all of its key gone.
+	delVersion(t, c, bk, "m", m)
+	want = []string{"z@" + z + "*"}
+	if got := from("m", m); !slices.Equal(got, want) {
+		t.Fatalf("after a deleted delete marker: %v, want %v", got, want)
+	}
+	// max-keys 0.
+	out, err := c.ListObjectVersions(ctx, &s3.ListObjectVersionsInput{Bucket: aws.String(bk), MaxKeys: aws.Int32(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if aws.ToBool(out.IsTruncated) || len(out.Versions)+len(out.DeleteMarkers)+len(out.CommonPrefixes) != 0 {
+		t.Fatalf("max-keys 0: truncated %v, %d versions, %d markers, %d prefixes (next %q)", aws.ToBool(out.IsTruncated),
+			len(out.Versions), len(out.DeleteMarkers), len(out.CommonPrefixes), aws.ToString(out.NextKeyMarker))
 	}
 }
