@@ -19,25 +19,27 @@ import (
 
 // deleteObject removes bucket/key inside r. Deleting a key that is not an
 // object (no file, a file without basalt metadata, or an invalid key)
-// succeeds and changes nothing, as in S3. An object changed behind S3 is deleted.
-func (b *Backend) deleteObject(r *os.Root, bucket, key string, pre *backend.ObjectDeletePreconditions) error {
+// succeeds and changes nothing, as in S3. An object changed behind S3 is
+// deleted. removed reports whether the file is gone from the key (unlinked,
+// or found gone when unlinking it), also when a later step failed.
+func (b *Backend) deleteObject(r *os.Root, bucket, key string, pre *backend.ObjectDeletePreconditions) (removed bool, err error) {
 	if checkKey(key) != nil {
-		return nil // not an object: nothing to delete
+		return false, nil // not an object: nothing to delete
 	}
 	o, why, err := b.inspect(r, bucket, key)
 	if isNoSuchKey(err) {
-		return nil
+		return false, nil
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	o.f.Close()
 	if pre != nil && (pre.IfMatch != nil || pre.IfMatchLastModTime != nil || pre.IfMatchSize != nil) {
 		if why != "" {
-			return errModified(bucket, key, why)
+			return false, errModified(bucket, key, why)
 		}
 		if err := backend.EvaluateObjectDeletePreconditions(o.m.ETag, o.m.mtime(), o.m.Size, *pre); err != nil {
-			return err
+			return false, err
 		}
 	}
 	dir, _ := splitKey(key)
@@ -46,16 +48,20 @@ func (b *Backend) deleteObject(r *os.Root, bucket, key string, pre *backend.Obje
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("delete %s/%s: %w", bucket, key, err)
 		}
+		removed = true
 		return nil
 	})
 	if err != nil {
-		return err
+		return removed, err
+	}
+	if err := faultFS("delete sync dir", dir); err != nil {
+		return true, err
 	}
 	if err := syncIn(r, dir); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
-		return err
+		return true, err
 	}
 	pruneDirs(r, dir)
-	return nil
+	return true, nil
 }
 
 // DeleteObject deletes one object.

@@ -236,8 +236,10 @@ func inDir(r *os.Root, dir string, step func(again bool) error) error {
 // publish renames the temp file tmp (in Work/tmp) to bucket/key inside r
 // through m (which publishes the metadata record with it) and fsyncs the
 // directory. tmp must be synced. The key's directory is made again if a
-// DELETE removes it meanwhile (inDir).
-func (b *Backend) publish(r *os.Root, bucket, key string, tmp *os.File, m *objectMeta) error {
+// DELETE removes it meanwhile (inDir). renamed reports whether the rename
+// happened, also when a later step failed: the object it replaced is then
+// gone from the key.
+func (b *Backend) publish(r *os.Root, bucket, key string, tmp *os.File, m *objectMeta) (renamed bool, err error) {
 	dir, base := splitKey(key)
 	var parent *os.File
 	defer func() {
@@ -265,7 +267,7 @@ func (b *Backend) publish(r *os.Root, bucket, key string, tmp *os.File, m *objec
 		return nil
 	}
 	if err := inDir(r, dir, openParent); err != nil {
-		return err
+		return false, err
 	}
 	// The object being replaced stays open until after the rename: the
 	// rename then only unlinks it, and the inode is freed (its blocks
@@ -275,7 +277,7 @@ func (b *Backend) publish(r *os.Root, bucket, key string, tmp *os.File, m *objec
 	// directories. Freed while they are held, every concurrent PUT waits.
 	old, err := b.refuseUnexported(r, bucket, key)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer b.release(old)
 	tmpName := filepath.Base(tmp.Name())
@@ -298,18 +300,22 @@ func (b *Backend) publish(r *os.Root, bucket, key string, tmp *os.File, m *objec
 				// ENOENT: the directory was removed after it was opened.
 				return fmt.Errorf("publish %s/%s: %w", bucket, key, err)
 			}
+			renamed = true
 			return nil
 		})
 	})
 	if err != nil {
-		return err
+		return renamed, err
 	}
 	traceFS("rename", key)
+	if err := faultFS("sync dir", dir); err != nil {
+		return true, err
+	}
 	if err := parent.Sync(); err != nil {
-		return err
+		return true, err
 	}
 	traceFS("sync dir", dir)
-	return nil
+	return true, nil
 }
 
 // refuseUnexported fails when bucket/key is a regular file without basalt
@@ -370,6 +376,19 @@ func traceFS(op, name string) {
 	if f := fsTrace.Load(); f != nil {
 		(*f)(op, name)
 	}
+}
+
+// fsFault, when set (tests), fails steps that come after a write's or a
+// delete's change is made: it is asked before "sync dir" in publish
+// (after the rename) and before "delete sync dir" in deleteObject (after
+// the unlink), and an error it returns is that step's.
+var fsFault atomic.Pointer[func(op, name string) error]
+
+func faultFS(op, name string) error {
+	if f := fsFault.Load(); f != nil {
+		return (*f)(op, name)
+	}
+	return nil
 }
 
 // pruneDirs removes the now empty directories from dir up to (not

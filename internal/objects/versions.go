@@ -171,7 +171,8 @@ func (b *Backend) versionLock(bucket, key string) (func(), error) {
 // older null version is removed once the new object is in place.
 func (b *Backend) publishWrite(r *os.Root, bucket, key string, tmp *os.File, m *objectMeta, status string) error {
 	if status == "" {
-		return b.publish(r, bucket, key, tmp, m)
+		_, err := b.publish(r, bucket, key, tmp, m)
+		return err
 	}
 	unlock, err := b.versionLock(bucket, key)
 	if err != nil {
@@ -182,8 +183,10 @@ func (b *Backend) publishWrite(r *os.Root, bucket, key string, tmp *os.File, m *
 	if err != nil {
 		return err
 	}
-	if err := b.publish(r, bucket, key, tmp, m); err != nil {
-		if kept != "" {
+	if renamed, err := b.publish(r, bucket, key, tmp, m); err != nil {
+		// Undo the keeping only if the current object is still in place:
+		// once renamed over, the version file is its only link.
+		if kept != "" && !renamed {
 			_ = b.removeVersionFile(r, bucket, kept)
 		}
 		return err
@@ -343,7 +346,8 @@ func (b *Backend) addMarker(r *os.Root, bucket, key, vid string) error {
 // id to answer and whether it is a delete marker.
 func (b *Backend) deleteVersioned(r *os.Root, bucket, key, vid, status string, pre *backend.ObjectDeletePreconditions) (string, bool, error) {
 	if vid == "" && status == "" {
-		return "", false, b.deleteObject(r, bucket, key, pre)
+		_, err := b.deleteObject(r, bucket, key, pre)
+		return "", false, err
 	}
 	if vid != "" && !validVersionID(vid) {
 		return "", false, errInvalidVersion(vid)
@@ -362,8 +366,10 @@ func (b *Backend) deleteVersioned(r *os.Root, bucket, key, vid, status string, p
 		if err != nil {
 			return "", false, err
 		}
-		if err := b.deleteObject(r, bucket, key, pre); err != nil {
-			if kept != "" {
+		if removed, err := b.deleteObject(r, bucket, key, pre); err != nil {
+			// Undo the keeping only if the current object is still in
+			// place: once unlinked, the version file is its only link.
+			if kept != "" && !removed {
 				_ = b.removeVersionFile(r, bucket, kept)
 			}
 			return "", false, err
@@ -390,7 +396,7 @@ func (b *Backend) deleteVersioned(r *os.Root, bucket, key, vid, status string, p
 	if o, err := b.openAny(r, bucket, key); err == nil {
 		o.f.Close()
 		if o.versionID() == want {
-			if err := b.deleteObject(r, bucket, key, pre); err != nil {
+			if _, err := b.deleteObject(r, bucket, key, pre); err != nil {
 				return "", false, err
 			}
 			return vid, false, b.promote(r, bucket, key)

@@ -2,6 +2,7 @@ package objects
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -26,6 +27,7 @@ func TestVersioning(t *testing.T) {
 		t.Run("Forged", e.testVersionsForged)
 		t.Run("Concurrent", e.testVersionsConcurrent)
 		t.Run("MarkerGone", e.testVersionsMarkerGone)
+		t.Run("FailAfterChange", e.testVersionsFailAfterChange)
 		noTempLeft(t, e)
 	})
 }
@@ -712,5 +714,67 @@ func (e *env) testVersionsMarkerGone(t *testing.T) {
 	if aws.ToBool(out.IsTruncated) || len(out.Versions)+len(out.DeleteMarkers)+len(out.CommonPrefixes) != 0 {
 		t.Fatalf("max-keys 0: truncated %v, %d versions, %d markers, %d prefixes (next %q)", aws.ToBool(out.IsTruncated),
 			len(out.Versions), len(out.DeleteMarkers), len(out.CommonPrefixes), aws.ToString(out.NextKeyMarker))
+	}
+}
+
+// A PUT whose publish fails after its rename (the directory's fsync), or
+// a DELETE that fails after its unlink, keeps the version it had kept of
+// the object it replaced or removed: by then the version file is that
+// object's only link, and undoing the keeping would destroy it.
+func (e *env) testVersionsFailAfterChange(t *testing.T) {
+	c, bk := e.alice, "ver-fail"
+	mkBucket(t, c, bk)
+	setVersioning(t, c, bk, types.BucketVersioningStatusEnabled)
+	v1 := aws.ToString(put(t, c, bk, "k", "one").VersionId)
+	failAt := func(op string) {
+		f := func(o, _ string) error {
+			if o == op {
+				return errors.New("injected failure at " + op)
+			}
+			return nil
+		}
+		fsFault.Store(&f)
+	}
+	t.Cleanup(func() { fsFault.Store(nil) })
+	failAt("sync dir")
+	_, err := c.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bk), Key: aws.String("k"), Body: strings.NewReader("two")})
+	fsFault.Store(nil)
+	if err == nil {
+		t.Fatal("PUT with a failing directory sync succeeded")
+	}
+	if got, err := getVersion(t, c, bk, "k", v1); err != nil || got != "one" {
+		t.Fatalf("version 1 after a PUT that failed after its rename: %q %v", got, err)
+	}
+	head, err := c.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(bk), Key: aws.String("k")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2 := aws.ToString(head.VersionId)
+	if got := get(t, c, bk, "k"); got != "two" {
+		t.Fatalf("current object after a PUT that failed after its rename: %q", got)
+	}
+	failAt("delete sync dir")
+	_, err = c.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(bk), Key: aws.String("k")})
+	fsFault.Store(nil)
+	if err == nil {
+		t.Fatal("DELETE with a failing directory sync succeeded")
+	}
+	for vid, want := range map[string]string{v1: "one", v2: "two"} {
+		if got, err := getVersion(t, c, bk, "k", vid); err != nil || got != want {
+			t.Fatalf("version %s after a DELETE that failed after its unlink: %q %v", vid, got, err)
+		}
+	}
+	// A DELETE that fails before its unlink (a precondition) undoes the
+	// keeping: the object stays current, and no version is added.
+	put(t, c, bk, "p", "current")
+	_, err = c.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(bk), Key: aws.String("p"), IfMatch: aws.String(`"nope"`)})
+	if err == nil {
+		t.Fatal("DELETE with a failing If-Match succeeded")
+	}
+	if got := versions(t, c, bk, "p", 1000); len(got) != 1 {
+		t.Fatalf("versions of p after a refused DELETE: %v", got)
+	}
+	if got := get(t, c, bk, "p"); got != "current" {
+		t.Fatalf("p after a refused DELETE: %q", got)
 	}
 }
