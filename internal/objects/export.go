@@ -43,6 +43,7 @@ const (
 	CodeFileChanged       = "FileChangedDuringExport" // 409: the file changed while it was read
 	CodeFileAccess        = "FileAccessDenied"        // 403: the server may not read the file or set its xattr
 	CodeMetadataTooLarge  = "MetadataTooLarge"        // 400: the record does not fit in the file's xattrs
+	CodeHardLinked        = "HardLinkedFile"          // 400: export of a file that has other hard links
 )
 
 // ObjectInfo describes an object as Export recorded it, or as Unexport
@@ -259,6 +260,16 @@ func sameStat(a, b *syscall.Stat_t) bool {
 	return a.Ino == b.Ino && a.Size == b.Size && a.Mtim.Nano() == b.Mtim.Nano()
 }
 
+// errHardLinked refuses to export a file with more than one hard link: a
+// link is no copy, so a user who may write into the bucket directory
+// could link in a file of someone else's (one the user may not read) and
+// have the server, which reads with its own rights, serve it over S3.
+func errHardLinked(bucket, key string, nlink uint64) error {
+	return errs.Invalid(CodeHardLinked,
+		"%s/%s has %d hard links: export refuses a file that has other names (a hard link can bring someone "+
+			"else's file into the bucket); copy it into the bucket (cp) and export the copy", bucket, key, nlink)
+}
+
 func errChanged(bucket, key string) error {
 	return errs.Conflict(CodeFileChanged,
 		"%s/%s changed while it was being exported; export it again once nothing writes to it", bucket, key)
@@ -305,8 +316,8 @@ func (b *Backend) ObjectPath(ctx context.Context, bucket, key string) (PathInfo,
 // (mime.TypeByExtension), if at all.
 //
 // The file must be a regular file reached through real directories (no
-// symbolic link on the way), and must not change while it is read
-// (CodeFileChanged).
+// symbolic link on the way) with no other hard link (CodeHardLinked), and
+// must not change while it is read (CodeFileChanged).
 func (b *Backend) Export(ctx context.Context, bucket, key string) (ObjectInfo, error) {
 	r, err := b.controlBucket(ctx, bucket)
 	if err != nil {
@@ -335,6 +346,9 @@ func (b *Backend) Export(ctx context.Context, bucket, key string) (ObjectInfo, e
 		return ObjectInfo{}, errs.Invalid(CodeNotARegularFile, "%s/%s is not a regular file (%s)", bucket, key, fileKind(fi.Mode()))
 	}
 	st := statOf(fi)
+	if st.Nlink > 1 {
+		return ObjectInfo{}, errHardLinked(bucket, key, uint64(st.Nlink))
+	}
 	// What the old record said that is not about the bytes.
 	var old *objectMeta
 	if m, err := b.meta.read(f, bucket, key); err == nil {
@@ -353,6 +367,9 @@ func (b *Backend) Export(ctx context.Context, bucket, key string) (ObjectInfo, e
 	if n != st.Size || !sameStat(st, statOf(after)) {
 		return ObjectInfo{}, errChanged(bucket, key)
 	}
+	if nl := statOf(after).Nlink; nl > 1 {
+		return ObjectInfo{}, errHardLinked(bucket, key, uint64(nl))
+	}
 	m := &objectMeta{ETag: `"` + hex.EncodeToString(sum) + `"`}
 	m.setStat(st)
 	if old != nil {
@@ -368,6 +385,9 @@ func (b *Backend) Export(ctx context.Context, bucket, key string) (ObjectInfo, e
 		fi, err := r.Lstat(key)
 		if err != nil || !fi.Mode().IsRegular() || !sameStat(st, statOf(fi)) {
 			return errChanged(bucket, key)
+		}
+		if nl := statOf(fi).Nlink; nl > 1 {
+			return errHardLinked(bucket, key, uint64(nl))
 		}
 		return nil
 	}

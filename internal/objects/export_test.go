@@ -255,9 +255,25 @@ func (e *env) testExportErrors(t *testing.T) {
 	wantErrCode(t, err, CodeNoSuchBucket)
 	_, err = e.be.ObjectPath(ctx, "exp", "a//b")
 	wantErrCode(t, err, CodeInvalidKey)
-	// Nothing was recorded: neither the files nor the symlinks' targets
+	// Hard links: someone else's file linked into the bucket (the server
+	// reads it with its own rights), and a file with two names in it.
+	if err := os.Link(outside, filepath.Join(dir, "hard")); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "two1"), "x")
+	if err := os.Link(filepath.Join(dir, "two1"), filepath.Join(dir, "two2")); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"hard", "two1", "two2"} {
+		_, err := e.be.Export(ctx, "exp", key)
+		wantErrCode(t, err, CodeHardLinked)
+		_, err = e.alice.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("exp"), Key: aws.String(key)})
+		wantCode(t, err, "NoSuchKey")
+	}
+	// Nothing was recorded: neither the files nor the links' targets
 	// are objects, and nothing was written outside the bucket.
-	verify(t, e, "exp", VerifyOptions{All: true}, "real/file:unexported")
+	verify(t, e, "exp", VerifyOptions{All: true}, "hard:unexported", "real/file:unexported", "two1:unexported",
+		"two2:unexported")
 	if data, err := os.ReadFile(outside); err != nil || string(data) != "secret" {
 		t.Fatalf("outside file: %q %v", data, err)
 	}
@@ -268,7 +284,7 @@ func (e *env) testExportErrors(t *testing.T) {
 		}
 		f.Close()
 	}
-	for _, p := range []string{"real", ".basalt-reserved", "link", "dirlink", "escape", "emptydir"} {
+	for _, p := range []string{"real", ".basalt-reserved", "link", "dirlink", "escape", "emptydir", "hard", "two1", "two2"} {
 		os.RemoveAll(filepath.Join(dir, p))
 	}
 	os.Remove(filepath.Join(e.root, "norecord"))
