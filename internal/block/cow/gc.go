@@ -133,6 +133,9 @@ func Sweep(images string, listed []Listed, roots []string, grace time.Duration) 
 					// Being created: its superblock is not written
 					// yet, and its parent is a root of its own (a
 					// volume's top until the new image replaces it).
+				case !exists(filepath.Join(images, id)):
+					// Gone, or not made yet (a record names it first):
+					// nothing reads through it.
 				default:
 					if e, ok := unread[id]; ok {
 						err = e
@@ -165,4 +168,11 @@ func Sweep(images string, listed []Listed, roots []string, grace time.Duration) 
 		removed = append(removed, l.ID)
 	}
 	return removed, errors.Join(errs...)
+}
+
+// exists reports whether path exists; an error other than its absence
+// counts as existing (it may hide what is there).
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return !errors.Is(err, fs.ErrNotExist)
 }
