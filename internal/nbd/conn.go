@@ -217,13 +217,13 @@ func (c *conn) readRequests(ended chan<- error) {
 				ended <- err
 				return
 			}
-			c.budget.acquire(0)
+			c.acquire(0)
 			c.inflight.Add(1)
 			c.sendError(req, errInval, "write of %d bytes exceeds the maximum payload of %d", req.length, MaxPayload)
 			continue
 		case wp != nil:
 			cost = int64(req.length)
-			c.budget.acquire(cost)
+			c.acquire(cost)
 			c.flushBeforeWait(int(req.length))
 			w := &splicedWrite{p: wp, off: int64(req.offset)}
 			if err := c.receiveSpliced(req, w); err != nil {
@@ -238,7 +238,7 @@ func (c *conn) readRequests(ended chan<- error) {
 			return
 		case req.typ == cmdWrite:
 			cost = int64(req.length)
-			c.budget.acquire(cost)
+			c.acquire(cost)
 			payload = getBuf(int(req.length))
 			c.flushBeforeWait(len(payload))
 			if err := c.readPayload(payload); err != nil {
@@ -259,12 +259,12 @@ func (c *conn) readRequests(ended chan<- error) {
 			return
 		case req.typ == cmdRead && req.length <= MaxPayload:
 			cost = int64(req.length)
-			c.budget.acquire(cost)
+			c.acquire(cost)
 			if c.readNow(req, cost) {
 				continue
 			}
 		default:
-			c.budget.acquire(0)
+			c.acquire(0)
 		}
 		c.inflight.Add(1)
 		go c.handle(req, payload, cost)
@@ -308,6 +308,26 @@ func (c *conn) flushBeforeWait(need int) {
 	if !c.pending || c.r.Buffered() >= need {
 		return
 	}
+	c.flushPending()
+}
+
+// acquire takes a request's place in the budget. If it has to wait for
+// requests in flight to finish, the replies already queued go out first:
+// a reply the reader queued must not wait for a slow request it has
+// nothing to do with.
+func (c *conn) acquire(cost int64) {
+	if c.budget.tryAcquire(cost) {
+		return
+	}
+	if c.pending {
+		c.flushPending()
+	}
+	c.budget.acquire(cost)
+}
+
+// flushPending flushes the replies readNow (or a writer that left the
+// flush to it) queued.
+func (c *conn) flushPending() {
 	c.pending = false
 	c.wmu.Lock()
 	if c.werr == nil {
@@ -519,7 +539,7 @@ func (c *conn) sendBlockStatus(req request, cost int64) {
 		if remaining <= 0 || len(payload) >= 4+8*maxExtentsPerReply {
 			break
 		}
-		l := min(e.Length, remaining, 1<<31) // fits the 32-bit field; the request is < 4 GiB anyway
+		l := min(e.Length, remaining) // fits the 32-bit field: remaining <= req.length
 		if l <= 0 {
 			break
 		}

@@ -62,12 +62,30 @@ func newBudget(maxCount int, maxBytes int64) *budget {
 // larger than the whole byte budget is admitted alone.
 func (b *budget) acquire(n int64) {
 	b.mu.Lock()
-	for b.count >= b.maxCount || (b.count > 0 && b.bytes+n > b.maxBytes) {
+	for b.full(n) {
 		b.cond.Wait()
 	}
 	b.count++
 	b.bytes += n
 	b.mu.Unlock()
+}
+
+// full reports whether one more request of n bytes must wait; the caller
+// holds mu.
+func (b *budget) full(n int64) bool {
+	return b.count >= b.maxCount || (b.count > 0 && b.bytes+n > b.maxBytes)
+}
+
+// tryAcquire is acquire without waiting: false if it would have to.
+func (b *budget) tryAcquire(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.full(n) {
+		return false
+	}
+	b.count++
+	b.bytes += n
+	return true
 }
 
 func (b *budget) release(n int64) {

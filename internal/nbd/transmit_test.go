@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -936,4 +937,32 @@ func TestReadNow(t *testing.T) {
 			t.Fatal("write not read back")
 		}
 	})
+}
+
+// TestBlockStatusLongExtent: an extent longer than 2 GiB is described in
+// full (the length field has 32 bits, the request is shorter than 4 GiB),
+// not cut short with the rest of the map shifted onto the wrong offsets.
+func TestBlockStatusLongExtent(t *testing.T) {
+	file, _ := sparseFile(t, 4<<30)
+	dev := &hookDevice{Device: file, extents: func(off, n int64, _ func(int64, int64) ([]block.Extent, error)) ([]block.Extent, error) {
+		return []block.Extent{{Length: 3<<30 - off}, {Length: 1 << 30, Hole: true, Zero: true}}, nil
+	}}
+	_, addr := serve(t, dev, nil)
+	c := connect(t, addr, clientFixed|clientNoZeroes)
+	c.final(optStructuredReply, nil, repAck)
+	c.structured = true
+	c.opt(optSetMetaContext, encMeta("disk", MetaContextAllocation))
+	c.goExport("disk")
+	if err := c.send(0, cmdBlockStatus, 1, 0, 0xFFFFF000, nil); err != nil {
+		t.Fatal(err)
+	}
+	p := c.reply(1)[0].payload[4:]
+	var got [][2]uint64
+	for ; len(p) >= 8; p = p[8:] {
+		got = append(got, [2]uint64{uint64(be.Uint32(p)), uint64(be.Uint32(p[4:]))})
+	}
+	want := [][2]uint64{{3 << 30, 0}, {0xFFFFF000 - 3<<30, stateHole | stateZero}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("extents %v, want %v", got, want)
+	}
 }
