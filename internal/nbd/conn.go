@@ -591,10 +591,7 @@ func (c *conn) errorReply(req request, code uint32, cost int64, format string, a
 	if !c.structured {
 		return &reply{simple: true, cookie: req.cookie, errno: code, cost: cost}
 	}
-	msg := fmt.Sprintf(format, a...)
-	if len(msg) > maxString {
-		msg = msg[:maxString]
-	}
+	msg := message(format, a...)
 	p := make([]byte, 6, 6+len(msg))
 	be.PutUint32(p, code)
 	be.PutUint16(p[4:], uint16(len(msg)))

@@ -94,11 +94,7 @@ func (c *conn) reply(opt, typ uint32, data []byte) error {
 }
 
 func (c *conn) replyErr(opt, typ uint32, format string, a ...any) error {
-	msg := fmt.Sprintf(format, a...)
-	if len(msg) > maxString {
-		msg = msg[:maxString]
-	}
-	return c.reply(opt, typ, []byte(msg))
+	return c.reply(opt, typ, []byte(message(format, a...)))
 }
 
 // option handles one option; it returns an export when transmission starts.

@@ -39,6 +39,9 @@ package nbd
 
 import (
 	"encoding/binary"
+	"fmt"
+	"strings"
+	"unicode/utf8"
 )
 
 // Magic numbers.
@@ -229,4 +232,18 @@ func commandName(t uint16) string {
 		return "BLOCK_STATUS"
 	}
 	return "UNKNOWN"
+}
+
+// message formats an error message as the protocol's strings must be:
+// valid UTF-8 (an export name a client sent may not be), at most maxString
+// bytes, cut between characters.
+func message(format string, a ...any) string {
+	msg := strings.ToValidUTF8(fmt.Sprintf(format, a...), "\uFFFD")
+	if len(msg) > maxString {
+		msg = msg[:maxString]
+		for !utf8.ValidString(msg) {
+			msg = msg[:len(msg)-1]
+		}
+	}
+	return msg
 }

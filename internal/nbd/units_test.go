@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/basalt-storage/basalt/internal/block"
 )
@@ -187,5 +188,20 @@ func TestUnsupportedFlush(t *testing.T) {
 	checkErr(t, c, false, "FLUSH unsupported", 0, cmdFlush, 0, 0, nil, errInval)
 	if flushes.Load() != 0 {
 		t.Fatal("the device was flushed")
+	}
+}
+
+// TestMessage: error messages are valid UTF-8 of at most maxString bytes,
+// cut between characters, whatever a client's export name held.
+func TestMessage(t *testing.T) {
+	long := strings.Repeat("é", maxString) // two bytes each
+	if m := message("%s", "x"+long); len(m) > maxString || !utf8.ValidString(m) || len(m) != maxString-1 {
+		t.Errorf("long message: %d bytes, valid %v", len(m), utf8.ValidString(m))
+	}
+	if m := message("no export %q", "a\xffb"); !utf8.ValidString(m) {
+		t.Errorf("message %q is not UTF-8", m)
+	}
+	if m := message("no export %s", "a\xffb"); m != "no export a\uFFFDb" {
+		t.Errorf("message %q", m)
 	}
 }
