@@ -155,6 +155,7 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("objects: %w", err)
 	}
 	b.cleanTemp()
+	b.cleanRemovedUploads()
 	return b, nil
 }
 
@@ -177,6 +178,18 @@ func (b *Backend) cleanTemp() {
 		if err == nil && time.Since(info.ModTime()) > staleTemp {
 			b.log.Info("removing stale temp file", "file", filepath.Join(b.tmp, e.Name()))
 			os.Remove(filepath.Join(b.tmp, e.Name()))
+		}
+	}
+}
+
+// cleanRemovedUploads finishes the removals an Abort or Complete began
+// and a crash interrupted (removeUpload): no request resolves the renamed
+// directories, so they can go at any time.
+func (b *Backend) cleanRemovedUploads() {
+	dirs, _ := filepath.Glob(filepath.Join(b.uploads, "*", "*"+removedSuffix))
+	for _, d := range dirs {
+		if err := os.RemoveAll(d); err != nil {
+			b.log.Warn("removing a removed upload", "dir", d, "err", err)
 		}
 	}
 }

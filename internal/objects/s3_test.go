@@ -7,10 +7,12 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"hash/crc64"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -1062,4 +1064,33 @@ func TestPutRacesPrune(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestRemovedUploadsCleaned: an upload directory an Abort renamed away and
+// a crash kept from being removed is removed when the store opens; a live
+// upload is not touched.
+func TestRemovedUploadsCleaned(t *testing.T) {
+	dir := t.TempDir()
+	root, work := filepath.Join(dir, "r"), filepath.Join(dir, "w")
+	tomb := filepath.Join(work, "uploads", "bkt", "0123abcd"+removedSuffix)
+	live := filepath.Join(work, "uploads", "bkt", "4567cdef")
+	for _, d := range []string{tomb, live} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "1.part"), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := New(Config{Root: root, Work: work, Buckets: &memBuckets{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Shutdown()
+	if _, err := os.Stat(tomb); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("removed upload still there: %v", err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("live upload: %v", err)
+	}
 }
