@@ -217,9 +217,15 @@ func New(sess *concurrency.Session, prefix string, o Options) *Locker {
 }
 
 // Open starts an etcd session of ttl seconds on cli and returns a Locker on
-// it; Close ends the session (and frees its locks).
-func Open(cli *clientv3.Client, prefix string, ttl int, o Options) (*Locker, error) {
-	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(ttl))
+// it; Close ends the session (and frees its locks). ctx bounds the grant of
+// the session's lease only (etcd's client would wait for a reachable
+// member without end); the session lives until Close or its lease ends.
+func Open(ctx context.Context, cli *clientv3.Client, prefix string, ttl int, o Options) (*Locker, error) {
+	grant, err := cli.Grant(ctx, int64(ttl))
+	if err != nil {
+		return nil, fmt.Errorf("lock session: %w", err)
+	}
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(ttl), concurrency.WithLease(grant.ID))
 	if err != nil {
 		return nil, fmt.Errorf("lock session: %w", err)
 	}

@@ -74,7 +74,7 @@ func (s *Service) Attach(ctx context.Context, c Caller, volumeRef, host, mode st
 	if mode == meta.ModeRW {
 		// This node serves it unless another already writes the volume
 		// (multiattach); without a lease now, whoever is asked later.
-		if _, err := s.leases.acquire(ctx, v.ID); err != nil {
+		if _, _, err := s.leases.acquire(ctx, v.ID); err != nil {
 			s.logFor("volume", v.ID).Warn("no write lease at attach", "err", err)
 		}
 	}

@@ -304,7 +304,7 @@ func (s *Service) startImport(id string) {
 }
 
 // importObject fills v's new stack from its source object.
-func (s *Service) importObject(ctx context.Context, v *meta.Volume) (*ImportReport, error) {
+func (s *Service) importObject(ctx context.Context, v *meta.Volume, token int64) (*ImportReport, error) {
 	o, err := s.objectStore()
 	if err != nil {
 		return nil, err
@@ -321,7 +321,7 @@ func (s *Service) importObject(ctx context.Context, v *meta.Volume) (*ImportRepo
 	if oi.Size > v.SizeBytes {
 		return nil, fmt.Errorf("object %s has grown to %d bytes, beyond the volume's %d", v.SourceObject, oi.Size, v.SizeBytes)
 	}
-	l, release, err := s.acquire(v)
+	l, release, err := s.acquireWriter(v, token)
 	if err != nil {
 		return nil, err
 	}

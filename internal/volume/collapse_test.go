@@ -146,7 +146,11 @@ func TestNoCollapseDuringSnapshot(t *testing.T) {
 	})
 	// finishSnapshot's freeze, then a collapse job before the record's
 	// commit.
-	img, err := s.freeze(e.volume(v.ID), sn.ID)
+	_, tok, err := s.leases.acquire(ctx, v.ID) // a freeze is its writer's
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := s.freeze(e.volume(v.ID), sn.ID, tok)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +166,7 @@ func TestNoCollapseDuringSnapshot(t *testing.T) {
 		t.Fatalf("snapshot %s's image %s became the volume's live top", sn.ID, img)
 	}
 	// The snapshot finishes as it would have.
-	if got, err := s.finishSnapshot(ctx, sn.ID, sn.Node); err != nil || got.Image != img {
+	if got, err := s.finishSnapshot(ctx, sn.ID, sn.Node, tok); err != nil || got.Image != img {
 		t.Fatalf("finishing the snapshot: %+v, %v", got, err)
 	}
 	cleanupAll(t, s, alice)

@@ -113,7 +113,7 @@ func (s *Service) runDelegatedSnapshot(ctx context.Context, sn *meta.Snapshot) {
 		return
 	}
 	defer s.unclaim("snapshot/" + sn.ID)
-	done, err := s.asWriter(ctx, sn.VolumeID)
+	done, token, err := s.asWriter(ctx, sn.VolumeID)
 	if err != nil {
 		s.failSnapshot(ctx, sn.ID, sn.Node, err)
 		return
@@ -122,7 +122,7 @@ func (s *Service) runDelegatedSnapshot(ctx context.Context, sn *meta.Snapshot) {
 	gate := s.Gate(sn.VolumeID)
 	gate.Lock()
 	defer gate.Unlock()
-	if _, err := s.finishSnapshot(ctx, sn.ID, sn.Node); errors.Is(err, errAdopted) {
+	if _, err := s.finishSnapshot(ctx, sn.ID, sn.Node, token); errors.Is(err, errAdopted) {
 		s.logFor("snapshot", sn.ID).Info("delegated snapshot taken by another node meanwhile")
 	} else if err != nil {
 		s.logFor("snapshot", sn.ID).Error("delegated snapshot failed", "err", err)

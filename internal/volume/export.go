@@ -211,12 +211,13 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 	}
 	ro := a.Mode == meta.ModeRO
 	var w *writer
+	var token int64
 	if !ro {
 		// Registered before the lease check, so losing the lease after
 		// the check still revokes this export.
 		w = e.addWriter(v.ID, a.ID)
 		// Served only by the volume's write-lease holder.
-		holder, err := e.s.leases.acquire(ctx, v.ID)
+		holder, tok, err := e.s.leases.acquire(ctx, v.ID)
 		if err != nil {
 			e.dropWriter(v.ID, w)
 			return nil, fmt.Errorf("export %s: %w", a.ID, err)
@@ -226,8 +227,15 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 			return nil, errs.New(errs.KindConflict, CodeServedElsewhere,
 				"attachment %s is served by node %s, which writes volume %s; ask `basalt attachment show` for its nbd_uri", a.ID, holder, v.ID)
 		}
+		token = tok
 	}
-	stack, release, err := e.s.acquire(v)
+	var stack block.Layer
+	var release func()
+	if ro {
+		stack, release, err = e.s.acquire(v)
+	} else {
+		stack, release, err = e.s.acquireWriter(v, token)
+	}
 	if err != nil {
 		if w != nil {
 			e.dropWriter(v.ID, w)

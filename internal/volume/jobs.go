@@ -137,7 +137,7 @@ func (s *Service) runJob(ctx context.Context, id string) bool {
 	kind, node := v.Job.Kind, v.Job.Node
 	start := time.Now()
 	var report any
-	holder, err := s.useLease(ctx, id)
+	holder, token, err := s.useLease(ctx, id)
 	switch {
 	case err != nil:
 	case holder != s.cfg.Node && kind == meta.JobCollapse:
@@ -158,7 +158,7 @@ func (s *Service) runJob(ctx context.Context, id string) bool {
 		stop := s.leases.watchLoss(id, cancel)
 		var l block.Layer
 		var release func()
-		l, release, err = s.acquire(v)
+		l, release, err = s.acquireWriter(v, token)
 		if err == nil {
 			report, err = s.job(jctx, id, l, kind, s.progress(ctx, id, node))
 			release()
@@ -204,20 +204,20 @@ func (s *Service) runJob(ctx context.Context, id string) bool {
 }
 
 // useLease takes volume id's write lease for a workflow that writes its
-// stack here (leases.use), waiting out a metadata cluster that cannot
+// stack here (leases.use: the holder and, held here, the token), waiting out a metadata cluster that cannot
 // answer for now (a job resumed at start, a leader election) or a lease
 // being handed over, up to a minute, rather than failing for good.
-func (s *Service) useLease(ctx context.Context, id string) (string, error) {
+func (s *Service) useLease(ctx context.Context, id string) (string, int64, error) {
 	deadline := time.Now().Add(time.Minute)
 	for {
-		holder, err := s.leases.use(ctx, id)
+		holder, token, err := s.leases.use(ctx, id)
 		e, ok := errs.As(err)
 		if err == nil || !ok || e.Kind != errs.KindUnavailable || time.Now().After(deadline) {
-			return holder, err
+			return holder, token, err
 		}
 		select {
 		case <-ctx.Done():
-			return "", ctx.Err()
+			return "", 0, ctx.Err()
 		case <-time.After(time.Second):
 		}
 	}

@@ -501,7 +501,7 @@ func TestJobHoldsWriteLease(t *testing.T) {
 
 	// b takes c2's lease after a job was recorded for a: a hands it over.
 	c2 := clone()
-	if h, err := b.leases.acquire(ctx, c2); err != nil || h != b.cfg.Node {
+	if h, _, err := b.leases.acquire(ctx, c2); err != nil || h != b.cfg.Node {
 		t.Fatalf("acquire through %s: %q %v", b.cfg.Node, h, err)
 	}
 	e.setJob(c2, flattenFor(a.cfg.Node))

@@ -48,6 +48,7 @@ package volume
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -325,10 +326,10 @@ func (l *leases) forget(vol string, f *stackFence) {
 }
 
 // acquire makes this node vol's writer if no other node is, and returns
-// the holder's name. A lease another node holds but was released through
-// a third is refused with CodeWriteLeaseHandover: its holder may still
-// write.
-func (l *leases) acquire(ctx context.Context, vol string) (string, error) {
+// the holder's name and, held here, the lease's token (see writes). A
+// lease another node holds but was released through a third is refused
+// with CodeWriteLeaseHandover: its holder may still write.
+func (l *leases) acquire(ctx context.Context, vol string) (string, int64, error) {
 	mu := l.changeLock(vol)
 	mu.Lock()
 	defer mu.Unlock()
@@ -336,13 +337,13 @@ func (l *leases) acquire(ctx context.Context, vol string) (string, error) {
 }
 
 // acquireLocked is acquire with vol's changeLock held.
-func (l *leases) acquireLocked(ctx context.Context, vol string) (string, error) {
+func (l *leases) acquireLocked(ctx context.Context, vol string) (string, int64, error) {
 	l.mu.Lock()
 	id := l.id
 	ok := id != 0 && time.Now().Before(l.valid)
 	l.mu.Unlock()
 	if !ok {
-		return "", errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable, "this node holds no valid lease of the metadata cluster (no quorum?); it cannot take volume writes now")
+		return "", 0, errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable, "this node holds no valid lease of the metadata cluster (no quorum?); it cannot take volume writes now")
 	}
 	got, err := l.s.meta.AcquireVolumeLease(ctx, vol, l.s.cfg.Node, id)
 	var prev *meta.PreviousLeaseError
@@ -352,64 +353,99 @@ func (l *leases) acquireLocked(ctx context.Context, vol string) (string, error) 
 		// they expire.
 		l.s.logFor("volume", vol).Info("revoking the write leases of this node's previous run")
 		if err := l.s.meta.RevokeLease(ctx, prev.Lease); err != nil {
-			return "", err
+			return "", 0, err
 		}
 		got, err = l.s.meta.AcquireVolumeLease(ctx, vol, l.s.cfg.Node, id)
 	}
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	if got.Node != l.s.cfg.Node && got.Released {
-		return "", errs.New(errs.KindUnavailable, CodeWriteLeaseHandover,
+		return "", 0, errs.New(errs.KindUnavailable, CodeWriteLeaseHandover,
 			"the write lease of volume %s was released, but its holder, node %s, may still write the volume: the lease passes on as soon as that node hands it over, or within %v if it cannot be reached; retry",
 			vol, got.Node, leaseTTL)
 	}
-	if got.Node == l.s.cfg.Node {
-		l.mu.Lock()
-		_, had := l.held[vol]
-		l.held[vol] = got.Token
-		l.mu.Unlock()
-		if !had {
-			l.s.logFor("volume", vol).Info("write lease acquired", "token", got.Token)
-			l.s.failPassedSnapshots(ctx, vol)
-		}
+	if got.Node != l.s.cfg.Node {
+		return got.Node, 0, nil
 	}
-	return got.Node, nil
+	l.mu.Lock()
+	_, had := l.held[vol]
+	l.held[vol] = got.Token
+	l.mu.Unlock()
+	if !had {
+		l.s.logFor("volume", vol).Info("write lease acquired", "token", got.Token)
+		l.s.failPassedSnapshots(ctx, vol)
+	}
+	return got.Node, got.Token, nil
+}
+
+// writes checks that this node may still write vol as the workflow that
+// took vol's lease with token: the lease is still held here under that
+// token (not lost, nor lost and taken again since) and valid. A workflow
+// that opens the volume's stack after taking the lease checks it once
+// the stack is open (acquireWriter): a stack opened after the lease was
+// lost has a fence that knows no lease to lose.
+func (l *leases) writes(vol string, token int64) error {
+	l.mu.Lock()
+	held, ok := l.held[vol]
+	valid := time.Now().Before(l.valid)
+	l.mu.Unlock()
+	if token == 0 || !ok || held != token || !valid {
+		return fmt.Errorf("volume %s: %w", vol, errLeaseLost)
+	}
+	return nil
+}
+
+// acquireWriter is acquire (of v's live stack) for a workflow that took
+// v's write lease with token and writes the stack: the lease is checked
+// once the stack is open, so that from then on losing it fences the
+// stack.
+func (s *Service) acquireWriter(v *meta.Volume, token int64) (block.Layer, func(), error) {
+	l, release, err := s.acquire(v)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.leases.writes(v.ID, token); err != nil {
+		release()
+		return nil, nil, err
+	}
+	return l, release, nil
 }
 
 // use makes this node vol's writer for a job, as acquire, and returns the
-// holder's name; held here, the lease stays here until the job's unuse,
+// holder's name and the lease's token; held here, the lease stays here until the job's unuse,
 // whatever rw attachments come and go meanwhile. A job must write a volume
 // only as its lease holder: without the lease, another node could take it
 // for an rw attachment and write the volume's files at the same time.
-func (l *leases) use(ctx context.Context, vol string) (string, error) {
+func (l *leases) use(ctx context.Context, vol string) (string, int64, error) {
 	mu := l.changeLock(vol)
 	mu.Lock()
 	defer mu.Unlock()
-	holder, err := l.acquireLocked(ctx, vol)
+	holder, token, err := l.acquireLocked(ctx, vol)
 	if err == nil && holder == l.s.cfg.Node {
 		l.mu.Lock()
 		l.users[vol]++
 		l.mu.Unlock()
 	}
-	return holder, err
+	return holder, token, err
 }
 
 // asWriter takes vol's write lease for a workflow that changes its live
 // stack here and must not be handed on (a delegated or resumed snapshot's
-// freeze, an extend), and returns the function that ends that use; another
+// freeze, an extend), and returns the function that ends that use and the
+// lease's token (acquireWriter); another
 // node writing the volume now is VolumeBusy. Take it before the volume's
 // gate: a holder giving the lease up waits for the gate holding the
 // volume's change lock, which use takes.
-func (s *Service) asWriter(ctx context.Context, vol string) (func(), error) {
-	holder, err := s.useLease(ctx, vol)
+func (s *Service) asWriter(ctx context.Context, vol string) (func(), int64, error) {
+	holder, token, err := s.useLease(ctx, vol)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if holder != s.cfg.Node {
-		return nil, errs.Conflict(errs.CodeVolumeBusy, "volume %s is written by node %s now, which must run this; retry", vol, holder)
+		return nil, 0, errs.Conflict(errs.CodeVolumeBusy, "volume %s is written by node %s now, which must run this; retry", vol, holder)
 	}
-	return func() { s.leases.unuse(context.Background(), vol) }, nil
+	return func() { s.leases.unuse(context.Background(), vol) }, token, nil
 }
 
 // unuse ends a job's use of vol's lease; with no job left on it, the lease
@@ -510,7 +546,7 @@ func (l *leases) handOverOnce(ctx context.Context, vol string) error {
 	if l.inUse(vol) {
 		// A job here still writes the volume: keep the lease (taking it
 		// again clears the mark); the job's unuse gives it up.
-		_, err := l.acquireLocked(ctx, vol)
+		_, _, err := l.acquireLocked(ctx, vol)
 		return err
 	}
 	l.s.logFor("volume", vol).Info("write lease released through another node: the volume has no rw attachment left")
@@ -556,16 +592,20 @@ func (l *leases) takeOver(ctx context.Context, vol string, rev int64) {
 	if !hasRW(ctx, l.s, v) {
 		return
 	}
-	holder, err := l.acquire(ctx, vol)
+	holder, _, err := l.acquire(ctx, vol)
 	if err == nil && holder == l.s.cfg.Node {
 		l.s.logFor("volume", vol).Info("took over the volume's write lease")
 		l.s.adoptJob(ctx, vol)
 	}
 }
 
+// hasRW reports whether volume v has an rw attachment. An attachment that
+// cannot be read counts as one: the lease is kept (or taken) rather than
+// dropped under an rw attachment's connections.
 func hasRW(ctx context.Context, s *Service, v *meta.Volume) bool {
 	for _, id := range v.Attachments {
-		if a, err := s.meta.Attachment(ctx, id); err == nil && a.Mode == meta.ModeRW {
+		a, err := s.meta.Attachment(ctx, id)
+		if err == nil && a.Mode == meta.ModeRW || err != nil && !errs.IsCode(err, errs.CodeNotFound) {
 			return true
 		}
 	}
@@ -582,5 +622,6 @@ func (l *leases) servingNode(ctx context.Context, vol string) (string, error) {
 	if h != nil && !h.Released {
 		return h.Node, nil
 	}
-	return l.acquire(ctx, vol)
+	holder, _, err := l.acquire(ctx, vol)
+	return holder, err
 }

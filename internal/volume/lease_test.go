@@ -2,6 +2,7 @@ package volume
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"testing"
@@ -24,7 +25,7 @@ func TestLeaseDeletionOlderThanKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if holder, err := s.leases.acquire(ctx, v.ID); err != nil || holder != s.cfg.Node {
+	if holder, _, err := s.leases.acquire(ctx, v.ID); err != nil || holder != s.cfg.Node {
 		t.Fatalf("acquire: %q %v", holder, err)
 	}
 	held := func() (int64, bool) {
@@ -118,7 +119,7 @@ func TestLeaseReleasedElsewhere(t *testing.T) {
 	}
 	start = time.Now()
 	for i := 0; ; i++ {
-		_, err := b.leases.acquire(ctx, v.ID)
+		_, _, err := b.leases.acquire(ctx, v.ID)
 		h, herr := e.meta.VolumeLeaseHolder(ctx, v.ID)
 		writes := fence2() == nil
 		if herr != nil {
@@ -158,7 +159,7 @@ func TestReleaseStopsWritingFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h, err := s.leases.acquire(ctx, v.ID); err != nil || h != s.cfg.Node {
+	if h, _, err := s.leases.acquire(ctx, v.ID); err != nil || h != s.cfg.Node {
 		t.Fatalf("acquire: %q %v", h, err)
 	}
 	check, forget := s.leases.fence(v.ID)
@@ -226,7 +227,7 @@ func TestGiveUpWaitsForClosingFlush(t *testing.T) {
 	}
 	vv := e.volume(v.ID)
 	vv.Stack = json.RawMessage(`{"type":"testslowflush","children":[` + string(vv.Stack) + `]}`)
-	if h, err := s.leases.acquire(ctx, v.ID); err != nil || h != s.cfg.Node {
+	if h, _, err := s.leases.acquire(ctx, v.ID); err != nil || h != s.cfg.Node {
 		t.Fatalf("acquire: %q %v", h, err)
 	}
 	l, release, err := s.acquire(vv)
@@ -256,4 +257,51 @@ func TestGiveUpWaitsForClosingFlush(t *testing.T) {
 		t.Fatal("the write acknowledged before the lease was given up is gone")
 	}
 	cleanupAll(t, s, alice)
+}
+
+// TestWriterOpenedAfterLeaseLost: a workflow that took the volume's lease,
+// lost it (its node's etcd lease ended) and only then opens the volume's
+// stack may not write it — another node holds the lease now — even though
+// the stack it opens was never registered while the lease was held.
+func TestWriterOpenedAfterLeaseLost(t *testing.T) {
+	ctx := ctxT(t)
+	e := newEnv(t)
+	a := e.started(Config{Node: uniq("a"), ImageGrace: time.Hour})
+	b := e.started(Config{Node: uniq("b"), ImageGrace: time.Hour})
+	v, err := a.CreateVolume(ctx, caller("alice"), CreateVolume{Name: "v", SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder, token, err := a.leases.use(ctx, v.ID) // a workflow on a takes the lease
+	if err != nil || holder != a.cfg.Node {
+		t.Fatalf("use: %s, %v", holder, err)
+	}
+	defer a.leases.unuse(context.Background(), v.ID)
+	a.leases.mu.Lock()
+	id := a.leases.id
+	a.leases.mu.Unlock()
+	if err := e.meta.RevokeLease(ctx, id); err != nil { // a's etcd lease ends
+		t.Fatal(err)
+	}
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		a.leases.mu.Lock()
+		_, held := a.leases.held[v.ID]
+		a.leases.mu.Unlock()
+		if !held {
+			break
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("a never noticed it lost the lease")
+		}
+	}
+	if h, _, err := b.leases.acquire(ctx, v.ID); err != nil || h != b.cfg.Node {
+		t.Fatalf("b acquire: %s, %v", h, err)
+	}
+	if l, release, err := a.acquireWriter(e.volume(v.ID), token); err == nil {
+		werr := l.WriteAt(make([]byte, 4096), 0, true)
+		release()
+		t.Fatalf("a opened the volume as its writer after losing the lease (its write: %v)", werr)
+	} else if !errors.Is(err, errLeaseLost) {
+		t.Fatalf("a's open: %v, want %v", err, errLeaseLost)
+	}
 }

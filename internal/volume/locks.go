@@ -56,7 +56,9 @@ func (s *Service) locker(ctx context.Context) (*lock.Locker, error) {
 			return s.lockr, nil
 		}
 	}
-	l, err := lock.Open(s.meta.Client(), meta.LocksPrefix, lockTTL, lock.Options{Owner: s.cfg.Node, Log: s.log})
+	gctx, cancel := context.WithTimeout(ctx, lockWait)
+	defer cancel()
+	l, err := lock.Open(gctx, s.meta.Client(), meta.LocksPrefix, lockTTL, lock.Options{Owner: s.cfg.Node, Log: s.log})
 	if err != nil {
 		return nil, errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable, "workflow locks: %v", err)
 	}

@@ -13,7 +13,7 @@ import (
 
 // otherNode takes workflow locks as another node would (its own session).
 func otherNode(t *testing.T, e *env, name string) *lock.Locker {
-	l, err := lock.Open(e.meta.Client(), meta.LocksPrefix, 10, lock.Options{Owner: name})
+	l, err := lock.Open(ctxT(t), e.meta.Client(), meta.LocksPrefix, 10, lock.Options{Owner: name})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -81,7 +81,7 @@ func (e *env) holdingWriter(vol string) (b *Service, gone func()) {
 	b = e.service(Config{Node: uniq("b")})
 	gone = e.alive(b.cfg.Node)
 	b.leases.renew(ctx)
-	if holder, err := b.leases.use(ctx, vol); err != nil || holder != b.cfg.Node {
+	if holder, _, err := b.leases.use(ctx, vol); err != nil || holder != b.cfg.Node {
 		e.t.Fatalf("%s takes the write lease of %s: %q %v", b.cfg.Node, vol, holder, err)
 	}
 	return b, gone

@@ -60,8 +60,9 @@ func (s *Service) Start(ctx context.Context) error {
 			// now, is still exact — unless another node took the volume
 			// for writing meanwhile, and then the snapshot fails.
 			var done func()
-			if done, err = s.asWriter(ctx, sn.VolumeID); err == nil {
-				_, err = s.finishSnapshot(ctx, sn.ID, sn.Node)
+			var token int64
+			if done, token, err = s.asWriter(ctx, sn.VolumeID); err == nil {
+				_, err = s.finishSnapshot(ctx, sn.ID, sn.Node, token)
 				done()
 			} else {
 				s.failSnapshot(ctx, sn.ID, sn.Node, err)

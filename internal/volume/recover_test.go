@@ -111,7 +111,7 @@ func TestRecoverTransitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	c2 := &meta.Volume{ID: newID("vol-"), SizeBytes: 2 << 20, Type: srcSnap.Type, Stack: srcSnap.Stack}
-	if err := s0.createStack(c2, srcSnap.Image); err != nil {
+	if err := s0.createStack(c2, srcSnap.Image, nil); err != nil {
 		t.Fatal(err)
 	}
 	c2Top := e.top(c2.ID)

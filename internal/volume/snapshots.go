@@ -78,7 +78,8 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 	// lease for the freeze (taken if no node holds it, so that no other
 	// node takes the volume for an rw attachment meanwhile), or the node
 	// that holds it.
-	if holder, err := s.useLease(ctx, v.ID); err != nil {
+	holder, leaseToken, err := s.useLease(ctx, v.ID)
+	if err != nil {
 		return nil, err
 	} else if holder != s.cfg.Node {
 		sn.Node, sn.RequestedBy = holder, s.cfg.Node
@@ -146,16 +147,16 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 	if sn.Node != s.cfg.Node {
 		return s.awaitSnapshot(ctx, sn.ID)
 	}
-	return s.finishSnapshot(ctx, sn.ID, sn.Node)
+	return s.finishSnapshot(ctx, sn.ID, sn.Node, leaseToken)
 }
 
 // finishSnapshot freezes the volume's top image for snapshot id, being
 // created by node (this one, or one this node adopted it from: the record
 // must still say so), and marks the snapshot available. The caller holds
-// the volume's write lease and gate. Repeating it after an interruption
+// the volume's write lease (taken with token) and gate. Repeating it after an interruption
 // finds the freeze done (the cow layer knows the snapshot's tag) and
 // finishes the record.
-func (s *Service) finishSnapshot(ctx context.Context, id, node string) (*meta.Snapshot, error) {
+func (s *Service) finishSnapshot(ctx context.Context, id, node string, token int64) (*meta.Snapshot, error) {
 	sn, err := s.meta.Snapshot(ctx, id)
 	if err != nil {
 		return nil, err
@@ -171,7 +172,7 @@ func (s *Service) finishSnapshot(ctx context.Context, id, node string) (*meta.Sn
 		return nil, s.failSnapshot(ctx, id, node, err)
 	}
 	start := time.Now()
-	image, err := s.freeze(v, id)
+	image, err := s.freeze(v, id, token)
 	if err != nil {
 		return nil, s.failSnapshot(ctx, id, node, err)
 	}
@@ -199,9 +200,10 @@ func (s *Service) finishSnapshot(ctx context.Context, id, node string) (*meta.Sn
 	return out, nil
 }
 
-// freeze runs the cow layer's snapshot on v's live stack.
-func (s *Service) freeze(v *meta.Volume, tag string) (string, error) {
-	l, release, err := s.acquire(v)
+// freeze runs the cow layer's snapshot on v's live stack, as the writer
+// that took v's lease with token.
+func (s *Service) freeze(v *meta.Volume, tag string, token int64) (string, error) {
+	l, release, err := s.acquireWriter(v, token)
 	if err != nil {
 		return "", err
 	}

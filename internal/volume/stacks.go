@@ -46,11 +46,18 @@ func parseSpec(raw json.RawMessage) (block.Spec, error) {
 // createStack builds volume v's stack for the first time (on base, the
 // image of the snapshot it is cloned from, if any) and closes it. A
 // directory left by an interrupted earlier attempt is removed first: the
-// volume never became available, so nothing in it was acknowledged.
-func (s *Service) createStack(v *meta.Volume, base string) error {
+// volume never became available, so nothing in it was acknowledged. With
+// fence (an import, run as the volume's writer), nothing is removed or
+// written unless fence allows it.
+func (s *Service) createStack(v *meta.Volume, base string, fence func() error) error {
 	spec, err := parseSpec(v.Stack)
 	if err != nil {
 		return err
+	}
+	if fence != nil {
+		if err := fence(); err != nil {
+			return err
+		}
 	}
 	dir := s.store.VolumeDir(v.ID)
 	if err := os.RemoveAll(dir); err != nil {
@@ -60,7 +67,7 @@ func (s *Service) createStack(v *meta.Volume, base string) error {
 		return err
 	}
 	env := s.env(dir)
-	env.Size, env.Create, env.Base = v.SizeBytes, true, base
+	env.Size, env.Create, env.Base, env.Fence = v.SizeBytes, true, base, fence
 	l, err := block.Build(env, spec)
 	if err != nil {
 		return fmt.Errorf("build stack: %w", err)

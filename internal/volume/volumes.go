@@ -126,7 +126,7 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 			base = src.Image
 		}
 		s.gcMu.RLock()
-		err := s.createStack(v, base)
+		err := s.createStack(v, base, nil)
 		s.gcMu.RUnlock()
 		if err != nil {
 			s.discardStack(v.ID)
@@ -220,7 +220,7 @@ func (s *Service) discardStack(id string) {
 func (s *Service) finishImport(ctx context.Context, v *meta.Volume) (*meta.Volume, error) {
 	id := v.ID
 	start := time.Now()
-	done, err := s.asWriter(ctx, id)
+	done, token, err := s.asWriter(ctx, id)
 	if err != nil {
 		return nil, s.failImport(ctx, v, err)
 	}
@@ -233,20 +233,16 @@ func (s *Service) finishImport(ctx context.Context, v *meta.Volume) (*meta.Volum
 	}
 	if err == nil {
 		// The directory is removed and built again: only while this
-		// node may write the volume.
-		check, forget := s.leases.fence(id)
-		if err = check(); err == nil {
-			s.gcMu.RLock()
-			err = s.createStack(v, "")
-			s.gcMu.RUnlock()
-		}
-		forget()
+		// node may write the volume, as the writer that took the lease.
+		s.gcMu.RLock()
+		err = s.createStack(v, "", func() error { return s.leases.writes(id, token) })
+		s.gcMu.RUnlock()
 	}
 	if err != nil {
 		done()
 		return nil, s.failImport(ctx, v, err)
 	}
-	rep, err := s.importObject(ctx, v)
+	rep, err := s.importObject(ctx, v, token)
 	done()
 	if ctx.Err() != nil {
 		return nil, ctx.Err() // shutdown: Start imports again
@@ -475,7 +471,7 @@ func sameExtend(cur, v *meta.Volume) bool {
 
 // resize grows v's live stack to its target size, as its writer.
 func (s *Service) resize(ctx context.Context, v *meta.Volume) error {
-	done, err := s.asWriter(ctx, v.ID)
+	done, token, err := s.asWriter(ctx, v.ID)
 	if err != nil {
 		return err
 	}
@@ -487,7 +483,7 @@ func (s *Service) resize(ctx context.Context, v *meta.Volume) error {
 	} else if !sameExtend(cur, v) {
 		return errAdopted
 	}
-	l, release, err := s.acquire(v)
+	l, release, err := s.acquireWriter(v, token)
 	if err != nil {
 		return err
 	}
