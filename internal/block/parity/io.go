@@ -189,22 +189,33 @@ func (l *Layer) ensureIntent(s int64) error {
 // preIntent sets the intent bits of a request's stripes with one sync (an
 // optimisation: each stripe still calls ensureIntent under its lock) —
 // except those missing a data chunk, whose bit must follow their journal
-// entry (see needsJournal).
+// entry (see needsJournal). Every stripe whose bit it sets is recorded
+// dirty at once, so that clean clears the bit even if the request never
+// updates the stripe (a stripe before it failed, or this sync did): a bit
+// left set would make a crash in which a leg vanishes mark the stripe,
+// never modified, lost. Cleaning it before the update begins is harmless:
+// the update sets it again (ensureIntent).
 func (l *Layer) preIntent(first, last int64) error {
 	l.mode.RLock()
 	defer l.mode.RUnlock()
 	if l.closed {
 		return block.ErrClosed
 	}
-	changed := false
+	var set []int64
 	for s := first; s <= last; s++ {
-		if m, _ := l.missingFor(s); !l.needsJournal(s, m) {
-			changed = l.bm.Set(l.intentBit(s, l.epoch)) || changed
+		if m, _ := l.missingFor(s); !l.needsJournal(s, m) && l.bm.Set(l.intentBit(s, l.epoch)) {
+			set = append(set, s)
 		}
 	}
-	if !changed {
+	if len(set) == 0 {
 		return nil
 	}
+	l.mu.Lock()
+	now := time.Now()
+	for _, s := range set {
+		l.dirty[s] = dirtyStripe{l.flushGen, now}
+	}
+	l.mu.Unlock()
 	return l.syncBitmap()
 }
 
@@ -473,10 +484,38 @@ func (l *Layer) retry(locked bool, op func() (landed bool, err error)) error {
 	}
 }
 
+// retryUpdate is retry for an update of stripes [from, to) that clears
+// the lost marks of the chunks it overwrites whole (covered(s) lists their
+// legs) once it is durable. When op reports the update landed although a
+// leg failed — its writes (writePhase), or the flush before the marks are
+// cleared — op returned before clearing them and retry acknowledges the
+// update once that leg is marked failed: the marks are cleared then, with
+// the failed leg out (its chunk is reconstructed from the update's), or
+// every later read of the acknowledged data would fail.
+func (l *Layer) retryUpdate(locked bool, from, to int64, covered func(s int64) []int, op func() (bool, error)) error {
+	done := false
+	err := l.retry(locked, func() (bool, error) {
+		landed, err := op()
+		done = err == nil
+		return landed, err
+	})
+	if err != nil || done {
+		return err
+	}
+	return l.retry(true, func() (bool, error) {
+		if l.frozen.Load() {
+			return false, nil // nothing is persisted now; the marks stay (EIO, never wrong data)
+		}
+		return false, l.clearLost(from, to, covered, -1, false)
+	})
+}
+
 // writeStripe applies src to [lo, hi) of stripe s's data, retrying after a
 // leg failure (the stripe is then handled as degraded).
 func (l *Layer) writeStripe(s, lo, hi int64, src []byte, fua bool) error {
-	return l.retry(true, func() (bool, error) { return l.updateStripe(s, lo, hi, src, fua) })
+	ps := l.pieces(lo, hi)
+	return l.retryUpdate(true, s, s+1, func(s int64) []int { return l.covered(s, ps) },
+		func() (bool, error) { return l.updateStripe(s, lo, hi, src, fua) })
 }
 
 func (l *Layer) updateStripe(s, lo, hi int64, src []byte, fua bool) (bool, error) {
@@ -511,35 +550,66 @@ func (l *Layer) updateStripe(s, lo, hi int64, src []byte, fua bool) (bool, error
 	if err != nil {
 		return landed, err
 	}
-	return true, l.unlose(s, ps, m, fua)
+	return true, l.clearLost(s, s+1, func(s int64) []int { return l.covered(s, ps) }, m, fua)
 }
 
-// unlose clears the lost marks of chunks an update overwrote entirely,
-// once the update is durable (a crash before that must still say lost).
-func (l *Layer) unlose(s int64, ps []piece, m int, fua bool) error {
+// covered returns the legs of the data chunks of stripe s that pieces ps
+// overwrite entirely: from column 0 to the chunk's end or to the device's
+// end, whichever comes first. (The tail of the last stripe past the
+// device's end holds no data: no write reaches it, write-zeroes to the end
+// zeroes it with the rest of the stripe, and a Resize exposes it as it
+// is. In a lost chunk it holds what recovery stood in for the chunk,
+// zeroes — as on legs zeroed at creation every tail does — which
+// reconstruction, a rebuild and the journal carry on.) The caller holds
+// mode.
+func (l *Layer) covered(s int64, ps []piece) []int {
+	var legs []int
+	size := l.size.Load()
+	for _, pc := range ps {
+		if pc.a == 0 && (pc.b == l.chunk || s*l.dsz+int64(pc.d)*l.chunk+pc.b >= size) {
+			legs = append(legs, l.dataLeg(s, pc.d))
+		}
+	}
+	return legs
+}
+
+// everyLeg is covered for updates that overwrite whole stripes.
+func (l *Layer) everyLeg(int64) []int {
+	legs := make([]int, l.n)
+	for i := range legs {
+		legs[i] = i
+	}
+	return legs
+}
+
+// clearLost clears the lost marks of the chunks of stripes [from, to)
+// that an update overwrote entirely (covered(s) lists their legs), once
+// the update is durable — a crash before that must still say lost: the
+// legs but except are flushed first, unless the update was written with
+// FUA. The caller holds mode and the stripes (or, after a leg failed
+// under the update, mode only: see retryUpdate).
+func (l *Layer) clearLost(from, to int64, covered func(s int64) []int, except int, fua bool) error {
 	if l.lost.Load() == 0 {
 		return nil
 	}
-	var legs []int
-	for _, pc := range ps {
-		if leg := l.dataLeg(s, pc.d); pc.a == 0 && pc.b == l.chunk && l.bm.Get(l.lostBit(s, leg)) {
-			legs = append(legs, leg)
+	var bits []int64
+	for s := from; s < to; s++ {
+		for _, leg := range covered(s) {
+			if b := l.lostBit(s, leg); l.bm.Get(b) {
+				bits = append(bits, b)
+			}
 		}
 	}
-	return l.unloseLegs(s, legs, m, fua)
-}
-
-func (l *Layer) unloseLegs(s int64, legs []int, m int, fua bool) error {
-	if len(legs) == 0 {
+	if len(bits) == 0 {
 		return nil
 	}
 	if !fua {
-		if err := l.flushLegs(m); err != nil {
+		if err := l.flushLegs(except); err != nil {
 			return err
 		}
 	}
-	for _, leg := range legs {
-		if l.bm.Clear(l.lostBit(s, leg)) {
+	for _, b := range bits {
+		if l.bm.Clear(b) {
 			l.lost.Add(-1)
 		}
 	}
@@ -664,7 +734,7 @@ func (l *Layer) writeRMW(s int64, ps []piece, src []byte, fua, healthy bool) (bo
 // update does not touch that chunk and the stripe's journal entry is
 // current, nothing needs journaling and read-modify-write over the present
 // legs does; otherwise the stripe is read whole, the missing chunk
-// reconstructed (zeroes if it is lost), the update merged, the chunk
+// reconstructed (a lost one too, see below), the update merged, the chunk
 // journaled and the parity encoded from all of it.
 func (l *Layer) writeDegraded(s int64, m int, ps []piece, src []byte, fua bool) (bool, error) {
 	C := l.chunk
@@ -724,11 +794,15 @@ func (l *Layer) writeDegraded(s int64, m int, ps []piece, src []byte, fua bool) 
 		if err := l.run(reads); err != nil {
 			return false, err
 		}
-		if !l.isLost(s, m) {
-			shards[dm] = shards[dm][:0]
-			if err := l.enc.ReconstructData(shards); err != nil {
-				return false, err
-			}
+		// A lost chunk is reconstructed too: the stripe is consistent
+		// (recovery made it so with zeroes for the chunk), so this gives
+		// zeroes and what partial writes put there since — or, when an
+		// update that landed although a leg failed overwrote it whole and
+		// its mark is about to be cleared (retryUpdate), that update's data,
+		// which must not be replaced by zeroes meanwhile.
+		shards[dm] = shards[dm][:0]
+		if err := l.enc.ReconstructData(shards); err != nil {
+			return false, err
 		}
 	}
 	for _, pc := range ps {
@@ -996,7 +1070,7 @@ func (l *Layer) zeroStripes(from, to int64, f block.ZeroFlags) error {
 	for s := from; s < to; {
 		e := min(to, s+zeroBatchStripes)
 		handled := false
-		err := l.retry(false, func() (bool, error) {
+		err := l.retryUpdate(false, s, e, l.everyLeg, func() (bool, error) {
 			h, landed, err := l.zeroBatch(s, e, f)
 			handled = h || landed && asLegError(err) != nil
 			return landed, err
@@ -1005,7 +1079,7 @@ func (l *Layer) zeroStripes(from, to int64, f block.ZeroFlags) error {
 			return err
 		}
 		for t := s; t < e && !handled; t++ {
-			if err := l.retry(true, func() (bool, error) { return l.zeroStripe(t, f) }); err != nil {
+			if err := l.retryUpdate(true, t, t+1, l.everyLeg, func() (bool, error) { return l.zeroStripe(t, f) }); err != nil {
 				return err
 			}
 		}
@@ -1065,18 +1139,7 @@ func (l *Layer) zeroBatch(from, to int64, f block.ZeroFlags) (handled, landed bo
 	if landed, err := l.writePhase(ops, true); err != nil {
 		return true, landed, err
 	}
-	for s := from; s < to && l.lost.Load() > 0; s++ {
-		var legs []int
-		for leg := range l.n {
-			if l.bm.Get(l.lostBit(s, leg)) {
-				legs = append(legs, leg)
-			}
-		}
-		if err := l.unloseLegs(s, legs, -1, f.FUA); err != nil {
-			return true, true, err
-		}
-	}
-	return true, true, nil
+	return true, true, l.clearLost(from, to, l.everyLeg, -1, f.FUA)
 }
 
 // zeroOp zeroes a leg range; a leg that cannot do it fast is made to do
@@ -1120,15 +1183,7 @@ func (l *Layer) zeroStripe(s int64, f block.ZeroFlags) (bool, error) {
 	if err != nil {
 		return landed, err
 	}
-	var legs []int
-	if l.lost.Load() > 0 {
-		for leg := range l.n {
-			if l.bm.Get(l.lostBit(s, leg)) {
-				legs = append(legs, leg)
-			}
-		}
-	}
-	return true, l.unloseLegs(s, legs, m, f.FUA)
+	return true, l.clearLost(s, s+1, l.everyLeg, m, f.FUA)
 }
 
 // Flush implements block.Device: it flushes every leg that is not failed,

@@ -59,7 +59,11 @@
 //     recovered. It is marked lost for that leg (persisted): reads of that
 //     chunk fail with EIO instead of returning reconstructed garbage, and
 //     the stripe is made consistent with zeroes standing in for the chunk.
-//     A write covering the whole chunk makes it readable again.
+//     A write covering the whole chunk (in the last stripe: up to the
+//     device's end) makes it readable again, once the write is durable —
+//     also when another leg failed during the write but the write still
+//     landed (see writePhase): the mark is cleared once that leg is marked
+//     failed.
 //  4. Changing the set of valid legs (a leg fails; a rebuild completes)
 //     happens with no update in flight: healthy legs are flushed, the next
 //     epoch's intent bits are cleared durably, then the superblock is
