@@ -158,12 +158,24 @@ func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
 	return nil
 }
 
-// WriteZeroes implements block.Device.
+// WriteZeroes implements block.Device. With ZeroFlags.Fast it fails with
+// block.ErrNotSupported before zeroing anything unless every child the
+// range covers has FastZero.
 func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
 	if !l.caps.WriteZeroes {
 		return block.ErrNotSupported
 	}
-	for _, pc := range l.split(off, n) {
+	pcs := l.split(off, n)
+	if f.Fast {
+		// Fail at once, before any child has zeroed its part, if one
+		// would refuse a fast zero.
+		for _, pc := range pcs {
+			if !l.children[pc.child].Capabilities().FastZero {
+				return block.ErrNotSupported
+			}
+		}
+	}
+	for _, pc := range pcs {
 		if err := l.children[pc.child].WriteZeroes(pc.off, pc.len, f); err != nil {
 			return err
 		}

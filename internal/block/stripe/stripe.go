@@ -299,10 +299,21 @@ func (l *Layer) WriteAt(b []byte, off int64, fua bool) error {
 	})
 }
 
-// WriteZeroes implements block.Device.
+// WriteZeroes implements block.Device. With ZeroFlags.Fast it fails with
+// block.ErrNotSupported before zeroing anything unless every child the
+// range covers has FastZero (the children run concurrently: one that
+// refused could not stop another that had begun).
 func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
 	if !l.caps.WriteZeroes {
 		return block.ErrNotSupported
+	}
+	if f.Fast {
+		parts, _ := l.split(off, n)
+		for ci, ps := range parts {
+			if len(ps) > 0 && !l.children[ci].Capabilities().FastZero {
+				return block.ErrNotSupported
+			}
+		}
 	}
 	return l.each(off, n, func(c block.Layer, p piece) error { return c.WriteZeroes(p.off, p.len, f) })
 }
