@@ -113,6 +113,11 @@ func (l *Layer) writePhase(ops []legOp, healthy bool) (landed bool, err error) {
 	if first == nil {
 		return other == nil, other
 	}
+	// The legs that failed may hold stale chunks of this stripe once its
+	// lock is released, until markFailed takes them out: see failing.
+	for _, f := range first.legs() {
+		l.failing[f].Store(true)
+	}
 	// Two legs failed in one update: the stripe may be inconsistent, and
 	// markFailed must see both at once (it freezes the layer).
 	return healthy && len(first.also) == 0 && other == nil, first
@@ -475,6 +480,9 @@ func (l *Layer) retry(locked bool, op func() (landed bool, err error)) error {
 		if le == nil || try > l.n {
 			return err
 		}
+		if landed && l.landedHook != nil {
+			l.landedHook()
+		}
 		if ferr := l.markFailed(le); ferr != nil {
 			return ferr
 		}
@@ -523,6 +531,9 @@ func (l *Layer) updateStripe(s, lo, hi int64, src []byte, fua bool) (bool, error
 	defer mu.Unlock()
 	l.beginUpdate(s)
 	defer l.endUpdate(s)
+	if err := l.failingError(); err != nil {
+		return false, err
+	}
 	m, cnt := l.missingFor(s)
 	if cnt > 1 {
 		return false, errTooManyFailed
@@ -1101,6 +1112,9 @@ func (l *Layer) zeroBatch(from, to int64, f block.ZeroFlags) (handled, landed bo
 	if l.closed {
 		return false, false, block.ErrClosed
 	}
+	if err := l.failingError(); err != nil {
+		return false, false, err
+	}
 	for _, st := range l.state {
 		if st != legOK {
 			return false, false, nil
@@ -1161,6 +1175,9 @@ func (l *Layer) zeroStripe(s int64, f block.ZeroFlags) (bool, error) {
 	defer mu.Unlock()
 	l.beginUpdate(s)
 	defer l.endUpdate(s)
+	if err := l.failingError(); err != nil {
+		return false, err
+	}
 	m, cnt := l.missingFor(s)
 	if cnt > 1 {
 		return false, errTooManyFailed
@@ -1216,7 +1233,9 @@ func (l *Layer) Flush() error {
 	}
 	// A frozen layer may hold inconsistent stripes (an update failed on
 	// two legs): their intent bits must stay for the next open.
-	if err == nil && !l.frozen.Load() && l.clean(g, false) > 0 {
+	// Nor may the bits be cleared while a leg that failed a write is not
+	// yet out: its stripe is inconsistent on disk until then.
+	if err == nil && !l.frozen.Load() && l.failingError() == nil && l.clean(g, false) > 0 {
 		err = l.syncBitmap()
 	}
 	l.mode.RUnlock()

@@ -104,7 +104,12 @@
 // A leg that fails an I/O, or whose Describe says failed at a Flush, or
 // that cannot be opened (block.Failed), is marked failed in the superblock
 // before the operation that noticed it returns — an update that reached
-// every other leg is then acknowledged (it is reconstructable). Every
+// every other leg is then acknowledged (it is reconstructable). Between
+// an update whose write to a leg failed releasing its stripe and that leg
+// being marked failed, the leg is "failing" (in memory): its chunk of the
+// stripe is stale, so reads treat it as missing and updates wait for
+// markFailed (they return a leg error for it first), so nothing computes
+// parity from, returns, or acknowledges on top of, that chunk. Every
 // error from a leg is a failure (ENOSPC included): a write that reached
 // only some legs leaves a stripe inconsistent, which is only safe once
 // that leg is out. A second leg out is not persisted: the layer freezes
@@ -241,6 +246,20 @@ type Layer struct {
 	// the second failure nor intent bits cleared) and writes fail, so the
 	// next open with one of them back can still recover.
 	frozen atomic.Bool
+	// failing: legs that failed a write of a stripe update and are not yet
+	// marked failed in state (markFailed, which needs mode exclusively,
+	// runs after the update released its stripe and mode). Their chunk of
+	// that stripe is stale while the rest of it (parity included) is
+	// already updated, so from the moment the update records it here,
+	// under its stripe lock, a failing leg is missing for reads
+	// (missingFor, legValid) and updates refuse to run until markFailed
+	// has taken it out (failingError): an update relying on it being out
+	// must not be acknowledged before that is durable. markFailedLocked
+	// clears the bit once state says failed.
+	failing []atomic.Bool
+	// landedHook, if set (tests), runs in retry when an update landed
+	// although a leg failed, before that leg is marked failed.
+	landedHook func()
 	// suspect: stripes whose interrupted update a read-only or frozen open
 	// could not recover; their missing chunks are not reconstructed.
 	suspect map[int64]bool
@@ -295,7 +314,7 @@ func New(env block.Env, raw json.RawMessage, children []block.Layer) (block.Laye
 	}
 	l := &Layer{
 		env: env, log: env.Log, params: raw, n: n, chunk: p.Chunk, dsz: int64(n-1) * p.Chunk,
-		bps: int64(3 + n), enc: enc, children: children, state: make([]byte, n),
+		bps: int64(3 + n), enc: enc, children: children, state: make([]byte, n), failing: make([]atomic.Bool, n),
 		updating: map[int64]int{}, dirty: map[int64]dirtyStripe{}, cleanDelay: defaultCleanDelay,
 	}
 	if l.log == nil {
@@ -539,7 +558,7 @@ func (l *Layer) dataIndex(s int64, leg int) int { return (leg - l.parityLeg(s) -
 func (l *Layer) missingFor(s int64) (int, int) {
 	m, cnt := -1, 0
 	for i, st := range l.state {
-		if st == legFailed || st == legRebuilding && l.bm.Get(l.rebuildBit(s)) {
+		if st == legFailed || l.failing[i].Load() || st == legRebuilding && l.bm.Get(l.rebuildBit(s)) {
 			m, cnt = i, cnt+1
 		}
 	}
@@ -550,7 +569,32 @@ func (l *Layer) missingFor(s int64) (int, int) {
 // caller holds mode.
 func (l *Layer) legValid(s int64, leg int) bool {
 	st := l.state[leg]
+	if l.failing[leg].Load() {
+		return false
+	}
 	return st == legOK || st == legRebuilding && !l.bm.Get(l.rebuildBit(s))
+}
+
+// failingError returns a leg error for the legs that failed a write and
+// are not yet marked failed (nil if none): an update that finds one
+// returns it before touching anything, so that retry marks them failed
+// (durably) first and runs the update again with them out.
+func (l *Layer) failingError() error {
+	var le *legError
+	for i := range l.failing {
+		if !l.failing[i].Load() {
+			continue
+		}
+		if le == nil {
+			le = &legError{leg: i, err: errors.New("failed a write; not yet marked failed")}
+		} else {
+			le.also = append(le.also, i)
+		}
+	}
+	if le == nil {
+		return nil
+	}
+	return le
 }
 
 func (l *Layer) isLost(s int64, leg int) bool {

@@ -28,6 +28,15 @@ func (l *Layer) markFailedLocked(le *legError) error {
 	if l.closed {
 		return block.ErrClosed
 	}
+	// A leg failing (see Layer.failing) is redundant once state says it
+	// failed, whatever path below says so; until then it stays failing.
+	defer func() {
+		for i, st := range l.state {
+			if st == legFailed {
+				l.failing[i].Store(false)
+			}
+		}
+	}()
 	next := slices.Clone(l.state)
 	for _, f := range le.legs() {
 		if next[f] != legFailed {
@@ -364,6 +373,9 @@ func (l *Layer) rebuildBatch(cursor *int64) (int, error) {
 	}
 	if f < 0 {
 		return 0, errors.New("parity rebuild: no leg is being rebuilt")
+	}
+	if err := l.failingError(); err != nil {
+		return 0, err
 	}
 	var batch []int64
 	for i := l.bm.NextSet(*cursor * l.bps); i >= 0 && len(batch) < l.batchStripes; i = l.bm.NextSet(i + 1) {
