@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/pki"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
@@ -81,7 +82,11 @@ func startEmbedded(c EmbedConfig, log *slog.Logger) (*embed.Etcd, string, error)
 	cfg.InitialClusterToken = "basalt"
 	cfg.ListenMetricsUrls = nil
 	cfg.GRPCAdditionalServerOptions = []grpc.ServerOption{grpc.ChainUnaryInterceptor(answerStatusPanic)}
-	tls := transport.TLSInfo{CertFile: c.CertFile, KeyFile: c.KeyFile, TrustedCAFile: c.CAFile, ClientCertAuth: true}
+	// Clients and peers alike must present a node's certificate: the CA
+	// also signs users' certificates (for the API), and a user must not
+	// reach etcd (pki.MemberName).
+	tls := transport.TLSInfo{CertFile: c.CertFile, KeyFile: c.KeyFile, TrustedCAFile: c.CAFile, ClientCertAuth: true,
+		AllowedHostnames: []string{pki.MemberName}}
 	cfg.ClientTLSInfo = tls
 	cfg.PeerTLSInfo = tls
 	cfg.AutoCompactionMode = embed.CompactorModePeriodic

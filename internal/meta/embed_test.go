@@ -14,6 +14,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/pki"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // memberOpener opens stores that run members of one new cluster, each in
@@ -307,5 +308,49 @@ func TestMemberHTTPEndpoints(t *testing.T) {
 	if resp, err := plain.Get("https://" + httpAddr + "/metrics"); err == nil {
 		resp.Body.Close()
 		t.Errorf("/metrics answered %d to a client without a certificate", resp.StatusCode)
+	}
+}
+
+// TestMemberRefusesUserCertificates: the CA that signs the nodes'
+// certificates also signs users' (for the API); the embedded member admits
+// only a node's (pki.MemberName), or any user could read the CA key and
+// every S3 secret from etcd.
+func TestMemberRefusesUserCertificates(t *testing.T) {
+	base := t.TempDir()
+	ca, err := pki.LoadOrCreateCA(filepath.Join(base, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &memberOpener{t: t, base: base, ca: ca}
+	cfg, clientURL := o.config("m1", freeAddr(t), nil, "")
+	s, err := Open(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	get := func(tc *tls.Config) error {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{clientURL}, DialTimeout: 2 * time.Second, TLS: tc, Logger: zapNop()})
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_, err = cli.Get(ctx, "/basalt/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err
+	}
+	if err := get(cfg.ClientTLS); err != nil {
+		t.Fatalf("the node's own certificate: %v", err)
+	}
+	is, err := ca.IssueClient("alice", "u-1", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, err := tls.X509KeyPair(is.CertPEM, is.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := get(&tls.Config{Certificates: []tls.Certificate{user}, RootCAs: ca.Pool()}); err == nil {
+		t.Fatal("a user's certificate reads the metadata store")
 	}
 }

@@ -202,13 +202,25 @@ func (ca *CA) issue(tmpl *x509.Certificate, notBefore, notAfter time.Time) (*Iss
 	return &Issued{CertPEM: pemBlock("CERTIFICATE", der), KeyPEM: keyPEM, Serial: SerialHex(serial), NotAfter: tmpl.NotAfter}, nil
 }
 
+// MemberName is a DNS name every node certificate carries (besides the
+// node's own names) and no other certificate the CA issues does: the
+// embedded etcd admits a client only if its certificate bears it, so that
+// a user's certificate — signed by the same CA, for the API — does not
+// open the metadata store (the CA key, S3 secrets) to its holder. The
+// .invalid domain is reserved: no host has this name.
+const MemberName = "member.basalt.invalid"
+
 // ServerCertificate loads DIR/server.pem, reissuing it when it is missing,
-// near expiry, signed by another CA or missing one of names (DNS names or IPs).
+// near expiry, signed by another CA or missing one of names (DNS names or
+// IPs) or MemberName.
 func (ca *CA) ServerCertificate(dir string, names []string) (tls.Certificate, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return tls.Certificate{}, fmt.Errorf("create pki dir: %w", err)
 	}
 	certPath, keyPath := filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem")
+	if len(names) > 0 {
+		names = append(slices.Clone(names), MemberName)
+	}
 	if c, err := tls.LoadX509KeyPair(certPath, keyPath); err == nil && ca.serverCertFits(c, names) {
 		return c, nil
 	}

@@ -216,7 +216,7 @@ func TestServerCertificate(t *testing.T) {
 	dns, ips, leaf := sans(t, c1)
 	slices.Sort(dns)
 	slices.Sort(ips)
-	if !slices.Equal(dns, []string{"localhost", "node1.example"}) || !slices.Equal(ips, []string{"127.0.0.1", "::1"}) {
+	if !slices.Equal(dns, []string{"localhost", MemberName, "node1.example"}) || !slices.Equal(ips, []string{"127.0.0.1", "::1"}) {
 		t.Fatalf("SANs: DNS %v IP %v", dns, ips)
 	}
 	if leaf.Subject.CommonName != "node1.example" {
