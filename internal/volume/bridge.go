@@ -192,7 +192,7 @@ func (s *Service) export(ctx context.Context, sn *meta.Snapshot) (*ExportReport,
 		return nil, fmt.Errorf("open snapshot %s: %w", sn.ID, err)
 	}
 	defer l.Close()
-	writer, err := s.account(ctx, sn.Owner)
+	writer, err := s.account(ctx, sn.Owner, sn.OwnerID)
 	if err != nil {
 		return nil, err
 	}
@@ -214,11 +214,12 @@ func (s *Service) export(ctx context.Context, sn *meta.Snapshot) (*ExportReport,
 	return rep, nil
 }
 
-// account is user name's S3 account, for the uid its objects are given;
-// a user deleted since has none (the file stays the server's).
-func (s *Service) account(ctx context.Context, name string) (auth.Account, error) {
+// account is the S3 account of user name, whose record id is id, for the
+// uid its objects are given; a user deleted since has none (the file stays
+// the server's), nor has another user created under the same name since.
+func (s *Service) account(ctx context.Context, name, id string) (auth.Account, error) {
 	u, err := s.meta.User(ctx, name)
-	if errs.IsCode(err, errs.CodeNotFound) {
+	if errs.IsCode(err, errs.CodeNotFound) || err == nil && u.ID != id {
 		return auth.Account{}, nil
 	}
 	if err != nil {
