@@ -156,6 +156,13 @@ func New(cfg Config) (*Backend, error) {
 	}
 	b.cleanTemp()
 	b.cleanRemovedUploads()
+	// A bucket that cannot be migrated (a directory written by a user
+	// with direct access that the gateway cannot read, say) must not stop
+	// S3 for everyone: its old-layout versions stay where they are,
+	// unlisted, until a later start migrates them.
+	if err := b.migrateLayout(); err != nil {
+		log.Error("some versions keep the old layout: they are not listed or served until a restart migrates them", "err", err)
+	}
 	return b, nil
 }
 

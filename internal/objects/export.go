@@ -547,7 +547,8 @@ func (b *Backend) Verify(ctx context.Context, bucket string, opts VerifyOptions)
 		if cerr := ctx.Err(); cerr != nil {
 			return cerr
 		}
-		if p != "." && strings.HasPrefix(d.Name(), reservedPrefix) && !(p == versionsDir && d.IsDir()) {
+		ours := p == versionsDir && d.IsDir() || strings.HasPrefix(p, versionsDir+"/") && !d.IsDir()
+		if p != "." && strings.HasPrefix(d.Name(), reservedPrefix) && !ours {
 			if d.IsDir() {
 				return fs.SkipDir
 			}
@@ -564,12 +565,12 @@ func (b *Backend) Verify(ctx context.Context, bucket string, opts VerifyOptions)
 			return nil
 		}
 		key, vid := p, ""
-		if rest, ok := strings.CutPrefix(p, versionsDir+"/"); ok {
-			k, name := path.Split(rest)
-			key, vid = strings.TrimSuffix(k, "/"), name
-			if strings.HasSuffix(name, markerSuffix) || !validVersionID(name) || checkKey(key) != nil {
+		if strings.HasPrefix(p, versionsDir+"/") {
+			k, id, marker, ok := parseVersionPath(p)
+			if !ok || marker {
 				return nil // a delete marker (no record), or no file of basalt's
 			}
+			key, vid = k, id
 		} else if kerr := checkKey(p); kerr != nil {
 			rep.Unexported++
 			if opts.All {
@@ -753,14 +754,9 @@ func (s *sidecarMeta) orphans(r *os.Root, bucket string) ([]orphan, error) {
 			return nil // not a record of this bucket
 		}
 		o := orphan{key: m.Key}
-		if rest, ok := strings.CutPrefix(m.Key, versionsDir+"/"); ok {
-			k, id := path.Split(rest)
-			o = orphan{key: strings.TrimSuffix(k, "/"), vid: id}
-			if !validVersionID(id) {
-				return nil
-			}
-		}
-		if checkKey(o.key) != nil {
+		if k, id, marker, ok := parseVersionPath(m.Key); ok && !marker {
+			o = orphan{key: k, vid: id}
+		} else if checkKey(o.key) != nil {
 			return nil
 		}
 		if fi, err := r.Lstat(m.Key); err == nil && fi.Mode().IsRegular() {

@@ -253,7 +253,12 @@ func (s *sidecarMeta) attach(*os.File, *objectMeta) error { return nil }
 // process exclude each other as well as other gateways.
 func (s *sidecarMeta) lock(bucket, key string, how int) (func(), error) {
 	h := sha256.Sum256([]byte(bucket + "/" + key))
-	name := filepath.Join(s.locks, hex.EncodeToString(h[:1]))
+	return lockFile(filepath.Join(s.locks, hex.EncodeToString(h[:1])), how)
+}
+
+// lockFile takes a flock (how: unix.LOCK_EX or LOCK_SH) on the file name,
+// created if need be, and returns its release.
+func lockFile(name string, how int) (func(), error) {
 	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open lock: %w", err)

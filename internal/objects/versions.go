@@ -3,10 +3,14 @@ package objects
 // Bucket versioning (docs/objects.md, "Versioning"). The current version
 // of bucket/key is the file <bucket>/<key>, as without versioning; its
 // record carries its version id ("" = the null version). Non-current
-// versions are ordinary files <bucket>/.basalt-versions/<key>/<id>, each
-// with its own record (the xattr travels with the inode; in sidecar mode
-// the record is kept under the pseudo-key ".basalt-versions/<key>/<id>").
-// Delete markers are empty files .basalt-versions/<key>/<id>.delete-marker.
+// versions are ordinary files <bucket>/.basalt-versions/<key>/.basalt-version.<id>,
+// each with its own record (the xattr travels with the inode; in sidecar
+// mode the record is kept under the file's path as a pseudo-key). Delete
+// markers are empty files .basalt-versions/<key>/.basalt-version.<id>.delete-marker.
+// In a key's version directory, then, the names starting with ".basalt"
+// are its versions and every other name is the directory of a longer
+// key's versions: key components never start with ".basalt" (checkKey),
+// so key "a"'s null version and key "a/null"'s versions never meet.
 // Writes and deletes of one key in a versioned bucket are serialised by
 // a flock on Work/locks/v<shard> (across gateways too).
 
@@ -39,10 +43,13 @@ import (
 const (
 	// versionsDir holds the non-current versions, below the bucket directory.
 	versionsDir = ".basalt-versions"
+	// versionPrefix starts the name of every version file and delete
+	// marker in a key's version directory.
+	versionPrefix = ".basalt-version."
 	// markerSuffix ends the name of a delete marker's file.
 	markerSuffix = ".delete-marker"
 	// nullVersion is the id S3 shows for the null version (and the name
-	// of its file).
+	// of its file, after versionPrefix).
 	nullVersion = "null"
 	// versionIDLen: 16 hex digits of UnixNano, 8 random hex digits.
 	versionIDLen = 24
@@ -119,7 +126,40 @@ func showVersion(v string) string {
 
 // versionFile is the path (inside the bucket) of version vid of key.
 func versionFile(key, vid string) string {
-	return versionsDir + "/" + key + "/" + showVersion(vid)
+	return versionsDir + "/" + key + "/" + versionPrefix + showVersion(vid)
+}
+
+// parseVersionName parses the name of a file in a key's version
+// directory: the version id as S3 shows it and whether the file is a
+// delete marker; ok is false for a name versionFile and markerFile never
+// give.
+func parseVersionName(name string) (vid string, marker, ok bool) {
+	vid, ok = strings.CutPrefix(name, versionPrefix)
+	if !ok {
+		return "", false, false
+	}
+	vid, marker = strings.CutSuffix(vid, markerSuffix)
+	if !validVersionID(vid) {
+		return "", false, false
+	}
+	return vid, marker, true
+}
+
+// parseVersionPath splits p, a path inside a bucket, into the key and the
+// version id (as S3 shows it) of the version file or delete marker it
+// names; ok is false if it names none.
+func parseVersionPath(p string) (key, vid string, marker, ok bool) {
+	rest, ok := strings.CutPrefix(p, versionsDir+"/")
+	if !ok {
+		return "", "", false, false
+	}
+	dir, name := path.Split(rest)
+	key = strings.TrimSuffix(dir, "/")
+	vid, marker, ok = parseVersionName(name)
+	if !ok || checkKey(key) != nil {
+		return "", "", false, false
+	}
+	return key, vid, marker, true
 }
 
 // markerFile is the path of delete marker vid of key.
@@ -145,23 +185,7 @@ func writeVersion(status string) string {
 // versionLock serialises the versioned writes and deletes of bucket/key.
 func (b *Backend) versionLock(bucket, key string) (func(), error) {
 	h := sha256.Sum256([]byte(bucket + "/" + key))
-	name := filepath.Join(b.work, "locks", "v"+hex.EncodeToString(h[:1]))
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("open lock: %w", err)
-	}
-	var lerr error
-	if err := rawFd(f, func(fd int) {
-		for {
-			if lerr = unix.Flock(fd, unix.LOCK_EX); lerr != unix.EINTR {
-				return
-			}
-		}
-	}); err != nil || lerr != nil {
-		f.Close()
-		return nil, fmt.Errorf("lock %s: %w", name, errors.Join(err, lerr))
-	}
-	return func() { f.Close() }, nil
+	return lockFile(filepath.Join(b.work, "locks", "v"+hex.EncodeToString(h[:1])), unix.LOCK_EX)
 }
 
 // publishWrite publishes tmp (record m attached) as bucket/key like
@@ -517,15 +541,11 @@ func (b *Backend) versionsOf(r *os.Root, key string) ([]versionEntry, error) {
 		if !e.Type().IsRegular() {
 			continue
 		}
-		name := e.Name()
-		v := versionEntry{}
-		if strings.HasSuffix(name, markerSuffix) {
-			v.marker = true
-			name = strings.TrimSuffix(name, markerSuffix)
-		}
-		if !validVersionID(name) {
+		name, marker, ok := parseVersionName(e.Name())
+		if !ok {
 			continue
 		}
+		v := versionEntry{marker: marker}
 		if name != nullVersion {
 			v.id = name
 		}
@@ -844,12 +864,7 @@ func (b *Backend) versionedKeys(ctx context.Context, r *os.Root, prefix string) 
 		if !d.Type().IsRegular() {
 			return
 		}
-		key, name := path.Split(p)
-		key = strings.TrimSuffix(key, "/")
-		if !validVersionID(strings.TrimSuffix(name, markerSuffix)) || key == "" {
-			return
-		}
-		if strings.HasPrefix(key, prefix) && checkKey(key) == nil {
+		if key, _, _, ok := parseVersionPath(versionsDir + "/" + p); ok && strings.HasPrefix(key, prefix) {
 			set[key] = true
 		}
 	})

@@ -28,6 +28,8 @@ func TestVersioning(t *testing.T) {
 		t.Run("Concurrent", e.testVersionsConcurrent)
 		t.Run("MarkerGone", e.testVersionsMarkerGone)
 		t.Run("FailAfterChange", e.testVersionsFailAfterChange)
+		t.Run("KeyBelowVersions", e.testVersionsKeyBelow)
+		t.Run("OldLayout", e.testVersionsOldLayout)
 		noTempLeft(t, e)
 	})
 }
@@ -149,7 +151,7 @@ func (e *env) testVersionsEnabled(t *testing.T) {
 		t.Fatalf("head v1: %+v %v", h, err)
 	}
 	// The old version is an ordinary file with the old bytes.
-	vfile := filepath.Join(e.root, bk, ".basalt-versions", "dir/k", v1)
+	vfile := filepath.Join(e.root, bk, ".basalt-versions", "dir/k", ".basalt-version."+v1)
 	if b, err := os.ReadFile(vfile); err != nil || string(b) != "one" {
 		t.Fatalf("version file: %q %v", b, err)
 	}
@@ -171,7 +173,7 @@ func (e *env) testVersionsEnabled(t *testing.T) {
 		t.Fatalf("delete: %+v", d)
 	}
 	m := *d.VersionId
-	if _, err := os.Stat(filepath.Join(e.root, bk, ".basalt-versions", "dir/k", m+".delete-marker")); err != nil {
+	if _, err := os.Stat(filepath.Join(e.root, bk, ".basalt-versions", "dir/k", ".basalt-version."+m+".delete-marker")); err != nil {
 		t.Fatal(err)
 	}
 	_, err = c.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bk), Key: aws.String("dir/k")})
@@ -429,7 +431,7 @@ func (e *env) testVersionsChanged(t *testing.T) {
 	setVersioning(t, c, bk, types.BucketVersioningStatusEnabled)
 	v1 := aws.ToString(put(t, c, bk, "k", "original").VersionId)
 	put(t, c, bk, "k", "second")
-	vfile := filepath.Join(e.root, bk, ".basalt-versions", "k", v1)
+	vfile := filepath.Join(e.root, bk, ".basalt-versions", "k", ".basalt-version."+v1)
 	f, err := os.OpenFile(vfile, os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -776,5 +778,125 @@ func (e *env) testVersionsFailAfterChange(t *testing.T) {
 	}
 	if got := get(t, c, bk, "p"); got != "current" {
 		t.Fatalf("p after a refused DELETE: %q", got)
+	}
+}
+
+// testVersionsKeyBelow: key "a" keeps versions (its null version among
+// them) while keys below it, named like those versions, keep their own.
+func (e *env) testVersionsKeyBelow(t *testing.T) {
+	c, bk := e.alice, "ver-below"
+	mkBucket(t, c, bk)
+	put(t, c, bk, "a", "a-null")
+	setVersioning(t, c, bk, types.BucketVersioningStatusEnabled)
+	va := aws.ToString(put(t, c, bk, "a", "a-1").VersionId)
+	ma := aws.ToString(delVersion(t, c, bk, "a", "").VersionId)
+	// "a" is no current object now, so keys below it can be written;
+	// each is written twice, so its first version is kept too.
+	below := map[string][]string{}
+	for _, k := range []string{"a/null", "a/" + va, "a/" + ma + ".delete-marker"} {
+		for i := 0; i < 2; i++ {
+			vid := aws.ToString(put(t, c, bk, k, fmt.Sprintf("%s-%d", k, i)).VersionId)
+			below[k] = append(below[k], vid)
+		}
+	}
+	if got, err := getVersion(t, c, bk, "a", "null"); err != nil || got != "a-null" {
+		t.Fatalf("a@null: %q %v", got, err)
+	}
+	if got, err := getVersion(t, c, bk, "a", va); err != nil || got != "a-1" {
+		t.Fatalf("a@%s: %q %v", va, got, err)
+	}
+	want := []string{"a@" + ma + "!*", "a@" + va, "a@null"}
+	for k, vids := range below {
+		if got, err := getVersion(t, c, bk, k, vids[0]); err != nil || got != k+"-0" {
+			t.Fatalf("%s@%s: %q %v", k, vids[0], got, err)
+		}
+		want = append(want, k+"@"+vids[1]+"*", k+"@"+vids[0])
+	}
+	if got := versions(t, c, bk, "", 1000); !sameSet(got, want) {
+		t.Fatalf("versions %v, want %v", got, want)
+	}
+}
+
+// testVersionsOldLayout: versions kept under the names of the first
+// layout (.basalt-versions/<key>/<id>) are renamed when a gateway starts
+// and then listed, served and deleted as before, records and all.
+func (e *env) testVersionsOldLayout(t *testing.T) {
+	c, bk := e.alice, "ver-old"
+	mkBucket(t, c, bk)
+	put(t, c, bk, "d/k", "null-0")
+	setVersioning(t, c, bk, types.BucketVersioningStatusEnabled)
+	v1 := aws.ToString(put(t, c, bk, "d/k", "one").VersionId)
+	put(t, c, bk, "d/k", "two")
+	m := aws.ToString(delVersion(t, c, bk, "d/k", "").VersionId)
+	before := versions(t, c, bk, "", 1000)
+	if len(before) != 4 {
+		t.Fatalf("versions %v", before)
+	}
+	// Back to the first layout: each file under its old name, a sidecar
+	// record under its old pseudo-key.
+	dir := filepath.Join(e.root, bk, ".basalt-versions", "d", "k")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ent := range ents {
+		name, ok := strings.CutPrefix(ent.Name(), versionPrefix)
+		if !ok {
+			t.Fatalf("unexpected file %s", ent.Name())
+		}
+		if err := os.Rename(filepath.Join(dir, ent.Name()), filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+		if sc, ok := e.be.meta.(*sidecarMeta); ok && !strings.HasSuffix(name, markerSuffix) {
+			newKey, oldKey := ".basalt-versions/d/k/"+ent.Name(), ".basalt-versions/d/k/"+name
+			rec, err := sc.read(nil, bk, newKey)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := sc.commit(bk, oldKey, rec, func() error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(sc.path(bk, newKey)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := os.Remove(filepath.Join(e.work, layoutDone)); err != nil {
+		t.Fatal(err)
+	}
+	if got := versions(t, c, bk, "", 1000); len(got) != 0 {
+		t.Fatalf("old-layout names listed before the migration: %v", got)
+	}
+	// A gateway starting over the same store migrates them.
+	b, err := New(Config{Root: e.root, Work: e.work, Buckets: e.buckets, Sidecar: e.be.MetadataKind() == "sidecar"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Shutdown()
+	if _, err := os.Stat(filepath.Join(e.work, layoutDone)); err != nil {
+		t.Fatalf("migration not recorded: %v", err)
+	}
+	if got := versions(t, c, bk, "", 1000); !slices.Equal(got, before) {
+		t.Fatalf("versions after the migration %v, want %v", got, before)
+	}
+	if got, err := getVersion(t, c, bk, "d/k", v1); err != nil || got != "one" {
+		t.Fatalf("v1: %q %v", got, err)
+	}
+	if got, err := getVersion(t, c, bk, "d/k", "null"); err != nil || got != "null-0" {
+		t.Fatalf("null: %q %v", got, err)
+	}
+	rep, err := e.be.Verify(ctx, bk, VerifyOptions{Content: true, All: true})
+	if err != nil || len(rep.Problems) != 0 {
+		t.Fatalf("verify after the migration: %+v %v", rep, err)
+	}
+	// Deleting the marker brings "two" back.
+	delVersion(t, c, bk, "d/k", m)
+	if got := get(t, c, bk, "d/k"); got != "two" {
+		t.Fatalf("current %q", got)
+	}
+	if sc, ok := e.be.meta.(*sidecarMeta); ok {
+		if _, err := os.Stat(sc.path(bk, ".basalt-versions/d/k/"+v1)); !os.IsNotExist(err) {
+			t.Fatalf("old-layout record left: %v", err)
+		}
 	}
 }
