@@ -3,6 +3,7 @@ package objects
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	"github.com/versity/versitygw/s3api/utils"
 	"github.com/versity/versitygw/s3err"
 	"github.com/versity/versitygw/s3response"
+	"golang.org/x/sys/unix"
 )
 
 // Multipart uploads live in Work/uploads/<bucket>/<uploadId>/:
@@ -136,6 +138,17 @@ func (b *Backend) removeUpload(dir string) error {
 		}
 		time.Sleep(time.Duration(pass) * time.Millisecond)
 	}
+}
+
+// uploadLock serialises the ends of upload id: an Abort, and a Complete
+// from its check that the upload is still there through its publication
+// and removal. Without it an Abort landing while a Complete publishes
+// would also succeed, and both clients would be told their ending won.
+// It is a flock on Work/locks/u<shard>, so gateways sharing the store
+// take turns too, and a crashed gateway's hold ends with its process.
+func (b *Backend) uploadLock(id string) (func(), error) {
+	h := sha256.Sum256([]byte(id))
+	return lockFile(filepath.Join(b.work, "locks", "u"+hex.EncodeToString(h[:1])), unix.LOCK_EX)
 }
 
 // upload reads upload id of bucket/key; NoSuchUpload if there is none
@@ -327,6 +340,11 @@ func (b *Backend) AbortMultipartUpload(ctx context.Context, in *s3.AbortMultipar
 	if t := in.IfMatchInitiatedTime; t != nil && t.Unix() != info.Initiated.Unix() {
 		return s3err.GetPreconditionFailedErr(s3err.ConditionIfMatchInitiatedTime)
 	}
+	unlock, err := b.uploadLock(id)
+	if err != nil {
+		return fmt.Errorf("abort upload %s: %w", id, err)
+	}
+	defer unlock()
 	err = b.removeUpload(dir)
 	if errors.Is(err, errUploadGone) {
 		return s3err.GetNoSuchUploadErr(id) // aborted or completed meanwhile
@@ -552,6 +570,16 @@ func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMu
 	}
 	if err := b.finish(rc, &m); err != nil {
 		return none, "", err
+	}
+	unlock, err := b.uploadLock(id)
+	if err != nil {
+		return none, "", fmt.Errorf("complete upload %s: %w", id, err)
+	}
+	defer unlock()
+	if _, err := os.Stat(filepath.Join(dir, "info.json")); errors.Is(err, fs.ErrNotExist) {
+		return none, "", s3err.GetNoSuchUploadErr(id) // aborted or completed meanwhile
+	} else if err != nil {
+		return none, "", fmt.Errorf("complete upload %s: %w", id, err)
 	}
 	if err := b.publishWrite(r, bucket, key, tmp, &m, status); err != nil {
 		return none, "", err

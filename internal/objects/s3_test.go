@@ -986,6 +986,52 @@ func TestAbortRacesUploadPart(t *testing.T) {
 	noTempLeft(t, e)
 }
 
+// TestCompleteRacesAbort: an Abort that arrives while a Complete publishes
+// the object must not succeed as well; one of the two ends the upload and
+// the other answers NoSuchUpload.
+func TestCompleteRacesAbort(t *testing.T) {
+	e := newEnv(t, false)
+	mkBucket(t, e.alice, "mpc")
+	up, err := e.alice.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String("mpc"), Key: aws.String("k")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	part, err := e.alice.UploadPart(ctx, &s3.UploadPartInput{Bucket: aws.String("mpc"), Key: aws.String("k"),
+		UploadId: up.UploadId, PartNumber: aws.Int32(1), Body: strings.NewReader("the only part")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	abort := make(chan error, 1)
+	var once sync.Once
+	traceWrites(t, func(op, name string) {
+		if op == "rename" && name == "k" {
+			once.Do(func() {
+				go func() {
+					_, err := e.alice.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{Bucket: aws.String("mpc"),
+						Key: aws.String("k"), UploadId: up.UploadId})
+					abort <- err
+				}()
+				// Give the Abort time to land inside the Complete.
+				time.Sleep(300 * time.Millisecond)
+			})
+		}
+	})
+	_, err = e.alice.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{Bucket: aws.String("mpc"),
+		Key: aws.String("k"), UploadId: up.UploadId, MultipartUpload: &types.CompletedMultipartUpload{
+			Parts: []types.CompletedPart{{PartNumber: aws.Int32(1), ETag: part.ETag}}}})
+	if err != nil {
+		t.Fatalf("complete: %v", err)
+	}
+	aerr := <-abort
+	if aerr == nil {
+		t.Fatal("Abort and Complete of one upload both succeeded")
+	}
+	wantCode(t, aerr, "NoSuchUpload")
+	if got := get(t, e.alice, "mpc", "k"); got != "the only part" {
+		t.Fatalf("object %q", got)
+	}
+}
+
 // TestPutRacesPrune: a DELETE of the last object of a directory removes
 // the directory (pruneDirs) while a PUT into it may be between creating
 // it and renaming its object in. The PUT must then create it again, not
