@@ -327,6 +327,11 @@ func (l *Layer) finish(ts []target, errs []error, what string) error {
 			diverged = append(diverged, t)
 		}
 	}
+	// A leg another operation failed may have been skipped here while
+	// that operation still records the failure (or failed to): the
+	// failure must be durable before this is acknowledged (invariant 3),
+	// or a restart could resync from the leg that missed it.
+	failed = failed || l.persisted != l.stateVer
 	l.mu.Unlock()
 	if !took {
 		// A rebuilding leg that took it now holds data no ok leg has,

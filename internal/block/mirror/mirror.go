@@ -39,14 +39,19 @@
 //     holds the mirror's data for that region. A write sets the stale bit
 //     of every failed leg it skips; a leg that fails inherits every intent
 //     bit as stale; opening inherits intent bits into non-ok legs' stale
-//     maps. Before intent bits are cleared, the stale maps of non-ok legs are
-//     synced, so invariant 1 or a durable stale bit always covers a region a
-//     non-ok leg may have missed.
+//     maps, and marks a leg found shorter than the mirror stale from its
+//     end on (durably, before recording it failed). Before intent bits are
+//     cleared, the stale maps of non-ok legs are synced, so invariant 1 or
+//     a durable stale bit always covers a region a non-ok leg may have
+//     missed.
 //  3. Leg states: a leg's failure is durable in the superblock before any
-//     write it missed is acknowledged, so a restart never picks a stale leg
-//     as a resync source. A failed leg stays failed across restarts until
-//     Repair. The last ok leg is never failed (its errors go to the caller),
-//     so there is always a leg to read and resync from.
+//     write it missed is acknowledged (also one that skipped it while
+//     another operation was still recording the failure: operations end
+//     by persisting any leg state not yet durable), so a restart never
+//     picks a stale leg as a resync source. A failed leg stays failed
+//     across restarts until Repair. The last ok leg is never failed (its
+//     errors go to the caller), so there is always a leg to read and
+//     resync from.
 //  4. Rebuild: Repair reopens a failed leg from its spec (or, when its
 //     backing is gone, first marks every region stale durably, then creates
 //     a replacement), marks it rebuilding (durable), and copies its stale
@@ -350,6 +355,16 @@ func (l *Layer) open(children []block.Layer) error {
 			}
 		case lg.state != legFailed && lg.dev.Size() < st.Size:
 			l.log.Warn("mirror leg is smaller than the mirror; marking it failed", "leg", i, "leg_size", lg.dev.Size(), "size", st.Size)
+			// It lacks whatever lay beyond its end, and Repair grows it
+			// and copies only stale regions: make them stale, durably
+			// before the failure is recorded (a failed leg's size is not
+			// checked again).
+			lg.stale.SetRange(lg.dev.Size()>>l.shift, l.nreg)
+			if !l.readOnly {
+				if err := lg.stale.Sync(); err != nil {
+					return fmt.Errorf("mirror leg %d stale map: %w", i, err)
+				}
+			}
 			lg.state, changed = legFailed, true
 		case lg.state == legOK && lg.stale.NextSet(0) >= 0:
 			// Only a leg whose failure was being recorded when the machine
