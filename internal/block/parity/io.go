@@ -296,7 +296,10 @@ func (l *Layer) acquirePair(s int64) (*pairUse, error) {
 }
 
 // internalFlush flushes the legs and cleans every stripe updated before
-// it. The caller holds mode.
+// it. As in Flush, no intent bit is cleared while a leg that failed a
+// write is not yet out (its stripe is inconsistent on disk until then)
+// or the layer is frozen: it answers the failing leg's error, which sends
+// the caller through markFailed, or errFrozen. The caller holds mode.
 func (l *Layer) internalFlush() error {
 	l.mu.Lock()
 	g := l.flushGen
@@ -304,6 +307,12 @@ func (l *Layer) internalFlush() error {
 	l.mu.Unlock()
 	if err := l.flushLegs(-1); err != nil {
 		return err
+	}
+	if err := l.failingError(); err != nil {
+		return err
+	}
+	if l.frozen.Load() {
+		return errFrozen
 	}
 	l.clean(g, true)
 	return l.syncBitmap()

@@ -220,6 +220,53 @@ func TestLostChunkInPartialLastStripeHealed(t *testing.T) {
 	}
 }
 
+// A data chunk wholly past the device's end holds no data: when its leg
+// vanishes in a crash that interrupted an update of that last stripe,
+// recovery stands zeroes in for it (what every such tail holds) and marks
+// nothing lost. A lost mark there could never be cleared — no write
+// reaches the chunk — and would keep the layer degraded after every
+// repair.
+func TestChunkPastEndNotLost(t *testing.T) {
+	t.Parallel()
+	const n, chunk = 3, 4096
+	const dsz = (n - 1) * chunk
+	spec := specFor(n, chunk)
+	fs := blocktest.NewFaultFS()
+	fs.Keep = blocktest.KeepAll
+	const end = 8 * dsz
+	env := block.Env{Dir: t.TempDir(), Size: end + 100, Create: true, MetaFS: fs.Open}
+	l := build(t, env, spec)
+	l.cleanDelay = time.Hour
+	p := bytes.Repeat([]byte{7}, 100)
+	if err := l.WriteAt(p, end, true); err != nil {
+		t.Fatal(err)
+	}
+	leg := l.dataLeg(8, 1) // stripe 8's second data chunk: all past the end
+	fs.Crash()
+	l.Close()
+	loseLeg(t, env, leg)
+	fs = fs.Restart()
+	env.Create, env.MetaFS = false, fs.Open
+	l = build(t, env, spec)
+	defer l.Close()
+	if got := l.lost.Load(); got != 0 {
+		t.Fatalf("%d chunks marked lost; the one past the end holds no data", got)
+	}
+	got := make([]byte, 100)
+	if err := l.ReadAt(got, end); err != nil || !bytes.Equal(got, p) {
+		t.Fatalf("last bytes: %v", err)
+	}
+	if err := l.Repair(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if st := l.Describe().State; st != block.StateOK {
+		t.Fatalf("state %s after repair", st)
+	}
+	if err := l.ReadAt(got, end); err != nil || !bytes.Equal(got, p) {
+		t.Fatalf("last bytes after repair: %v", err)
+	}
+}
+
 // flakyMeta fails every metadata write while failing is set; the first
 // Sync after armed is set sets it.
 type flakyMeta struct {

@@ -553,6 +553,13 @@ func (l *Layer) parityLeg(s int64) int          { return l.n - 1 - int(s%int64(l
 func (l *Layer) dataLeg(s int64, d int) int     { return (l.parityLeg(s) + 1 + d) % l.n }
 func (l *Layer) dataIndex(s int64, leg int) int { return (leg - l.parityLeg(s) - 1 + l.n) % l.n } // n-1: parity
 
+// holdsData reports whether leg's chunk of stripe s is a data chunk that
+// begins before the device's end.
+func (l *Layer) holdsData(s int64, leg int) bool {
+	d := l.dataIndex(s, leg)
+	return d < l.n-1 && s*l.dsz+int64(d)*l.chunk < l.size.Load()
+}
+
 // missingFor returns the leg holding no valid chunk of stripe s (-1 for
 // none) and how many such legs there are. The caller holds mode.
 func (l *Layer) missingFor(s int64) (int, int) {
@@ -652,10 +659,12 @@ func (l *Layer) recover(persisted []byte, gone []bool, write bool) error {
 				if !found {
 					continue
 				}
-			} else if !l.bm.Get(l.lostBit(s, m)) {
+			} else if l.holdsData(s, m) && !l.bm.Get(l.lostBit(s, m)) {
 				// The leg vanished in the crash that interrupted the
 				// update: its chunk can only come from the parity, which
-				// may not match.
+				// may not match. (A chunk wholly past the device's end
+				// holds zeroes — no write reaches it — and resync stands
+				// them in for it: marked lost, it could never be healed.)
 				l.log.Error("parity: stripe was being written when its leg vanished; its chunk on that leg is lost",
 					"stripe", s, "leg", m)
 				l.bm.Set(l.lostBit(s, m))

@@ -106,3 +106,44 @@ func TestUpdateInFailingLegWindow(t *testing.T) {
 		})
 	}
 }
+
+// The flush acquirePair runs when no journal pair is free must leave the
+// intent bits alone while a leg that failed a write is not yet out, as
+// Flush does: the stripe that leg left stale is inconsistent on disk until
+// markFailed, and a crash with its bit cleared would leave it unrecovered
+// (the write hole). It answers the failing leg's error instead, which
+// sends its caller through markFailed like any update in the window.
+func TestInternalFlushInFailingLegWindow(t *testing.T) {
+	t.Parallel()
+	const chunk = 4096
+	spec := specFor(4, chunk)
+	dsz := int64(3 * chunk)
+	env := block.Env{Dir: t.TempDir(), Size: 8 * dsz, Create: true}
+	l := build(t, env, spec)
+	defer l.Close()
+	const s = 1
+	b := l.dataLeg(s, 0)
+	l.children[b] = writeFails{l.children[b]}
+	ran := false
+	l.landedHook = func() {
+		if ran {
+			return
+		}
+		ran = true
+		l.mode.RLock()
+		err := l.internalFlush()
+		l.mode.RUnlock()
+		if asLegError(err) == nil {
+			t.Errorf("internal flush in the window: %v, want the failing leg's error", err)
+		}
+		if !l.bm.Get(l.intentBit(s, l.epoch)) {
+			t.Errorf("intent bit of stripe %d cleared while leg %d is failing", s, b)
+		}
+	}
+	if err := l.WriteAt(bytes.Repeat([]byte{7}, 1024), s*dsz, false); err != nil {
+		t.Fatalf("update: %v", err)
+	}
+	if !ran {
+		t.Fatal("the hook did not run: the update did not land with a leg error")
+	}
+}
