@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -114,8 +116,18 @@ func applyConfigFile(fs *pflag.FlagSet, path string) error {
 	if err != nil {
 		return usageErr("--config: %v", err)
 	}
+	// Numbers are kept as written (json.Number): decoded as float64, a
+	// size in bytes such as 1073741824 would print as 1.073741824e+09,
+	// which no flag parses — a value must mean here what it means as a
+	// flag or in the environment.
+	js, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		return usageErr("--config %s: %v", path, err)
+	}
 	var m map[string]any
-	if err := yaml.Unmarshal(data, &m); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.UseNumber()
+	if err := dec.Decode(&m); err != nil {
 		return usageErr("--config %s: %v", path, err)
 	}
 	for k, v := range m {
@@ -123,8 +135,8 @@ func applyConfigFile(fs *pflag.FlagSet, path string) error {
 		if f == nil || k == "config" {
 			return usageErr("--config %s: unknown setting %q", path, k)
 		}
-		if f.Changed {
-			continue
+		if f.Changed || v == nil {
+			continue // a key left empty ("advertise:") sets nothing, not "<nil>"
 		}
 		val := fmt.Sprint(v)
 		if list, ok := v.([]any); ok {

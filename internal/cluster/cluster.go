@@ -60,6 +60,7 @@ const (
 	CodeExternalMeta    = "ExternalMetadata" // 409: the cluster runs on an external etcd
 	CodeNodeIsSelf      = "NodeIsSelf"       // 409: a node cannot remove itself
 	CodeLastVoter       = "LastVoter"        // 409: removing the only voter
+	CodeWouldLoseQuorum = "WouldLoseQuorum"  // 409: removing that voter leaves too few live voters for a quorum
 	CodeJoinInProgress  = meta.CodeJoinInProgress
 	DefaultJoinTokenTTL = 24 * time.Hour
 )
@@ -134,7 +135,7 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (*JoinResponse, err
 		return nil, errs.Conflict(CodeExternalMeta, "this cluster keeps its metadata in an external etcd: start the node with --meta-endpoints instead of --join")
 	}
 	resp := &JoinResponse{ClusterID: cl.ID, CACert: string(s.ca.CertPEM), CAKey: string(s.ca.KeyPEM)}
-	err = s.meta.WithJoinLock(ctx, func() error {
+	err = s.withJoinLock(ctx, func() error {
 		if err := s.checkName(ctx, req); err != nil {
 			return err
 		}
@@ -142,12 +143,13 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (*JoinResponse, err
 		if err != nil {
 			return err
 		}
-		mine := -1
+		mine, err := s.memberFor(ctx, members, req)
+		if err != nil {
+			return err
+		}
 		voters, learners := 0, 0
 		for i, m := range members {
-			if slices.Contains(m.Peers, req.Peer) {
-				mine = i
-			} else if m.Name == req.Name {
+			if i != mine && m.Name == req.Name {
 				return errs.Conflict(CodeNodeExists, "a member named %s already exists with peer URLs %v; remove it first (basalt node remove %s)", req.Name, m.Peers, req.Name)
 			}
 			if m.Learner {
@@ -192,6 +194,56 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (*JoinResponse, err
 	}
 	s.log.Info("node joined", "node", req.Name, "role", resp.Role, "peer", req.Peer)
 	return resp, nil
+}
+
+// memberFor is the index in members of req's etcd member, found by its
+// peer URL (-1: none yet). A member with that peer URL that another node
+// started, or that was added for another registered node and has not
+// started yet, is not req's: two nodes given one peer URL (two hosts left
+// at the default --etcd-peer 127.0.0.1:2380, say) would otherwise have
+// the second told it is the first's member, and `node remove` of either
+// take out the other's.
+func (s *Service) memberFor(ctx context.Context, members []meta.Member, req JoinRequest) (int, error) {
+	for i, m := range members {
+		if !slices.Contains(m.Peers, req.Peer) {
+			continue
+		}
+		owner := m.Name
+		if owner == "" {
+			nodes, err := s.meta.Nodes(ctx)
+			if err != nil {
+				return -1, err
+			}
+			for _, n := range nodes {
+				if n.Peer == req.Peer && n.Name != req.Name {
+					owner = n.Name
+				}
+			}
+		}
+		if owner != "" && owner != req.Name {
+			return -1, errs.Conflict(CodeNodeExists,
+				"etcd peer URL %s is node %s's; give this node its own --etcd-peer (or --advertise)", req.Peer, owner)
+		}
+		return i, nil
+	}
+	return -1, nil
+}
+
+// withJoinLock runs fn under the cluster's join lock, or fails at once
+// with 503 MetadataUnavailable when no quorum answers: taking the lock
+// grants a lease, which waits for a quorum as long as ctx lets it — a
+// `node remove` or a join would hang until its caller gave up (the CLI
+// after 60 s, reporting the node unreachable) instead of failing like
+// any other write. The read first finds out (it notes a lost quorum).
+func (s *Service) withJoinLock(ctx context.Context, fn func() error) error {
+	if _, err := s.meta.Cluster(ctx); err != nil {
+		return err
+	}
+	if s.meta.QuorumLost() {
+		return errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
+			"no quorum of the metadata cluster answers: membership cannot change until a majority of the voters is up")
+	}
+	return s.meta.WithJoinLock(ctx, fn)
 }
 
 // checkName refuses a join under the name of another registered node (see
@@ -336,7 +388,7 @@ func (s *Service) Remove(ctx context.Context, name string) error {
 	if name == s.self {
 		return errs.Conflict(CodeNodeIsSelf, "node %s cannot remove itself; ask another node", name)
 	}
-	return s.meta.WithJoinLock(ctx, func() error {
+	return s.withJoinLock(ctx, func() error {
 		n, err := s.meta.Node(ctx, name)
 		if err != nil && !errs.IsCode(err, errs.CodeNotFound) {
 			return err
@@ -372,6 +424,15 @@ func (s *Service) Remove(ctx context.Context, name string) error {
 				return errs.Conflict(CodeLastVoter, "node %s is the cluster's only voter", name)
 			}
 			if err := s.meta.RemoveMember(ctx, target.ID); err != nil {
+				// etcd refuses to remove a voter when the live voters
+				// left would be no majority (another voter is down, or
+				// not connected long enough yet). The cluster has its
+				// quorum: say why, rather than the 503 "no quorum
+				// answered" its error would otherwise become.
+				if msg := err.Error(); strings.Contains(msg, "unhealthy cluster") || strings.Contains(msg, "not enough started members") {
+					return errs.Conflict(CodeWouldLoseQuorum,
+						"removing voter %s now would leave too few live voters for a quorum (another voter is down, or joined moments ago); bring the voters up, or remove a voter that is down first, then retry", name)
+				}
 				return err
 			}
 		}
@@ -388,7 +449,9 @@ func (s *Service) Remove(ctx context.Context, name string) error {
 // authenticates the joining node, the CA hash lets it authenticate the
 // cluster before it trusts anything it says (as kubeadm's discovery hash).
 func (s *Service) NewJoinToken(ctx context.Context, ttl time.Duration) (string, time.Time, error) {
-	if ttl <= 0 {
+	// Zero is "not given" (the API's default); a negative TTL is asked
+	// for, and must not become a token valid for the default 24 h.
+	if ttl == 0 {
 		ttl = DefaultJoinTokenTTL
 	}
 	if ttl < time.Minute || ttl > 30*24*time.Hour {

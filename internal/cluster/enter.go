@@ -140,7 +140,15 @@ func discoverCA(ctx context.Context, base, want string) (*x509.CertPool, error) 
 		return nil, errs.New(errs.KindUnauthenticated, CodeJoinTokenBad,
 			"%s presents CA %s, not the one the join token names (%s): not the cluster the token is for", base, got, want)
 	}
+	// Trust the certificate the hash is of, and nothing else the answer
+	// holds: CAHash is of the first certificate, and any CA appended
+	// after it (the real CA is public) would otherwise be trusted too —
+	// its holder could take the join, and the token with it.
+	ca, err := pki.ParseCertPEM(b)
+	if err != nil {
+		return nil, err
+	}
 	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(b)
+	pool.AddCert(ca)
 	return pool, nil
 }

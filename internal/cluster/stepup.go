@@ -33,12 +33,18 @@ func (s *Service) StepUp(ctx context.Context, req JoinRequest) (*JoinResponse, e
 		return nil, err
 	}
 	var resp *JoinResponse
-	err := s.meta.WithJoinLock(ctx, func() error {
+	err := s.withJoinLock(ctx, func() error {
 		members, want, err := s.wantsVoter(ctx, req.Peer)
 		if err != nil || !want {
 			return err
 		}
-		if !slices.ContainsFunc(members, func(m meta.Member) bool { return slices.Contains(m.Peers, req.Peer) }) {
+		// (wantsVoter matched by peer URL alone: make sure a member with
+		// it is this node's, not another's it would start as.)
+		mine, err := s.memberFor(ctx, members, req)
+		if err != nil {
+			return err
+		}
+		if mine < 0 {
 			rec, err := s.meta.Node(ctx, req.Name)
 			if err != nil {
 				return err
@@ -100,7 +106,7 @@ func (s *Service) wantsVoter(ctx context.Context, peer string) ([]meta.Member, b
 // bindable, say): the learner is removed, so that it does not block every
 // later join, and the node's record loses its etcd URLs again.
 func (s *Service) StepDown(ctx context.Context, req JoinRequest) error {
-	return s.meta.WithJoinLock(ctx, func() error {
+	return s.withJoinLock(ctx, func() error {
 		members, err := s.meta.Members(ctx)
 		if err != nil {
 			return err

@@ -121,6 +121,26 @@ func (n *Node) join(ctx context.Context, pkiDir string) (*joinState, error) {
 	return st, nil
 }
 
+// checkNotRemoved refuses to start a node that joined (st, its join
+// state) and has been taken out with `basalt node remove` since: the
+// serving node records a joining node before it answers, so a joined
+// node without a record was removed. Without this check a removed client
+// node restarted on its data directory (by a supervisor, say) would
+// register itself again and serve — and keep its liveness key, resume
+// and adopt workflows — as if it had never been removed. Only a
+// linearizable answer counts: a local copy may lag behind the join.
+func (n *Node) checkNotRemoved(ctx context.Context, st *joinState) error {
+	if st == nil {
+		return nil
+	}
+	rctx, ri := meta.WithReadInfo(ctx)
+	_, err := n.meta.Node(rctx, n.cfg.Name)
+	if errs.IsCode(err, errs.CodeNotFound) && !ri.Local {
+		return errs.Conflict("NodeRemoved", "node %s was removed from cluster %s (basalt node remove); to join it again, start it with a new --data directory and --join", n.cfg.Name, st.ClusterID)
+	}
+	return nil // other errors: registering the node reports them
+}
+
 // joinRequest is how this node describes itself to join (or step up),
 // with api its API URL.
 func (n *Node) joinRequest(api string) cluster.JoinRequest {

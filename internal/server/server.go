@@ -143,6 +143,9 @@ func (n *Node) start(ctx context.Context) error {
 		return err
 	}
 	n.cluster = cluster.New(n.meta, ca, n.cfg.Name, log)
+	if err := n.checkNotRemoved(ctx, joined); err != nil {
+		return err
+	}
 	if n.store, err = store.Open(n.cfg.Store); err != nil {
 		return err
 	}

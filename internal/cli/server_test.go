@@ -1,0 +1,29 @@
+package cli
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestConfigFileValues: a setting in the --config file means what
+// the same value means as a flag or in BASALT_<FLAG>: a size in bytes
+// stays that number (YAML reads it as a float, which printed becomes
+// "1.073741824e+09", no size), and a key left empty leaves the setting
+// at its default rather than setting it to "<nil>".
+func TestConfigFileValues(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "basalt.yaml")
+	yaml := "meta-quota: 1073741824\nadvertise:\nvoters: 5\n"
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fs := serverCmd(&globals{}).Flags()
+	if err := applyConfigFile(fs, file); err != nil {
+		t.Fatalf("config file %q: %v", yaml, err)
+	}
+	for flag, want := range map[string]string{"meta-quota": "1073741824", "advertise": "", "voters": "5"} {
+		if got := fs.Lookup(flag).Value.String(); got != want {
+			t.Errorf("--%s from the config file: %q, want %q", flag, got, want)
+		}
+	}
+}

@@ -1,0 +1,198 @@
+package server
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/cluster"
+	"github.com/basalt-storage/basalt/internal/errs"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// nodeConfig is a node named name on free loopback ports, its data in
+// dir and its store shared at store.
+func nodeConfig(t *testing.T, name, dir, store string) Config {
+	return Config{
+		Name: name, Data: dir, Store: store,
+		API: freeAddr(t), S3: freeAddr(t), NBD: freeAddr(t),
+		EtcdClient: freeAddr(t), EtcdPeer: freeAddr(t),
+		Overcommit: 1, Voters: 1, S3TrustFile: filepath.Join(dir, "trust-{uid}"),
+	}
+}
+
+func testLog(t *testing.T) *slog.Logger {
+	if os.Getenv("BASALT_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+func startNode(t *testing.T, cfg Config) (*Node, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return Start(ctx, cfg, testLog(t))
+}
+
+// TestRemovedClientStaysOut: a client node taken out with `node
+// remove` stops; started again on its data directory (a supervisor, an
+// operator) it must not register itself again and serve as a member of
+// the cluster it was removed from.
+func TestRemovedClientStaysOut(t *testing.T) {
+	tmp := t.TempDir()
+	store := filepath.Join(tmp, "store")
+	a, err := startNode(t, nodeConfig(t, "a", filepath.Join(tmp, "a"), store))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	bcfg := nodeConfig(t, "b", filepath.Join(tmp, "b"), store)
+	bcfg.Join, bcfg.JoinIdentity = "https://"+a.APIAddr(), a.AdminDir
+	b, err := startNode(t, bcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := a.cluster.Remove(ctx, "b"); err != nil {
+		b.Close()
+		t.Fatal(err)
+	}
+	select {
+	case <-b.Done():
+	case <-time.After(15 * time.Second):
+		t.Error("b still runs 15s after its removal")
+	}
+	b.Close()
+
+	b, err = startNode(t, bcfg)
+	if err == nil {
+		defer b.Close()
+		n, _ := a.meta.Node(ctx, "b")
+		t.Fatalf("the removed node b started again and registered itself: %+v", n)
+	}
+	t.Logf("restart refused: %v", err)
+	if _, err := a.meta.Node(ctx, "b"); err == nil {
+		t.Fatal("the removed node b is registered again")
+	}
+}
+
+// TestMembershipWithoutQuorum: with the quorum lost (one of two
+// voters down), membership changes — `node remove`, a join — fail with
+// 503 MetadataUnavailable within seconds, like any other write, instead
+// of waiting as long as their caller does (the CLI gives up after 60 s
+// with an unreachable-node error).
+func TestMembershipWithoutQuorum(t *testing.T) {
+	tmp := t.TempDir()
+	store := filepath.Join(tmp, "store")
+	acfg := nodeConfig(t, "a", filepath.Join(tmp, "a"), store)
+	acfg.Voters = 3
+	a, err := startNode(t, acfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	bcfg := nodeConfig(t, "b", filepath.Join(tmp, "b"), store)
+	bcfg.Join, bcfg.JoinIdentity = "https://"+a.APIAddr(), a.AdminDir
+	b, err := startNode(t, bcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		if ns, _ := a.cluster.Nodes(ctx); len(ns) == 2 && ns[0].Role == "voter" && ns[1].Role == "voter" {
+			break
+		}
+		if ctx.Err() != nil {
+			b.Close()
+			t.Fatal("b was not promoted to voter within 30s")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	b.Close() // a alone: 1 of 2 voters, no quorum
+	for what, f := range map[string]func(context.Context) error{
+		"node remove": func(ctx context.Context) error { return a.cluster.Remove(ctx, "nosuchnode") },
+		"join": func(ctx context.Context) error {
+			_, err := a.cluster.Join(ctx, cluster.JoinRequest{Name: "c", Peer: "https://c.example:2380",
+				Client: "https://c.example:2379", API: "https://c.example:8443"})
+			return err
+		},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		start := time.Now()
+		err := f(ctx)
+		cancel()
+		took := time.Since(start)
+		if !errs.IsCode(err, errs.CodeMetadataUnavailable) || took > 12*time.Second {
+			t.Errorf("%s without quorum: %v after %v, want %s within 12s", what, err, took.Round(time.Millisecond), errs.CodeMetadataUnavailable)
+		}
+	}
+}
+
+// TestRemoveVoterKeepsQuorum: with one of three voters down,
+// removing a live voter would leave one live voter of two — no quorum —
+// and etcd refuses. The refusal must say so (409 WouldLoseQuorum), not
+// claim that no quorum answers (503 MetadataUnavailable): the cluster
+// has its quorum and keeps accepting writes.
+func TestRemoveVoterKeepsQuorum(t *testing.T) {
+	tmp := t.TempDir()
+	store := filepath.Join(tmp, "store")
+	acfg := nodeConfig(t, "a", filepath.Join(tmp, "a"), store)
+	acfg.Voters = 3
+	a, err := startNode(t, acfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	others := map[string]*Node{}
+	for _, name := range []string{"b", "c"} {
+		cfg := nodeConfig(t, name, filepath.Join(tmp, name), store)
+		cfg.Join, cfg.JoinIdentity = "https://"+a.APIAddr(), a.AdminDir
+		n, err := startNode(t, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close()
+		others[name] = n
+		for voter := false; !voter; {
+			if ctx.Err() != nil {
+				t.Fatalf("%s not promoted", name)
+			}
+			time.Sleep(200 * time.Millisecond)
+			ns, _ := a.cluster.Nodes(ctx)
+			for _, x := range ns {
+				voter = voter || x.Name == name && x.Role == "voter"
+			}
+		}
+	}
+	others["c"].Close()
+	time.Sleep(6 * time.Second) // etcd's view of c: down
+	err = a.cluster.Remove(ctx, "b")
+	if err == nil {
+		t.Fatal("b removed with c down: a is left alone with a quorum of 2")
+	}
+	if _, _, terr := a.cluster.NewJoinToken(ctx, time.Hour); terr != nil {
+		t.Fatalf("a write with 2 of 3 voters up: %v", terr)
+	}
+	if !errs.IsCode(err, cluster.CodeWouldLoseQuorum) {
+		t.Fatalf("removing b with c down: %v; want %s", err, cluster.CodeWouldLoseQuorum)
+	}
+}
