@@ -348,8 +348,12 @@ func (n *Node) watchRemoval(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		_, err := n.meta.Node(ctx, n.cfg.Name)
-		if errs.IsCode(err, errs.CodeNotFound) {
+		// Only a linearizable answer counts: one from a local copy
+		// (served while the quorum is lost) may lag behind this node's
+		// registration, and would stop a node nobody removed.
+		rctx, ri := meta.WithReadInfo(ctx)
+		_, err := n.meta.Node(rctx, n.cfg.Name)
+		if errs.IsCode(err, errs.CodeNotFound) && !ri.Local {
 			n.log.Error("this node was removed from the cluster; stopping")
 			close(n.done)
 			return
