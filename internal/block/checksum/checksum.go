@@ -65,7 +65,8 @@
 //     does not verify gets the entry of the data the child holds ("accept
 //     what landed": only unflushed writes can be affected; with copies, a
 //     copy that verifies is preferred and the others rewritten). Then the
-//     child is flushed and the bits cleared.
+//     child is flushed and the bits cleared (over a child that cannot
+//     flush, they stay).
 //   - I4: one RWMutex per group orders table updates: readers share it
 //     (data and table read together are consistent), writers hold it
 //     exclusively for read-modify-write, data, then table.
@@ -94,7 +95,9 @@
 //
 // A data or table write that fails marks its group stale: it is
 // reconciled (I3) before the group is used again or by the next Flush,
-// whichever comes first, and its bit is kept.
+// whichever comes first, and its bit is kept. Unlike after a crash, the
+// blocks the failed write may have changed are known: only their data is
+// accepted, so a block of the group that was already corrupt stays so.
 // Resize puts the groups whose layout changes (a partial last one, the
 // new ones) in flux, grows the child, zeroes the grown range (so new
 // blocks verify as zeroes whatever the child grew with), flushes, and
@@ -193,6 +196,12 @@ type groupState struct {
 	epoch uint64
 	// stale: a data or table write failed part-way; reconcile first.
 	stale bool
+	// staleFrom, staleTo: the blocks [staleFrom, staleTo) the failed
+	// writes may have changed (empty: none, only a table write failed).
+	// Reconciling a stale group accepts the data of these blocks only: a
+	// block outside them that does not verify was corrupt before, and
+	// stays reported as such.
+	staleFrom, staleTo int64
 }
 
 // Stats are counters since the layer was opened.
@@ -340,7 +349,7 @@ func (l *Layer) recover() error {
 	}
 	fixed := 0
 	for _, g := range influx {
-		t, n, err := l.reconcile(g, !l.readOnly)
+		t, n, err := l.reconcile(g, !l.readOnly, g*TableEntries, (g+1)*TableEntries)
 		if err != nil {
 			return fmt.Errorf("reconcile group %d: %w", g, err)
 		}
@@ -351,7 +360,9 @@ func (l *Layer) recover() error {
 	}
 	l.reconciled.Store(int64(len(influx)))
 	l.log.Info("reconciled groups in flux after an unclean shutdown", "groups", len(influx), "entries_rewritten", fixed)
-	if l.readOnly {
+	if l.readOnly || !l.cc.Flush {
+		// Without a flush nothing here is known durable: the bits stay,
+		// and the next open reconciles these groups again.
 		return nil
 	}
 	if err := l.child.Flush(); err != nil {
@@ -606,7 +617,7 @@ func (l *Layer) writeBack(g int64, st *groupState) error {
 		return nil
 	}
 	if err := l.writeTable(g, t, false); err != nil {
-		l.markStale(st)
+		l.markStale(st, 0, 0) // no data changed: the dirty table stays
 		return err
 	}
 	return nil
@@ -690,16 +701,24 @@ func (l *Layer) reconcileStale(g int64, st *groupState) error {
 		return nil
 	}
 	st.epoch = l.epoch.Load()
-	if _, _, err := l.reconcile(g, true); err != nil {
+	if _, _, err := l.reconcile(g, true, st.staleFrom, st.staleTo); err != nil {
 		return fmt.Errorf("checksum: reconcile group %d after a failed write: %w", g, err)
 	}
-	st.stale = false
+	st.stale, st.staleFrom, st.staleTo = false, 0, 0
 	return nil
 }
 
-// markStale notes that a write into group g failed part-way; the caller
-// holds the group lock exclusively.
-func (l *Layer) markStale(st *groupState) {
+// markStale notes that a write into blocks [b0, b1) of a group failed
+// part-way (b0 >= b1: only a table write, whose entries are still in
+// memory); the caller holds the group lock exclusively.
+func (l *Layer) markStale(st *groupState, b0, b1 int64) {
+	if b0 < b1 {
+		if st.staleFrom >= st.staleTo {
+			st.staleFrom, st.staleTo = b0, b1
+		} else {
+			st.staleFrom, st.staleTo = min(st.staleFrom, b0), max(st.staleTo, b1)
+		}
+	}
 	st.stale = true
 	l.anyStale.Store(true)
 }
@@ -745,13 +764,15 @@ func (l *Layer) markInFlux(g int64, st *groupState) error {
 	return nil
 }
 
-// reconcile makes group g's table match its data (I3): a block that does
-// not verify is repaired from a copy that does if there is one, else its
-// entry is recomputed from the data the child returns. Entries beyond
-// the device's last block are zeroed. With write false nothing is
+// reconcile makes group g's table match its data (I3): a block among
+// [from, to) (the blocks writes may have changed without their entries)
+// that does not verify is repaired from a copy that does if there is one,
+// else its entry is recomputed from the data the child returns; any other
+// block keeps its entry, so that corruption stays reported. Entries
+// beyond the device's last block are zeroed. With write false nothing is
 // written. It returns the resulting table and the number of entries
 // changed. The caller holds the group lock exclusively (or is New).
-func (l *Layer) reconcile(g int64, write bool) (*table, int, error) {
+func (l *Layer) reconcile(g int64, write bool, from, to int64) (*table, int, error) {
 	l.cache.drop(g)
 	// A dirty table (a live group whose write failed) holds the entries
 	// of acknowledged writes the child's table lacks: start from it, and
@@ -791,7 +812,7 @@ func (l *Layer) reconcile(g int64, write bool) (*table, int, error) {
 		}
 		at := lo % chunk
 		e := entryOf(data[at:min(at+BlockSize, ge-gs-lo+at)])
-		if e == t[i] {
+		if b := g*TableEntries + i; e == t[i] || b < from || b >= to {
 			continue
 		}
 		if write && l.copies != nil {

@@ -246,11 +246,11 @@ func (l *Layer) writeGroup(g, off int64, p []byte, fua bool) error {
 		return err
 	}
 	if err := l.childWrite(buf, dataOff(s.start), fua); err != nil {
-		l.markStale(st)
+		l.markStale(st, s.b0, s.b1)
 		return fmt.Errorf("checksum: write %d+%d: %w", s.start, len(buf), err)
 	}
 	if err := l.setEntries(g, t, s.b0, entries, fua); err != nil {
-		l.markStale(st)
+		l.markStale(st, s.b0, s.b1)
 		return err
 	}
 	l.forgetBad(s.b0, s.b1)
@@ -330,11 +330,23 @@ func (l *Layer) zeroGroup(g, off, n int64, f block.ZeroFlags, trim bool) error {
 	if err := l.markInFlux(g, st); err != nil {
 		return err
 	}
+	// The blocks a failure from here on may leave changed (markStale).
+	t0, t1 := s.b0, s.b1
+	if trim {
+		t0, t1 = w0, w1
+	}
 	if w0 < w1 {
 		zs, ze := w0*BlockSize, min(w1*BlockSize, l.size)
 		var err error
 		if l.cc.WriteZeroes {
-			err = l.child.WriteZeroes(dataOff(zs), ze-zs, f)
+			zf := f
+			if f.FUA && !l.cc.FUA {
+				// The child has no FUA (it would refuse the flag): the
+				// table's write below, with FUA, flushes it (childWrite),
+				// which makes these zeroes durable too.
+				zf.FUA = false
+			}
+			err = l.child.WriteZeroes(dataOff(zs), ze-zs, zf)
 			if errors.Is(err, block.ErrNotSupported) && f.Fast {
 				return err // nothing was done
 			}
@@ -342,7 +354,7 @@ func (l *Layer) zeroGroup(g, off, n int64, f block.ZeroFlags, trim bool) error {
 			err = l.writeZeroBuffers(dataOff(zs), ze-zs, f.FUA)
 		}
 		if err != nil {
-			l.markStale(st)
+			l.markStale(st, t0, t1)
 			return fmt.Errorf("checksum: zero %d+%d: %w", zs, ze-zs, err)
 		}
 		for b := w0; b < w1; b++ {
@@ -351,13 +363,13 @@ func (l *Layer) zeroGroup(g, off, n int64, f block.ZeroFlags, trim bool) error {
 	}
 	for _, e := range edges {
 		if err := l.childWrite(e.data, dataOff(e.b*BlockSize), f.FUA); err != nil {
-			l.markStale(st)
+			l.markStale(st, t0, t1)
 			return fmt.Errorf("checksum: write block at %d: %w", e.b*BlockSize, err)
 		}
 		nt[e.b%TableEntries] = entryOf(e.data)
 	}
 	if err := l.storeTable(g, &nt, f.FUA); err != nil {
-		l.markStale(st)
+		l.markStale(st, t0, t1)
 		return err
 	}
 	if trim {
@@ -516,9 +528,11 @@ func (l *Layer) Resize(n int64) error {
 	if first < oldGroups && l.groups[first].stale {
 		// A failed write left the old last group stale; settle it now,
 		// as the bookkeeping below ends with it not stale.
-		if _, _, err := l.reconcile(first, true); err != nil {
+		st := l.groups[first]
+		if _, _, err := l.reconcile(first, true, st.staleFrom, st.staleTo); err != nil {
 			return fmt.Errorf("checksum: resize: reconcile group %d: %w", first, err)
 		}
+		st.stale, st.staleFrom, st.staleTo = false, 0, 0
 	}
 	if err := l.bm.Grow(newGroups); err != nil {
 		return fmt.Errorf("checksum: resize: %w", err)
@@ -572,9 +586,13 @@ func (l *Layer) Resize(n int64) error {
 	l.size = size
 	// Until the new range is initialised and flushed, the groups it
 	// touches are stale: if Resize fails from here on, they are
-	// reconciled before use and keep their bits.
+	// reconciled before use and keep their bits. Its blocks start with
+	// the one holding the old end (its tail is new); the blocks before
+	// are not changed, and a corrupt one stays so.
+	grown := func(g int64) (int64, int64) { return max(g*TableEntries, old/BlockSize), (g + 1) * TableEntries }
 	for g := first; g < int64(len(l.groups)); g++ {
-		l.markStale(l.groups[g])
+		from, to := grown(g)
+		l.markStale(l.groups[g], from, to)
 	}
 	if len(zero) > 0 {
 		var err error
@@ -589,7 +607,8 @@ func (l *Layer) Resize(n int64) error {
 			// grew with instead.
 			for g := first; g < int64(len(l.groups)) && err == nil; g++ {
 				l.cache.drop(g)
-				_, _, err = l.reconcile(g, true)
+				from, to := grown(g)
+				_, _, err = l.reconcile(g, true, from, to)
 			}
 		}
 		if err != nil {
@@ -600,7 +619,8 @@ func (l *Layer) Resize(n int64) error {
 		l.cache.drop(g)
 	}
 	for g := first; g < int64(len(l.groups)); g++ {
-		l.groups[g].stale = false
+		st := l.groups[g]
+		st.stale, st.staleFrom, st.staleTo = false, 0, 0
 	}
 	if !l.cc.Flush {
 		return nil // the bits stay: nothing here is known to be durable

@@ -33,8 +33,11 @@
 //
 // Zero convention: a sector whose ciphertext is all zeroes reads as
 // plaintext zeroes, so a fresh sparse child reads as zeroes and whole-sector
-// Trim and WriteZeroes pass to the child as holes (real ciphertext is all
-// zero with probability 2^-32768). Consequence, as with dm-crypt with
+// Trim and WriteZeroes pass to the child as holes. It holds for each
+// 512-byte part of a sector (real ciphertext has one all zero with
+// probability 2^-4096), so that a crash tearing a write into a hole, at a
+// disk's sectors, leaves each part reading as before or as written — never
+// garbage (see decrypt). Consequence, as with dm-crypt with
 // discards: which sectors are zero/unallocated is visible on disk.
 // Extents pass through, shifted by the data offset and rounded to sectors
 // (a sector is reported zero or a hole only if all of it is).
@@ -275,14 +278,35 @@ func span(sec, off, n int64) (lo, hi, at int64) {
 	return a - start, b - start, a - off
 }
 
+// zeroPart is the unit of the zero convention: a disk's sector, which a
+// torn write lands whole or not at all.
+const zeroPart = 512
+
 // decrypt turns ciphertext sector ct into plaintext in dst (which may be
-// ct itself); an all-zero sector is a hole and reads as zeroes.
+// ct itself). Every 512-byte part whose ciphertext is all zero reads as
+// zeroes: all of them in a hole, some where a crash tore a write into a
+// hole — which re-encrypts the whole sector, even to change one byte of
+// it. Had the convention been the whole sector's, the zero parts of such
+// a sector would decrypt to garbage, losing bytes next to the write that
+// were durably zero; XTS enciphers each 16-byte block on its own, so the
+// parts that landed decrypt as written.
 func (l *Layer) decrypt(dst, ct []byte, sec int64) {
-	if bytes.Equal(ct, zeroSector[:]) {
+	var zero uint // bit i: part i of ct is all zero
+	for i := range SectorSize / zeroPart {
+		if bytes.Equal(ct[i*zeroPart:(i+1)*zeroPart], zeroSector[:zeroPart]) {
+			zero |= 1 << i
+		}
+	}
+	if zero == 1<<(SectorSize/zeroPart)-1 {
 		clear(dst[:SectorSize])
 		return
 	}
 	l.cipher.Decrypt(dst[:SectorSize], ct, uint64(sec))
+	for i := range SectorSize / zeroPart {
+		if zero&(1<<i) != 0 {
+			clear(dst[i*zeroPart : (i+1)*zeroPart])
+		}
+	}
 }
 
 func (l *Layer) check(write bool) error {
