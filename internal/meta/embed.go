@@ -52,6 +52,11 @@ type EmbedConfig struct {
 	InitialCluster string
 }
 
+// MaxTxnOps is the most comparisons, and the most writes, one transaction
+// may have: the embedded member's setting, which an external etcd needs
+// too (its --max-txn-ops).
+const MaxTxnOps = 1024
+
 // DefaultQuotaBytes is the embedded member's space quota (etcd recommends at
 // most 8 GiB; basalt's metadata is small).
 const DefaultQuotaBytes = 4 << 30
@@ -95,6 +100,11 @@ func startEmbedded(c EmbedConfig, log *slog.Logger) (*embed.Etcd, string, error)
 		ret = time.Hour
 	}
 	cfg.AutoCompactionRetention = ret.String()
+	// A transaction commits with a comparison per key it read (stm.go):
+	// attaching a volume reads each of its attachments, of which a
+	// read-only volume may have hundreds. etcd's default refuses a
+	// transaction of more than 128.
+	cfg.MaxTxnOps = MaxTxnOps
 	cfg.QuotaBackendBytes = c.QuotaBytes
 	if cfg.QuotaBackendBytes == 0 {
 		cfg.QuotaBackendBytes = DefaultQuotaBytes

@@ -322,8 +322,23 @@ func (s *Store) Cluster(ctx context.Context) (*Cluster, error) {
 // (member additions and promotions decisions) happen one at a time. The
 // lock lives on a lease: a node that dies holding it frees it.
 func (s *Store) WithJoinLock(ctx context.Context, fn func() error) error {
-	sess, err := concurrency.NewSession(s.cli, concurrency.WithTTL(10), concurrency.WithContext(ctx))
+	// The session's lease is granted here, under the write timeout: left
+	// to NewSession, the grant waits as long as ctx lets it, which for a
+	// caller without a deadline is for ever while no quorum answers.
+	gctx, cancel := context.WithTimeout(ctx, s.writeTimeout())
+	lease, err := s.cli.Grant(gctx, 10)
+	cancel()
 	if err != nil {
+		if ctx.Err() == nil && unavailable(err) {
+			s.quorumLost()
+		}
+		return wrap("join lock", err)
+	}
+	sess, err := concurrency.NewSession(s.cli, concurrency.WithLease(lease.ID), concurrency.WithContext(ctx))
+	if err != nil {
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		s.cli.Revoke(rctx, lease.ID)
+		cancel()
 		return wrap("join lock", err)
 	}
 	defer sess.Close()

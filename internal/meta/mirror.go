@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +19,11 @@ import (
 // moment ago on another node is found there, and one deleted a moment ago
 // may still be served from here for that long.
 //
+// A record this node has written itself is never served as it was
+// before (read-your-writes on the node): Update tells the mirrors of its
+// store the revision it committed at, and until the watch has delivered
+// that revision every Get is a miss — the caller asks the store.
+//
 // Invariant: after the first successful list, the map equals the prefix
 // as of the last revision applied; a broken watch (compaction, leader
 // loss) relists from scratch.
@@ -30,17 +36,58 @@ type Mirror[T versioned] struct {
 	byKey  map[string]T // etcd key → record
 	byIdx  map[string]T // index(record) → record
 	synced bool
+	// applied is the revision the maps reflect; own is the latest
+	// revision at which this node committed a write under prefix. While
+	// applied < own the maps miss a write this node acknowledged.
+	applied, own int64
 	// changed is closed (and replaced) whenever the maps change.
 	changed chan struct{}
 }
 
 // Get returns the record whose index is idx; ok is false when the mirror
-// has no such record or is not synced yet.
+// has no such record, is not synced yet, or has yet to see a write this
+// node made under its prefix.
 func (m *Mirror[T]) Get(idx string) (r T, ok bool) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	r, ok = m.byIdx[idx]
-	return r, ok && m.synced
+	return r, ok && m.current()
+}
+
+// current reports whether the maps answer: synced, and not behind this
+// node's own writes. Called with mu held.
+func (m *Mirror[T]) current() bool { return m.synced && m.applied >= m.own }
+
+// ownWrites is a Mirror as its store sees it.
+type ownWrites interface {
+	wrote(rev int64, keys []string)
+}
+
+// wrote records that this node changed keys at revision rev.
+func (m *Mirror[T]) wrote(rev int64, keys []string) {
+	for _, k := range keys {
+		if strings.HasPrefix(k, m.prefix) {
+			m.mu.Lock()
+			if rev > m.own {
+				m.own = rev
+			}
+			m.mu.Unlock()
+			return
+		}
+	}
+}
+
+// mirrorsWrote tells the store's mirrors of a commit that changed keys
+// at rev (Update; stm.changed).
+func (s *Store) mirrorsWrote(rev int64, keys []string) {
+	if len(keys) == 0 {
+		return
+	}
+	s.mirrorsMu.Lock()
+	defer s.mirrorsMu.Unlock()
+	for m := range s.mirrors {
+		m.wrote(rev, keys)
+	}
 }
 
 // Await returns when done holds for what the mirror says of idx (the
@@ -52,7 +99,9 @@ func (m *Mirror[T]) Await(ctx context.Context, idx string, done func(r T, ok boo
 		m.mu.RLock()
 		r, ok := m.byIdx[idx]
 		ch := m.changed
-		fine := !m.synced || done(r, ok) // an unsynced mirror answers nothing
+		// An unsynced mirror answers nothing; one behind this node's
+		// own writes answers later.
+		fine := !m.synced || m.current() && done(r, ok)
 		m.mu.RUnlock()
 		if fine {
 			return nil
@@ -73,6 +122,11 @@ func (m *Mirror[T]) notify() {
 
 // run lists and watches until ctx ends.
 func (m *Mirror[T]) run(ctx context.Context) {
+	defer func() {
+		m.s.mirrorsMu.Lock()
+		delete(m.s.mirrors, m)
+		m.s.mirrorsMu.Unlock()
+	}()
 	for ctx.Err() == nil {
 		rev, err := m.load(ctx)
 		if err == nil {
@@ -107,7 +161,7 @@ func (m *Mirror[T]) load(ctx context.Context) (int64, error) {
 		}
 	}
 	m.mu.Lock()
-	m.byKey, m.byIdx, m.synced = byKey, byIdx, true
+	m.byKey, m.byIdx, m.synced, m.applied = byKey, byIdx, true, resp.Header.Revision
 	m.notify()
 	m.mu.Unlock()
 	return resp.Header.Revision, nil
@@ -124,6 +178,8 @@ func (m *Mirror[T]) watch(ctx context.Context, rev int64) {
 		}
 		m.mu.Lock()
 		for _, ev := range resp.Events {
+			// Events come in revision order, a revision's all at once.
+			m.applied = ev.Kv.ModRevision
 			key := string(ev.Kv.Key)
 			if old, ok := m.byKey[key]; ok {
 				delete(m.byIdx, m.index(old))
@@ -165,6 +221,12 @@ func (s *Store) MirrorUsersByName(ctx context.Context) *Mirror[*User] {
 
 func startMirror[T versioned](ctx context.Context, s *Store, prefix string, mk func() T, index func(T) string) *Mirror[T] {
 	m := &Mirror[T]{s: s, prefix: prefix, mk: mk, index: index, changed: make(chan struct{})}
+	s.mirrorsMu.Lock()
+	if s.mirrors == nil {
+		s.mirrors = map[ownWrites]bool{}
+	}
+	s.mirrors[m] = true
+	s.mirrorsMu.Unlock()
 	go m.run(ctx)
 	return m
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -251,11 +252,20 @@ func (s *Store) LookupName(ctx context.Context, kind, owner, name string) (strin
 	return string(resp.Kvs[0].Value), nil
 }
 
-// Provisioned reads the provisioned-bytes counter.
+// Provisioned reads the provisioned-bytes counter. A read like any other
+// (Store.read), not a transaction: a transaction's commit needs the
+// quorum, and a node without one, or a caller that asked for a stale
+// read, is answered from the local copy.
 func (s *Store) Provisioned(ctx context.Context) (int64, error) {
+	resp, err := s.read(ctx, keyProvisioned)
+	if err != nil {
+		return 0, wrap("get", err)
+	}
 	var n int64
-	err := s.Update(ctx, func(tx *Tx) error { n = tx.Provisioned(); return nil })
-	return n, err
+	if len(resp.Kvs) > 0 {
+		n, _ = strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64)
+	}
+	return n, nil
 }
 
 // Bootstrap records the cluster identity once and returns it, together with

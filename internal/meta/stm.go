@@ -75,6 +75,11 @@ type stm struct {
 	wset    map[string]clientv3.Op
 	wval    map[string]string // what Get returns for a written key ("" deleted)
 	empty   []string          // prefixes found empty, required empty at commit
+	// committed is the revision of a successful commit; changed, the
+	// keys it changed (every put, every deletion of a key that existed):
+	// those a watch reports at that revision.
+	committed int64
+	changed   []string
 }
 
 type stmError struct{ err error }
@@ -178,11 +183,12 @@ func (s *stm) commit() (bool, error) {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(p), "=", 0).WithPrefix())
 	}
 	ops := make([]clientv3.Op, 0, len(s.wset))
+	keys := make([]string, 0, len(s.wset)) // keys[i] is the key of ops[i]
 	for k, op := range s.wset {
 		if _, read := s.rset[k]; !read && s.first != 0 {
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "<", s.first+1))
 		}
-		ops = append(ops, op)
+		ops, keys = append(ops, op), append(keys, k)
 	}
 	if s.gate != nil {
 		if err := <-s.gate; err != nil {
@@ -192,6 +198,15 @@ func (s *stm) commit() (bool, error) {
 	resp, err := s.cli.Txn(s.ctx).If(cmps...).Then(ops...).Commit()
 	if err != nil {
 		return false, err
+	}
+	if resp.Succeeded {
+		s.committed = resp.Header.Revision
+		for i, r := range resp.Responses {
+			// Deleting an absent key changes nothing.
+			if d := r.GetResponseDeleteRange(); d == nil || d.Deleted > 0 {
+				s.changed = append(s.changed, keys[i])
+			}
+		}
 	}
 	return resp.Succeeded, nil
 }
@@ -235,11 +250,14 @@ func runSTM(ctx context.Context, cli *clientv3.Client, mode attemptMode, fn func
 			return nil
 		case fnErr != nil && s.careful:
 			return fnErr
-		case etcdErr != nil && !errors.Is(etcdErr, rpctypes.ErrFutureRev):
+		case etcdErr != nil && !errors.Is(etcdErr, rpctypes.ErrFutureRev) && !errors.Is(etcdErr, rpctypes.ErrCompacted):
 			// Unavailable, timed out, cancelled: the caller's timeout and
 			// quorum tracking deal with it. (A read at a revision the
 			// member has not applied yet, which only a client node without
-			// a member of its own meets, is worth another attempt.)
+			// a member of its own meets, is worth another attempt; so is
+			// one at a revision compacted away since the attempt's first
+			// read — a defrag compacts up to the current revision — as
+			// the next attempt reads at a new one.)
 			return etcdErr
 		case ctx.Err() != nil:
 			return ctx.Err()

@@ -47,6 +47,10 @@ type Store struct {
 	log    *slog.Logger
 	q      quorum
 	closed chan struct{} // closed by Close
+	// mirrors are the Mirrors running on this store, told of the writes
+	// it commits (mirrorsWrote).
+	mirrorsMu sync.Mutex
+	mirrors   map[ownWrites]bool
 }
 
 // member is an embedded etcd member and what watches it.

@@ -14,7 +14,8 @@ import (
 // commit, which succeeds only if every key read is still as read; the whole
 // function is otherwise run again (see stm.go), as it is before an error it
 // returned is believed. Functions passed to Update must therefore have no
-// side effects outside the Tx.
+// side effects outside the Tx. A Tx reads at most MaxTxnOps keys (each is
+// compared at commit) and writes at most as many.
 type Tx struct {
 	stm *stm
 }
@@ -25,9 +26,13 @@ type Tx struct {
 func (s *Store) Update(ctx context.Context, fn func(*Tx) error) error {
 	tctx, cancel := context.WithTimeout(ctx, s.writeTimeout())
 	defer cancel()
-	err := runSTM(tctx, s.txnClient(), s.attemptMode(), fn)
+	var last *stm // the attempt that ran last: on success, the one that committed
+	err := runSTM(tctx, s.txnClient(), s.attemptMode(), func(tx *Tx) error { last = tx.stm; return fn(tx) })
 	if err != nil && ctx.Err() == nil && unavailable(err) {
 		s.quorumLost()
+	}
+	if err == nil {
+		s.mirrorsWrote(last.committed, last.changed)
 	}
 	return wrap("update", err)
 }

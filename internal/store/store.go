@@ -89,10 +89,27 @@ func (s *Store) Capacity() (Capacity, error) {
 
 // Check proves the store is usable: it exists, is a directory and accepts a
 // synced write.
+//
+// The probe file is one of this check's own: every node checks the one
+// shared store (and a node may run several checks at once), and with one
+// fixed name a check removed another's file under it and failed.
 func (s *Store) Check() error {
-	p := filepath.Join(s.Root, "tmp", ".health")
-	if err := os.WriteFile(p, []byte("ok"), 0o600); err != nil {
+	f, err := os.CreateTemp(filepath.Join(s.Root, "tmp"), ".health-*")
+	if err != nil {
 		return fmt.Errorf("store %s not writable: %w", s.Root, err)
 	}
-	return os.Remove(p)
+	_, err = f.Write([]byte("ok"))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if rerr := os.Remove(f.Name()); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return fmt.Errorf("store %s not writable: %w", s.Root, err)
+	}
+	return nil
 }
