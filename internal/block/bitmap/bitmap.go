@@ -244,11 +244,31 @@ func (b *Bitmap) Grow(n int64) error {
 	if n < b.n {
 		return fmt.Errorf("bitmap: cannot shrink from %d to %d bits", b.n, n)
 	}
-	pages := pagesFor(n)
-	for len(b.gens) < pages {
+	// The file may hold the new pages already: a bitmap opened smaller
+	// than it was drops what lies beyond (OpenFile). Their bits stay
+	// dropped, but the next Sync must write each such page over its old
+	// slots with a newer generation; from generation 0 it would lose to
+	// them, and a reopen would read the old bits instead of what it
+	// synced.
+	slot := make([]byte, SlotSize)
+	var gens []uint64
+	for p := len(b.gens); p < pagesFor(n); p++ {
+		var gen uint64
+		for s := range 2 {
+			g, ok, err := b.readSlot(slot, p, s)
+			if err != nil {
+				return err
+			}
+			if ok {
+				gen = max(gen, g)
+			}
+		}
+		gens = append(gens, gen)
+	}
+	for _, gen := range gens {
 		b.words = append(b.words, make([]uint64, wordsPerPg)...)
-		b.gens = append(b.gens, 0)
-		b.dirty = append(b.dirty, false)
+		b.gens = append(b.gens, gen)
+		b.dirty = append(b.dirty, gen > 0)
 	}
 	b.n = n
 	return nil

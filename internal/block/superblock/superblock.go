@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math"
 	"os"
 	"sync"
 )
@@ -178,6 +179,12 @@ func (b *Block) Write(payload []byte) error {
 	defer b.mu.Unlock()
 	if len(payload) > b.slotSize-headerSize {
 		return fmt.Errorf("superblock: payload of %d bytes exceeds the slot's %d", len(payload), b.slotSize-headerSize)
+	}
+	if b.gen == math.MaxUint64 {
+		// Only a forged or corrupted copy gets here (2^64 updates):
+		// generation 0 would lose to it at every read, so the payload
+		// written would never be read back.
+		return errors.New("superblock: generation exhausted")
 	}
 	gen := b.gen + 1
 	buf := make([]byte, headerSize+len(payload))

@@ -13,6 +13,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
@@ -34,10 +35,20 @@ type Params struct {
 
 // Layer is a throttle layer.
 type Layer struct {
-	child  block.Layer
-	ops    *rate.Limiter // nil: unlimited
-	bytes  *rate.Limiter
-	burst  int
+	child block.Layer
+	ops   *rate.Limiter // nil: unlimited
+	bytes *rate.Limiter
+	burst int
+	// credit is byte tokens paid for by splices that moved less than
+	// they paid for: the caller reads or writes the rest with ReadAt or
+	// WriteAt, which pay for it again, so the next reads and writes
+	// spend the credit before they wait (at most a burst is kept).
+	credit atomic.Int64
+	// ctx ends at Close: requests waiting for tokens then end with
+	// block.ErrClosed instead of waiting out their turn (with low
+	// limits, for hours) only to be refused by the closed child.
+	ctx    context.Context
+	cancel context.CancelFunc
 	params json.RawMessage
 }
 
@@ -51,6 +62,7 @@ func New(_ block.Env, raw json.RawMessage, children []block.Layer) (block.Layer,
 		return nil, fmt.Errorf("iops and bps must not be negative")
 	}
 	l := &Layer{child: children[0], params: raw}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
 	if p.IOPS > 0 {
 		l.ops = rate.NewLimiter(rate.Limit(p.IOPS), int(p.IOPS))
 	}
@@ -61,22 +73,58 @@ func New(_ block.Env, raw json.RawMessage, children []block.Layer) (block.Layer,
 	return l, nil
 }
 
-// wait takes one operation token and n byte tokens.
+// wait takes one operation token and n byte tokens (from the credit
+// first).
 func (l *Layer) wait(n int64) error {
-	ctx := context.Background()
 	if l.ops != nil {
-		if err := l.ops.Wait(ctx); err != nil {
-			return err
+		if err := l.ops.Wait(l.ctx); err != nil {
+			return l.waitErr(err)
 		}
+	}
+	if l.bytes != nil {
+		n = l.spend(n)
 	}
 	for l.bytes != nil && n > 0 {
 		m := min(n, int64(l.burst))
-		if err := l.bytes.WaitN(ctx, int(m)); err != nil {
-			return err
+		if err := l.bytes.WaitN(l.ctx, int(m)); err != nil {
+			return l.waitErr(err)
 		}
 		n -= m
 	}
 	return nil
+}
+
+// waitErr is the error of a wait for tokens: ErrClosed once Close ended it.
+func (l *Layer) waitErr(err error) error {
+	if l.ctx.Err() != nil {
+		return block.ErrClosed
+	}
+	return err
+}
+
+// spend takes up to n bytes from the credit and returns what is left to
+// pay.
+func (l *Layer) spend(n int64) int64 {
+	for {
+		c := l.credit.Load()
+		if c <= 0 || n <= 0 {
+			return n
+		}
+		m := min(c, n)
+		if l.credit.CompareAndSwap(c, c-m) {
+			return n - m
+		}
+	}
+}
+
+// refund credits m bytes a splice paid for but did not move.
+func (l *Layer) refund(m int64) {
+	for l.bytes != nil && m > 0 {
+		c := l.credit.Load()
+		if l.credit.CompareAndSwap(c, min(c+m, int64(l.burst))) {
+			return
+		}
+	}
 }
 
 // Size implements block.Device.
@@ -141,7 +189,9 @@ func (h held) cancel() {
 // SpliceTo implements block.Splicer: the child's, once the limits allow
 // the read — at once with nowait, else after waiting as ReadAt does. A
 // read the child moves only in part is charged twice for its operation:
-// here, and by the ReadAt of the rest.
+// here, and by the ReadAt of the rest; the bytes it did not move are
+// credited (the child may be a Splicer that moves nothing, as a stripe of
+// small units is).
 func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 	if _, ok := l.child.(block.Splicer); !ok || n <= 0 {
 		return 0
@@ -150,7 +200,9 @@ func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 		if l.wait(int64(n)) != nil {
 			return 0
 		}
-		return block.SpliceTo(l.child, pipe, off, n, false)
+		k := block.SpliceTo(l.child, pipe, off, n, false)
+		l.refund(int64(n - k))
+		return k
 	}
 	h, ok := l.takeNow(n)
 	k := 0
@@ -159,18 +211,23 @@ func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 	}
 	if k == 0 {
 		h.cancel() // the caller's ReadAt takes them again
+	} else {
+		l.refund(int64(n - k))
 	}
 	return k
 }
 
 // SpliceFrom implements block.SpliceWriter: the child's, after waiting
 // for the limits as WriteAt does. Like a read spliced in part, a write
-// the child takes in part pays for its operation twice.
+// the child takes in part pays for its operation twice, and the bytes it
+// did not take are credited.
 func (l *Layer) SpliceFrom(pipe int, off int64, n int) int {
 	if _, ok := l.child.(block.SpliceWriter); !ok || n <= 0 || l.wait(int64(n)) != nil {
 		return 0
 	}
-	return block.SpliceFrom(l.child, pipe, off, n)
+	k := block.SpliceFrom(l.child, pipe, off, n)
+	l.refund(int64(n - k))
+	return k
 }
 
 // WriteAt implements block.Device.
@@ -203,8 +260,12 @@ func (l *Layer) Flush() error { return l.child.Flush() }
 // Extents implements block.Device (not throttled).
 func (l *Layer) Extents(off, n int64) ([]block.Extent, error) { return l.child.Extents(off, n) }
 
-// Close implements block.Device.
-func (l *Layer) Close() error { return l.child.Close() }
+// Close implements block.Device; requests still waiting for tokens end
+// with block.ErrClosed.
+func (l *Layer) Close() error {
+	l.cancel()
+	return l.child.Close()
+}
 
 // Describe implements block.Layer.
 func (l *Layer) Describe() block.Node {
