@@ -370,6 +370,11 @@ func (l *leases) acquireLocked(ctx context.Context, vol string) (string, int64, 
 	}
 	l.mu.Lock()
 	_, had := l.held[vol]
+	l.mu.Unlock()
+	if !had {
+		l.dropStale(vol)
+	}
+	l.mu.Lock()
 	l.held[vol] = got.Token
 	l.mu.Unlock()
 	if !had {
@@ -377,6 +382,32 @@ func (l *leases) acquireLocked(ctx context.Context, vol string) (string, int64, 
 		l.s.failPassedSnapshots(ctx, vol)
 	}
 	return got.Node, got.Token, nil
+}
+
+// dropStale is called as this node becomes vol's writer, before it is
+// recorded as such. A stack it has open now was opened while it did not
+// write the volume (for ro attachments served here), and another node may
+// have changed the volume since — frozen a snapshot (a new top), extended
+// it, flattened it (its top cut from a parent that may be gone now):
+// written through, such a stack would write into the snapshot's image,
+// record the old size or the old parent again, and the volume would no
+// longer open. If the stack no longer matches what is on disk (which holds
+// still now: this node runs no writer of the volume, and the previous
+// writer stopped before the lease could pass), every stack of vol open
+// here is fenced for good — their ro readers finish on them — and
+// forgotten, so that the writer's users open the volume afresh.
+func (l *leases) dropStale(vol string) {
+	if !l.s.liveStale(vol) {
+		return
+	}
+	l.s.logFor("volume", vol).Info("the stack open here is stale (the volume was changed through another node): opened afresh for writing")
+	l.mu.Lock()
+	for _, f := range l.fences[vol] {
+		f.lost.Store(true)
+	}
+	delete(l.fences, vol)
+	l.mu.Unlock()
+	l.s.dropLive(vol)
 }
 
 // writes checks that this node may still write vol as the workflow that

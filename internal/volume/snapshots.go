@@ -145,7 +145,14 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 	}
 	s.logFor("snapshot", sn.ID).Info("snapshot create", "volume", v.ID, "size", sn.SizeBytes, "by", sn.Node)
 	if sn.Node != s.cfg.Node {
-		return s.awaitSnapshot(ctx, sn.ID)
+		// Taken by the volume's writer (delegate.go). Its failure is this
+		// call's, as when this node takes it: the snapshot stays, in error
+		// (returned with the error).
+		out, err := s.awaitSnapshot(ctx, sn.ID)
+		if err == nil && out.Status == meta.StatusError {
+			err = errs.New(errs.KindInternal, errs.CodeInternal, "snapshot %s: %s", out.ID, out.StatusMessage)
+		}
+		return out, err
 	}
 	return s.finishSnapshot(ctx, sn.ID, sn.Node, leaseToken)
 }

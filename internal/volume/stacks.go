@@ -25,7 +25,7 @@ import (
 // of in-memory layer state. The last user to let go flushes and closes it.
 
 type liveStack struct {
-	l      block.Layer
+	l      *exact
 	refs   int
 	forget func() // unregisters its write fence
 }
@@ -95,6 +95,21 @@ func (s *Service) acquire(v *meta.Volume) (block.Layer, func(), error) {
 	defer mu.Unlock()
 	s.liveMu.Lock()
 	ls := s.live[v.ID]
+	if ls != nil && ls.l.Size() < v.SizeBytes {
+		// The volume grew since this stack was opened, and a new user
+		// must see it at the record's size. Grown here (this node's
+		// extend resized it), only the presented size lags: it was
+		// opened from a record read before the extend committed. Else it
+		// was opened while another node extended the volume (for ro
+		// attachments served here): stale, it is forgotten — its users
+		// finish on it — and the volume is opened afresh.
+		if ls.l.Layer.Size() >= v.SizeBytes {
+			ls.l.grow(v.SizeBytes)
+		} else {
+			delete(s.live, v.ID)
+			ls = nil
+		}
+	}
 	if ls != nil {
 		ls.refs++
 		s.liveMu.Unlock()
@@ -198,6 +213,44 @@ func (s *Service) dropLive(vol string) {
 	s.liveMu.Unlock()
 }
 
+// liveStale reports whether volume vol's stack open here (if any) no
+// longer shows the volume as it is on disk: its cow layer's chain of
+// images (top first) or size is not the one the volume's directory and
+// the images' superblocks record — a snapshot, a collapse or a flatten, or
+// an extend, made through another node (see leases.dropStale). Under the
+// volume's openMu, so that a stack being opened is looked at once it is.
+func (s *Service) liveStale(vol string) bool {
+	mu := s.openMu(vol)
+	mu.Lock()
+	defer mu.Unlock()
+	s.liveMu.Lock()
+	ls := s.live[vol]
+	s.liveMu.Unlock()
+	if ls == nil {
+		return false
+	}
+	c, ok := find[*cow.Layer](ls.l)
+	if !ok {
+		return false
+	}
+	var chain []string
+	for _, n := range c.Describe().Children {
+		chain = append(chain, n.Image)
+	}
+	id, err := cow.TopOf(s.store.VolumeDir(vol))
+	for i := 0; err == nil && id != ""; i++ {
+		var im cow.Image
+		im, err = cow.ReadImage(s.store.ImagesDir(), id)
+		if err != nil || i >= len(chain) || chain[i] != id || i == 0 && im.Size != c.Size() {
+			return true
+		}
+		if id = im.Parent; id == "" && i != len(chain)-1 {
+			return true
+		}
+	}
+	return err != nil
+}
+
 // exact presents a stack at exactly the volume's size: layers may round
 // their size up (a stripe to whole stripe units), but the volume is the
 // size its record says. Smaller than the stack is safe: callers never go
@@ -235,8 +288,15 @@ func (e *exact) Resize(n int64) error {
 			return err
 		}
 	}
-	e.size.Store(n)
+	e.grow(n)
 	return nil
+}
+
+// grow raises the presented size to n, never lowering it (an acquire
+// catching up with the record may race with a Resize to a larger size).
+func (e *exact) grow(n int64) {
+	for cur := e.size.Load(); cur < n && !e.size.CompareAndSwap(cur, n); cur = e.size.Load() {
+	}
 }
 
 // find returns the first layer of the stack that is a T.

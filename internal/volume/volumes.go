@@ -420,7 +420,14 @@ func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSiz
 		return nil, err
 	}
 	if writer != s.cfg.Node {
-		return s.awaitExtend(ctx, v.ID) // the volume's writer extends it (delegate.go)
+		// The volume's writer extends it (delegate.go). Its failure is this
+		// call's, as when this node extends: the record at rest at a
+		// smaller size (the lock keeps any other extend out meanwhile).
+		out, err := s.awaitExtend(ctx, v.ID)
+		if err == nil && out.Status != meta.StatusExtending && out.SizeBytes < newSize {
+			return nil, errs.New(errs.KindInternal, errs.CodeInternal, "volume %s: %s", out.ID, out.StatusMessage)
+		}
+		return out, err
 	}
 	return s.runExtend(ctx, v.ID)
 }
