@@ -377,16 +377,13 @@ func (n *Node) Err() error {
 	}
 }
 
-// attachmentURI is the NBD URI of attachment a on the node that serves it:
-// a rw attachment on its volume's write-lease holder, a ro one here.
+// attachmentURI is the NBD URI of attachment a on the node that serves it
+// (volume.Service.ServingNode).
 func (n *Node) attachmentURI(ctx context.Context, a *meta.Attachment) string {
-	if a.Mode != meta.ModeRW {
-		return n.nbdURI + a.Export
-	}
-	node, err := n.volumes.ServingNode(ctx, a.VolumeID)
+	node, err := n.volumes.ServingNode(ctx, a)
 	if err != nil || node == n.cfg.Name {
 		if err != nil {
-			n.log.Warn("serving node of a rw attachment", "attachment", a.ID, "err", err)
+			n.log.Warn("serving node of an attachment", "attachment", a.ID, "err", err)
 		}
 		return n.nbdURI + a.Export
 	}

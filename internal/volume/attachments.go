@@ -81,10 +81,30 @@ func (s *Service) Attach(ctx context.Context, c Caller, volumeRef, host, mode st
 	return a, nil
 }
 
-// ServingNode is the node that serves volume vol's rw attachments: its
-// write-lease holder, this node if nobody holds it.
-func (s *Service) ServingNode(ctx context.Context, vol string) (string, error) {
-	return s.leases.servingNode(ctx, vol)
+// ServingNode is the node that serves attachment a. A rw attachment is
+// served by its volume's write-lease holder (this node takes the lease if
+// nobody holds it). An ro attachment is served by any node — through the
+// stack it opens for readers — unless its volume is multiattach and
+// another node holds the write lease: that node's writes reach a reader
+// only through the writer's own stack (a reader's stack elsewhere would
+// read its chunks from where they were when it opened), so the attachment
+// is served there. An ro attachment never takes the lease.
+func (s *Service) ServingNode(ctx context.Context, a *meta.Attachment) (string, error) {
+	if a.Mode == meta.ModeRW {
+		return s.leases.servingNode(ctx, a.VolumeID)
+	}
+	v, err := s.meta.Volume(ctx, a.VolumeID)
+	if err != nil || !v.Multiattach {
+		return s.cfg.Node, err
+	}
+	h, err := s.meta.VolumeLeaseHolder(ctx, a.VolumeID)
+	if err != nil {
+		return "", err
+	}
+	if h != nil && !h.Released {
+		return h.Node, nil
+	}
+	return s.cfg.Node, nil
 }
 
 // Detach removes an attachment. This node closes the attachment's NBD

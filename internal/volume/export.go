@@ -40,11 +40,19 @@ type Exports struct {
 	// writers holds, per volume, one entry for every rw export open here
 	// (a connection or an INFO query), removed when it is released: it
 	// names the attachments to revoke if this node loses the write lease.
-	writers map[string]map[*writer]struct{}
+	writers openSet
+	// readers holds likewise the ro exports of multiattach volumes open
+	// here, revoked when another node takes the volume's write lease:
+	// they read through this node's stack, which does not see that
+	// node's writes (ServingNode).
+	readers openSet
 }
 
-// writer is one open rw export of an attachment (see Exports.writers).
-type writer struct{ attachment string }
+// openSet holds, per volume, the exports of a kind open here.
+type openSet map[string]map[*opened]struct{}
+
+// opened is one open export of an attachment (see Exports.writers).
+type opened struct{ attachment string }
 
 // readyWait bounds how long Open waits for Run to take stock.
 const readyWait = 10 * time.Second
@@ -53,8 +61,9 @@ const readyWait = 10 * time.Second
 // serving with it.
 func (s *Service) NewExports(auth func(ctx context.Context, chain []*x509.Certificate) (Caller, error)) *Exports {
 	e := &Exports{s: s, Authenticate: auth, ready: make(chan struct{}),
-		revoked: map[string]chan struct{}{}, writers: map[string]map[*writer]struct{}{}}
+		revoked: map[string]chan struct{}{}, writers: openSet{}, readers: openSet{}}
 	s.leases.onLost(e.fenced)
+	s.leases.onElsewhere(e.writtenElsewhere)
 	s.exports.Store(e)
 	return e
 }
@@ -62,37 +71,45 @@ func (s *Service) NewExports(auth func(ctx context.Context, chain []*x509.Certif
 // fenced closes the connections of volume vol's rw attachments here: this
 // node lost the volume's write lease, and their clients must reconnect
 // to the new holder.
-func (e *Exports) fenced(vol string) {
+func (e *Exports) fenced(vol string) { e.revokeAll(e.writers, vol) }
+
+// writtenElsewhere closes the connections of volume vol's multiattach ro
+// attachments here: another node took the volume's write lease, and
+// their clients must reconnect to it (ServingNode).
+func (e *Exports) writtenElsewhere(vol string) { e.revokeAll(e.readers, vol) }
+
+// revokeAll revokes the attachments of the exports of vol in set.
+func (e *Exports) revokeAll(set openSet, vol string) {
 	e.mu.Lock()
-	ws := e.writers[vol]
-	delete(e.writers, vol)
+	os := set[vol]
+	delete(set, vol)
 	e.mu.Unlock()
-	for w := range ws {
-		e.revoke(w.attachment)
+	for o := range os {
+		e.revoke(o.attachment)
 	}
 }
 
-// addWriter records an rw export of attachment id on volume vol open
-// here; dropWriter forgets it when the export is released.
-func (e *Exports) addWriter(vol, id string) *writer {
-	w := &writer{attachment: id}
+// add records an export of attachment id on volume vol open here in set;
+// drop forgets it when the export is released.
+func (e *Exports) add(set openSet, vol, id string) *opened {
+	o := &opened{attachment: id}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.writers[vol] == nil {
-		e.writers[vol] = map[*writer]struct{}{}
+	if set[vol] == nil {
+		set[vol] = map[*opened]struct{}{}
 	}
-	e.writers[vol][w] = struct{}{}
-	return w
+	set[vol][o] = struct{}{}
+	return o
 }
 
-func (e *Exports) dropWriter(vol string, w *writer) {
+func (e *Exports) drop(set openSet, vol string, o *opened) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	// After fenced the volume's set is gone, or is a new one that does
-	// not hold w: nothing to drop then.
-	delete(e.writers[vol], w)
-	if len(e.writers[vol]) == 0 {
-		delete(e.writers, vol)
+	// After revokeAll the volume's set is gone, or is a new one that
+	// does not hold o: nothing to drop then.
+	delete(set[vol], o)
+	if len(set[vol]) == 0 {
+		delete(set, vol)
 	}
 }
 
@@ -210,24 +227,51 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 		return nil, err
 	}
 	ro := a.Mode == meta.ModeRO
-	var w *writer
+	// Registered before the serving node is checked, so another node
+	// taking the write lease after the check still revokes this export.
+	var set openSet
+	switch {
+	case !ro:
+		set = e.writers
+	case v.Multiattach:
+		set = e.readers
+	}
+	var o *opened
+	if set != nil {
+		o = e.add(set, v.ID, a.ID)
+	}
+	unregister := func() {
+		if o != nil {
+			e.drop(set, v.ID, o)
+		}
+	}
 	var token int64
 	if !ro {
-		// Registered before the lease check, so losing the lease after
-		// the check still revokes this export.
-		w = e.addWriter(v.ID, a.ID)
 		// Served only by the volume's write-lease holder.
 		holder, tok, err := e.s.leases.acquire(ctx, v.ID)
 		if err != nil {
-			e.dropWriter(v.ID, w)
+			unregister()
 			return nil, fmt.Errorf("export %s: %w", a.ID, err)
 		}
 		if holder != e.s.cfg.Node {
-			e.dropWriter(v.ID, w)
+			unregister()
 			return nil, errs.New(errs.KindConflict, CodeServedElsewhere,
 				"attachment %s is served by node %s, which writes volume %s; ask `basalt attachment show` for its nbd_uri", a.ID, holder, v.ID)
 		}
 		token = tok
+	} else if v.Multiattach {
+		// Its volume's writer serves it, if another node writes the
+		// volume (see ServingNode).
+		node, err := e.s.ServingNode(ctx, a)
+		if err != nil {
+			unregister()
+			return nil, fmt.Errorf("export %s: %w", a.ID, err)
+		}
+		if node != e.s.cfg.Node {
+			unregister()
+			return nil, errs.New(errs.KindConflict, CodeServedElsewhere,
+				"attachment %s is served by node %s, which writes volume %s; ask `basalt attachment show` for its nbd_uri", a.ID, node, v.ID)
+		}
 	}
 	var stack block.Layer
 	var release func()
@@ -237,17 +281,12 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 		stack, release, err = e.s.acquireWriter(v, token)
 	}
 	if err != nil {
-		if w != nil {
-			e.dropWriter(v.ID, w)
-		}
+		unregister()
 		return nil, err
 	}
-	var d block.Device = &shared{Device: stack, release: release}
+	var d block.Device = &shared{Device: stack, release: func() { release(); unregister() }}
 	if !ro {
-		d = &shared{Device: &gated{Device: stack, gate: e.s.Gate(a.VolumeID)}, release: func() {
-			release()
-			e.dropWriter(v.ID, w)
-		}}
+		d = &shared{Device: &gated{Device: stack, gate: e.s.Gate(a.VolumeID)}, release: func() { release(); unregister() }}
 	}
 	return &nbd.Export{
 		Name:        name,

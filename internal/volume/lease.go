@@ -68,8 +68,9 @@ const (
 
 // Error codes of write leases. Stable: add, never rename.
 const (
-	// CodeServedElsewhere: a rw attachment's volume is served by another
-	// node (409).
+	// CodeServedElsewhere: the attachment is served by another node,
+	// its volume's writer (409): a rw attachment's, or an ro one's of a
+	// multiattach volume (ServingNode).
 	CodeServedElsewhere = "ServedByAnotherNode"
 	// CodeWriteLeaseHandover: the volume's write lease was released
 	// through another node than its holder, which may still write it
@@ -92,6 +93,8 @@ type leases struct {
 	// fences them for good.
 	fences map[string][]*stackFence
 	lost   []func(vol string)
+	// elsewhere are called when another node takes a volume's lease.
+	elsewhere []func(vol string)
 	// users counts, by volume, the workflows running here on the
 	// volume's lease (use: jobs, freezes, extends): while one runs, the
 	// lease is not given up.
@@ -151,6 +154,15 @@ func (l *leases) onLost(fn func(vol string)) {
 	l.mu.Unlock()
 }
 
+// onElsewhere registers fn, called (without locks held) when another
+// node takes a volume's lease (as the watch reports it: also for every
+// lease held elsewhere when the watch starts).
+func (l *leases) onElsewhere(fn func(vol string)) {
+	l.mu.Lock()
+	l.elsewhere = append(l.elsewhere, fn)
+	l.mu.Unlock()
+}
+
 // run keeps the node's etcd lease renewed, takes over volumes whose
 // holder went away and hands over those released elsewhere, until ctx
 // ends.
@@ -161,6 +173,13 @@ func (l *leases) run(ctx context.Context) {
 			go l.takeOver(ctx, ev.Volume, ev.Rev)
 		case ev.Lease.Released && ev.Lease.Node == l.s.cfg.Node:
 			go l.handOver(ctx, ev.Volume)
+		case !ev.Lease.Released && ev.Lease.Node != l.s.cfg.Node:
+			l.mu.Lock()
+			fns := l.elsewhere
+			l.mu.Unlock()
+			for _, fn := range fns {
+				fn(ev.Volume)
+			}
 		}
 	})
 	t := time.NewTicker(leaseRenew)

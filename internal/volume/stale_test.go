@@ -1,12 +1,15 @@
 package volume
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
 	"github.com/basalt-storage/basalt/internal/nbd"
 )
@@ -235,4 +238,74 @@ func TestReaderStackNotWrittenAfterFlatten(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.sameVolume(a, cl.ID, slices.Concat(model, make([]byte, 1<<20)), "clone after the extend through b")
+}
+
+// TestMultiattachReaderFollowsWriter: an ro attachment of a multiattach
+// volume reads through the stack of the node serving it, which sees
+// another node's writes only as they were when it opened the volume (its
+// allocation maps, its top image). So while another node writes the
+// volume, that node serves the ro attachment too: an open elsewhere is
+// refused, naming it (ServedByAnotherNode, as for rw), ServingNode (the
+// attachment's nbd_uri) names it on every node, and the ro connections a
+// node had open before the writer appeared are closed.
+func TestMultiattachReaderFollowsWriter(t *testing.T) {
+	_, a, b, xb := twoNodes(t)
+	xa := runExports(t, a)
+	ctx := ctxT(t)
+	alice := caller("alice")
+	v, err := a.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20, Multiattach: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro, err := a.Attach(ctx, alice, v.ID, "reader", meta.ModeRO)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Nobody writes the volume: b serves the reader itself.
+	early, err := xb.Open(ctx, ro.Export, nil)
+	if err != nil {
+		t.Fatalf("ro open with no writer: %v", err)
+	}
+	defer early.Release()
+	if node, err := b.ServingNode(ctx, ro); err != nil || node != b.cfg.Node {
+		t.Fatalf("serving node of the ro attachment on b with no writer: %q %v", node, err)
+	}
+	// a begins to write it.
+	rw, err := a.Attach(ctx, alice, v.ID, "writer", meta.ModeRW)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := xa.Open(ctx, rw.Export, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Release()
+	select {
+	case <-early.Revoked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("b kept serving the ro attachment after a began to write the volume")
+	}
+	_, err = xb.Open(ctx, ro.Export, nil)
+	if !errs.IsCode(err, CodeServedElsewhere) {
+		t.Fatalf("ro open on b while a writes: %v, want %s", err, CodeServedElsewhere)
+	}
+	for _, s := range []*Service{a, b} {
+		if node, err := s.ServingNode(ctx, ro); err != nil || node != a.cfg.Node {
+			t.Fatalf("serving node of the ro attachment on %s: %q %v, want %s", s.cfg.Node, node, err, a.cfg.Node)
+		}
+	}
+	r, err := xa.Open(ctx, ro.Export, nil)
+	if err != nil {
+		t.Fatalf("ro open on the writer: %v", err)
+	}
+	defer r.Release()
+	// A write through a reads back through a's reader at once.
+	p := bytes.Repeat([]byte{9}, 4096)
+	if err := w.Device.WriteAt(p, 8192, false); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(p))
+	if err := r.Device.ReadAt(got, 8192); err != nil || !bytes.Equal(got, p) {
+		t.Fatalf("reader on the writer's node: %v", err)
+	}
 }
