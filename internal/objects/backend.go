@@ -107,6 +107,14 @@ func New(cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("objects: %w", err)
 		}
 	}
+	// Work holds users' bytes on their way into the buckets (pending
+	// parts, the temp files of PUTs and snapshot exports, mode 0644 like
+	// objects): nobody but the gateway may enter it, or a user who closed
+	// their bucket directory to others would have those readable here.
+	// Also for a Work made 0755 by an earlier version.
+	if err := os.Chmod(work, 0o700); err != nil {
+		return nil, fmt.Errorf("objects: %w", err)
+	}
 	var rst, wst syscall.Stat_t
 	if err := syscall.Stat(root, &rst); err != nil {
 		return nil, fmt.Errorf("objects: %w", err)

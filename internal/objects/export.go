@@ -270,6 +270,46 @@ func errHardLinked(bucket, key string, nlink uint64) error {
 			"else's file into the bucket); copy it into the bucket (cp) and export the copy", bucket, key, nlink)
 }
 
+// readableByOwner checks that the file st at key is one the bucket's
+// owner could read directly: anyone may read it and enter every
+// directory from the bucket's down to it, or every one of those
+// directories belongs to the file's owner (or to the gateway, writable by
+// nobody else). Like a hard link (errHardLinked), a rename can bring
+// someone else's file into the bucket — a user moves it in from any
+// directory they may write on the store's file system, or moves in a
+// directory that holds it (one of theirs, or its owner's, closed to
+// others) — and the server, which reads with its own rights, must not
+// serve it for them. Such a move needs write access to a directory on the
+// way, which only the file's owner (or the gateway) has in the second
+// case, and in the first anyone could read the file anyway.
+func readableByOwner(r *os.Root, bucket, key string, st *syscall.Stat_t) error {
+	public := st.Mode&0o004 != 0 // so far: the file and its directories
+	var foreign *syscall.Stat_t  // the first directory neither the owner's nor the gateway's
+	foreignDir := ""
+	dir := "."
+	for comp := range strings.SplitSeq(key, "/") {
+		fi, err := r.Lstat(dir)
+		if err != nil {
+			return fileError(bucket, key, "check the directories of", err)
+		}
+		ds := statOf(fi)
+		public = public && ds.Mode&0o001 != 0
+		gateway := (ds.Uid == 0 || int(ds.Uid) == os.Geteuid()) && ds.Mode&0o022 == 0
+		if ds.Uid != st.Uid && !gateway && foreign == nil {
+			foreign, foreignDir = ds, dir
+		}
+		dir = path.Join(dir, comp)
+	}
+	if public || foreign == nil {
+		return nil
+	}
+	return errs.New(errs.KindForbidden, CodeFileAccess,
+		"%s/%s belongs to uid %d and not everyone may read it, but the directory %s belongs to uid %d: "+
+			"the file may have been moved in by someone who may not read it, and the server does not "+
+			"read it for them; its owner can export it from a directory of their own, or make it and its "+
+			"directories readable by others (chmod o+r, o+x)", bucket, key, st.Uid, path.Join(bucket, foreignDir), foreign.Uid)
+}
+
 func errChanged(bucket, key string) error {
 	return errs.Conflict(CodeFileChanged,
 		"%s/%s changed while it was being exported; export it again once nothing writes to it", bucket, key)
@@ -316,8 +356,10 @@ func (b *Backend) ObjectPath(ctx context.Context, bucket, key string) (PathInfo,
 // (mime.TypeByExtension), if at all.
 //
 // The file must be a regular file reached through real directories (no
-// symbolic link on the way) with no other hard link (CodeHardLinked), and
-// must not change while it is read (CodeFileChanged).
+// symbolic link on the way) with no other hard link (CodeHardLinked),
+// readable by others or kept in directories of its owner's
+// (readableByOwner, CodeFileAccess), and must not change while it is
+// read (CodeFileChanged).
 func (b *Backend) Export(ctx context.Context, bucket, key string) (ObjectInfo, error) {
 	r, err := b.controlBucket(ctx, bucket)
 	if err != nil {
@@ -348,6 +390,9 @@ func (b *Backend) Export(ctx context.Context, bucket, key string) (ObjectInfo, e
 	st := statOf(fi)
 	if st.Nlink > 1 {
 		return ObjectInfo{}, errHardLinked(bucket, key, uint64(st.Nlink))
+	}
+	if err := readableByOwner(r, bucket, key, st); err != nil {
+		return ObjectInfo{}, err
 	}
 	// What the old record said that is not about the bytes.
 	var old *objectMeta

@@ -19,8 +19,8 @@ import (
 // over S3 then belong to that uid on the file system, as if they had
 // written them directly. An admin's word is not enough, though: the
 // mapping is trusted only while the uid itself vouches for it, with a
-// trust file that holds the user's access key id and that nobody but the
-// uid (or root) can write. Whoever controls the uid's files agrees to
+// trust file of its own that holds the user's access key id and that
+// nobody else can write. Whoever controls the uid's files agrees to
 // receive that S3 user's objects; nobody else can make the gateway give
 // files to a uid.
 
@@ -66,7 +66,11 @@ func (b *Backend) trusted(acct auth.Account) (bool, string) {
 	switch {
 	case !fi.Mode().IsRegular():
 		return false, path + " is not a regular file"
-	case int(st.Uid) != uid && st.Uid != 0:
+	case int(st.Uid) != uid:
+		// Not root's either: the gateway itself makes root-owned files
+		// with contents its users choose (an untrusted writer's objects),
+		// which a user who owns the bucket directory can move wherever
+		// they may write — a shared trust directory, say.
 		return false, fmt.Sprintf("%s belongs to uid %d, not %d", path, st.Uid, uid)
 	case fi.Mode().Perm()&0o022 != 0:
 		return false, fmt.Sprintf("%s is writable by others (mode %v)", path, fi.Mode().Perm())

@@ -57,8 +57,12 @@ func TestObjectsGoToTheTrustedUID(t *testing.T) {
 			must(t, os.Chmod(trust, 0o600))
 			must(t, os.Chown(trust, 5555, gid))
 		}, false},
-		{"owned by root", func() { must(t, os.Chown(trust, 0, 0)) }, true},
-		{"without the key", func() { must(t, os.WriteFile(trust, []byte("AKBOB\n"), 0o600)) }, false},
+		// Root's files are no proof: see TestTrustFileNotPlantedByAnotherUser.
+		{"owned by root", func() { must(t, os.Chown(trust, 0, 0)) }, false},
+		{"without the key", func() {
+			must(t, os.WriteFile(trust, []byte("AKBOB\n"), 0o600))
+			must(t, os.Chown(trust, uid, gid))
+		}, false},
 		{"a symlink to a good file", func() {
 			good := filepath.Join(e.dir, "good")
 			must(t, os.WriteFile(good, []byte("AKALICE\n"), 0o600))
@@ -79,6 +83,7 @@ func TestObjectsGoToTheTrustedUID(t *testing.T) {
 	// Copies and completed multipart uploads are writes too.
 	must(t, os.Remove(trust))
 	must(t, os.WriteFile(trust, []byte("AKALICE\n"), 0o600))
+	must(t, os.Chown(trust, uid, gid))
 	if _, err := e.alice.CopyObject(ctx, &s3.CopyObjectInput{Bucket: aws.String("mine"), Key: aws.String("copy"),
 		CopySource: aws.String("mine/obja")}); err != nil {
 		t.Fatal(err)
