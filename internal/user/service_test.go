@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
+	"github.com/basalt-storage/basalt/internal/meta/metatest"
 	"github.com/basalt-storage/basalt/internal/pki"
 )
 
@@ -371,5 +373,53 @@ func TestAuthenticateMetadataDown(t *testing.T) {
 	}
 	if !errs.IsCode(err, errs.CodeMetadataUnavailable) {
 		t.Fatalf("Authenticate with metadata down: %v, want MetadataUnavailable", err)
+	}
+}
+
+// TestAuthenticateThroughLaggingMirror: a node's mirror of the users
+// lags behind writes made through other nodes. A user deleted and created
+// again under the same name through node a authenticates with the new
+// certificate on node b at once: a mirrored record of another id is
+// checked against the store, not taken for a revocation.
+func TestAuthenticateThroughLaggingMirror(t *testing.T) {
+	env := metatest.Shared(t)
+	ctx := ctxT(t)
+	a := New(env.Meta, env.CA)
+	mb := env.Connect(t)
+	watches := metatest.BreakableWatches(mb)
+	b := New(mb, env.CA)
+	mctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	mirror := mb.MirrorUsersByName(mctx)
+	b.SetMirror(mirror)
+	name := uniq("hana")
+	old, _, err := a.Create(ctx, Spec{Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mirror.Await(ctx, name, func(u *meta.User, ok bool) bool { return ok }); err != nil {
+		t.Fatal(err)
+	}
+	// b's mirror stops following: its watch broken and held, after the
+	// relist that follows a break (a second later) is done.
+	release := watches.BreakAndHold()
+	defer release()
+	time.Sleep(1500 * time.Millisecond)
+	if err := a.Delete(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	u2, id2, err := a.Create(ctx, Spec{Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u, ok := mirror.Get(name); !ok || u.ID != old.ID {
+		t.Fatal("setup: b's mirror is not behind")
+	}
+	c, err := b.Authenticate(ctx, chain(t, id2.CertPEM))
+	if err != nil {
+		t.Fatalf("new user's certificate on the lagging node: %v", err)
+	}
+	if c.ID != u2.ID {
+		t.Fatalf("authenticated as %s, want %s", c.ID, u2.ID)
 	}
 }

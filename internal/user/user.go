@@ -189,7 +189,11 @@ func (s *Service) Authenticate(ctx context.Context, chain []*x509.Certificate) (
 	// with any cached credential; a user created a moment ago is looked up.
 	u, found := s.lookupMirror(name)
 	var err error
-	if !found {
+	if !found || pki.UserID(leaf) != u.ID {
+		// Not there, or another user of that name: the mirror may not
+		// have seen the user deleted and created again (through
+		// another node) whom the certificate was issued to. The store
+		// says.
 		u, err = s.meta.User(ctx, name)
 	}
 	if err != nil {
