@@ -49,6 +49,11 @@ type Job struct {
 	Phase string `json:"phase,omitempty"`
 	// Object is the s3://bucket/key an export writes or an import reads.
 	Object string `json:"object,omitempty"`
+	// BucketCreated is when Object's bucket was created, as the call that
+	// asked for the job found it: the job uses that bucket only, not one
+	// deleted and created again under its name (by another user) before
+	// the job ran or resumed. Zero in jobs of older versions: unchecked.
+	BucketCreated time.Time `json:"bucket_created,omitzero"`
 	// RequestedBy is the node that accepted the call when another node
 	// (Node, the volume's writer) runs the job.
 	RequestedBy string `json:"requested_by,omitempty"`

@@ -57,24 +57,57 @@ func (s *Service) objectStore() (Objects, error) {
 	return s.cfg.Objects, nil
 }
 
+// CodeBucketReplaced: a job's bucket was deleted and created again since
+// the job was asked for (409).
+const CodeBucketReplaced = "BucketReplaced"
+
 // ownBucket parses an s3:// URL and checks that c may use its bucket:
-// the owner (by user id) or an administrator.
-func (s *Service) ownBucket(ctx context.Context, c Caller, url string) (bucket, key string, err error) {
+// the owner (by user id) or an administrator. It returns the bucket's
+// record too.
+func (s *Service) ownBucket(ctx context.Context, c Caller, url string) (bucket, key string, b *meta.Bucket, err error) {
 	bucket, key, err = objects.ParseURL(url)
 	if err != nil {
-		return "", "", err
+		return "", "", nil, err
 	}
-	b, err := s.meta.Bucket(ctx, bucket)
-	if errs.IsCode(err, errs.CodeNotFound) {
-		return "", "", errs.New(errs.KindNotFound, objects.CodeNoSuchBucket, "bucket %q does not exist", bucket)
-	}
+	b, err = s.bucket(ctx, bucket)
 	if err != nil {
-		return "", "", err
+		return "", "", nil, err
 	}
 	if !c.Admin && b.OwnerID != c.ID {
-		return "", "", errs.New(errs.KindForbidden, "AccessDenied", "bucket %q belongs to another user", bucket)
+		return "", "", nil, errs.New(errs.KindForbidden, "AccessDenied", "bucket %q belongs to another user", bucket)
 	}
-	return bucket, key, nil
+	return bucket, key, b, nil
+}
+
+func (s *Service) bucket(ctx context.Context, name string) (*meta.Bucket, error) {
+	b, err := s.meta.Bucket(ctx, name)
+	if errs.IsCode(err, errs.CodeNotFound) {
+		return nil, errs.New(errs.KindNotFound, objects.CodeNoSuchBucket, "bucket %q does not exist", name)
+	}
+	return b, err
+}
+
+// sameBucket checks, as a job starts or resumes, that job's bucket is the
+// one its call was checked against (meta.Job.BucketCreated): the owner
+// may have deleted it since, and another user created one of that name,
+// who must not receive a snapshot's data or give a volume theirs.
+func (s *Service) sameBucket(ctx context.Context, job *meta.Job) error {
+	if job.BucketCreated.IsZero() {
+		return nil
+	}
+	bucket, _, err := objects.ParseURL(job.Object)
+	if err != nil {
+		return err
+	}
+	b, err := s.bucket(ctx, bucket)
+	if err != nil {
+		return err
+	}
+	if !b.CreatedAt.Equal(job.BucketCreated) {
+		return errs.Conflict(CodeBucketReplaced, "bucket %q was deleted and created again (at %s) since the %s was asked for; the job does not use the new bucket",
+			bucket, b.CreatedAt.UTC().Format(time.RFC3339Nano), job.Kind)
+	}
+	return nil
 }
 
 // ExportSnapshot starts writing snapshot ref into the object at url
@@ -89,7 +122,8 @@ func (s *Service) ExportSnapshot(ctx context.Context, c Caller, ref, url string)
 		return nil, err
 	}
 	defer wl.unlock()
-	if _, _, err := s.ownBucket(ctx, c, url); err != nil {
+	_, _, b, err := s.ownBucket(ctx, c, url)
+	if err != nil {
 		return nil, err
 	}
 	var out *meta.Snapshot
@@ -110,7 +144,8 @@ func (s *Service) ExportSnapshot(ctx context.Context, c Caller, ref, url string)
 		if cur.Job != nil {
 			return errs.Conflict(errs.CodeSnapshotInUse, "snapshot %s is already being exported to %s", cur.ID, cur.Job.Object)
 		}
-		cur.Job = &meta.Job{Kind: meta.JobExport, Node: s.cfg.Node, StartedAt: now(), Object: url, Total: cur.SizeBytes, Phase: "copy"}
+		cur.Job = &meta.Job{Kind: meta.JobExport, Node: s.cfg.Node, StartedAt: now(), Object: url, Total: cur.SizeBytes, Phase: "copy",
+			BucketCreated: b.CreatedAt}
 		cur.UpdatedAt = now()
 		tx.PutSnapshot(cur)
 		out = cur
@@ -166,6 +201,9 @@ func (s *Service) runExport(ctx context.Context, id string) {
 // export reads the snapshot's image in place (read-only, through its
 // volume's stack) into a new object.
 func (s *Service) export(ctx context.Context, sn *meta.Snapshot) (*ExportReport, error) {
+	if err := s.sameBucket(ctx, sn.Job); err != nil {
+		return nil, err
+	}
 	o, err := s.objectStore()
 	if err != nil {
 		return nil, err
@@ -262,30 +300,30 @@ func throttled(save block.Progress) block.Progress {
 // checkImport validates a create from an object: the caller's bucket, an
 // object that is valid now, and the volume's size (0: the object's,
 // rounded up to 512 bytes). It returns the size.
-func (s *Service) checkImport(ctx context.Context, c Caller, url string, size int64) (int64, error) {
+func (s *Service) checkImport(ctx context.Context, c Caller, url string, size int64) (int64, *meta.Bucket, error) {
 	o, err := s.objectStore()
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	bucket, key, err := s.ownBucket(ctx, c, url)
+	bucket, key, b, err := s.ownBucket(ctx, c, url)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	f, oi, err := o.OpenImage(ctx, bucket, key)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	f.Close()
 	if oi.Size == 0 {
-		return 0, errs.Invalid(errs.CodeInvalidSize, "object %s is empty; a volume needs at least 512 bytes", url)
+		return 0, nil, errs.Invalid(errs.CodeInvalidSize, "object %s is empty; a volume needs at least 512 bytes", url)
 	}
 	if size == 0 {
 		size = (oi.Size + 511) &^ 511
 	}
 	if size < oi.Size {
-		return 0, errs.Invalid(errs.CodeInvalidSize, "size %d is smaller than object %s (%d bytes)", size, url, oi.Size)
+		return 0, nil, errs.Invalid(errs.CodeInvalidSize, "size %d is smaller than object %s (%d bytes)", size, url, oi.Size)
 	}
-	return size, nil
+	return size, b, nil
 }
 
 // startImport finishes creating a volume from an object in the
@@ -306,6 +344,11 @@ func (s *Service) startImport(id string) {
 
 // importObject fills v's new stack from its source object.
 func (s *Service) importObject(ctx context.Context, v *meta.Volume, token int64) (*ImportReport, error) {
+	if v.Job != nil {
+		if err := s.sameBucket(ctx, v.Job); err != nil {
+			return nil, err
+		}
+	}
 	o, err := s.objectStore()
 	if err != nil {
 		return nil, err

@@ -49,7 +49,8 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		return nil, errs.Invalid(errs.CodeInvalidSize, "size %d is not a multiple of 512 bytes", req.SizeBytes)
 	}
 	var src *meta.Snapshot
-	var srcLock *workflowLock // nil: not a clone
+	var srcLock *workflowLock  // nil: not a clone
+	var srcBucket *meta.Bucket // the bucket of FromObject
 	var stack json.RawMessage
 	if req.FromSnapshot != "" {
 		var err error
@@ -71,7 +72,7 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 	} else {
 		if req.FromObject != "" {
 			var err error
-			if req.SizeBytes, err = s.checkImport(ctx, c, req.FromObject, req.SizeBytes); err != nil {
+			if req.SizeBytes, srcBucket, err = s.checkImport(ctx, c, req.FromObject, req.SizeBytes); err != nil {
 				return nil, err
 			}
 		}
@@ -110,7 +111,8 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		// An import takes time: its record comes first, creating, and
 		// names this node to finish it (recover.go).
 		v.Status, v.Node, v.SourceObject = meta.StatusCreating, s.cfg.Node, req.FromObject
-		v.Job = &meta.Job{Kind: meta.JobImport, Node: s.cfg.Node, StartedAt: t, Object: req.FromObject}
+		v.Job = &meta.Job{Kind: meta.JobImport, Node: s.cfg.Node, StartedAt: t, Object: req.FromObject,
+			BucketCreated: srcBucket.CreatedAt}
 	} else {
 		// The stack first, then the record, available, in one commit: a
 		// record never names a stack that is not there, and a stack
