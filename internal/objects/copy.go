@@ -82,10 +82,20 @@ func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput)
 		return s3response.CopyObjectOutput{}, err
 	}
 	defer src.f.Close()
-	if err := backend.EvaluatePreconditions(src.m.ETag, src.m.mtime().Truncate(time.Second), backend.PreConditions{
+	if err := preconditions(src.m.ETag, src.m.mtime().Truncate(time.Second), backend.PreConditions{
 		IfMatch: in.CopySourceIfMatch, IfNoneMatch: in.CopySourceIfNoneMatch,
 		IfModSince: in.CopySourceIfModifiedSince, IfUnmodeSince: in.CopySourceIfUnmodifiedSince,
 	}); err != nil {
+		// A copy is no GET: S3 answers a failed x-amz-copy-source-if-none-match
+		// or -if-modified-since with 412 PreconditionFailed, not with GET's
+		// 304 Not Modified.
+		if s3code(err) == "NotModified" {
+			cond := s3err.Condition("x-amz-copy-source-if-modified-since")
+			if in.CopySourceIfNoneMatch != nil {
+				cond = "x-amz-copy-source-if-none-match"
+			}
+			err = s3err.GetPreconditionFailedErr(cond)
+		}
 		return s3response.CopyObjectOutput{}, err
 	}
 	tmp, err := b.createTemp()

@@ -34,6 +34,14 @@ func (b *Backend) deleteObject(r *os.Root, bucket, key string, pre *backend.Obje
 		return false, err
 	}
 	o.f.Close()
+	if pre != nil && pre.IfMatch != nil && *pre.IfMatch == "*" {
+		// If-Match: * asks only that the object exist, as it does here
+		// (S3's conditional deletes); versitygw would compare "*" with
+		// the ETag.
+		p := *pre
+		p.IfMatch = nil
+		pre = &p
+	}
 	if pre != nil && (pre.IfMatch != nil || pre.IfMatchLastModTime != nil || pre.IfMatchSize != nil) {
 		if why != "" {
 			return false, errModified(bucket, key, why)
@@ -117,7 +125,14 @@ func (b *Backend) DeleteObjects(ctx context.Context, in *s3.DeleteObjectsInput) 
 	}
 	for _, obj := range in.Delete.Objects {
 		key := str(obj.Key)
-		vid, marker, err := b.deleteVersioned(r, bucket, key, str(obj.VersionId), status, nil)
+		// Each object's ETag (and, as for DeleteObject, time and size)
+		// makes its deletion conditional, like DeleteObject's If-Match.
+		var ifMatch *string
+		if etag := trimQuotes(str(obj.ETag)); etag != "" {
+			ifMatch = &etag
+		}
+		vid, marker, err := b.deleteVersioned(r, bucket, key, str(obj.VersionId), status, &backend.ObjectDeletePreconditions{
+			IfMatch: ifMatch, IfMatchLastModTime: obj.LastModifiedTime, IfMatchSize: obj.Size})
 		if err == nil {
 			d := types.DeletedObject{Key: &key}
 			switch {
@@ -136,7 +151,11 @@ func (b *Backend) DeleteObjects(ctx context.Context, in *s3.DeleteObjectsInput) 
 		if errors.As(err, &se) {
 			code, msg = se.BaseError().Code, se.BaseError().Description
 		}
-		res.Error = append(res.Error, types.Error{Key: &key, Code: &code, Message: &msg})
+		// s3api matches answers to the request's objects by key and
+		// version id: an error without the version id it was asked with
+		// would be dropped, and the object reported neither deleted nor
+		// failed.
+		res.Error = append(res.Error, types.Error{Key: &key, VersionId: obj.VersionId, Code: &code, Message: &msg})
 	}
 	return res, nil
 }

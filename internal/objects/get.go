@@ -370,12 +370,27 @@ func markerAt(r *os.Root, key, id string) (*deleteMarker, error) {
 	return &deleteMarker{id: showVersion(id), mtime: fi.ModTime().UTC().Truncate(time.Second)}, nil
 }
 
+// preconditions evaluates the conditional headers of a read against an
+// object's ETag and Last-Modified (whole seconds), as
+// backend.EvaluatePreconditions does, except that If-Unmodified-Since
+// holds when the object was last modified at exactly that time: it fails
+// only if the object is more recent (RFC 9110 13.1.4, and S3), so a client
+// may condition a GET on the Last-Modified a HEAD gave it. versitygw
+// counts that case as failed; a condition that holds constrains nothing
+// there, so it is dropped before the others are evaluated.
+func preconditions(etag string, mtime time.Time, pre backend.PreConditions) error {
+	if pre.IfUnmodeSince != nil && !mtime.After(*pre.IfUnmodeSince) {
+		pre.IfUnmodeSince = nil
+	}
+	return backend.EvaluatePreconditions(etag, mtime, pre)
+}
+
 // describe evaluates preconditions, range and part number, and returns the
 // response fields (Body unset) with the byte range to send.
 func (o *object) describe(rng *string, partNumber *int32, mode types.ChecksumMode, pre backend.PreConditions) (*s3.GetObjectOutput, int64, int64, error) {
 	m := o.m
 	mtime := m.mtime().UTC().Truncate(time.Second)
-	if err := backend.EvaluatePreconditions(m.ETag, mtime, pre); err != nil {
+	if err := preconditions(m.ETag, mtime, pre); err != nil {
 		return nil, 0, 0, err
 	}
 	out := &s3.GetObjectOutput{

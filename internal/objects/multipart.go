@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -58,12 +59,18 @@ type partRecord struct {
 	Modified time.Time `json:"modified"`
 }
 
-// newUploadID returns a random UUID (version 4): s3api's lister expects
-// upload ids to parse as UUIDs.
-func newUploadID() string {
+// newUploadID returns a UUID (s3api's lister expects upload ids to parse
+// as UUIDs) of version 7 (RFC 9562): the first 60 bits are the creation
+// time t (Unix milliseconds, then the fraction of the millisecond in 12
+// bits), the rest random. So ids sort as the uploads were initiated, and
+// ListMultipartUploads can list a key's uploads in that order and resume
+// after an upload-id marker by comparing ids, whether or not the
+// marker's upload still exists.
+func newUploadID(t time.Time) string {
 	var u [16]byte
-	rand.Read(u[:])
-	u[6] = u[6]&0x0f | 0x40
+	rand.Read(u[8:])
+	frac := uint64(t.Nanosecond()%1e6) << 12 / 1e6
+	binary.BigEndian.PutUint64(u[:8], uint64(t.UnixMilli())<<16|0x7000|frac)
 	u[8] = u[8]&0x3f | 0x80
 	h := hex.EncodeToString(u[:])
 	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
@@ -190,8 +197,9 @@ func (b *Backend) CreateMultipartUpload(ctx context.Context, in s3response.Creat
 	}
 	r.Close()
 	acct, user, _ := caller(ctx)
+	now := time.Now().UTC()
 	info := uploadInfo{
-		Bucket: bucket, Key: key, Initiated: time.Now().UTC(), Initiator: strings.Clone(acct.Access), Owner: user,
+		Bucket: bucket, Key: key, Initiated: now, Initiator: strings.Clone(acct.Access), Owner: user,
 		Meta: objectMeta{
 			ContentType: str(in.ContentType), ContentEncoding: str(in.ContentEncoding),
 			ContentDisposition: str(in.ContentDisposition), ContentLanguage: str(in.ContentLanguage),
@@ -209,7 +217,7 @@ func (b *Backend) CreateMultipartUpload(ctx context.Context, in s3response.Creat
 	if info.ChecksumType == types.ChecksumTypeFullObject && !utils.IsChecksumComposable(info.ChecksumAlgorithm) {
 		return s3response.InitiateMultipartUploadResult{}, s3err.GetChecksumSchemaMismatchErr(info.ChecksumAlgorithm, info.ChecksumType)
 	}
-	id := newUploadID()
+	id := newUploadID(now)
 	dir := b.uploadDir(bucket, id)
 	data, err := json.Marshal(&info)
 	if err == nil {
@@ -417,6 +425,9 @@ func (b *Backend) ListMultipartUploads(ctx context.Context, in *s3.ListMultipart
 	if in.MaxUploads != nil && *in.MaxUploads >= 0 {
 		maxUploads = min(int(*in.MaxUploads), 1000)
 	}
+	if keyMarker != "" && idMarker != "" && !validUploadID(idMarker) {
+		return s3response.ListMultipartUploadsResult{}, s3err.GetInvalidArgumentErr(s3err.InvalidArgUploadIdMarker, idMarker)
+	}
 	ents, err := os.ReadDir(filepath.Join(b.uploads, bucket))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return s3response.ListMultipartUploadsResult{}, err
@@ -438,9 +449,20 @@ func (b *Backend) ListMultipartUploads(ctx context.Context, in *s3.ListMultipart
 			continue
 		}
 		// With an upload-id marker the marker key's own uploads are
-		// listed after that id; without one, listing starts after the key.
-		if keyMarker != "" && (info.Key < keyMarker || info.Key == keyMarker && idMarker == "") {
+		// listed after that id (ids sort by creation, newUploadID); without
+		// one, listing starts after the key. The id marker is a position:
+		// its upload may have been completed or aborted since (clients
+		// abort the uploads of a page before asking for the next).
+		if keyMarker != "" && (info.Key < keyMarker || info.Key == keyMarker && (idMarker == "" || e.Name() <= idMarker)) {
 			continue
+		}
+		// With a delimiter, a key under a common prefix at or before the
+		// key marker went out as that prefix, which may be the marker
+		// itself (a page that ended with it): it is not listed again.
+		if keyMarker != "" && delim != "" {
+			if before, _, ok := strings.Cut(info.Key[len(prefix):], delim); ok && prefix+before+delim <= keyMarker {
+				continue
+			}
 		}
 		ups = append(ups, s3response.Upload{
 			Key: info.Key, UploadID: e.Name(), StorageClass: types.StorageClassStandard, Initiated: info.Initiated,
@@ -449,16 +471,15 @@ func (b *Backend) ListMultipartUploads(ctx context.Context, in *s3.ListMultipart
 			ChecksumAlgorithm: info.ChecksumAlgorithm, ChecksumType: info.ChecksumType,
 		})
 	}
-	slices.SortStableFunc(ups, func(x, y s3response.Upload) int {
+	slices.SortFunc(ups, func(x, y s3response.Upload) int {
 		if c := strings.Compare(x.Key, y.Key); c != 0 {
-			return c
-		}
-		if c := x.Initiated.Compare(y.Initiated); c != 0 {
 			return c
 		}
 		return strings.Compare(x.UploadID, y.UploadID)
 	})
-	page, err := backend.ListMultipartUploads(ups, prefix, delim, keyMarker, idMarker, maxUploads)
+	// The markers were applied above: the lister would look for the id
+	// marker's upload, and fail if it is gone.
+	page, err := backend.ListMultipartUploads(ups, prefix, delim, keyMarker, "", maxUploads)
 	if err != nil {
 		return s3response.ListMultipartUploadsResult{}, err
 	}
