@@ -428,6 +428,12 @@ func (b *Backend) ListMultipartUploads(ctx context.Context, in *s3.ListMultipart
 	if keyMarker != "" && idMarker != "" && !validUploadID(idMarker) {
 		return s3response.ListMultipartUploadsResult{}, s3err.GetInvalidArgumentErr(s3err.InvalidArgUploadIdMarker, idMarker)
 	}
+	if maxUploads == 0 {
+		// An empty page, not truncated, as for max-keys=0 (the lister
+		// would take 0 for no limit).
+		return s3response.ListMultipartUploadsResult{Bucket: bucket, KeyMarker: keyMarker, UploadIDMarker: idMarker,
+			Delimiter: delim, Prefix: prefix}, nil
+	}
 	ents, err := os.ReadDir(filepath.Join(b.uploads, bucket))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return s3response.ListMultipartUploadsResult{}, err

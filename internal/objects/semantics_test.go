@@ -268,3 +268,18 @@ func TestUploadOrderWithinKey(t *testing.T) {
 		t.Errorf("uploads listed in the order %v, initiated %v", got, ids)
 	}
 }
+
+// TestListUploadsMaxZero: max-uploads=0 answers an empty page that is not
+// truncated (as max-keys=0 does for the listings), not every upload.
+func TestListUploadsMaxZero(t *testing.T) {
+	e := newEnv(t, false)
+	mkBucket(t, e.alice, "ups")
+	createUploads(t, e.alice, "ups", "a", "b")
+	out, err := e.alice.ListMultipartUploads(ctx, &s3.ListMultipartUploadsInput{Bucket: aws.String("ups"), MaxUploads: aws.Int32(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Uploads) != 0 || len(out.CommonPrefixes) != 0 || aws.ToBool(out.IsTruncated) {
+		t.Fatalf("max-uploads=0: %d uploads, %d prefixes, truncated %v", len(out.Uploads), len(out.CommonPrefixes), aws.ToBool(out.IsTruncated))
+	}
+}
