@@ -167,7 +167,20 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (*JoinResponse, err
 			}
 		case voters < cl.Voters:
 			if learners > 0 {
-				return errs.Conflict(CodeJoinInProgress, "another node is joining (a learner is catching up); retry")
+				// Name it, and the way out: a learner whose node died for
+				// good before it started blocks voter joins until removed.
+				var who []string
+				for _, m := range members {
+					if m.Learner {
+						name := m.Name
+						if name == "" {
+							name = unstartedName(m.ID)
+						}
+						who = append(who, fmt.Sprintf("%s (peer %s)", name, strings.Join(m.Peers, ",")))
+					}
+				}
+				return errs.Conflict(CodeJoinInProgress, "another node is joining: learner %s is catching up; retry — or, if that node is gone for good, remove it (basalt node remove NAME)",
+					strings.Join(who, ", "))
 			}
 			if _, err := s.meta.AddLearner(ctx, req.Peer); err != nil {
 				return err

@@ -62,3 +62,32 @@ func TestJoinDuplicateName(t *testing.T) {
 		t.Fatalf("registered node after the refused join: %+v %v", n, err)
 	}
 }
+
+// TestStuckLearnerNamed: a node whose join added a learner and that then
+// died for good, before its member started, blocks the joins of voters.
+// The refusal names that learner and the way out, and removing it (by
+// the node's name) lets the next join through.
+func TestStuckLearnerNamed(t *testing.T) {
+	e := metatest.Private(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, _, _, err := e.Meta.Bootstrap(ctx, "stuck-learner", 3, e.CA.CertPEM, e.CA.KeyPEM); err != nil {
+		t.Fatal(err)
+	}
+	s := New(e.Meta, e.CA, "test", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	gone := joinRequest("gone", "gone.example")
+	if resp, err := s.Join(ctx, gone); err != nil || resp.Role != meta.RoleLearner {
+		t.Fatalf("first join: %+v %v", resp, err)
+	}
+	_, err := s.Join(ctx, joinRequest("next", "next.example"))
+	if !errs.IsCode(err, CodeJoinInProgress) || !strings.Contains(err.Error(), gone.Peer) ||
+		!strings.Contains(err.Error(), "basalt node remove") {
+		t.Fatalf("join behind a stuck learner: %v; want %s naming %s and the way out", err, CodeJoinInProgress, gone.Peer)
+	}
+	if err := s.Remove(ctx, "gone"); err != nil {
+		t.Fatalf("remove the stuck learner's node: %v", err)
+	}
+	if resp, err := s.Join(ctx, joinRequest("next", "next.example")); err != nil || resp.Role != meta.RoleLearner {
+		t.Fatalf("join after the removal: %+v %v", resp, err)
+	}
+}
