@@ -13,9 +13,9 @@ import (
 // maxBody bounds request bodies; every request of this API is tiny.
 const maxBody = 1 << 20
 
-// decode parses a JSON request body strictly: one object, no unknown fields,
-// nothing after it. It is the single parser behind every request type and a
-// fuzz target (decode_test.go).
+// decode parses a JSON request body strictly: one object, no unknown or
+// repeated fields, nothing after it. It is the single parser behind every
+// request type and a fuzz target (decode_test.go).
 func decode(body []byte, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return errs.Invalid(errs.CodeMalformedJSON, "request body is empty; expected a JSON object")
@@ -41,7 +41,55 @@ func decode(body []byte, v any) error {
 	if _, err := d.Token(); err != io.EOF {
 		return errs.Invalid(errs.CodeMalformedJSON, "malformed JSON: unexpected data after the object")
 	}
+	// encoding/json keeps the last of a repeated key: {"size":"1GiB",
+	// "size":"1EiB"} would be read as 1 EiB, silently. An ambiguous
+	// body is refused like an unknown field.
+	if k, ok := repeatedKey(body); ok {
+		return errs.Invalid(errs.CodeMalformedJSON, "field %q is given twice", k)
+	}
 	return nil
+}
+
+// repeatedKey finds a key given twice in one object of body, at any depth.
+// body is valid JSON (decode parsed it first).
+func repeatedKey(body []byte) (string, bool) {
+	type level struct {
+		keys map[string]bool // nil: an array
+		key  bool            // an object that expects a key next
+	}
+	var stack []level
+	d := json.NewDecoder(bytes.NewReader(body))
+	for {
+		tok, err := d.Token()
+		if err != nil {
+			return "", false
+		}
+		top := len(stack) - 1
+		if s, ok := tok.(string); ok && top >= 0 && stack[top].key {
+			if stack[top].keys[s] {
+				return s, true
+			}
+			stack[top].keys[s], stack[top].key = true, false
+			continue
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, level{keys: map[string]bool{}, key: true})
+			continue
+		case json.Delim('['):
+			stack = append(stack, level{})
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:top]
+		}
+		// A value ended: the object holding it expects a key next.
+		if n := len(stack) - 1; n >= 0 && stack[n].keys != nil {
+			stack[n].key = true
+		}
+		if len(stack) == 0 {
+			return "", false
+		}
+	}
 }
 
 // ParseCreateVolume decodes and validates POST /v1/volumes.

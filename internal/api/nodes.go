@@ -113,6 +113,12 @@ func (s *Server) joinToken(w http.ResponseWriter, r *http.Request, _ volume.Call
 		if ttl, err = time.ParseDuration(req.TTL); err != nil {
 			return errs.Invalid(errs.CodeInvalidRequest, "ttl %q: %v", req.TTL, err)
 		}
+		// An explicit zero is a ttl out of range, not "none given":
+		// NewJoinToken reads 0 as its default and would hand out a token
+		// valid for 24 h (`basalt node join-token --ttl 0`).
+		if ttl == 0 {
+			return errs.Invalid(errs.CodeInvalidRequest, "ttl %q: between 1m and 720h", req.TTL)
+		}
 	}
 	tok, exp, err := s.d.Cluster.NewJoinToken(r.Context(), ttl)
 	if err != nil {

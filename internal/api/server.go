@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -79,19 +81,19 @@ func New(d Deps) *Server {
 	s.route("POST /v1/types", s.admin(s.createType))
 	s.route("DELETE /v1/types/{name}", s.admin(s.deleteType))
 	s.route("POST /v1/snapshots", s.createSnapshot)
-	s.route("GET /v1/snapshots", s.listSnapshots)
+	s.route("GET /v1/snapshots", s.listSnapshots, "volume")
 	s.route("GET /v1/snapshots/{id}", s.showSnapshot)
 	s.route("DELETE /v1/snapshots/{id}", s.deleteSnapshot)
 	s.route("POST /v1/snapshots/{id}/export", s.exportSnapshot)
 	s.route("POST /v1/attachments", s.attach)
-	s.route("GET /v1/attachments", s.listAttachments)
+	s.route("GET /v1/attachments", s.listAttachments, "volume")
 	s.route("GET /v1/attachments/{id}", s.showAttachment)
 	s.route("DELETE /v1/attachments/{id}", s.detach)
 	s.route("GET /v1/objects/root", s.objectsRoot)
-	s.route("GET /v1/objects/path", s.objectPath)
+	s.route("GET /v1/objects/path", s.objectPath, "bucket", "key")
 	s.route("POST /v1/objects/export", s.exportObjects())
 	s.route("POST /v1/objects/unexport", s.unexportObjects())
-	s.route("GET /v1/objects/verify", s.verifyObjects)
+	s.route("GET /v1/objects/verify", s.verifyObjects, "bucket", "content", "all")
 	return s
 }
 
@@ -115,7 +117,38 @@ func TLSConfig(cert tls.Certificate) *tls.Config {
 
 type handler func(w http.ResponseWriter, r *http.Request, c volume.Caller) error
 
-func (s *Server) route(pattern string, h handler) { s.mux.HandleFunc(pattern, s.authed(h)) }
+// route serves pattern with h behind authentication. query names the query
+// parameters the route takes, if any (see checkQuery).
+func (s *Server) route(pattern string, h handler, query ...string) {
+	if len(query) > 0 {
+		h = checkQuery(h, query)
+	}
+	s.mux.HandleFunc(pattern, s.authed(h))
+}
+
+// checkQuery refuses, with InvalidRequest, a query string that does not
+// parse, a parameter the route does not take and one given twice, as
+// decode refuses such bodies. url.Values.Get would drop the malformed
+// pair, ignore the unknown name and take the first value: a misspelt or
+// doubled filter (?volumes=db) answered the unfiltered list, every
+// attachment's secret included.
+func checkQuery(h handler, names []string) handler {
+	return func(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+		q, err := url.ParseQuery(r.URL.RawQuery)
+		if err != nil {
+			return errs.Invalid(errs.CodeInvalidRequest, "malformed query string: %v", err)
+		}
+		for name, vs := range q {
+			if !slices.Contains(names, name) {
+				return errs.Invalid(errs.CodeInvalidRequest, "unknown query parameter %q: %s takes %s", name, r.URL.Path, strings.Join(names, ", "))
+			}
+			if len(vs) > 1 {
+				return errs.Invalid(errs.CodeInvalidRequest, "query parameter %s is given %d times; give it once", name, len(vs))
+			}
+		}
+		return h(w, r, c)
+	}
+}
 
 // authed authenticates the caller by client certificate, runs h and renders
 // its error, if any.

@@ -7,7 +7,9 @@
 // underscores), the config file given by --config (server only), default.
 //
 // Errors print "error: MESSAGE (CODE)" on stderr and exit 1; with -o json the
-// error is also printed on stdout as {"error":{"code","message"}}.
+// error is also printed on stdout as {"error":{"code","message"}}, unless the
+// command printed its answer before failing (status of an unhealthy node,
+// object export, unexport and verify): stdout then holds that answer alone.
 package cli
 
 import (

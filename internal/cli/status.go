@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"io"
 	"text/tabwriter"
 
 	"github.com/basalt-storage/basalt/internal/errs"
@@ -44,6 +45,10 @@ func statusCmd(g *globals) *cobra.Command {
 				}
 			})
 			if err == nil && (!st.Metadata.Healthy || !st.Store.Healthy) {
+				// The status printed is the answer: the error goes to
+				// stderr only, so that -o json leaves one document on
+				// stdout (as the object commands do).
+				g.stdout = io.Discard
 				return errs.New(errs.KindUnavailable, "Unhealthy", "node %s is unhealthy", st.Node.Name)
 			}
 			return err

@@ -2,10 +2,13 @@ package cli
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"text/tabwriter"
 
 	"github.com/basalt-storage/basalt/internal/api"
+	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/pki"
 	"github.com/spf13/cobra"
 )
@@ -27,6 +30,15 @@ func userCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// The answer holds the only copy of the user's private key
+			// and S3 secret (the server keeps neither), so --out is made
+			// ready first: found unusable after the create, the identity
+			// was lost and the name taken, and another identity there
+			// was overwritten.
+			discard, err := prepareIdentityDir(out)
+			if err != nil {
+				return err
+			}
 			req := api.CreateUserRequest{Name: args[0], Admin: admin}
 			if cmd.Flags().Changed("uid") {
 				req.UID = &uid
@@ -36,13 +48,14 @@ func userCmd(g *globals) *cobra.Command {
 			}
 			r, err := c.CreateUser(ctx(), req)
 			if err != nil {
+				discard()
 				return err
 			}
 			id := &pki.Identity{CAPEM: []byte(r.Identity.CAPEM), CertPEM: []byte(r.Identity.CertPEM),
 				KeyPEM: []byte(r.Identity.KeyPEM), AccessKeyID: r.Identity.AccessKeyID, SecretAccessKey: r.Identity.SecretAccessKey,
 				S3Endpoint: r.Identity.S3Endpoint, S3Region: r.Identity.S3Region, S3CABundle: r.Identity.S3CABundle}
 			if err := id.Write(out); err != nil {
-				return fmt.Errorf("user %s was created but its identity could not be written: %w", args[0], err)
+				return errs.New(errs.KindInternal, CodeIdentity, "user %s was created but its identity could not be written: %v", args[0], err)
 			}
 			return g.emit(r.User, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "created user %s; identity written to %s\n", r.User.Name, out)
@@ -107,6 +120,46 @@ func userCmd(g *globals) *cobra.Command {
 	}
 	cmd.AddCommand(create, list, show, del)
 	return cmd
+}
+
+// identityFiles are the files pki.Identity.Write writes.
+var identityFiles = []string{"ca.pem", "cert.pem", "key.pem", "s3.env", "ca-cert.pem", "client-cert.pem", "client-key.pem"}
+
+// prepareIdentityDir makes dir ready to receive a new identity: a
+// writable directory (created 0700 if missing) that holds no identity
+// already. discard removes the directory again if it made it, for a
+// create the server refused.
+func prepareIdentityDir(dir string) (discard func(), err error) {
+	discard = func() {}
+	if _, err := os.Stat(dir); os.IsNotExist(err) {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, errs.Invalid(CodeIdentity, "--out %s: %v", dir, err)
+		}
+		discard = func() { os.Remove(dir) }
+	}
+	fail := func(format string, a ...any) (func(), error) {
+		discard()
+		return nil, errs.Invalid(CodeIdentity, "--out "+format, a...)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fail("%s: %v", dir, err)
+	}
+	if !fi.IsDir() {
+		return fail("%s is not a directory", dir)
+	}
+	for _, f := range identityFiles {
+		if _, err := os.Lstat(filepath.Join(dir, f)); !os.IsNotExist(err) {
+			return fail("%s already holds an identity (%s); give each user a directory of its own", dir, f)
+		}
+	}
+	probe, err := os.CreateTemp(dir, ".basalt-probe-*")
+	if err != nil {
+		return fail("%s is not writable: %v", dir, err)
+	}
+	probe.Close()
+	os.Remove(probe.Name())
+	return discard, nil
 }
 
 func optInt(p *int) string {

@@ -20,8 +20,14 @@ import (
 	"github.com/basalt-storage/basalt/internal/errs"
 )
 
-// CodeUnreachable is the error code when no answer came back.
-const CodeUnreachable = "Unreachable"
+// Client-side error codes.
+const (
+	// CodeUnreachable: no answer came back (or it broke off).
+	CodeUnreachable = "Unreachable"
+	// CodeBadResponse: an answer came back that is not the API's (a
+	// success whose body does not decode), e.g. from a proxy.
+	CodeBadResponse = "BadResponse"
+)
 
 // Client talks to one API endpoint.
 type Client struct {
@@ -64,7 +70,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
+		return errs.New(errs.KindUnavailable, CodeUnreachable, "%s %s: reading the answer: %v", method, path, err)
 	}
 	if resp.StatusCode >= 300 {
 		var eb api.ErrorBody
@@ -76,7 +82,10 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	}
 	if out != nil && len(data) > 0 {
 		if err := json.Unmarshal(data, out); err != nil {
-			return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
+			// Typed: untyped errors are the command line's own
+			// (cli.printError reports them as UsageError).
+			return errs.New(errs.KindInternal, CodeBadResponse, "%s %s: HTTP %d with an answer that is not the API's: %v",
+				method, path, resp.StatusCode, err)
 		}
 	}
 	return nil
