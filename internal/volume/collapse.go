@@ -26,12 +26,15 @@ package volume
 //     needs such a record, so no clone of P can start later;
 //  4. then the image directories: none but T has P as parent (the clones
 //     made before P's snapshot was deleted, which finished under its read
-//     lock before the delete), and none is unreadable and younger than the
-//     image grace (one being created could have P as parent).
+//     lock before the delete), and none is unreadable (one being created,
+//     or a clone's whose superblock cannot be read right now, could have P
+//     as parent; an old leftover is removed by the collector first).
 //
 // A snapshot of the volume taken between the decision and the collapse's
 // commit changes T: Collapse then refuses (cow.ErrChainChanged) and the
-// job ends as a no-op; the next collection proposes it again.
+// job ends as a no-op; the next collection proposes it again. So it does
+// while the volume whose snapshot froze P (flattened off it since) still
+// has P open read-write (cow.ErrFrozenOpen).
 //
 // The job holds the volume's write lease while it runs (taking it if no
 // node holds it): the lease holder is the one node that writes a volume,
@@ -136,7 +139,10 @@ func (s *Service) collapseJob(ctx context.Context, vol string, l block.Layer, p 
 		return CollapseReport{Skipped: why}, err
 	}
 	err = c.Collapse(ctx, parent, p)
-	if errors.Is(err, cow.ErrChainChanged) {
+	if errors.Is(err, cow.ErrChainChanged) || errors.Is(err, cow.ErrFrozenOpen) {
+		// A later collection proposes it again: the chain may call for
+		// it still, and the volume that froze the image will have
+		// closed its stack.
 		return CollapseReport{Skipped: err.Error()}, nil
 	}
 	if err != nil {
@@ -186,7 +192,13 @@ func (s *Service) needed(ctx context.Context, vol, parent, top string) (string, 
 			if time.Since(im.Modified) < s.cfg.ImageGrace {
 				return "image " + im.ID + " is being created", nil
 			}
-			continue // the leftover of a failed creation: it names nothing
+			// Old and unreadable: a failed creation's leftover, or a
+			// live clone's image that cannot be read right now (an
+			// I/O error, no descriptor left) and may sit on parent.
+			// As for the collector (cow.Sweep), what it names is
+			// unknown: decide once it reads, or once the collector
+			// has removed it as a leftover.
+			return "image " + im.ID + " cannot be read (" + err.Error() + ")", nil
 		}
 		if r.Parent == parent {
 			return "image " + im.ID + " is built on it (a clone)", nil

@@ -359,14 +359,10 @@ func (s *Service) Stack(ctx context.Context, v *meta.Volume) (*block.Node, error
 // image in its volume's new top's chain), the sweep runs after.
 func (s *Service) collect(ctx context.Context) {
 	s.sweepStacks(ctx)
-	snaps, err := s.meta.Snapshots(ctx)
+	roots, err := s.snapshotImages(ctx)
 	if err != nil {
 		s.log.Warn("image collection skipped", "err", err)
 		return
-	}
-	var roots []string
-	for _, sn := range snaps {
-		roots = append(roots, sn.Image)
 	}
 	s.gcMu.Lock()
 	listed, err := cow.ListImages(s.store.ImagesDir())
@@ -375,6 +371,16 @@ func (s *Service) collect(ctx context.Context) {
 		tops, err = s.tops()
 	}
 	s.gcMu.Unlock()
+	if err == nil {
+		// Again: a snapshot committed after the first read whose volume
+		// let go of its image before its top was read (deleted, or
+		// flattened off it) is in neither read — its record was
+		// committed before the tops were read, so it is in this one.
+		var more []string
+		if more, err = s.snapshotImages(ctx); err == nil {
+			roots = append(roots, more...)
+		}
+	}
 	if err != nil {
 		s.log.Warn("image collection skipped", "err", err)
 		return
@@ -400,6 +406,25 @@ func (s *Service) collect(ctx context.Context) {
 		}
 	}
 	s.collapseCandidates(tops, roots, left)
+}
+
+// snapshotImages returns the images of every snapshot, read
+// linearizably: a stale local copy (no quorum) may lack a snapshot taken
+// through another node, whose image would then look unused.
+func (s *Service) snapshotImages(ctx context.Context) ([]string, error) {
+	rctx, ri := meta.WithReadInfo(ctx)
+	snaps, err := s.meta.Snapshots(rctx)
+	if err == nil && ri.Local {
+		err = errors.New("no quorum: only a possibly stale copy of the snapshot records could be read")
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, sn := range snaps {
+		out = append(out, sn.Image)
+	}
+	return out, nil
 }
 
 // sweepStacks removes the stack directories of volumes that have no

@@ -20,6 +20,12 @@ import (
 // flatten came between): the caller decides again.
 var ErrChainChanged = errors.New("the volume's chain changed (a snapshot or a flatten)")
 
+// ErrFrozenOpen: the image a Collapse would make writable is still open
+// read-write in the volume whose snapshot froze it (that volume was
+// flattened off it, but its stack, here or on another node, is not closed
+// yet): the caller tries again later.
+var ErrFrozenOpen = errors.New("the volume whose snapshot froze the image still has it open read-write")
+
 // Collapse tuning: passes over the chunks written meanwhile go on until at
 // most collapseCommitBelow remain (or collapseMaxPasses were made); those
 // are copied at the commit, with the volume's I/O held.
@@ -172,8 +178,26 @@ func (c *collapse) open() error {
 	dir := l.imageDir(into.meta.ID)
 	l.chainMu.RLock()
 	rw := !into.dev.Capabilities().ReadOnly
+	kept := block.HasMaintainer(into.dev) // it keeps metadata of its own
 	l.chainMu.RUnlock()
 	if !rw {
+		// The volume whose snapshot froze into may still have the
+		// read-write instance it wrote as its top (it was flattened off
+		// into since, so into has no other child). A second read-write
+		// instance beside it would have its metadata overwritten — a
+		// mirror's write-intent map when that volume closes — so, as
+		// maintainers do (maintain.go), wait until that one is closed.
+		// An image is frozen only as its volume's top, and into is no
+		// volume's top, so no holder can appear after the probe.
+		if kept {
+			held, err := isFrozenOpen(dir)
+			if err != nil {
+				return fmt.Errorf("image %s: probe for a frozen read-write instance: %w", into.meta.ID, err)
+			}
+			if held {
+				return fmt.Errorf("image %s: %w", into.meta.ID, ErrFrozenOpen)
+			}
+		}
 		env := l.env
 		env.Dir, env.Size, env.Create, env.Base, env.ReadOnly = dir, into.meta.Size, false, "", false
 		dev, err := block.Build(env, into.meta.Spec)
