@@ -246,23 +246,17 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 		}
 	}
 	var token int64
-	if !ro {
-		// Served only by the volume's write-lease holder.
-		holder, tok, err := e.s.leases.acquire(ctx, v.ID)
-		if err != nil {
-			unregister()
-			return nil, fmt.Errorf("export %s: %w", a.ID, err)
+	if !ro || v.Multiattach {
+		// Served by the volume's writer only: a rw attachment always
+		// (this node takes the write lease if nobody holds it), an ro
+		// one of a multiattach volume while another node writes it
+		// (ServingNode).
+		var node string
+		if ro {
+			node, err = e.s.ServingNode(ctx, a)
+		} else {
+			node, token, err = e.s.leases.acquire(ctx, v.ID)
 		}
-		if holder != e.s.cfg.Node {
-			unregister()
-			return nil, errs.New(errs.KindConflict, CodeServedElsewhere,
-				"attachment %s is served by node %s, which writes volume %s; ask `basalt attachment show` for its nbd_uri", a.ID, holder, v.ID)
-		}
-		token = tok
-	} else if v.Multiattach {
-		// Its volume's writer serves it, if another node writes the
-		// volume (see ServingNode).
-		node, err := e.s.ServingNode(ctx, a)
 		if err != nil {
 			unregister()
 			return nil, fmt.Errorf("export %s: %w", a.ID, err)

@@ -189,15 +189,20 @@ func (s *Service) flushLive(vol string) {
 	mu := s.openMu(vol)
 	mu.Lock()
 	defer mu.Unlock()
-	s.liveMu.Lock()
-	ls := s.live[vol]
-	s.liveMu.Unlock()
+	ls := s.liveOf(vol)
 	if ls == nil {
 		return
 	}
 	if err := ls.l.Flush(); err != nil {
 		s.logFor("volume", vol).Error("flush before giving the write lease up failed: writes acknowledged here may be lost", "err", err)
 	}
+}
+
+// liveOf returns volume vol's live stack, nil if none is open here.
+func (s *Service) liveOf(vol string) *liveStack {
+	s.liveMu.Lock()
+	defer s.liveMu.Unlock()
+	return s.live[vol]
 }
 
 // dropLive forgets volume vol's open stack after this node lost its write
@@ -223,9 +228,7 @@ func (s *Service) liveStale(vol string) bool {
 	mu := s.openMu(vol)
 	mu.Lock()
 	defer mu.Unlock()
-	s.liveMu.Lock()
-	ls := s.live[vol]
-	s.liveMu.Unlock()
+	ls := s.liveOf(vol)
 	if ls == nil {
 		return false
 	}
