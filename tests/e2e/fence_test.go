@@ -3,9 +3,11 @@ package e2e
 // Fencing: a node cut off by a partition — alive, its hypervisor still
 // connected and writing — stops writing the volume before any other node
 // can take the volume's write lease over, so no write from the stale node
-// lands after the takeover.
+// lands after the takeover — nor after the partition heals, while its
+// hypervisor still holds the stale connection.
 
 import (
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"strings"
@@ -84,17 +86,61 @@ func (s *staleWriter) check(cut, taken, seen time.Time) {
 	}
 }
 
-// healAndVerify reconnects the cut-off node and checks that the region
-// holds the new holder's 0xbb: nothing the stale node had buffered landed.
-func healAndVerify(t *testing.T, c *Cluster, lab *netLab, i int, attachment string) {
+// healAndVerify reconnects the cut-off node i while its hypervisor keeps
+// the stale connection and goes on writing through it, until the cluster
+// has settled and 2 s beyond; then it checks the stale writer (check) and
+// that the region holds the new holder's 0xbb: nothing the stale node had
+// buffered, nor wrote after the heal, landed.
+//
+// Writing through the heal matters: once the node reaches etcd again it
+// gets a fresh etcd lease, and it must learn that the volume's write lease
+// went with the old one (its stack stays fenced for good, its connections
+// close) before anything of the old stack can write again. With the
+// session closed before the heal, as it was, a node that took a fresh
+// lease and let its old stack write again passed this test.
+func healAndVerify(t *testing.T, c *Cluster, lab *netLab, i int, attachment string, w *staleWriter, cut, taken, seen time.Time) {
+	t.Helper()
 	lab.heal(i)
-	c.WaitRoles(60*time.Second, nil)
-	time.Sleep(2 * time.Second)
+	healed, before := time.Now(), len(w.acks)
+	var settled, polled time.Time
+	for settled.IsZero() || time.Since(settled) < 2*time.Second {
+		w.write()
+		time.Sleep(10 * time.Millisecond) // keep the failing writes from hogging a core
+		if settled.IsZero() && time.Since(polled) > 300*time.Millisecond {
+			polled = time.Now()
+			if c.settled() {
+				settled = time.Now()
+			}
+		}
+		if time.Since(healed) > 60*time.Second {
+			t.Fatalf("node list did not settle within 60s of the heal")
+		}
+	}
+	t.Logf("the stale hypervisor tried %d writes in the %v after the heal", len(w.acks)-before, time.Since(healed).Round(time.Millisecond))
+	w.check(cut, taken, seen)
 	var now Attachment
 	c.Admin(0).OK(&now, "attachment", "show", attachment)
 	if r := qemuIO(t, now.NBDURI, fmt.Sprintf("read -P 0xbb 0 %d", fenceRegion)); qemuIOFailed(r) || strings.Contains(r.Stdout, "Pattern verification failed") {
 		t.Fatalf("after the partition healed the region does not hold the new holder's write (a stale write landed?): %s\n%s", r, r.Stdout)
 	}
+}
+
+// settled is one round of WaitRoles (every running node healthy, no
+// learner left) that does not fail the test: for a loop that does
+// something else meanwhile.
+func (c *Cluster) settled() bool {
+	for i, n := range c.Nodes {
+		if !n.Running() {
+			continue
+		}
+		var ns []NodeInfo
+		r := c.Admin(i).Run("node", "list")
+		if r.Code != 0 || json.Unmarshal([]byte(r.Stdout), &ns) != nil {
+			continue
+		}
+		return c.rolesOK(ns, nil)
+	}
+	return false
 }
 
 func TestClusterFencingPartition(t *testing.T) {
@@ -138,8 +184,7 @@ func TestClusterFencingPartition(t *testing.T) {
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
 		w.write()
 	}
-	w.check(cut, taken, moved)
-	healAndVerify(t, c, lab, 2, a.ID)
+	healAndVerify(t, c, lab, 2, a.ID, w, cut, taken, moved)
 }
 
 // TestClusterFencingDetachElsewhere: the cut-off holder's rw attachment
@@ -180,8 +225,7 @@ func TestClusterFencingDetachElsewhere(t *testing.T) {
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
 		w.write()
 	}
-	w.check(cut, taken, moved)
-	healAndVerify(t, c, lab, 2, b.ID)
+	healAndVerify(t, c, lab, 2, b.ID, w, cut, taken, moved)
 }
 
 // leaseLine is a node's log line for taking a write lease: its time and volume.
