@@ -67,8 +67,8 @@ package crypt
 
 import (
 	"bytes"
-	"encoding/binary"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
