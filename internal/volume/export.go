@@ -216,11 +216,20 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 	// Register for revocation before the final check, so a detach racing
 	// with this open either is seen here or closes the connection later.
 	revoked := e.revocation(a.ID)
-	if _, err := e.s.meta.Attachment(ctx, a.ID); err != nil {
+	// Linearizably: a node cut off from the quorum answers from its own
+	// copy, which may not know of a detach made through another node —
+	// and a detach revokes the export name at once (docs/nbd.md). Such
+	// a node opens no new connection until it can tell.
+	rctx, ri := meta.WithReadInfo(ctx)
+	if _, err := e.s.meta.Attachment(rctx, a.ID); err != nil {
 		if errs.IsCode(err, errs.CodeNotFound) {
 			e.revoke(a.ID) // gone: nothing may use it (and the registration goes)
 		}
 		return nil, nbd.ErrUnknownExport
+	}
+	if ri.Local {
+		return nil, errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
+			"export %s: no quorum of the metadata cluster answers, so this node cannot tell whether the attachment was detached; connect again once it can", a.ID)
 	}
 	v, err := e.s.meta.Volume(ctx, a.VolumeID)
 	if err != nil {

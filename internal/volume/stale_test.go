@@ -309,3 +309,24 @@ func TestMultiattachReaderFollowsWriter(t *testing.T) {
 		t.Fatalf("reader on the writer's node: %v", err)
 	}
 }
+
+// TestOpenNeedsCurrentAttachment: an NBD open whose check of the
+// attachment could only be answered from the node's own copy (the quorum
+// lost: a detach made through another node may be missing from it) is
+// refused, retryably, and the export name keeps working once the check
+// is current again. (A stale read stands in for the lost quorum: both
+// are answered from the local copy.)
+func TestOpenNeedsCurrentAttachment(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	x := runExports(t, s)
+	att := attached(t, s, meta.ModeRO)
+	if _, err := x.Open(meta.Stale(ctxT(t)), att.Export, nil); !errs.IsCode(err, errs.CodeMetadataUnavailable) {
+		t.Fatalf("open checked against the local copy: %v, want %s", err, errs.CodeMetadataUnavailable)
+	}
+	exp, err := x.Open(ctxT(t), att.Export, nil)
+	if err != nil {
+		t.Fatalf("open with a current check: %v", err)
+	}
+	exp.Release()
+}
