@@ -22,6 +22,16 @@ var errInjected = errors.New("injected failure")
 // holds its metadata in now.
 func loseInCrash(t *testing.T, fs *blocktest.FaultFS, env block.Env, spec string, dirty func(l *Layer), lose func(l *Layer) int) (*Layer, block.Env, *blocktest.FaultFS) {
 	t.Helper()
+	l, env, fs := crashAndLose(t, fs, env, spec, dirty, lose)
+	if l.lost.Load() == 0 {
+		t.Fatal("no chunk lost: the test does not set up what it means to")
+	}
+	return l, env, fs
+}
+
+// crashAndLose is loseInCrash without its check that a chunk was lost.
+func crashAndLose(t *testing.T, fs *blocktest.FaultFS, env block.Env, spec string, dirty func(l *Layer), lose func(l *Layer) int) (*Layer, block.Env, *blocktest.FaultFS) {
+	t.Helper()
 	env.Create, env.MetaFS = true, fs.Open
 	l := build(t, env, spec)
 	l.cleanDelay = time.Hour
@@ -32,11 +42,7 @@ func loseInCrash(t *testing.T, fs *blocktest.FaultFS, env block.Env, spec string
 	loseLeg(t, env, leg)
 	fs = fs.Restart()
 	env.Create, env.MetaFS = false, fs.Open
-	l = build(t, env, spec)
-	if l.lost.Load() == 0 {
-		t.Fatal("no chunk lost: the test does not set up what it means to")
-	}
-	return l, env, fs
+	return build(t, env, spec), env, fs
 }
 
 // flushFails is a leg whose Flush fails (writes succeed).
@@ -234,20 +240,14 @@ func TestChunkPastEndNotLost(t *testing.T) {
 	fs := blocktest.NewFaultFS()
 	fs.Keep = blocktest.KeepAll
 	const end = 8 * dsz
-	env := block.Env{Dir: t.TempDir(), Size: end + 100, Create: true, MetaFS: fs.Open}
-	l := build(t, env, spec)
-	l.cleanDelay = time.Hour
 	p := bytes.Repeat([]byte{7}, 100)
-	if err := l.WriteAt(p, end, true); err != nil {
-		t.Fatal(err)
-	}
-	leg := l.dataLeg(8, 1) // stripe 8's second data chunk: all past the end
-	fs.Crash()
-	l.Close()
-	loseLeg(t, env, leg)
-	fs = fs.Restart()
-	env.Create, env.MetaFS = false, fs.Open
-	l = build(t, env, spec)
+	l, _, _ := crashAndLose(t, fs, block.Env{Dir: t.TempDir(), Size: end + 100}, spec,
+		func(l *Layer) {
+			if err := l.WriteAt(p, end, true); err != nil {
+				t.Fatal(err)
+			}
+		},
+		func(l *Layer) int { return l.dataLeg(8, 1) }) // stripe 8's second data chunk: all past the end
 	defer l.Close()
 	if got := l.lost.Load(); got != 0 {
 		t.Fatalf("%d chunks marked lost; the one past the end holds no data", got)
