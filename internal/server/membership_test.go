@@ -49,6 +49,31 @@ func startNode(t *testing.T, cfg Config) (*Node, error) {
 	return Start(ctx, cfg, testLog(t))
 }
 
+// firstNode starts the first node of a cluster of voters voters, its
+// data under tmp, over the shared store.
+func firstNode(t *testing.T, tmp, store string, voters int) *Node {
+	t.Helper()
+	cfg := nodeConfig(t, "a", filepath.Join(tmp, "a"), store)
+	cfg.Voters = voters
+	a, err := startNode(t, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// joinNode starts node name, joining through a with a's admin identity.
+func joinNode(t *testing.T, a *Node, name, tmp, store string) *Node {
+	t.Helper()
+	cfg := nodeConfig(t, name, filepath.Join(tmp, name), store)
+	cfg.Join, cfg.JoinIdentity = "https://"+a.APIAddr(), a.AdminDir
+	n, err := startNode(t, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // TestRemovedClientStaysOut: a client node taken out with `node
 // remove` stops; started again on its data directory (a supervisor, an
 // operator) it must not register itself again and serve as a member of
@@ -56,17 +81,9 @@ func startNode(t *testing.T, cfg Config) (*Node, error) {
 func TestRemovedClientStaysOut(t *testing.T) {
 	tmp := t.TempDir()
 	store := filepath.Join(tmp, "store")
-	a, err := startNode(t, nodeConfig(t, "a", filepath.Join(tmp, "a"), store))
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := firstNode(t, tmp, store, 1)
 	defer a.Close()
-	bcfg := nodeConfig(t, "b", filepath.Join(tmp, "b"), store)
-	bcfg.Join, bcfg.JoinIdentity = "https://"+a.APIAddr(), a.AdminDir
-	b, err := startNode(t, bcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := joinNode(t, a, "b", tmp, store)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := a.cluster.Remove(ctx, "b"); err != nil {
@@ -80,7 +97,9 @@ func TestRemovedClientStaysOut(t *testing.T) {
 	}
 	b.Close()
 
-	b, err = startNode(t, bcfg)
+	bcfg := nodeConfig(t, "b", filepath.Join(tmp, "b"), store)
+	bcfg.Join, bcfg.JoinIdentity = "https://"+a.APIAddr(), a.AdminDir
+	b, err := startNode(t, bcfg)
 	if err == nil {
 		defer b.Close()
 		n, _ := a.meta.Node(ctx, "b")
@@ -100,19 +119,9 @@ func TestRemovedClientStaysOut(t *testing.T) {
 func TestMembershipWithoutQuorum(t *testing.T) {
 	tmp := t.TempDir()
 	store := filepath.Join(tmp, "store")
-	acfg := nodeConfig(t, "a", filepath.Join(tmp, "a"), store)
-	acfg.Voters = 3
-	a, err := startNode(t, acfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := firstNode(t, tmp, store, 3)
 	defer a.Close()
-	bcfg := nodeConfig(t, "b", filepath.Join(tmp, "b"), store)
-	bcfg.Join, bcfg.JoinIdentity = "https://"+a.APIAddr(), a.AdminDir
-	b, err := startNode(t, bcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := joinNode(t, a, "b", tmp, store)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for {
@@ -153,23 +162,13 @@ func TestMembershipWithoutQuorum(t *testing.T) {
 func TestRemoveVoterKeepsQuorum(t *testing.T) {
 	tmp := t.TempDir()
 	store := filepath.Join(tmp, "store")
-	acfg := nodeConfig(t, "a", filepath.Join(tmp, "a"), store)
-	acfg.Voters = 3
-	a, err := startNode(t, acfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := firstNode(t, tmp, store, 3)
 	defer a.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
 	others := map[string]*Node{}
 	for _, name := range []string{"b", "c"} {
-		cfg := nodeConfig(t, name, filepath.Join(tmp, name), store)
-		cfg.Join, cfg.JoinIdentity = "https://"+a.APIAddr(), a.AdminDir
-		n, err := startNode(t, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		n := joinNode(t, a, name, tmp, store)
 		defer n.Close()
 		others[name] = n
 		for voter := false; !voter; {
@@ -185,7 +184,7 @@ func TestRemoveVoterKeepsQuorum(t *testing.T) {
 	}
 	others["c"].Close()
 	time.Sleep(6 * time.Second) // etcd's view of c: down
-	err = a.cluster.Remove(ctx, "b")
+	err := a.cluster.Remove(ctx, "b")
 	if err == nil {
 		t.Fatal("b removed with c down: a is left alone with a quorum of 2")
 	}
