@@ -39,7 +39,11 @@ func TestMirror(t *testing.T) {
 	if err := s.Update(ctx, func(tx *Tx) error { tx.DeleteBucket("mirror-late"); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a delete", func() bool { _, ok := m.Get("mirror-late"); return !ok })
+	// Get misses while the mirror has yet to see this node's own write;
+	// Await waits for it.
+	if err := m.Await(ctx, "mirror-late", func(_ *Bucket, ok bool) bool { return !ok }); err != nil {
+		t.Fatalf("a delete: %v", err)
+	}
 	if _, ok := m.Get("mirror-early"); !ok {
 		t.Fatal("a delete removed another record")
 	}
@@ -62,7 +66,9 @@ func TestMirror(t *testing.T) {
 	if err := s.Update(ctx, func(tx *Tx) error { tx.DeleteUser(u); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the user's deletion", func() bool { _, ok := users.Get("AK2"); return !ok })
+	if err := users.Await(ctx, "AK2", func(_ *User, ok bool) bool { return !ok }); err != nil {
+		t.Fatalf("the user's deletion: %v", err)
+	}
 }
 
 // Await returns once the mirror shows what the caller waits for, and
