@@ -140,6 +140,7 @@ func startEmbedded(c EmbedConfig, log *slog.Logger) (*embed.Etcd, string, error)
 		}
 	}
 	log.Info("embedded etcd ready", "name", c.Name, "client", clientURL.String(), "http", httpURL.String(), "dir", c.Dir)
+	checkPeerRetransmit(log, rtoMaxPath)
 	return e, clientURL.String(), nil
 }
 

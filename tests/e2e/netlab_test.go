@@ -33,6 +33,9 @@ type netLab struct {
 	prefix string // 10.X.Y.
 	bridge string
 	n      int
+	// rtoMaxMS, when set, is each namespace's net.ipv4.tcp_rto_max_ms:
+	// the tuning docs/cluster.md advises for metadata voters.
+	rtoMaxMS int
 }
 
 // newNetLab makes the bridge; its cleanup removes every namespace and link
@@ -119,6 +122,13 @@ func (l *netLab) addNode() (ns, addr string) {
 	l.ip("-n", ns, "addr", "add", addr+"/24", "dev", inner)
 	l.ip("-n", ns, "link", "set", inner, "up")
 	l.ip("-n", ns, "link", "set", "lo", "up")
+	if l.rtoMaxMS > 0 {
+		// Per namespace, like the rest of net.ipv4's TCP settings.
+		if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-q", "-w",
+			fmt.Sprintf("net.ipv4.tcp_rto_max_ms=%d", l.rtoMaxMS)).CombinedOutput(); err != nil {
+			l.t.Fatalf("set tcp_rto_max_ms in %s: %v: %s", ns, err, out)
+		}
+	}
 	return ns, addr
 }
 
@@ -140,7 +150,12 @@ func (l *netLab) teardown() {
 // namespace of a fresh lab.
 func StartNetCluster(t *testing.T, n int) (*Cluster, *netLab) {
 	t.Helper()
-	lab := newNetLab(t)
+	return startNetCluster(t, newNetLab(t), n)
+}
+
+// startNetCluster starts n nodes in lab.
+func startNetCluster(t *testing.T, lab *netLab, n int) (*Cluster, *netLab) {
+	t.Helper()
 	c := &Cluster{t: t, Store: filepath.Join(t.TempDir(), "store")}
 	for i := 1; i <= n; i++ {
 		ns, addr := lab.addNode()
