@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -35,6 +36,7 @@ type conn struct {
 	log *slog.Logger
 
 	tls          bool
+	fixed        bool // the client set NBD_FLAG_C_FIXED_NEWSTYLE
 	noZeroes     bool
 	structured   bool
 	metaSelected bool
@@ -67,6 +69,10 @@ type conn struct {
 
 	closeOnce sync.Once
 	done      chan struct{}
+	// ctx is cancelled by shutdown: calls made for the connection
+	// (Exports.Open) end with it, so Server.Close need not wait for them.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -82,6 +88,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		log:    s.Log.With("remote", nc.RemoteAddr().String()),
 		done:   make(chan struct{}),
 	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
 	var rw io.ReadWriter = nc
 	if c.sock != nil {
 		rw = c.sock
@@ -94,6 +101,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 func (c *conn) shutdown() {
 	c.closeOnce.Do(func() {
 		close(c.done)
+		c.cancel()
 		c.raw.Close()
 	})
 }

@@ -22,8 +22,15 @@ type option struct {
 // handshake runs the fixed-newstyle negotiation and returns the export the
 // client chose, or an error after which the connection must close.
 func (c *conn) handshake() (*Export, error) {
-	c.nc.SetDeadline(time.Now().Add(c.srv.HandshakeTimeout))
+	deadline := time.Now().Add(c.srv.HandshakeTimeout)
+	c.nc.SetDeadline(deadline)
 	defer c.nc.SetDeadline(time.Time{})
+	// The socket's deadline does not stop Exports.Open, which a client
+	// that has not authenticated can have called (and which may wait for
+	// a metadata store): its context ends with the handshake's time, or
+	// when the connection is shut down.
+	ctx, cancel := context.WithDeadline(c.ctx, deadline)
+	defer cancel()
 	var hello [18]byte
 	be.PutUint64(hello[0:], magicNBD)
 	be.PutUint64(hello[8:], magicOpt)
@@ -42,13 +49,14 @@ func (c *conn) handshake() (*Export, error) {
 	if flags&^uint32(clientFixed|clientNoZeroes) != 0 {
 		return nil, fmt.Errorf("client flags %#x not understood", flags)
 	}
+	c.fixed = flags&clientFixed != 0
 	c.noZeroes = flags&clientNoZeroes != 0
 	for {
 		opt, err := readOption(c.r)
 		if err != nil {
 			return nil, err
 		}
-		exp, err := c.option(opt)
+		exp, err := c.option(ctx, opt)
 		if err != nil || exp != nil {
 			return exp, err
 		}
@@ -98,19 +106,25 @@ func (c *conn) replyErr(opt, typ uint32, format string, a ...any) error {
 }
 
 // option handles one option; it returns an export when transmission starts.
-func (c *conn) option(o option) (*Export, error) {
+func (c *conn) option(ctx context.Context, o option) (*Export, error) {
 	if c.srv.RequireTLS && !c.tls {
 		switch o.code {
 		case optStartTLS, optAbort:
 		case optExportName:
 			return nil, errors.New("EXPORT_NAME before STARTTLS on a TLS-only server")
 		default:
+			if !c.tlsOffered() {
+				// The session is in NOTLS mode (tlsOffered), where
+				// ERR_TLS_REQD is not allowed; without TLS this server
+				// serves nothing.
+				return nil, c.replyErr(o.code, repErrPolicy, "this server requires TLS, which this session cannot use (it needs fixed newstyle negotiation)")
+			}
 			return nil, c.replyErr(o.code, repErrTLSReqd, "this server requires TLS: use STARTTLS")
 		}
 	}
 	switch o.code {
 	case optExportName:
-		return c.exportName(string(o.data))
+		return c.exportName(ctx, string(o.data))
 	case optAbort:
 		c.reply(o.code, repAck, nil)
 		return nil, errAbort
@@ -123,7 +137,7 @@ func (c *conn) option(o option) (*Export, error) {
 	case optStartTLS:
 		return nil, c.startTLS(o)
 	case optInfo, optGo:
-		return c.infoGo(o)
+		return c.infoGo(ctx, o)
 	case optStructuredReply:
 		if len(o.data) != 0 {
 			return nil, c.replyErr(o.code, repErrInvalid, "STRUCTURED_REPLY takes no data")
@@ -136,8 +150,8 @@ func (c *conn) option(o option) (*Export, error) {
 	return nil, c.replyErr(o.code, repErrUnsup, "option %d is not supported", o.code)
 }
 
-func (c *conn) exportName(name string) (*Export, error) {
-	exp, err := c.srv.Exports.Open(context.Background(), name, c.tlsState())
+func (c *conn) exportName(ctx context.Context, name string) (*Export, error) {
+	exp, err := c.srv.Exports.Open(ctx, name, c.tlsState())
 	if err != nil {
 		return nil, fmt.Errorf("EXPORT_NAME: %w", err) // the spec's only answer: close
 	}
@@ -165,6 +179,8 @@ func (c *conn) startTLS(o option) error {
 	switch {
 	case c.srv.TLS == nil:
 		return c.replyErr(o.code, repErrPolicy, "TLS is not configured on this server")
+	case !c.fixed:
+		return c.replyErr(o.code, repErrPolicy, "TLS needs fixed newstyle negotiation")
 	case c.tls:
 		return c.replyErr(o.code, repErrInvalid, "TLS is already active")
 	case len(o.data) != 0:
@@ -207,14 +223,14 @@ func parseInfoGo(d []byte) (name string, infos []uint16, ok bool) {
 	return name, infos, true
 }
 
-func (c *conn) infoGo(o option) (*Export, error) {
+func (c *conn) infoGo(ctx context.Context, o option) (*Export, error) {
 	name, infos, ok := parseInfoGo(o.data)
 	if !ok {
 		return nil, c.replyErr(o.code, repErrInvalid, "malformed INFO/GO request")
 	}
-	exp, err := c.srv.Exports.Open(context.Background(), name, c.tlsState())
+	exp, err := c.srv.Exports.Open(ctx, name, c.tlsState())
 	switch {
-	case errors.Is(err, ErrTLSRequired) && c.srv.TLS != nil && !c.tls:
+	case errors.Is(err, ErrTLSRequired) && c.tlsOffered() && !c.tls:
 		return nil, c.replyErr(o.code, repErrTLSReqd, "export requires TLS")
 	case errors.Is(err, ErrTLSRequired):
 		// TLS_REQD is meaningless without TLS on offer or once it is up.
@@ -364,6 +380,12 @@ func (c *conn) transmissionFlags(exp *Export) uint16 {
 	}
 	return f
 }
+
+// tlsOffered reports whether this session may use TLS. The spec keeps a
+// session in NOTLS mode (STARTTLS refused, ERR_TLS_REQD never sent)
+// unless the client replied to the server's NBD_FLAG_FIXED_NEWSTYLE with
+// NBD_FLAG_C_FIXED_NEWSTYLE.
+func (c *conn) tlsOffered() bool { return c.srv.TLS != nil && c.fixed }
 
 func (c *conn) tlsState() *tls.ConnectionState {
 	if tc, ok := c.nc.(*tls.Conn); ok {

@@ -35,7 +35,9 @@ type Exports interface {
 	// Open returns the export for name. tls is the connection's TLS state
 	// after STARTTLS (nil without TLS), so an implementation can check the
 	// client certificate. It returns ErrUnknownExport or ErrTLSRequired,
-	// or another error (reported as unknown).
+	// or another error (reported as unknown). ctx ends with the handshake
+	// (HandshakeTimeout, or the connection closing): Open must return
+	// once it is done, and must not tie the export's life to it.
 	Open(ctx context.Context, name string, tls *tls.ConnectionState) (*Export, error)
 }
 
