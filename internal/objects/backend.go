@@ -273,6 +273,21 @@ func errModified(bucket, key, why string) error {
 	}
 }
 
+// errNotOwnersFile: a GET, HEAD or copy found that the file of
+// bucket/key, which belongs to uid and not everyone may read, lies below
+// the directory dir, which belongs to dirUID (ownerMayRead). 403, as for
+// any object the caller may not read; the message says why.
+func errNotOwnersFile(bucket, key string, uid uint32, dir string, dirUID uint32) error {
+	return s3err.APIError{
+		Code: "AccessDenied",
+		Description: fmt.Sprintf("The object %s/%s is not served: its file belongs to uid %d and not everyone "+
+			"may read it, but the directory %s belongs to uid %d, so the file may have been moved into the "+
+			"bucket by someone who may not read it. Its owner can keep it in directories of their own, or "+
+			"make it and its directories readable by others (chmod o+r, o+x).", bucket, key, uid, dir, dirUID),
+		HTTPStatusCode: http.StatusForbidden,
+	}
+}
+
 // errUnexportedFile: a write would replace a file someone put into the
 // bucket directly, which is not an object and may be nobody's copy but
 // this one.

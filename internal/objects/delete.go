@@ -34,19 +34,11 @@ func (b *Backend) deleteObject(r *os.Root, bucket, key string, pre *backend.Obje
 		return false, err
 	}
 	o.f.Close()
-	if pre != nil && pre.IfMatch != nil && *pre.IfMatch == "*" {
-		// If-Match: * asks only that the object exist, as it does here
-		// (S3's conditional deletes); versitygw would compare "*" with
-		// the ETag.
-		p := *pre
-		p.IfMatch = nil
-		pre = &p
-	}
 	if pre != nil && (pre.IfMatch != nil || pre.IfMatchLastModTime != nil || pre.IfMatchSize != nil) {
 		if why != "" {
 			return false, errModified(bucket, key, why)
 		}
-		if err := backend.EvaluateObjectDeletePreconditions(o.m.ETag, o.m.mtime(), o.m.Size, *pre); err != nil {
+		if err := deleteConditions(o.m, *pre); err != nil {
 			return false, err
 		}
 	}

@@ -284,21 +284,9 @@ func errHardLinked(bucket, key string, nlink uint64) error {
 // case, and in the first anyone could read the file anyway.
 func readableByOwner(r *os.Root, bucket, key string, st *syscall.Stat_t) error {
 	public := st.Mode&0o004 != 0 // so far: the file and its directories
-	var foreign *syscall.Stat_t  // the first directory neither the owner's nor the gateway's
-	foreignDir := ""
-	dir := "."
-	for comp := range strings.SplitSeq(key, "/") {
-		fi, err := r.Lstat(dir)
-		if err != nil {
-			return fileError(bucket, key, "check the directories of", err)
-		}
-		ds := statOf(fi)
-		public = public && ds.Mode&0o001 != 0
-		gateway := (ds.Uid == 0 || int(ds.Uid) == os.Geteuid()) && ds.Mode&0o022 == 0
-		if ds.Uid != st.Uid && !gateway && foreign == nil {
-			foreign, foreignDir = ds, dir
-		}
-		dir = path.Join(dir, comp)
+	foreignDir, foreign, err := foreignDirectory(r, key, st, &public)
+	if err != nil {
+		return fileError(bucket, key, "check the directories of", err)
 	}
 	if public || foreign == nil {
 		return nil
@@ -308,6 +296,37 @@ func readableByOwner(r *os.Root, bucket, key string, st *syscall.Stat_t) error {
 			"the file may have been moved in by someone who may not read it, and the server does not "+
 			"read it for them; its owner can export it from a directory of their own, or make it and its "+
 			"directories readable by others (chmod o+r, o+x)", bucket, key, st.Uid, path.Join(bucket, foreignDir), foreign.Uid)
+}
+
+// foreignDirectory returns the first directory from the bucket's down to
+// key's (a path relative to r, "." the bucket's) that belongs neither to
+// the owner of the file st nor to the gateway (then writable by nobody
+// else), and its stat; nil if there is none. If public is not nil, it is
+// also cleared unless every one of those directories may be entered by
+// anyone.
+func foreignDirectory(r *os.Root, key string, st *syscall.Stat_t, public *bool) (string, *syscall.Stat_t, error) {
+	var foreign *syscall.Stat_t
+	foreignDir := ""
+	dir := "."
+	for comp := range strings.SplitSeq(key, "/") {
+		fi, err := r.Lstat(dir)
+		if err != nil {
+			return "", nil, err
+		}
+		ds := statOf(fi)
+		if public != nil {
+			*public = *public && ds.Mode&0o001 != 0
+		}
+		gateway := (ds.Uid == 0 || int(ds.Uid) == os.Geteuid()) && ds.Mode&0o022 == 0
+		if ds.Uid != st.Uid && !gateway && foreign == nil {
+			foreign, foreignDir = ds, dir
+			if public == nil {
+				break
+			}
+		}
+		dir = path.Join(dir, comp)
+	}
+	return foreignDir, foreign, nil
 }
 
 func errChanged(bucket, key string) error {

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
+	"path"
 	"path/filepath"
 	"syscall"
 	"time"
@@ -127,6 +128,43 @@ func (b *Backend) openAny(r *os.Root, bucket, key string) (*object, error) {
 	return &object{f: f, m: m, st: fi.Sys().(*syscall.Stat_t)}, nil
 }
 
+// ownerMayRead refuses to serve (GET, HEAD, a copy's source) the file
+// st, found at name (key, or the path of one of key's version files),
+// unless the bucket's owner could read it directly: anyone may read it,
+// or every directory from the bucket's down to it belongs to the file's
+// owner (or to the gateway, writable by nobody else) — what `object
+// export` requires of a file (readableByOwner). A record in an xattr
+// travels with its file: a user who may write into a directory holding
+// another user's object (a directory its owner opened to others, without
+// the sticky bit) can move it into a bucket of their own, still an object
+// — also after its owner made it private (chmod keeps size, mtime and
+// inode, which the record checks), or with a record the user forged on a
+// file they may write but not read. The gateway reads with its own
+// rights and must not serve such a file for them.
+//
+// A world-readable file costs no system call: whoever could move it in
+// could read it. (export also requires directories anyone may enter for
+// that case; a GET does not walk them, so a world-readable object kept
+// inside another user's closed directory, which itself sits in a
+// directory the mover may write, is served: a layout its owner chose.)
+// A private file costs an lstat per directory on the way.
+func ownerMayRead(r *os.Root, bucket, key, name string, st *syscall.Stat_t) error {
+	if st.Mode&0o004 != 0 {
+		return nil
+	}
+	dir, foreign, err := foreignDirectory(r, name, st, nil)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		return errNoSuchKey() // moved away meanwhile
+	}
+	if err != nil {
+		return fmt.Errorf("check the directories of %s/%s: %w", bucket, name, err)
+	}
+	if foreign == nil {
+		return nil
+	}
+	return errNotOwnersFile(bucket, key, st.Uid, path.Join(bucket, dir), foreign.Uid)
+}
+
 // versionID is o's version id ("" for the null version). A file whose
 // record is invalid has lost its own and goes by lostVersionID.
 func (o *object) versionID() string {
@@ -222,11 +260,12 @@ func (b *Backend) openRequested(ctx context.Context, bucket, key, vid, method st
 // one openat2(2) below Root, where the general path opens the bucket as an
 // os.Root and walks the key a component at a time (a system call each).
 // It serves only the plain case — xattr records, no symbolic link on the
-// way, a regular file whose stat matches its record — and answers ok=false
-// for anything else, which the caller then takes down the general path for
-// the whole answer: a missing bucket or key, a link to follow inside the
-// bucket, a bad or missing record, a file changed behind S3. So it never
-// answers differently; it only answers sooner.
+// way, a regular file anyone may read whose stat matches its record — and
+// answers ok=false for anything else, which the caller then takes down the
+// general path for the whole answer: a missing bucket or key, a link to
+// follow inside the bucket, a bad or missing record, a file changed behind
+// S3, a file not everyone may read (ownerMayRead). So it never answers
+// differently; it only answers sooner.
 //
 // bucket and key must have passed checkBucketName and checkKey: no "." or
 // ".." component, so the path stays inside the bucket's directory, which
@@ -262,7 +301,10 @@ func (b *Backend) quickOpen(bucket, key string) (o *object, ok bool) {
 		}
 	}()
 	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+	// A file not everyone may read is left to the general path, which
+	// checks that the bucket's owner may read it (ownerMayRead); objects
+	// written through S3 are world-readable (0644) and cost nothing more.
+	if err := syscall.Fstat(fd, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG || st.Mode&0o004 == 0 {
 		return nil, false
 	}
 	m, err := b.meta.read(f, bucket, key)
@@ -370,21 +412,6 @@ func markerAt(r *os.Root, key, id string) (*deleteMarker, error) {
 	return &deleteMarker{id: showVersion(id), mtime: fi.ModTime().UTC().Truncate(time.Second)}, nil
 }
 
-// preconditions evaluates the conditional headers of a read against an
-// object's ETag and Last-Modified (whole seconds), as
-// backend.EvaluatePreconditions does, except that If-Unmodified-Since
-// holds when the object was last modified at exactly that time: it fails
-// only if the object is more recent (RFC 9110 13.1.4, and S3), so a client
-// may condition a GET on the Last-Modified a HEAD gave it. versitygw
-// counts that case as failed; a condition that holds constrains nothing
-// there, so it is dropped before the others are evaluated.
-func preconditions(etag string, mtime time.Time, pre backend.PreConditions) error {
-	if pre.IfUnmodeSince != nil && !mtime.After(*pre.IfUnmodeSince) {
-		pre.IfUnmodeSince = nil
-	}
-	return backend.EvaluatePreconditions(etag, mtime, pre)
-}
-
 // describe evaluates preconditions, range and part number, and returns the
 // response fields (Body unset) with the byte range to send.
 func (o *object) describe(rng *string, partNumber *int32, mode types.ChecksumMode, pre backend.PreConditions) (*s3.GetObjectOutput, int64, int64, error) {
@@ -424,7 +451,7 @@ func (o *object) describe(rng *string, partNumber *int32, mode types.ChecksumMod
 			out.ContentRange = ptr(fmt.Sprintf("bytes %d-%d/%d", start, start+length-1, m.Size))
 		}
 	case rng != nil && *rng != "":
-		s, l, valid, err := backend.ParseObjectRange(m.Size, *rng)
+		s, l, valid, err := backend.ParseObjectRange(m.Size, clampRange(*rng))
 		if err != nil {
 			return nil, 0, 0, err
 		}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/basalt-storage/basalt/internal/md5lanes"
-	"github.com/versity/versitygw/backend"
 	"github.com/versity/versitygw/s3api/utils"
 	"github.com/versity/versitygw/s3err"
 	"github.com/versity/versitygw/s3response"
@@ -300,7 +299,7 @@ func (b *Backend) putPreconditions(r *os.Root, bucket, key string, ifMatch, ifNo
 	} else if !isNoSuchKey(err) {
 		return err
 	}
-	return backend.EvaluateObjectPutPreconditions(etag, ifMatch, ifNoneMatch, exists)
+	return putConditions(etag, exists, ifMatch, ifNoneMatch)
 }
 
 // cloneMeta copies user metadata out of the request's buffers.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -240,4 +241,101 @@ func TestWorkFilesNotReadableByOthers(t *testing.T) {
 			return f.Sync()
 		}})
 	must(t, err)
+}
+
+// TestGetRefusesMovedInPrivateFile: GET, HEAD and copies serve only
+// files the bucket's owner could read themselves, as `object export`
+// exports only those (readableByOwner). A record in an xattr travels with
+// its file: a user who may write into a directory holding another user's
+// object (a bucket directory its owner shares with a team, g+w or o+w
+// without the sticky bit) can move that object into a bucket of their own
+// with a valid record — after its owner made it private (chmod 600 keeps
+// size, mtime and inode, so the record still matches). The gateway, which
+// reads with its own rights, must not serve it for them. Files anyone may
+// read stay served, as are the owner's own private files.
+func TestGetRefusesMovedInPrivateFile(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("files of other uids need root") // CI runs as root
+	}
+	e := newEnv(t, false)
+	const mallory, victim = 4300, 4301
+	a := e.iam["AKALICE"]
+	a.UserID, a.GroupID = mallory, mallory
+	e.iam["AKALICE"] = a
+	b := e.iam["AKBOB"]
+	b.UserID, b.GroupID = victim, victim
+	e.iam["AKBOB"] = b
+	openUp(t, e.root)
+	e.be.trustFile = filepath.Join(e.dir, "trust-{uid}")
+	for uid, key := range map[int]string{mallory: "AKALICE", victim: "AKBOB"} {
+		p := strings.ReplaceAll(e.be.trustFile, "{uid}", strconv.Itoa(uid))
+		must(t, os.WriteFile(p, []byte(key+"\n"), 0o600))
+		must(t, os.Chown(p, uid, uid))
+	}
+	mkBucket(t, e.bob, "vic")
+	mkBucket(t, e.alice, "mine")
+	vic, mine := filepath.Join(e.root, "vic"), filepath.Join(e.root, "mine")
+	// The victim opens a directory of their bucket to others, stores two
+	// objects there and makes one private.
+	if out, err := asUser(victim, victim, `mkdir "$1/team" && chmod 777 "$1/team"`, vic); err != nil {
+		t.Fatalf("as the victim: %v: %s", err, out)
+	}
+	put(t, e.bob, "vic", "team/secret", "the victim's secret")
+	put(t, e.bob, "vic", "team/public", "anyone may read this")
+	if out, err := asUser(victim, victim, `chmod 600 "$1/team/secret"`, vic); err != nil {
+		t.Fatalf("as the victim: %v: %s", err, out)
+	}
+	if got := get(t, e.bob, "vic", "team/secret"); got != "the victim's secret" {
+		t.Fatalf("the victim's private object: %q", got)
+	}
+	// Mallory cannot read the private one, but can move both into her bucket.
+	script := `cat "$1/team/secret" 2>/dev/null && { echo "mallory can read it"; exit 1; }
+set -e
+mv "$1/team/secret" "$2/stolen"
+mkdir "$2/d"
+mv "$1/team/public" "$2/d/public"`
+	if out, err := asUser(mallory, mallory, script, vic, mine); err != nil {
+		t.Fatalf("as mallory: %v: %s", err, out)
+	}
+
+	if o, ok := e.be.quickOpen("mine", "stolen"); ok {
+		o.f.Close()
+		t.Error("quickOpen took a file not everyone may read")
+	}
+	g, err := e.alice.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("mine"), Key: aws.String("stolen")})
+	if err == nil {
+		body, _ := io.ReadAll(g.Body)
+		g.Body.Close()
+		t.Errorf("GET served another user's private file: %q", body)
+	} else if code(err) != "AccessDenied" {
+		t.Errorf("GET of another user's private file: %v, want AccessDenied", err)
+	}
+	_, err = e.alice.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String("mine"), Key: aws.String("stolen")})
+	if httpStatus(err) != 403 {
+		t.Errorf("HEAD of another user's private file: %v, want 403", err)
+	}
+	_, err = e.alice.CopyObject(ctx, &s3.CopyObjectInput{Bucket: aws.String("mine"), Key: aws.String("copy"),
+		CopySource: aws.String("mine/stolen")})
+	if code(err) != "AccessDenied" {
+		t.Errorf("copy of another user's private file: %v, want AccessDenied", err)
+	}
+	if f, _, err := e.be.OpenImage(ctx, "mine", "stolen"); err == nil {
+		f.Close()
+		t.Error("OpenImage opened another user's private file")
+	} else if !errs.IsCode(err, CodeFileAccess) {
+		t.Errorf("OpenImage of another user's private file: %v, want %s", err, CodeFileAccess)
+	}
+
+	// A file anyone may read is served, whoever brought it in.
+	if got := get(t, e.alice, "mine", "d/public"); got != "anyone may read this" {
+		t.Errorf("moved-in world-readable object: %q", got)
+	}
+	// Mallory's own private object is hers.
+	put(t, e.alice, "mine", "own", "mine")
+	if out, err := asUser(mallory, mallory, `chmod 600 "$1/own"`, mine); err != nil {
+		t.Fatalf("as mallory: %v: %s", err, out)
+	}
+	if got := get(t, e.alice, "mine", "own"); got != "mine" {
+		t.Errorf("the owner's own private object: %q", got)
+	}
 }

@@ -575,13 +575,31 @@ func sortVersions(vs []versionEntry) {
 }
 
 // openVersion opens version vid ("" for the current object) of
-// bucket/key, checked like openObject.
+// bucket/key to serve it (GET, HEAD, a copy's source): checked like
+// openObject, and its file must be one the bucket's owner may read
+// (ownerMayRead).
 func (b *Backend) openVersion(r *os.Root, bucket, key, vid string) (*object, error) {
+	o, name, err := b.findVersion(r, bucket, key, vid)
+	if err != nil {
+		return nil, err
+	}
+	if err := ownerMayRead(r, bucket, key, name, o.st); err != nil {
+		o.f.Close()
+		return nil, err
+	}
+	return o, nil
+}
+
+// findVersion opens version vid ("" for the current object) of
+// bucket/key, checked like openObject, and says at which path of the
+// bucket it found it.
+func (b *Backend) findVersion(r *os.Root, bucket, key, vid string) (*object, string, error) {
 	if vid == "" {
-		return b.openObject(r, bucket, key)
+		o, err := b.openObject(r, bucket, key)
+		return o, key, err
 	}
 	if !validVersionID(vid) {
-		return nil, errInvalidVersion(vid)
+		return nil, "", errInvalidVersion(vid)
 	}
 	want := vid
 	if want == nullVersion {
@@ -592,25 +610,26 @@ func (b *Backend) openVersion(r *os.Root, bucket, key, vid string) (*object, err
 		if o.versionID() == want {
 			if why != "" {
 				o.f.Close()
-				return nil, errModified(bucket, key, why)
+				return nil, "", errModified(bucket, key, why)
 			}
-			return o, nil
+			return o, key, nil
 		}
 		o.f.Close()
 	} else if !isNoSuchKey(err) {
-		return nil, err
+		return nil, "", err
 	}
-	o, err = b.openObject(r, bucket, versionFile(key, want))
+	vf := versionFile(key, want)
+	o, err = b.openObject(r, bucket, vf)
 	if err == nil {
-		return o, nil
+		return o, vf, nil
 	}
 	if !isNoSuchKey(err) {
-		return nil, err
+		return nil, "", err
 	}
 	if _, merr := r.Lstat(markerFile(key, want)); merr == nil {
-		return nil, s3err.GetAPIError(s3err.ErrMethodNotAllowed)
+		return nil, "", s3err.GetAPIError(s3err.ErrMethodNotAllowed)
 	}
-	return nil, s3err.GetNoSuchVersionErr(key, vid)
+	return nil, "", s3err.GetNoSuchVersionErr(key, vid)
 }
 
 // ListObjectVersions lists the current objects (IsLatest), their
