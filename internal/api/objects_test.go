@@ -246,3 +246,21 @@ func TestObjectRoutes(t *testing.T) {
 		}
 	}
 }
+
+// A method a path does not take is 405 with Allow listing the ones it
+// does — HEAD wherever GET is (net/http serves HEAD through GET's route).
+func TestMethodNotAllowedAllow(t *testing.T) {
+	s := New(Deps{Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	for target, want := range map[string]string{
+		"PUT /v1/objects/verify":   "GET, HEAD",
+		"GET /v1/objects/export":   "POST",
+		"PATCH /v1/objects/export": "POST",
+	} {
+		method, p, _ := strings.Cut(target, " ")
+		w := httptest.NewRecorder()
+		s.ServeHTTP(w, httptest.NewRequest(method, p, nil))
+		if w.Code != http.StatusMethodNotAllowed || w.Header().Get("Allow") != want {
+			t.Errorf("%s: %d, Allow %q, want 405 and %q", target, w.Code, w.Header().Get("Allow"), want)
+		}
+	}
+}

@@ -270,7 +270,8 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 // needs no authentication.
 func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 	var allow []string
-	for _, m := range []string{"GET", "POST", "PUT", "DELETE", "PATCH"} {
+	// HEAD is served wherever GET is (net/http routes it to GET's handler).
+	for _, m := range []string{"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH"} {
 		probe := r.Clone(r.Context())
 		probe.Method = m
 		if _, pattern := s.mux.Handler(probe); pattern != "" && pattern != "/" {
