@@ -120,12 +120,12 @@ func (c *Client) Users(ctx context.Context) ([]api.User, error) {
 // User shows a user.
 func (c *Client) User(ctx context.Context, name string) (*api.User, error) {
 	var out api.User
-	return &out, c.do(ctx, "GET", "/v1/users/"+url.PathEscape(name), nil, &out)
+	return &out, c.do(ctx, "GET", "/v1/users/"+segment(name), nil, &out)
 }
 
 // DeleteUser deletes a user.
 func (c *Client) DeleteUser(ctx context.Context, name string) error {
-	return c.do(ctx, "DELETE", "/v1/users/"+url.PathEscape(name), nil, nil)
+	return c.do(ctx, "DELETE", "/v1/users/"+segment(name), nil, nil)
 }
 
 // CreateVolume creates a volume.
@@ -143,24 +143,24 @@ func (c *Client) Volumes(ctx context.Context) ([]api.Volume, error) {
 // Volume shows a volume by id or name.
 func (c *Client) Volume(ctx context.Context, ref string) (*api.Volume, error) {
 	var out api.Volume
-	return &out, c.do(ctx, "GET", "/v1/volumes/"+url.PathEscape(ref), nil, &out)
+	return &out, c.do(ctx, "GET", "/v1/volumes/"+segment(ref), nil, &out)
 }
 
 // DeleteVolume deletes a volume.
 func (c *Client) DeleteVolume(ctx context.Context, ref string) error {
-	return c.do(ctx, "DELETE", "/v1/volumes/"+url.PathEscape(ref), nil, nil)
+	return c.do(ctx, "DELETE", "/v1/volumes/"+segment(ref), nil, nil)
 }
 
 // ExtendVolume grows a volume to sizeBytes.
 func (c *Client) ExtendVolume(ctx context.Context, ref string, sizeBytes int64) (*api.Volume, error) {
 	var out api.Volume
-	return &out, c.do(ctx, "POST", "/v1/volumes/"+url.PathEscape(ref)+"/extend", api.ExtendVolumeRequest{Size: api.Size(sizeBytes)}, &out)
+	return &out, c.do(ctx, "POST", "/v1/volumes/"+segment(ref)+"/extend", api.ExtendVolumeRequest{Size: api.Size(sizeBytes)}, &out)
 }
 
 // VolumeJob starts a job on a volume: flatten, repair or scrub.
 func (c *Client) VolumeJob(ctx context.Context, ref, job string) (*api.Volume, error) {
 	var out api.Volume
-	return &out, c.do(ctx, "POST", "/v1/volumes/"+url.PathEscape(ref)+"/"+url.PathEscape(job), nil, &out)
+	return &out, c.do(ctx, "POST", "/v1/volumes/"+segment(ref)+"/"+segment(job), nil, &out)
 }
 
 // VolumeTypes lists the volume types.
@@ -172,7 +172,7 @@ func (c *Client) VolumeTypes(ctx context.Context) ([]api.VolumeType, error) {
 // VolumeType returns one volume type.
 func (c *Client) VolumeType(ctx context.Context, name string) (*api.VolumeType, error) {
 	var out api.VolumeType
-	return &out, c.do(ctx, "GET", "/v1/types/"+url.PathEscape(name), nil, &out)
+	return &out, c.do(ctx, "GET", "/v1/types/"+segment(name), nil, &out)
 }
 
 // CreateVolumeType creates a volume type (admin).
@@ -183,7 +183,7 @@ func (c *Client) CreateVolumeType(ctx context.Context, r api.CreateVolumeTypeReq
 
 // DeleteVolumeType deletes a volume type (admin).
 func (c *Client) DeleteVolumeType(ctx context.Context, name string) error {
-	return c.do(ctx, "DELETE", "/v1/types/"+url.PathEscape(name), nil, nil)
+	return c.do(ctx, "DELETE", "/v1/types/"+segment(name), nil, nil)
 }
 
 // CreateSnapshot snapshots a volume.
@@ -205,7 +205,7 @@ func (c *Client) Snapshots(ctx context.Context, volume string) ([]api.Snapshot, 
 // Snapshot shows a snapshot by id or name.
 func (c *Client) Snapshot(ctx context.Context, ref string) (*api.Snapshot, error) {
 	var out api.Snapshot
-	return &out, c.do(ctx, "GET", "/v1/snapshots/"+url.PathEscape(ref), nil, &out)
+	return &out, c.do(ctx, "GET", "/v1/snapshots/"+segment(ref), nil, &out)
 }
 
 // Nodes lists the cluster's nodes.
@@ -216,7 +216,7 @@ func (c *Client) Nodes(ctx context.Context) ([]cluster.NodeInfo, error) {
 
 // RemoveNode takes a node out of the cluster.
 func (c *Client) RemoveNode(ctx context.Context, name string) error {
-	return c.do(ctx, "DELETE", "/v1/nodes/"+url.PathEscape(name), nil, nil)
+	return c.do(ctx, "DELETE", "/v1/nodes/"+segment(name), nil, nil)
 }
 
 // JoinToken issues a join token.
@@ -228,12 +228,12 @@ func (c *Client) JoinToken(ctx context.Context, r api.JoinTokenRequest) (*api.Jo
 // ExportSnapshot starts writing a snapshot into an object.
 func (c *Client) ExportSnapshot(ctx context.Context, ref string, r api.ExportSnapshotRequest) (*api.Snapshot, error) {
 	var out api.Snapshot
-	return &out, c.do(ctx, "POST", "/v1/snapshots/"+url.PathEscape(ref)+"/export", r, &out)
+	return &out, c.do(ctx, "POST", "/v1/snapshots/"+segment(ref)+"/export", r, &out)
 }
 
 // DeleteSnapshot deletes a snapshot.
 func (c *Client) DeleteSnapshot(ctx context.Context, ref string) error {
-	return c.do(ctx, "DELETE", "/v1/snapshots/"+url.PathEscape(ref), nil, nil)
+	return c.do(ctx, "DELETE", "/v1/snapshots/"+segment(ref), nil, nil)
 }
 
 // Attach attaches a volume to a host.
@@ -255,10 +255,22 @@ func (c *Client) Attachments(ctx context.Context, volume string) ([]api.Attachme
 // Attachment shows an attachment.
 func (c *Client) Attachment(ctx context.Context, id string) (*api.Attachment, error) {
 	var out api.Attachment
-	return &out, c.do(ctx, "GET", "/v1/attachments/"+url.PathEscape(id), nil, &out)
+	return &out, c.do(ctx, "GET", "/v1/attachments/"+segment(id), nil, &out)
 }
 
 // Detach removes an attachment.
 func (c *Client) Detach(ctx context.Context, id string) error {
-	return c.do(ctx, "DELETE", "/v1/attachments/"+url.PathEscape(id), nil, nil)
+	return c.do(ctx, "DELETE", "/v1/attachments/"+segment(id), nil, nil)
+}
+
+// segment escapes s as one path segment. "." and ".." are escaped too
+// (url.PathEscape leaves dots alone): sent as they are, the path would be
+// cleaned — by the server's router, which redirects, or by a proxy — into
+// another route, and `volume show ..` would report that "GET /v1" does not
+// exist instead of that no volume is named "..".
+func segment(s string) string {
+	if s == "." || s == ".." {
+		return strings.ReplaceAll(s, ".", "%2E")
+	}
+	return url.PathEscape(s)
 }

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"crypto/tls"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -136,6 +137,16 @@ func TestCLIUsageErrors(t *testing.T) {
 	}
 	if after := admin.OK(nil, "volume", "list").Stdout; after != before {
 		t.Errorf("usage errors changed the volume list")
+	}
+	// Dot names are names, not path steps: sent as they are, they would
+	// reach another route ("GET /v1 not found").
+	for _, args := range [][]string{{"volume", "show", ".."}, {"volume", "delete", "."}, {"snapshot", "show", ".."}, {"user", "show", ".."}} {
+		r := admin.Run(append(args, "-o", "json")...)
+		var eb ErrorBody
+		json.Unmarshal([]byte(r.Stdout), &eb)
+		if r.Code != 1 || eb.Error.Code != "NotFound" || !strings.Contains(eb.Error.Message, `"`+args[2]+`" not found`) {
+			t.Errorf("%v: want NotFound naming %q: %s", args, args[2], r)
+		}
 	}
 }
 
