@@ -65,6 +65,13 @@ type Device interface {
 	Close() error
 }
 
+// MaxSize bounds the size of every device a layer builds or grows to: far
+// beyond any volume (4 EiB), and small enough that the arithmetic layers
+// do on offsets and sizes (off+n, rounding up to a chunk, a share times
+// the number of children) cannot overflow int64. Layers that combine
+// their children's sizes refuse a result beyond it rather than wrap.
+const MaxSize = 1 << 62
+
 // Errors with a meaning the NBD server maps to its error values.
 var (
 	ErrNotSupported = errors.New("operation not supported by this device")

@@ -250,10 +250,17 @@ func Types() []Type {
 }
 
 // Check validates a spec without building anything: known types, child
-// counts, and no file opened by two layers in one directory.
+// counts, depth, and no file opened by two layers in one directory.
 func Check(s Spec) error {
-	return check(s, dirFiles{})
+	return check(s, dirFiles{}, 1)
 }
+
+// MaxDepth bounds how deeply a spec nests. Real stacks are a handful of
+// layers; the bound keeps Check and Build from recursing without end into
+// a spec that contains itself (Specs built in Go can share a Children
+// slice) or one nested absurdly deep. (It is far above what a 4 KiB
+// spec, the most FuzzCheckSpec tries, can nest: about 140 layers.)
+const MaxDepth = 256
 
 // dirFiles maps the files of one directory to the layer opening each.
 type dirFiles map[string]string
@@ -268,7 +275,10 @@ func (files dirFiles) claim(name, typ string) error {
 	return nil
 }
 
-func check(s Spec, files dirFiles) error {
+func check(s Spec, files dirFiles, depth int) error {
+	if depth > MaxDepth {
+		return fmt.Errorf("spec nested deeper than %d layers (or containing itself)", MaxDepth)
+	}
 	registryMu.RLock()
 	t, ok := registry[s.Type]
 	registryMu.RUnlock()
@@ -293,7 +303,7 @@ func check(s Spec, files dirFiles) error {
 				kids.claim(name, s.Type)
 			}
 		}
-		if err := check(c, kids); err != nil {
+		if err := check(c, kids, depth+1); err != nil {
 			return fmt.Errorf("%s child %d: %w", s.Type, i, err)
 		}
 	}
@@ -327,12 +337,27 @@ func childRange(t Type) string {
 }
 
 // Build turns a spec into a live stack, children first. On failure every
-// layer already built is closed.
+// layer already built is closed. A stack is created (env.Create) only
+// with a size in (0, MaxSize], refused before anything exists: a zero
+// size would create empty files and a device of no bytes, a larger one
+// overflow the layers' arithmetic on it.
 func Build(env Env, s Spec) (Layer, error) {
 	if err := Check(s); err != nil {
 		return nil, err
 	}
+	if err := checkSize(env); err != nil {
+		return nil, err
+	}
 	return build(env, s)
+}
+
+// checkSize refuses to create a stack (or a child, with the size its
+// parent's ChildSize gave) with a size outside (0, MaxSize].
+func checkSize(env Env) error {
+	if env.Create && (env.Size <= 0 || env.Size > MaxSize) {
+		return fmt.Errorf("size %d is not in (0, %d]", env.Size, int64(MaxSize))
+	}
+	return nil
 }
 
 func build(env Env, s Spec) (Layer, error) {
@@ -354,6 +379,9 @@ func build(env Env, s Spec) (Layer, error) {
 			return nil, fmt.Errorf("layer %s: %w", s.Type, err)
 		}
 		cenv.Size = n
+		if err := checkSize(cenv); err != nil {
+			return nil, fmt.Errorf("layer %s: child %w", s.Type, err)
+		}
 	}
 	children := make([]Layer, 0, len(s.Children))
 	for i, cs := range s.Children {

@@ -26,17 +26,45 @@ func init() {
 	})
 }
 
-// childSize: each child holds a 1/n share, rounded up to a chunk.
+// childSize: each child holds a 1/n share, rounded up to a chunk. It
+// refuses what New would refuse: it runs before the children are created,
+// and a failure after that would leave their files behind.
 func childSize(raw json.RawMessage, size int64, n int) (int64, error) {
-	p := Params{Chunk: DefaultChunk}
-	if err := block.DecodeParams(raw, &p); err != nil {
+	p, err := parse(raw)
+	if err != nil {
 		return 0, err
 	}
-	if p.Chunk <= 0 {
-		return 0, fmt.Errorf("chunk %d must be positive", p.Chunk)
+	if size <= 0 || size > block.MaxSize {
+		return 0, fmt.Errorf("size %d is not in (0, %d]", size, int64(block.MaxSize))
 	}
-	chunks := (size + p.Chunk - 1) / p.Chunk
-	return (chunks + int64(n) - 1) / int64(n) * p.Chunk, nil
+	chunks := (size + p.Chunk - 1) / p.Chunk  // no overflow: both are at most 2^62
+	per := (chunks + int64(n) - 1) / int64(n) // chunks per child
+	if _, err := total(per, p.Chunk, n); err != nil {
+		return 0, err
+	}
+	return per * p.Chunk, nil
+}
+
+// parse decodes and checks the parameters.
+func parse(raw json.RawMessage) (Params, error) {
+	p := Params{Chunk: DefaultChunk}
+	if err := block.DecodeParams(raw, &p); err != nil {
+		return p, err
+	}
+	if p.Chunk < 4096 || p.Chunk&(p.Chunk-1) != 0 {
+		return p, fmt.Errorf("chunk %d must be a power of two of at least 4096", p.Chunk)
+	}
+	return p, nil
+}
+
+// total is the size of a stripe of n children holding per chunks each,
+// refused beyond block.MaxSize (the product would otherwise wrap).
+func total(per, chunk int64, n int) (int64, error) {
+	if per > block.MaxSize/chunk/int64(n) {
+		return 0, fmt.Errorf("%d children of %d chunks of %d bytes exceed the largest device size, %d bytes",
+			n, per, chunk, int64(block.MaxSize))
+	}
+	return per * chunk * int64(n), nil
 }
 
 // Params are the stripe layer's parameters.
@@ -54,24 +82,50 @@ type Layer struct {
 	size     atomic.Int64
 	caps     block.Capabilities
 	params   json.RawMessage
+	closed   atomic.Bool
 }
 
 // New builds a stripe layer.
 func New(_ block.Env, raw json.RawMessage, children []block.Layer) (block.Layer, error) {
-	p := Params{Chunk: DefaultChunk}
-	if err := block.DecodeParams(raw, &p); err != nil {
+	p, err := parse(raw)
+	if err != nil {
 		return nil, err
 	}
-	if p.Chunk < 4096 || p.Chunk&(p.Chunk-1) != 0 {
-		return nil, fmt.Errorf("chunk %d must be a power of two of at least 4096", p.Chunk)
+	l := &Layer{children: children, chunk: p.Chunk, caps: block.Combine(children), params: raw}
+	size, err := l.layout()
+	if err != nil {
+		return nil, err
 	}
-	smallest := children[0].Size()
-	for _, c := range children[1:] {
+	l.size.Store(size)
+	return l, nil
+}
+
+// layout is the size the children hold: n × the smallest child, rounded
+// down to a chunk (the tails of larger children are unused).
+func (l *Layer) layout() (int64, error) {
+	smallest := l.children[0].Size()
+	for _, c := range l.children[1:] {
 		smallest = min(smallest, c.Size())
 	}
-	l := &Layer{children: children, chunk: p.Chunk, caps: block.Combine(children), params: raw}
-	l.size.Store(smallest / p.Chunk * p.Chunk * int64(len(children)))
-	return l, nil
+	return total(smallest/l.chunk, l.chunk, len(l.children))
+}
+
+// check refuses a request reaching beyond the end: the children hold more
+// than Size (their tails), and a write there would be acknowledged into
+// space no read returns; beyond them, a file would grow.
+func (l *Layer) check(off, n int64) error {
+	if size := l.size.Load(); off < 0 || n < 0 || off > size-n {
+		return fmt.Errorf("stripe: %d+%d beyond %d: %w", off, n, size, block.ErrOutOfRange)
+	}
+	return nil
+}
+
+// childErr says which child failed.
+func childErr(ci int, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("stripe child %d: %w", ci, err)
 }
 
 // piece is the part of a request on one child.
@@ -126,7 +180,7 @@ func (l *Layer) each(off, n int64, fn func(c block.Layer, p piece) error) error 
 // and returns the errors joined.
 func (l *Layer) eachChild(off, n int64, fn func(c block.Layer, ps []piece) error) error {
 	parts, used := l.split(off, n)
-	run := func(ci int) error { return fn(l.children[ci], parts[ci]) }
+	run := func(ci int) error { return childErr(ci, fn(l.children[ci], parts[ci])) }
 	var wg sync.WaitGroup
 	errs := make([]error, len(parts))
 	mine := -1
@@ -155,10 +209,23 @@ func (l *Layer) Size() int64 { return l.size.Load() }
 // Children implements block.Parent.
 func (l *Layer) Children() []block.Layer { return l.children }
 
-// Resize implements block.Resizer: every child grows to its share.
+// Resize implements block.Resizer: every child grows to its share. It
+// never shrinks: a size the stripe already holds (it rounds up to whole
+// stripes, so its size may exceed what a layer above asked for) changes
+// nothing. The size is then what New computes over the grown children,
+// so a reopen finds the same.
 func (l *Layer) Resize(n int64) error {
+	if n > block.MaxSize {
+		return fmt.Errorf("stripe resize: %d bytes exceed the largest device size, %d", n, int64(block.MaxSize))
+	}
+	if n <= l.size.Load() {
+		return nil
+	}
 	nc := int64(len(l.children))
 	per := ((n+l.chunk-1)/l.chunk + nc - 1) / nc * l.chunk
+	if _, err := total(per/l.chunk, l.chunk, len(l.children)); err != nil {
+		return fmt.Errorf("stripe resize: %w", err)
+	}
 	for i, c := range l.children {
 		r, ok := c.(block.Resizer)
 		if !ok {
@@ -170,7 +237,11 @@ func (l *Layer) Resize(n int64) error {
 			}
 		}
 	}
-	l.size.Store(per * nc)
+	size, err := l.layout()
+	if err != nil {
+		return fmt.Errorf("stripe resize: %w", err)
+	}
+	l.size.Store(size)
 	return nil
 }
 
@@ -201,21 +272,25 @@ func runs(b []byte, ps []piece, fn func(bufs [][]byte, off int64) bool) {
 	}
 }
 
-// within returns the child and its offset when [off, off+n) lies in one
-// chunk (most small requests): then no split is needed.
-func (l *Layer) within(off, n int64) (block.Layer, int64, bool) {
+// within returns the child (and its index) and the offset there when
+// [off, off+n) lies in one chunk (most small requests): then no split is
+// needed.
+func (l *Layer) within(off, n int64) (block.Layer, int, int64, bool) {
 	k := off / l.chunk
 	if n <= 0 || (off+n-1)/l.chunk != k {
-		return nil, 0, false
+		return nil, 0, 0, false
 	}
 	nc := int64(len(l.children))
-	return l.children[k%nc], (k/nc)*l.chunk + off%l.chunk, true
+	return l.children[k%nc], int(k % nc), (k/nc)*l.chunk + off%l.chunk, true
 }
 
 // ReadAt implements block.Device.
 func (l *Layer) ReadAt(b []byte, off int64) error {
-	if c, coff, ok := l.within(off, int64(len(b))); ok {
-		return c.ReadAt(b, coff)
+	if err := l.check(off, int64(len(b))); err != nil {
+		return err
+	}
+	if c, ci, coff, ok := l.within(off, int64(len(b))); ok {
+		return childErr(ci, c.ReadAt(b, coff))
 	}
 	return l.eachChild(off, int64(len(b)), func(c block.Layer, ps []piece) (err error) {
 		runs(b, ps, func(bufs [][]byte, coff int64) bool {
@@ -229,7 +304,10 @@ func (l *Layer) ReadAt(b []byte, off int64) error {
 // TryReadAt implements block.NoWaitReader: every child, one after the
 // other, each at once or not at all.
 func (l *Layer) TryReadAt(b []byte, off int64) bool {
-	if c, coff, ok := l.within(off, int64(len(b))); ok {
+	if l.check(off, int64(len(b))) != nil {
+		return false
+	}
+	if c, _, coff, ok := l.within(off, int64(len(b))); ok {
 		return block.TryReadAt(c, b, coff)
 	}
 	parts, _ := l.split(off, int64(len(b)))
@@ -268,14 +346,14 @@ func (l *Layer) SpliceFrom(pipe int, off int64, n int) int {
 // until one moves less than its whole piece, and returns the bytes moved;
 // with a stripe unit under block.SpliceMinPiece, none.
 func (l *Layer) spliceChunks(off int64, n int, move func(c block.Layer, coff int64, m int) int) int {
-	if l.chunk < block.SpliceMinPiece {
+	if l.chunk < block.SpliceMinPiece || l.check(off, int64(n)) != nil {
 		return 0
 	}
 	moved := 0
 	for moved < n {
 		o := off + int64(moved)
 		m := min(int64(n-moved), l.chunk-o%l.chunk)
-		c, coff, _ := l.within(o, m)
+		c, _, coff, _ := l.within(o, m)
 		k := move(c, coff, int(m))
 		moved += k
 		if int64(k) < m {
@@ -287,8 +365,11 @@ func (l *Layer) spliceChunks(off int64, n int, move func(c block.Layer, coff int
 
 // WriteAt implements block.Device.
 func (l *Layer) WriteAt(b []byte, off int64, fua bool) error {
-	if c, coff, ok := l.within(off, int64(len(b))); ok {
-		return c.WriteAt(b, coff, fua)
+	if err := l.check(off, int64(len(b))); err != nil {
+		return err
+	}
+	if c, ci, coff, ok := l.within(off, int64(len(b))); ok {
+		return childErr(ci, c.WriteAt(b, coff, fua))
 	}
 	return l.eachChild(off, int64(len(b)), func(c block.Layer, ps []piece) (err error) {
 		runs(b, ps, func(bufs [][]byte, coff int64) bool {
@@ -307,6 +388,9 @@ func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
 	if !l.caps.WriteZeroes {
 		return block.ErrNotSupported
 	}
+	if err := l.check(off, n); err != nil {
+		return err
+	}
 	if f.Fast {
 		parts, _ := l.split(off, n)
 		for ci, ps := range parts {
@@ -323,6 +407,9 @@ func (l *Layer) Trim(off, n int64, fua bool) error {
 	if !l.caps.Trim {
 		return block.ErrNotSupported
 	}
+	if err := l.check(off, n); err != nil {
+		return err
+	}
 	return l.each(off, n, func(c block.Layer, p piece) error { return c.Trim(p.off, p.len, fua) })
 }
 
@@ -335,7 +422,7 @@ func (l *Layer) Flush() error {
 	errs := make([]error, len(l.children))
 	for i, c := range l.children {
 		wg.Add(1)
-		go func() { defer wg.Done(); errs[i] = c.Flush() }()
+		go func() { defer wg.Done(); errs[i] = childErr(i, c.Flush()) }()
 	}
 	wg.Wait()
 	for _, err := range errs {
@@ -350,6 +437,9 @@ func (l *Layer) Flush() error {
 // chunk it covers is a hole on its child. Answers chunk by chunk up to
 // 64 chunks, then stops (the caller asks again).
 func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
+	if err := l.check(off, n); err != nil {
+		return nil, err
+	}
 	if !l.caps.Extents {
 		return []block.Extent{{Length: n}}, nil
 	}
@@ -361,7 +451,7 @@ func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
 		m := min(n, l.chunk-within)
 		ex, err := l.children[k%nc].Extents((k/nc)*l.chunk+within, m)
 		if err != nil {
-			return nil, err
+			return nil, childErr(int(k%nc), err)
 		}
 		got := int64(0)
 		for _, e := range ex {
@@ -380,8 +470,14 @@ func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
 	return out, nil
 }
 
-// Close implements block.Device.
-func (l *Layer) Close() error { return block.CloseAll(l.children) }
+// Close implements block.Device: it closes every child, once however often
+// it is called (a child's Close need not be idempotent).
+func (l *Layer) Close() error {
+	if l.closed.Swap(true) {
+		return nil
+	}
+	return block.CloseAll(l.children)
+}
 
 // Describe implements block.Layer.
 func (l *Layer) Describe() block.Node {
