@@ -282,8 +282,9 @@ func checkToken(t string) error {
 	return nil
 }
 
-// fingerprint condenses a create request's parameters (as the caller gave
-// them, before defaults) for idempotency checks.
+// fingerprint condenses a create request's parameters for idempotency
+// checks: as resolved, with defaults applied (an omitted size or type
+// counts as the one it defaults to; docs/api.md, "Idempotency").
 func fingerprint(params ...any) string {
 	b, _ := json.Marshal(params) // plain values: cannot fail
 	h := sha256.Sum256(b)
@@ -313,4 +314,22 @@ func resting(v *meta.Volume) string {
 
 func (s *Service) logFor(kind, id string) *slog.Logger {
 	return s.log.With(kind, id, "node", s.cfg.Node)
+}
+
+// detach returns the context for the rest of a workflow call from the
+// transaction that records the workflow on: the caller's values, but not
+// its cancellation — a caller that goes away (a client disconnecting, a
+// request timeout) must not leave a recorded workflow half done, its
+// record transitional (refusing every other workflow on it, its bytes
+// provisioned) until the node restarts, nor make its recording commit
+// ambiguous. It ends with the service instead: Stop interrupts the
+// workflow, and the next Start finishes it. Call the cancel function when
+// the call ends.
+func (s *Service) detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	d, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(s.ctx, cancel)
+	return d, func() {
+		stop()
+		cancel()
+	}
 }

@@ -92,8 +92,14 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 		gate.Lock()
 		defer gate.Unlock()
 	}
+	// From the recording on, the snapshot is this node's to take (or the
+	// writer's, delegated) whatever becomes of the caller: recorded for
+	// this node, only this call or the next Start takes it, and until
+	// then the volume refuses its other workflows.
+	wctx, done := s.detach(ctx)
+	defer done()
 	var replay *meta.Snapshot
-	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
+	err = s.meta.Update(wctx, func(tx *meta.Tx) error {
 		replay = nil
 		if id := tx.TokenOwner(meta.NameSnapshot, sn.OwnerID, token); id != "" {
 			r, err := tx.Snapshot(id)
@@ -154,7 +160,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 		}
 		return out, err
 	}
-	return s.finishSnapshot(ctx, sn.ID, sn.Node, leaseToken)
+	return s.finishSnapshot(wctx, sn.ID, sn.Node, leaseToken)
 }
 
 // finishSnapshot freezes the volume's top image for snapshot id, being
@@ -286,7 +292,13 @@ func (s *Service) DeleteSnapshot(ctx context.Context, c Caller, ref string) erro
 		return err
 	}
 	defer wl.unlock()
-	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
+	// From the marking on, the delete is this node's to finish whatever
+	// becomes of the caller: the name is released with it, so a retry by
+	// name would not find the record, whose bytes stay provisioned until
+	// the deletion ends.
+	wctx, done := s.detach(ctx)
+	defer done()
+	err = s.meta.Update(wctx, func(tx *meta.Tx) error {
 		if err := wl.check(tx); err != nil {
 			return err
 		}
@@ -316,7 +328,7 @@ func (s *Service) DeleteSnapshot(ctx context.Context, c Caller, ref string) erro
 	if err != nil {
 		return err
 	}
-	return s.finishDeleteSnapshot(ctx, sn.ID)
+	return s.finishDeleteSnapshot(wctx, sn.ID)
 }
 
 func (s *Service) finishDeleteSnapshot(ctx context.Context, id string) error {

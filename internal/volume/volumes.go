@@ -51,6 +51,7 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 	var src *meta.Snapshot
 	var srcLock *workflowLock  // nil: not a clone
 	var srcBucket *meta.Bucket // the bucket of FromObject
+	var notReady error         // a clone's snapshot has no image to build on
 	var stack json.RawMessage
 	if req.FromSnapshot != "" {
 		var err error
@@ -58,6 +59,23 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 			return nil, err
 		}
 		defer srcLock.unlock()
+		// Read again now that the lock is held, and only an available
+		// snapshot will do: the stack is built on src.Image, which a
+		// snapshot still being taken does not have yet (its freeze,
+		// which takes no lock on the snapshot, may end before the
+		// commit below, whose status check alone would then accept a
+		// clone built on nothing — an empty volume).
+		if src, err = s.meta.Snapshot(ctx, src.ID); err != nil {
+			if errs.IsCode(err, errs.CodeNotFound) {
+				return nil, errs.NotFound("snapshot", req.FromSnapshot)
+			}
+			return nil, fmt.Errorf("clone: read snapshot: %w", err)
+		}
+		if src.Status != meta.StatusAvailable || src.Image == "" {
+			// Nothing to build on; refused by the transaction, after
+			// its token check (a replay still returns its volume).
+			notReady = errs.Conflict(errs.CodeSnapshotNotReady, "snapshot %s is %s; clone it when it is available", src.ID, src.Status)
+		}
 		if req.SizeBytes == 0 {
 			req.SizeBytes = src.SizeBytes
 		}
@@ -113,7 +131,7 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		v.Status, v.Node, v.SourceObject = meta.StatusCreating, s.cfg.Node, req.FromObject
 		v.Job = &meta.Job{Kind: meta.JobImport, Node: s.cfg.Node, StartedAt: t, Object: req.FromObject,
 			BucketCreated: srcBucket.CreatedAt}
-	} else {
+	} else if notReady == nil {
 		// The stack first, then the record, available, in one commit: a
 		// record never names a stack that is not there, and a stack
 		// without a record (a failed commit, a crash in between) is an
@@ -151,6 +169,9 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 				return nil
 			}
 		}
+		if notReady != nil {
+			return notReady
+		}
 		if err := tx.ClaimName(meta.NameVolume, v.OwnerID, v.Name, v.ID); err != nil {
 			return err
 		}
@@ -164,7 +185,8 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 			if err != nil {
 				return err
 			}
-			if sn == nil || sn.Status != meta.StatusAvailable {
+			if sn == nil || sn.Status != meta.StatusAvailable || sn.Image != src.Image {
+				// Image: the stack was built on the image read above.
 				return errs.Conflict(errs.CodeSnapshotNotReady, "snapshot %s is not available", src.ID)
 			}
 		}
@@ -417,7 +439,12 @@ func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSiz
 		tx.PutVolume(cur)
 		return nil
 	}
-	err = s.pastCollapse(ctx, &v.ID, func() error { return s.meta.Update(ctx, record) })
+	// From the recording on, the extend is this node's to finish (or
+	// the writer's, delegated) whatever becomes of the caller: recorded
+	// for this node, only this call or the next Start drives it.
+	wctx, done := s.detach(ctx)
+	defer done()
+	err = s.pastCollapse(ctx, &v.ID, func() error { return s.meta.Update(wctx, record) })
 	if err != nil {
 		return nil, err
 	}
@@ -425,13 +452,14 @@ func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSiz
 		// The volume's writer extends it (delegate.go). Its failure is this
 		// call's, as when this node extends: the record at rest at a
 		// smaller size (the lock keeps any other extend out meanwhile).
+		// Only the wait is the caller's.
 		out, err := s.awaitExtend(ctx, v.ID)
 		if err == nil && out.Status != meta.StatusExtending && out.SizeBytes < newSize {
 			return nil, errs.New(errs.KindInternal, errs.CodeInternal, "volume %s: %s", out.ID, out.StatusMessage)
 		}
 		return out, err
 	}
-	return s.runExtend(ctx, v.ID)
+	return s.runExtend(wctx, v.ID)
 }
 
 func (s *Service) finishExtend(ctx context.Context, id string) (*meta.Volume, error) {
