@@ -195,3 +195,25 @@ func TestBadAnswerCode(t *testing.T) {
 		}
 	}
 }
+
+// TestClientFlagsIgnoreEnv: of a client command's flags only the globals
+// come from the environment. BASALT_NAME is a server's node name (every
+// server flag reads BASALT_<FLAG>), and a shell that exports it for the
+// server must not name every volume created there without --name.
+func TestClientFlagsIgnoreEnv(t *testing.T) {
+	endpoint, admin := startNode(t)
+	t.Setenv("BASALT_NAME", "fromenv")
+	t.Setenv("BASALT_SIZE", "1GiB")
+	t.Setenv("BASALT_OUTPUT", "json") // a global: still read
+	r := run(endpoint, admin, "volume", "create", "--size", "1MiB")
+	var v struct {
+		Name      string `json:"name"`
+		SizeBytes int64  `json:"size_bytes"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &v) != nil {
+		t.Fatalf("volume create: %+v", r)
+	}
+	if v.Name == "fromenv" || v.SizeBytes != 1<<20 {
+		t.Errorf("volume create took its flags from the environment: %+v", v)
+	}
+}

@@ -134,8 +134,20 @@ func (g *globals) printError(err error) {
 	}
 }
 
-// bindEnv fills every flag of cmd (and its parents) that was not given on the
-// command line from BASALT_<FLAG>.
+// envAnnotation, set to envEveryFlag on a command, makes bindEnv fill every
+// flag of that command from the environment: the server's configuration
+// (docs/operations.md).
+const (
+	envAnnotation = "basalt-env"
+	envEveryFlag  = "every-flag"
+)
+
+// bindEnv fills flags not given on the command line from BASALT_<FLAG>:
+// the global ones (--endpoint, --identity, --output) of every command, and
+// every flag of a command annotated with envEveryFlag (the server). Other
+// client flags are not: a shell that runs a server exports BASALT_NAME, the
+// node's name, which must not name every volume created there without
+// --name.
 func bindEnv(cmd *cobra.Command) error {
 	var err error
 	set := func(f *pflag.Flag) {
@@ -150,8 +162,10 @@ func bindEnv(cmd *cobra.Command) error {
 			f.Changed = true
 		}
 	}
-	cmd.Flags().VisitAll(set)
-	cmd.InheritedFlags().VisitAll(set)
+	if cmd.Annotations[envAnnotation] == envEveryFlag {
+		cmd.Flags().VisitAll(set)
+	}
+	cmd.InheritedFlags().VisitAll(set) // the globals: the root's are the only persistent flags
 	return err
 }
 

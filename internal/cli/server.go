@@ -34,7 +34,8 @@ func serverCmd(g *globals) *cobra.Command {
 Every flag can also be set with the environment variable BASALT_<FLAG>
 (e.g. BASALT_DATA) or in the YAML file given by --config; a flag on the
 command line wins over the environment, which wins over the file.`,
-		Args: cobra.NoArgs,
+		Args:        cobra.NoArgs,
+		Annotations: map[string]string{envAnnotation: envEveryFlag},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := applyConfigFile(cmd.Flags(), configFile); err != nil {
 				return err
@@ -101,7 +102,7 @@ command line wins over the environment, which wins over the file.`,
 	f.StringVar(&metaQuota, "meta-quota", "", "embedded etcd space quota (default 4GiB)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&cfg.Join, "join", "", "join the cluster of this node (its API URL, https://HOST:8443), authenticated by --identity (an admin identity) or --join-token; see docs/cluster.md")
-	f.StringVar(&cfg.JoinToken, "join-token", "", "a token from `basalt node join-token`, for --join")
+	f.StringVar(&cfg.JoinToken, "join-token", "", "a `token` from basalt node join-token, for --join")
 	f.IntVar(&cfg.Voters, "voters", 3, "voting metadata members a new cluster grows to as nodes join (1, 3 or 5; later nodes are etcd clients)")
 	return cmd
 }

@@ -100,7 +100,9 @@ func (n *Node) startS3() error {
 	n.s3 = srv
 	n.log.Info("s3 serving", "addr", n.cfg.S3, "url", url, "tls", useTLS, "cluster_ca_cert", caBundle)
 	go func() {
-		if err := <-failed; err != nil {
+		// Shutting the server down ends its serving with an error too
+		// ("listener closed"): only an end nobody asked for is one.
+		if err := <-failed; err != nil && !n.s3Closing.Load() {
 			n.log.Error("s3 server stopped", "err", err)
 		}
 	}()

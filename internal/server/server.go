@@ -25,6 +25,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/api"
@@ -94,6 +96,7 @@ type Node struct {
 	s3        *s3api.S3ApiServer
 	objects   *objects.Backend
 	s3Stop    context.CancelFunc // ends the S3 gateway's metadata mirrors
+	s3Closing atomic.Bool        // set before the S3 server is shut down: its serving then ends as asked
 	// usersByName mirrors the user records (API authentication, S3
 	// bucket owners) until stopMirror.
 	usersByName *meta.Mirror[*meta.User]
@@ -337,15 +340,22 @@ func (n *Node) openMeta(ctx context.Context, pkiDir string, joined *joinState) (
 	return ca, cert, nil
 }
 
-// certNames are the names the node certificate must carry.
+// certNames are the names the node certificate must carry: the host's,
+// --advertise, and the host of every address the node listens on that
+// names one — clients verify the certificate against the host of the URL
+// they were given, and without --advertise an nbds:// URI or an S3
+// endpoint names the --nbd or --s3 host, which may differ from --api's.
 func (n *Node) certNames() []string {
 	host, _ := os.Hostname()
 	names := []string{"localhost", "127.0.0.1", "::1", host}
 	if n.cfg.Advertise != "" {
 		names = append(names, n.cfg.Advertise)
 	}
-	if h, _, err := net.SplitHostPort(n.cfg.API); err == nil && h != "" && h != "0.0.0.0" && h != "::" {
-		names = append(names, h)
+	for _, addr := range []string{n.cfg.API, n.cfg.S3, n.cfg.NBD, n.cfg.EtcdClient, n.cfg.EtcdPeer} {
+		h, _, err := net.SplitHostPort(addr)
+		if err == nil && h != "" && h != "0.0.0.0" && h != "::" && !slices.Contains(names, h) {
+			names = append(names, h)
+		}
 	}
 	return names
 }
@@ -403,6 +413,7 @@ func (n *Node) Close() {
 		n.nbd.Close()
 	}
 	if n.s3 != nil {
+		n.s3Closing.Store(true)
 		if err := n.s3.ShutDown(); err != nil {
 			n.log.Warn("s3 server shutdown", "err", err)
 		}
