@@ -133,7 +133,10 @@ func applyConfigFile(fs *pflag.FlagSet, path string) error {
 	}
 	for k, v := range m {
 		f := fs.Lookup(k)
-		if f == nil || k == "config" {
+		// config names the file itself; endpoint and output are the
+		// client commands' globals, meaningless to a server (and a value
+		// set here would skip the checks they get as flags).
+		if f == nil || k == "config" || k == "endpoint" || k == "output" {
 			return usageErr("--config %s: unknown setting %q", path, k)
 		}
 		if f.Changed || v == nil {

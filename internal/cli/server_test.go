@@ -27,3 +27,21 @@ func TestConfigFileValues(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigFileRefusesClientGlobals: the server's flag set holds the
+// CLI's global flags too (inherited), but endpoint and output mean nothing
+// to a server; set in its file, output escaped the -o check.
+func TestConfigFileRefusesClientGlobals(t *testing.T) {
+	for _, yaml := range []string{"output: yaml\n", "endpoint: https://elsewhere:8443\n", "config: other.yaml\n"} {
+		file := filepath.Join(t.TempDir(), "basalt.yaml")
+		if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		fs := serverCmd(&globals{}).Flags()
+		fs.String("endpoint", "", "")
+		fs.String("output", "table", "")
+		if err := applyConfigFile(fs, file); err == nil {
+			t.Errorf("config file %q accepted", yaml)
+		}
+	}
+}
