@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -22,8 +23,12 @@ import (
 // --advertise or listen address takes effect at the next start. It
 // returns the loaded certificate and the two file paths.
 func (ca *CA) ServiceCertificate(dir, name string, names []string) (c tls.Certificate, certPath, keyPath string, err error) {
-	if name == "" || name == "server" || name == "ca" || filepath.Base(name) != name {
-		return tls.Certificate{}, "", "", fmt.Errorf("service certificate name %q is not usable", name)
+	// The files share DIR with the CA's (ca.pem, ca-key.pem) and the
+	// node's (server.pem, server-key.pem): a name whose files would be
+	// one of those, or another service's key file (a name ending in
+	// "-key"), would overwrite it — for "ca-key", the CA's private key.
+	if name == "" || name == "server" || name == "ca" || strings.HasSuffix(name, "-key") || filepath.Base(name) != name {
+		return tls.Certificate{}, "", "", fmt.Errorf("service certificate name %q is not usable: it is empty, a path, or its files would clash with the CA's, the node's or another service's", name)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return tls.Certificate{}, "", "", fmt.Errorf("create pki dir: %w", err)

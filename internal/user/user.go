@@ -177,11 +177,29 @@ func (s *Service) Authenticate(ctx context.Context, chain []*x509.Certificate) (
 	if err := s.verify(chain); err != nil {
 		var inv x509.CertificateInvalidError
 		if errors.As(err, &inv) && inv.Reason == x509.Expired && leaf.CheckSignatureFrom(s.ca.Cert) == nil {
+			// x509 reports a certificate whose validity has not begun
+			// (this node's clock behind the issuer's) as Expired too;
+			// saying it expired on a date to come would mislead.
+			if now := time.Now(); now.Before(leaf.NotBefore) {
+				return volume.Caller{}, errs.New(errs.KindUnauthenticated, errs.CodeCertificateExpired,
+					"client certificate for %q is not valid before %s (this node's clock says %s: is a clock wrong?)",
+					leaf.Subject.CommonName, leaf.NotBefore.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+			}
 			return volume.Caller{}, errs.New(errs.KindUnauthenticated, errs.CodeCertificateExpired,
 				"client certificate for %q expired on %s", leaf.Subject.CommonName, leaf.NotAfter.UTC().Format(time.RFC3339))
 		}
 		return volume.Caller{}, errs.New(errs.KindUnauthenticated, errs.CodeCertificateUntrusted,
 			"client certificate for %q is not signed by this cluster's CA", leaf.Subject.CommonName)
+	}
+	// Every certificate the CA issues to a user carries the user record's
+	// id. One without it is signed by the CA for something else — a
+	// node's certificate, which also authenticates clients (a node is a
+	// client of its peers) and whose CN is a host name — and identifies
+	// no user, whatever its CN: refused as such, before any lookup.
+	if pki.UserID(leaf) == "" {
+		return volume.Caller{}, errs.New(errs.KindUnauthenticated, errs.CodeCertificateUntrusted,
+			"certificate %q is not a user certificate (it carries no user record id; a node's certificate?): use an identity from basalt user create",
+			leaf.Subject.CommonName)
 	}
 	name := leaf.Subject.CommonName
 	// The mirror lags the store by its watch's latency: a user deleted a
