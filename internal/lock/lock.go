@@ -151,7 +151,9 @@ type Holder struct {
 	Lease clientv3.LeaseID
 	// Waiting: the request is queued behind a conflicting one. For an
 	// update holder upgrading to write, Mode is Write and Waiting is true
-	// while readers are still ahead of it in the queue.
+	// while readers it waits for (ahead of it in the queue, or admitted
+	// beside it before the upgrade) are still there; such an admitted
+	// reader holds the lock.
 	Waiting bool
 }
 
@@ -346,10 +348,34 @@ func decide(q []entry, key string) (verdict, bool) {
 func describe(q []entry) []Holder {
 	out := make([]Holder, len(q))
 	for i, e := range q {
-		v, _ := decide(q, e.key)
-		out[i] = e.holder(len(v.blockers) > 0)
+		out[i] = e.holder(waits(q, e))
 	}
 	return out
+}
+
+// waits says whether the request e of queue q is waiting. The grant rule
+// alone (decide) answers wrongly during an upgrade: the upgraded key is in
+// write mode, so decide would call a reader admitted beside it waiting (it
+// holds the lock: admission records a grant, and only an upgrade after it
+// can put a conflicting key ahead of it) and the upgrader holding (it
+// waits for that reader), and Queue and ConflictError would name the wrong
+// request as the one in the way.
+func waits(q []entry, e entry) bool {
+	switch {
+	case e.mode == Read && e.rec.Admitted:
+		return false
+	case e.rec.Upgraded:
+		// An upgrader waits for the readers ahead of it and those admitted
+		// beside it, as beginUpgrade's drain does.
+		for _, o := range q {
+			if o.key != e.key && o.mode == Read && (o.create < e.create || o.rec.Admitted) {
+				return true
+			}
+		}
+		return false
+	}
+	v, _ := decide(q, e.key)
+	return len(v.blockers) > 0
 }
 
 // Queue returns the requests on resource, oldest first: a snapshot for
@@ -367,7 +393,9 @@ func (l *Locker) Queue(ctx context.Context, resource string) ([]Holder, error) {
 }
 
 // Acquire queues a request for resource in mode and blocks until it is
-// granted or ctx is done (then the request leaves the queue).
+// granted or ctx is done (then the request leaves the queue). Once the
+// Locker's session has ended (Done closed) it fails with an error wrapping
+// ErrLost: a new Locker is needed.
 func (l *Locker) Acquire(ctx context.Context, resource string, mode Mode) (*Held, error) {
 	w, err := l.enqueue(ctx, resource, mode)
 	if err != nil {
@@ -443,6 +471,15 @@ func (l *Locker) enqueue(ctx context.Context, resource string, mode Mode) (*wait
 	}
 	if !mode.valid() {
 		return nil, fmt.Errorf("lock %q: invalid mode %d", resource, mode)
+	}
+	// A session whose keepalives have stopped may still have its lease on
+	// the server for up to a TTL: a key put on it would be granted already
+	// lost (Held.Lost closed) and keep other nodes out until the lease
+	// expires. Refuse instead; the caller needs a new session.
+	select {
+	case <-l.sess.Done():
+		return nil, fmt.Errorf("lock %q: queue %s request: session ended: %w", resource, mode, ErrLost)
+	default:
 	}
 	w := &waiter{l: l, resource: resource, prefix: l.queuePrefix(resource), key: l.newKey(resource), mode: mode}
 	rec := record{Mode: mode.String(), Owner: l.owner}
