@@ -140,7 +140,12 @@ func startEmbedded(c EmbedConfig, log *slog.Logger) (*embed.Etcd, string, error)
 		}
 	}
 	log.Info("embedded etcd ready", "name", c.Name, "client", clientURL.String(), "http", httpURL.String(), "dir", c.Dir)
-	checkPeerRetransmit(log, rtoMaxPath)
+	if len(e.Server.Cluster().Members()) > 1 {
+		// Only a member with peers has peer streams: a node that starts
+		// alone is not warned (the nodes joining it are, at their start,
+		// and it is at its next).
+		checkPeerRetransmit(log, rtoMaxPath)
+	}
 	return e, clientURL.String(), nil
 }
 
