@@ -55,6 +55,22 @@ func (s *Store) probeQuorum() {
 // lock) can say so at once.
 func (s *Store) QuorumLost() bool { return s.q.lost.Load() }
 
+// NoQuorum is quorum tracking for calls made on Client() directly (the
+// workflow locks): it reports whether err, from such a call made under
+// ctx, says that no quorum answered — the call ran out of time while ctx
+// itself was live, lost its connection, or etcd said Unavailable — and if
+// so records the quorum lost as the store's own calls do, so that the
+// next requests say so at once. The call must have been bounded only by
+// how long etcd may take to answer, not by a wait for something else (a
+// lock's holder): its deadline would read as no quorum.
+func (s *Store) NoQuorum(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil || !unavailable(err) {
+		return false
+	}
+	s.quorumLost()
+	return true
+}
+
 // writeTimeout bounds a write.
 func (s *Store) writeTimeout() time.Duration {
 	if s.q.lost.Load() {

@@ -15,8 +15,10 @@ package volume
 //	snapshot delete      write on the snapshot
 //
 // A call waits up to lockWait for a conflicting workflow to finish, then
-// fails with 409 VolumeBusy naming the holder. The locks live on this
-// node's etcd session: a node that dies frees them after the session TTL.
+// fails with 409 VolumeBusy naming the holder — or with 503
+// MetadataUnavailable once this node finds that no quorum of the metadata
+// cluster answers (see lockFor). The locks live on this node's etcd
+// session: a node that dies frees them after the session TTL.
 //
 // Fencing: the transaction that records a workflow's decision (the
 // snapshot in creating, the job, the extend, the delete) checks its lock
@@ -41,6 +43,11 @@ import (
 // lockWait bounds how long a workflow waits for a conflicting one.
 var lockWait = 10 * time.Second
 
+// queueTimeout bounds the read of a lock's queue that names the holders a
+// wait timed out behind: as long as the store waits for a linearizable
+// read before it calls the quorum lost.
+const queueTimeout = 3 * time.Second
+
 // lockTTL is how long a dead node's workflow locks outlive it.
 const lockTTL = 10
 
@@ -60,6 +67,7 @@ func (s *Service) locker(ctx context.Context) (*lock.Locker, error) {
 	defer cancel()
 	l, err := lock.Open(gctx, s.meta.Client(), meta.LocksPrefix, lockTTL, lock.Options{Owner: s.cfg.Node, Log: s.log})
 	if err != nil {
+		s.meta.NoQuorum(ctx, err) // the grant is bounded only by etcd's answer
 		return nil, errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable, "workflow locks: %v", err)
 	}
 	s.lockr = l
@@ -122,14 +130,31 @@ func (wl *workflowLock) unlock() {
 // make the lock lost there).
 var testHookLocked func(*lock.Held)
 
+// quorumPoll is how often a lock wait looks whether this node has found
+// the metadata quorum lost meanwhile.
+const quorumPoll = 200 * time.Millisecond
+
 // lockFor takes kind/id (e.g. "volume", "vol-…") in mode for a workflow.
+//
+// The lock package talks to etcd on the raw client, so a wait for a
+// holder does not itself tell the store that no quorum answers: the watch
+// it sleeps on may stay quiet (or end with the leader, and the read that
+// follows waits out the deadline), and its withdrawal from the queue waits
+// out its own timeout. The wait therefore also ends, with 503 MetadataUnavailable, as
+// soon as the store finds the quorum lost (QuorumLost, set by any request
+// of this node); Acquire runs on in the background until it has left the
+// queue, and a lock it was granted meanwhile is released.
 func (s *Service) lockFor(ctx context.Context, kind, id string, mode lock.Mode) (*workflowLock, error) {
-	noQuorum := func() error {
+	noQuorum := func(cause error) error {
+		why := ""
+		if cause != nil {
+			why = " (" + cause.Error() + ")"
+		}
 		return errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
-			"workflow lock on %s %s: no quorum of the metadata cluster answers; retry when a majority of the voters is up", kind, id)
+			"workflow lock on %s %s: no quorum of the metadata cluster answers%s; retry when a majority of the voters is up", kind, id, why)
 	}
 	if s.meta.QuorumLost() {
-		return nil, noQuorum() // taking a lock is a write
+		return nil, noQuorum(nil) // taking a lock is a write
 	}
 	l, err := s.locker(ctx)
 	if err != nil {
@@ -137,22 +162,58 @@ func (s *Service) lockFor(ctx context.Context, kind, id string, mode lock.Mode) 
 	}
 	resource := kind + "/" + id
 	wctx, cancel := context.WithTimeout(ctx, lockWait)
-	defer cancel()
-	h, err := l.Acquire(wctx, resource, mode)
-	if err != nil {
-		if s.meta.QuorumLost() {
-			return nil, noQuorum() // the wait was etcd's, not a holder's
-		}
-		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			var who []string
-			if q, qerr := l.Queue(ctx, resource); qerr == nil {
-				for _, b := range q {
-					if !b.Waiting {
-						who = append(who, b.String())
-					}
-				}
+	defer cancel() // also ends an Acquire left behind
+	type result struct {
+		h   *lock.Held
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		h, err := l.Acquire(wctx, resource, mode)
+		res <- result{h, err}
+	}()
+	// leave hands the Acquire over to the background: its withdrawal from
+	// the queue may take its own timeout while etcd does not answer.
+	leave := func() {
+		go func() {
+			if r := <-res; r.err == nil {
+				(&workflowLock{held: r.h}).unlock()
 			}
-			return nil, errs.Conflict(errs.CodeVolumeBusy, "%s %s is busy with another workflow (%s); retry", kind, id, strings.Join(who, ", "))
+		}()
+	}
+	tick := time.NewTicker(quorumPoll)
+	defer tick.Stop()
+	var h *lock.Held
+wait:
+	for {
+		select {
+		case r := <-res:
+			h, err = r.h, r.err
+			break wait
+		case <-wctx.Done():
+			select {
+			case r := <-res: // Acquire finished meanwhile: its answer stands
+				h, err = r.h, r.err
+			default:
+				leave()
+				err = wctx.Err()
+			}
+			break wait
+		case <-tick.C:
+			if s.meta.QuorumLost() {
+				leave()
+				return nil, noQuorum(nil)
+			}
+		}
+	}
+	if err != nil {
+		switch {
+		case s.meta.QuorumLost():
+			return nil, noQuorum(nil) // the wait was etcd's, not a holder's
+		case ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+			return nil, s.busy(ctx, l, kind, id)
+		case s.meta.NoQuorum(ctx, err):
+			return nil, noQuorum(err)
 		}
 		return nil, errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable, "workflow lock on %s %s: %v", kind, id, err)
 	}
@@ -160,4 +221,29 @@ func (s *Service) lockFor(ctx context.Context, kind, id string, mode lock.Mode) 
 		testHookLocked(h)
 	}
 	return &workflowLock{what: kind + " " + id, held: h}, nil
+}
+
+// busy is the answer to a lock wait that ran out: 409 VolumeBusy naming the
+// holders. The queue is read under queueTimeout (the caller's context may
+// have no deadline); when etcd does not answer that read either, the wait
+// was most likely etcd's too, and the answer is 503 MetadataUnavailable.
+func (s *Service) busy(ctx context.Context, l *lock.Locker, kind, id string) error {
+	qctx, cancel := context.WithTimeout(ctx, queueTimeout)
+	q, err := l.Queue(qctx, kind+"/"+id)
+	cancel()
+	if err != nil {
+		if s.meta.NoQuorum(ctx, err) {
+			return errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
+				"workflow lock on %s %s: waited %v, and then no quorum of the metadata cluster answered the read of who holds it (%v); retry when a majority of the voters is up",
+				kind, id, lockWait, err)
+		}
+		return errs.Conflict(errs.CodeVolumeBusy, "%s %s is busy with another workflow (holders unknown: %v); retry", kind, id, err)
+	}
+	var who []string
+	for _, b := range q {
+		if !b.Waiting {
+			who = append(who, b.String())
+		}
+	}
+	return errs.Conflict(errs.CodeVolumeBusy, "%s %s is busy with another workflow (%s); retry", kind, id, strings.Join(who, ", "))
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/lock"
 	"github.com/basalt-storage/basalt/internal/meta"
+	"github.com/basalt-storage/basalt/internal/meta/metatest"
 )
 
 // otherNode takes workflow locks as another node would (its own session).
@@ -242,5 +243,130 @@ func TestLostLockRecordsNothing(t *testing.T) {
 	// With its lock held, the same calls go through.
 	if _, err := s.CreateSnapshot(ctx, alice, v.ID, "s2", ""); err != nil {
 		t.Fatalf("snapshot with its lock: %v", err)
+	}
+}
+
+// stallableEnv is an env whose service talks to etcd over a connection of
+// its own whose KV the test can stall (a lost quorum, as this node sees
+// it), while other (the lock holder, another node) keeps the shared one.
+func stallableEnv(t *testing.T) (e *env, s *Service, kv *metatest.KV, other *lock.Locker) {
+	e = newEnv(t)
+	other = otherNode(t, e, "node-b")
+	e.meta = metatest.Shared(t).Connect(t)
+	kv = metatest.StallableKV(e.meta)
+	return e, e.started(Config{}), kv, other
+}
+
+// waitQueued waits until n requests are in resource's queue.
+func waitQueued(t *testing.T, l *lock.Locker, resource string, n int) {
+	t.Helper()
+	for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
+		q, err := l.Queue(ctxT(t), resource)
+		if err == nil && len(q) >= n {
+			return
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("queue of %s: %v, %v; want %d requests", resource, q, err, n)
+		}
+	}
+}
+
+// TestLockWaitEndsWhenQuorumLost: a workflow waiting for another node's
+// workflow stops waiting soon after this node learns that no quorum of the
+// metadata cluster answers — here from another request — and says so
+// (503 MetadataUnavailable), instead of waiting out lockWait and then
+// calling the volume busy.
+func TestLockWaitEndsWhenQuorumLost(t *testing.T) {
+	ctx := ctxT(t)
+	e, s, kv, other := stallableEnv(t)
+	alice := caller("alice")
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "v", SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := other.Acquire(ctx, "volume/"+v.ID, lock.Update)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release(ctx)
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.ExtendVolume(ctx, alice, v.ID, 2<<20)
+		done <- err
+	}()
+	waitQueued(t, other, "volume/"+v.ID, 2)
+	release := kv.Stall()
+	t.Cleanup(release)
+	// Another request through this node finds no quorum: its linearizable
+	// read gives up and the store records the quorum lost. (The read then
+	// waits on, for the local copy, which is behind the same stalled
+	// connection: it ends with the test's context.)
+	go e.meta.Volume(ctx, v.ID)
+	for !e.meta.QuorumLost() {
+		if ctx.Err() != nil {
+			t.Fatal("the store never found its quorum lost")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	lost := time.Now()
+	select {
+	case err := <-done:
+		t.Logf("the wait ended %v after the quorum was found lost: %v", time.Since(lost), err)
+		wantCode(t, err, errs.CodeMetadataUnavailable)
+		if !strings.Contains(err.Error(), "quorum") {
+			t.Errorf("the error does not say that no quorum answers: %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		release()
+		err := <-done
+		t.Fatalf("the lock wait went on for %v after the quorum was found lost; it ended %v later with %v",
+			2*time.Second, time.Since(lost)-2*time.Second, err)
+	}
+}
+
+// TestLockBusyWithoutQuorum: a lock wait that times out while etcd does not
+// answer (nobody on this node has noticed yet) does not call the volume
+// busy with an empty list of holders, nor wait without end for that list:
+// the read of the queue is bounded and its failure is a 503
+// MetadataUnavailable, which the store remembers for the next requests.
+func TestLockBusyWithoutQuorum(t *testing.T) {
+	old := lockWait
+	lockWait = 2 * time.Second
+	t.Cleanup(func() { lockWait = old })
+	ctx := ctxT(t)
+	e, s, kv, other := stallableEnv(t)
+	alice := caller("alice")
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "v", SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := other.Acquire(ctx, "volume/"+v.ID, lock.Update)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release(ctx)
+
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.ExtendVolume(ctx, alice, v.ID, 2<<20)
+		done <- err
+	}()
+	waitQueued(t, other, "volume/"+v.ID, 2)
+	release := kv.Stall()
+	t.Cleanup(release)
+	limit := lockWait + queueTimeout + time.Second
+	select {
+	case err := <-done:
+		t.Logf("the request ended after %v: %v", time.Since(start), err)
+		wantCode(t, err, errs.CodeMetadataUnavailable)
+	case <-time.After(limit - time.Since(start)):
+		release()
+		err := <-done
+		t.Fatalf("the request was still waiting after %v; it ended %v later with %v", limit, time.Since(start)-limit, err)
+	}
+	if !e.meta.QuorumLost() {
+		t.Error("after a read of the lock queue found no quorum, the store does not know it")
 	}
 }

@@ -1,0 +1,73 @@
+package meta
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// stalledGets makes every Get wait until gate closes or its context ends,
+// as linearizable reads do while no quorum answers.
+type stalledGets struct {
+	clientv3.KV
+	gate chan struct{}
+}
+
+func (k *stalledGets) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	select {
+	case <-k.gate:
+		return k.KV.Get(ctx, key, opts...)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// TestNoQuorum: an error of a call on the raw client records the quorum
+// lost when it says that etcd did not answer while the caller still
+// waited, and only then; the probe clears it when etcd answers again.
+func TestNoQuorum(t *testing.T) {
+	openTestStore(t)
+	ctx := ctxT(t)
+	// A store of its own: the flag changes how the shared one answers.
+	s, err := Open(ctx, Config{Endpoints: []string{testEnv.clientURL}, ExternalTLS: testEnv.clientTLS}, testStore.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	kv := &stalledGets{KV: s.cli.KV, gate: make(chan struct{})}
+	s.cli.KV = kv
+
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	for _, c := range []struct {
+		what string
+		ctx  context.Context
+		err  error
+	}{
+		{"no error", ctx, nil},
+		{"an error that is etcd's answer", ctx, errors.New(`lock "volume/v": request key k already exists`)},
+		{"the caller's own end", canceled, context.Canceled},
+		{"a deadline the caller's context ran into", canceled, context.DeadlineExceeded},
+	} {
+		if s.NoQuorum(c.ctx, c.err) || s.QuorumLost() {
+			t.Fatalf("%s (%v) counts as no quorum", c.what, c.err)
+		}
+	}
+
+	gctx, gcancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	_, err = s.Client().Get(gctx, keyCluster)
+	gcancel()
+	if !s.NoQuorum(ctx, err) {
+		t.Fatalf("a read that etcd did not answer in time (%v) does not count as no quorum", err)
+	}
+	// The probe finds no quorum either: the flag stays.
+	time.Sleep(1500 * time.Millisecond)
+	if !s.QuorumLost() {
+		t.Fatal("the quorum lost is not recorded, or cleared while etcd does not answer")
+	}
+	close(kv.gate)
+	eventually(t, "the probe to find the quorum back", func() bool { return !s.QuorumLost() })
+}
