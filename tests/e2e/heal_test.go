@@ -31,8 +31,11 @@ func TestClusterHealThenLoss(t *testing.T) {
 	lab := newNetLab(t)
 	lab.rtoMaxMS = 1000
 	c, lab := startNetCluster(t, lab, 3)
+	// Short requests where the pause is measured (below); before that,
+	// the writes only set the scene, and on a loaded machine one may take
+	// longer than 2 s without anything being wrong.
 	hc := identityHTTP(t, c.Nodes[0].AdminDir())
-	hc.Timeout = 2 * time.Second
+	hc.Timeout = 20 * time.Second
 	seq := 0
 	create := func(i int) error {
 		seq++
@@ -61,12 +64,21 @@ func TestClusterHealThenLoss(t *testing.T) {
 
 	// Cut n2 while n1 keeps writing: what the leader sends n2 meanwhile
 	// waits in its peer connection, retransmitted ever more rarely.
+	// (A write may fail meanwhile — an election, if n2 led — but n1 and n3
+	// have the quorum: writes must not stop for long.)
 	const cutFor = 14 * time.Second
 	lab.cut(2)
 	cut := time.Now()
+	lastOK := cut
 	for time.Since(cut) < cutFor {
 		if err := create(0); err != nil {
-			t.Fatalf("create through n1 while n2 is cut off (n1 and n3 have the quorum): %v", err)
+			if time.Since(lastOK) > 10*time.Second {
+				t.Fatalf("no write through n1 for %v while n2 is cut off (n1 and n3 have the quorum): %v",
+					time.Since(lastOK).Round(time.Millisecond), err)
+			}
+			t.Logf("create through n1 while n2 is cut off: %v", err)
+		} else {
+			lastOK = time.Now()
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -75,6 +87,7 @@ func TestClusterHealThenLoss(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	c.Nodes[2].Kill()
 	killed := time.Now()
+	hc.Timeout = 2 * time.Second // each attempt short: the loop below times the pause
 
 	// An election (1 s) and a reconnection; 5 s leaves room for a loaded
 	// machine, and is well under the untuned pause.

@@ -210,6 +210,19 @@ func TestS3ClientsAwsCLI(t *testing.T) {
 	bucketDir := filepath.Join(n.StoreDir(), "buckets", "big")
 	dir := t.TempDir()
 	alice.AWSOK("s3", "mb", "s3://big")
+	// No parts, upload directories or temp files are left behind (lock
+	// files and the layout marker stay: docs/objects.md, "Layout").
+	// Checked once the parts below have all ended (a cleanup runs after
+	// the subtests, before the node stops): while one part uploads its
+	// multipart object, another's PUT may have its temp file in Work/tmp.
+	t.Cleanup(func() {
+		if left := pathStates(t, filepath.Join(n.StoreDir(), "objects")); slices.ContainsFunc(slices.Collect(maps.Keys(left)),
+			func(p string) bool {
+				return !strings.HasSuffix(p, "/") && !strings.HasPrefix(p, "locks/") && p != "layout-versions-2"
+			}) {
+			t.Errorf("files left in the object scratch dir: %v", left)
+		}
+	})
 	// The three parts are independent (their own keys or buckets): in parallel.
 
 	t.Run("multipart100MiB", func(t *testing.T) {
@@ -235,14 +248,8 @@ func TestS3ClientsAwsCLI(t *testing.T) {
 		if got := mustRead(t, filepath.Join(bucketDir, "blobs", "big.bin")); !bytes.Equal(got, data) {
 			t.Fatalf("the backing file holds %d bytes that differ from the 100 MiB uploaded", len(got))
 		}
-		// No parts or upload directories are left behind (lock files and
-		// the layout marker stay: docs/objects.md, "Layout").
-		if left := pathStates(t, filepath.Join(n.StoreDir(), "objects")); slices.ContainsFunc(slices.Collect(maps.Keys(left)),
-			func(p string) bool {
-				return !strings.HasSuffix(p, "/") && !strings.HasPrefix(p, "locks/") && p != "layout-versions-2"
-			}) {
-			t.Fatalf("files left in the object scratch dir: %v", left)
-		}
+		// (That no parts or upload directories are left behind is checked
+		// once every part of this test has ended: below.)
 		// The cli downloads it back in ranged parts.
 		back := filepath.Join(dir, "big.back")
 		alice.AWSOK("s3", "cp", "s3://big/blobs/big.bin", back)

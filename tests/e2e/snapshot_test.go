@@ -178,7 +178,10 @@ func TestSnapshotExactContent(t *testing.T) {
 // data is O(1) — it returns available at once and allocates nothing in the
 // store — and a clone of it reads back the same 2 GiB (sha256) through
 // NBD, with the rest a hole. The time is logged; the bound asserted is
-// generous (the precise budget is a benchmark's job).
+// generous (the precise budget is a benchmark's job): 5 s for the whole
+// CLI run, metadata fsyncs included, on a loaded machine whose other tests
+// write gigabytes meanwhile. (That nothing is copied is checked on the
+// store's allocation.)
 func TestSnapshotConstantTime(t *testing.T) {
 	t.Parallel()
 	requireTools(t, "nbdcopy", "nbdinfo")
@@ -199,8 +202,8 @@ func TestSnapshotConstantTime(t *testing.T) {
 	var snap Snapshot
 	res := admin.OK(&snap, "snapshot", "create", "big", "--name", "s")
 	t.Logf("snapshot create of a 10 GiB volume holding 2 GiB, attached: %v (the whole CLI run)", res.Took.Round(time.Millisecond))
-	if res.Took > 2*time.Second {
-		t.Errorf("snapshot create took %v, want < 2s whatever the volume holds", res.Took)
+	if res.Took > 5*time.Second {
+		t.Errorf("snapshot create took %v, want < 5s whatever the volume holds", res.Took)
 	}
 	if snap.Status != "available" {
 		t.Fatalf("snapshot right after create: %+v, want available", snap)
@@ -212,8 +215,8 @@ func TestSnapshotConstantTime(t *testing.T) {
 	var clone Volume
 	res = admin.OK(&clone, "volume", "create", "--from-snapshot", "s", "--name", "clone")
 	t.Logf("clone of that snapshot: %v", res.Took.Round(time.Millisecond))
-	if res.Took > 2*time.Second {
-		t.Errorf("creating a clone took %v, want < 2s whatever the snapshot holds", res.Took)
+	if res.Took > 5*time.Second {
+		t.Errorf("creating a clone took %v, want < 5s whatever the snapshot holds", res.Took)
 	}
 	if clone.Status != "available" || clone.SizeBytes != size {
 		t.Fatalf("clone right after create: %+v", clone)

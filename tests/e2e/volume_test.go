@@ -18,11 +18,15 @@ func TestVolumeLifecycle(t *testing.T) {
 	n := StartNode(t, NodeOptions{Args: []string{"--image-grace", "0s"}})
 	admin := n.Admin()
 
+	// The whole CLI run, metadata fsyncs included: the bound only tells
+	// O(1) from writing 64 GiB, with room for a loaded machine (sparseness
+	// is checked below, on the files).
 	start := time.Now()
 	r := admin.OK(nil, "volume", "create", "--size", "64GiB", "--name", "big")
 	took := time.Since(start)
-	if took > time.Second {
-		t.Errorf("creating a 64 GiB volume took %v, want < 1s (O(1) thin provisioning)", took)
+	t.Logf("volume create of 64 GiB: %v (the whole CLI run)", took.Round(time.Millisecond))
+	if took > 5*time.Second {
+		t.Errorf("creating a 64 GiB volume took %v, want < 5s (O(1) thin provisioning)", took)
 	}
 	requireKeys(t, "volume create output", []byte(r.Stdout),
 		"id", "name", "size_bytes", "status", "type", "owner", "multiattach", "source_snapshot", "created_at", "attachments")
