@@ -556,7 +556,11 @@ func TestRobustCluster(t *testing.T) {
 	}
 	model := robustModel(orphansOf(ops))
 	checkStart := time.Now()
-	res, info := porcupine.CheckOperationsVerbose(model, ops, 3*time.Minute)
+	// The check is CPU-bound and, with a quorum loss's writes of unknown
+	// outcome, took 2m24s alone on a 2-core machine: on a CI machine busy
+	// with the other tests it needs more. (make test allows 25 minutes.)
+	const checkFor = 8 * time.Minute
+	res, info := porcupine.CheckOperationsVerbose(model, ops, checkFor)
 	switch res {
 	case porcupine.Ok:
 		t.Logf("porcupine: linearizable (%d operations, %d of unknown outcome, %d final reads; checked in %v)",
@@ -569,7 +573,7 @@ func TestRobustCluster(t *testing.T) {
 		f.Close()
 		t.Fatalf("porcupine: NOT linearizable; visualization: %s (%v)", f.Name(), porcupine.VisualizePath(model, info, f.Name()))
 	default:
-		t.Fatalf("porcupine: the check did not finish within 3 minutes: nothing was verified")
+		t.Fatalf("porcupine: the check did not finish within %v: nothing was verified", checkFor)
 	}
 }
 
