@@ -13,50 +13,6 @@ import (
 	_ "github.com/basalt-storage/basalt/internal/block/file"
 )
 
-// fake is a child for these tests: a size (its bytes only when data
-// is set), an error every I/O operation returns when err is set, the
-// extents extents says (else all data), and a count of closes.
-type fake struct {
-	size    int64
-	data    []byte
-	err     error
-	extents func(off, n int64) []block.Extent
-	closes  int
-}
-
-func (f *fake) Size() int64 { return f.size }
-func (f *fake) Capabilities() block.Capabilities {
-	return block.Capabilities{Flush: true, FUA: true, Trim: true, WriteZeroes: true, Extents: true}
-}
-func (f *fake) ReadAt(p []byte, off int64) error {
-	if f.err != nil {
-		return f.err
-	}
-	copy(p, f.data[off:])
-	return nil
-}
-func (f *fake) WriteAt(p []byte, off int64, _ bool) error {
-	if f.err != nil {
-		return f.err
-	}
-	copy(f.data[off:], p)
-	return nil
-}
-func (f *fake) WriteZeroes(off, n int64, _ block.ZeroFlags) error { return f.err }
-func (f *fake) Trim(off, n int64, _ bool) error                   { return f.err }
-func (f *fake) Flush() error                                      { return f.err }
-func (f *fake) Extents(off, n int64) ([]block.Extent, error) {
-	if f.err != nil {
-		return nil, f.err
-	}
-	if f.extents != nil {
-		return f.extents(off, n), nil
-	}
-	return []block.Extent{{Length: n}}, nil
-}
-func (f *fake) Close() error         { f.closes++; return nil }
-func (f *fake) Describe() block.Node { return block.Node{Type: "fake", State: block.StateOK} }
-
 // A request reaching beyond the end of a partition is refused, and
 // nothing of it reaches the child: before, the part inside the window was
 // written, the rest dropped, and the write acknowledged whole (a read
@@ -108,7 +64,7 @@ func TestLinearOutOfRange(t *testing.T) {
 // A concatenation whose size int64 cannot count is refused, not built
 // with a wrapped size.
 func TestLinearSizeOverflow(t *testing.T) {
-	kids := []block.Layer{&fake{size: 1 << 62}, &fake{size: 1 << 62}, &fake{size: 1 << 62}}
+	kids := []block.Layer{&blocktest.Fake{N: 1 << 62}, &blocktest.Fake{N: 1 << 62}, &blocktest.Fake{N: 1 << 62}}
 	if l, err := New(block.Env{}, nil, kids); err == nil {
 		t.Fatalf("linear of 3 children of 2^62 bytes built with size %d", l.Size())
 	}
@@ -118,8 +74,8 @@ func TestLinearSizeOverflow(t *testing.T) {
 // for errors.Is.
 func TestLinearChildErrorsNamed(t *testing.T) {
 	boom := errors.New("boom")
-	good := &fake{size: 4096, data: make([]byte, 4096)}
-	bad := &fake{size: 4096, data: make([]byte, 4096), err: boom}
+	good := &blocktest.Fake{N: 4096, Data: make([]byte, 4096)}
+	bad := &blocktest.Fake{N: 4096, Data: make([]byte, 4096), Err: boom}
 	l, err := New(block.Env{}, nil, []block.Layer{good, bad})
 	if err != nil {
 		t.Fatal(err)
@@ -144,13 +100,13 @@ func TestLinearChildErrorsNamed(t *testing.T) {
 // the piece's end, and an empty child adds no zero-length extent —
 // otherwise the next child's extents land at the wrong offsets.
 func TestLinearExtentsClipped(t *testing.T) {
-	hole := &fake{size: 8192, extents: func(_, n int64) []block.Extent {
+	hole := &blocktest.Fake{N: 8192, ExtentsOf: func(_, n int64) []block.Extent {
 		return []block.Extent{{Length: n + 4096, Hole: true, Zero: true}} // says too much
 	}}
-	empty := &fake{size: 0, extents: func(_, n int64) []block.Extent {
+	empty := &blocktest.Fake{N: 0, ExtentsOf: func(_, n int64) []block.Extent {
 		return []block.Extent{{Length: n, Zero: true}}
 	}}
-	data := &fake{size: 8192}
+	data := &blocktest.Fake{N: 8192}
 	l, err := New(block.Env{}, nil, []block.Layer{hole, empty, data})
 	if err != nil {
 		t.Fatal(err)
@@ -167,15 +123,15 @@ func TestLinearExtentsClipped(t *testing.T) {
 
 // Close closes each child once, however often it is called.
 func TestLinearCloseOnce(t *testing.T) {
-	a, b := &fake{size: 4096}, &fake{size: 4096}
+	a, b := &blocktest.Fake{N: 4096}, &blocktest.Fake{N: 4096}
 	l, err := New(block.Env{}, nil, []block.Layer{a, b})
 	if err != nil {
 		t.Fatal(err)
 	}
 	l.Close()
 	l.Close()
-	if a.closes != 1 || b.closes != 1 {
-		t.Fatalf("children closed %d and %d times", a.closes, b.closes)
+	if a.Closes() != 1 || b.Closes() != 1 {
+		t.Fatalf("children closed %d and %d times", a.Closes(), b.Closes())
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"math"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/basalt-storage/basalt/internal/block"
@@ -15,62 +14,13 @@ import (
 	_ "github.com/basalt-storage/basalt/internal/block/linear"
 )
 
-// fake is a child for these tests: a size (its bytes only when data
-// is set), an error every I/O operation returns when err is set, a Resize
-// that grows it, and counters of closes and resizes.
-type fake struct {
-	mu      sync.Mutex
-	size    int64
-	data    []byte
-	err     error
-	closes  int
-	resizes int
-}
-
-func (f *fake) Size() int64 { f.mu.Lock(); defer f.mu.Unlock(); return f.size }
-func (f *fake) Capabilities() block.Capabilities {
-	return block.Capabilities{Flush: true, FUA: true, Trim: true, WriteZeroes: true, Extents: true}
-}
-func (f *fake) ReadAt(p []byte, off int64) error {
-	if f.err != nil {
-		return f.err
-	}
-	copy(p, f.data[off:])
-	return nil
-}
-func (f *fake) WriteAt(p []byte, off int64, _ bool) error {
-	if f.err != nil {
-		return f.err
-	}
-	copy(f.data[off:], p)
-	return nil
-}
-func (f *fake) WriteZeroes(off, n int64, _ block.ZeroFlags) error { return f.err }
-func (f *fake) Trim(off, n int64, _ bool) error                   { return f.err }
-func (f *fake) Flush() error                                      { return f.err }
-func (f *fake) Extents(_, n int64) ([]block.Extent, error) {
-	if f.err != nil {
-		return nil, f.err
-	}
-	return []block.Extent{{Length: n}}, nil
-}
-func (f *fake) Close() error         { f.mu.Lock(); defer f.mu.Unlock(); f.closes++; return nil }
-func (f *fake) Describe() block.Node { return block.Node{Type: "fake", State: block.StateOK} }
-func (f *fake) Resize(n int64) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.resizes++
-	f.size = max(f.size, n)
-	return nil
-}
-
 // A stripe whose children together hold more than int64 can count is
 // refused, not built with a wrapped (zero or negative) size; so is a
 // child share that would not fit.
 func TestStripeSizeOverflow(t *testing.T) {
 	kids := make([]block.Layer, 4)
 	for i := range kids {
-		kids[i] = &fake{size: 1 << 62}
+		kids[i] = &blocktest.Fake{N: 1 << 62}
 	}
 	if l, err := New(block.Env{}, nil, kids); err == nil {
 		t.Fatalf("stripe of 4 children of 2^62 bytes built with size %d", l.Size())
@@ -161,8 +111,8 @@ func TestStripeOutOfRange(t *testing.T) {
 // for errors.Is.
 func TestStripeChildErrorsNamed(t *testing.T) {
 	boom := errors.New("boom")
-	good := &fake{size: 4 * 4096, data: make([]byte, 4*4096)}
-	bad := &fake{size: 4 * 4096, data: make([]byte, 4*4096), err: boom}
+	good := &blocktest.Fake{N: 4 * 4096, Data: make([]byte, 4*4096)}
+	bad := &blocktest.Fake{N: 4 * 4096, Data: make([]byte, 4*4096), Err: boom}
 	l, err := New(block.Env{}, []byte(`{"chunk":4096}`), []block.Layer{good, bad})
 	if err != nil {
 		t.Fatal(err)
@@ -188,7 +138,7 @@ func TestStripeChildErrorsNamed(t *testing.T) {
 // (New over the same children) computes.
 func TestStripeResizeNeverShrinks(t *testing.T) {
 	const c = 4096
-	kids := []*fake{{size: 6 * c}, {size: 6 * c}, {size: 6 * c}}
+	kids := []*blocktest.Fake{{N: 6 * c}, {N: 6 * c}, {N: 6 * c}}
 	l, err := New(block.Env{}, []byte(`{"chunk":4096}`), []block.Layer{kids[0], kids[1], kids[2]})
 	if err != nil {
 		t.Fatal(err)
@@ -204,7 +154,7 @@ func TestStripeResizeNeverShrinks(t *testing.T) {
 		t.Fatalf("Resize(13 chunks) of an 18-chunk stripe left %d bytes", l.Size())
 	}
 	for i, k := range kids {
-		if k.resizes != 0 {
+		if k.Resizes() != 0 {
 			t.Errorf("child %d resized", i)
 		}
 	}
@@ -225,15 +175,15 @@ func TestStripeResizeNeverShrinks(t *testing.T) {
 
 // Close closes each child once, however often it is called.
 func TestStripeCloseOnce(t *testing.T) {
-	a, b := &fake{size: 4096}, &fake{size: 4096}
+	a, b := &blocktest.Fake{N: 4096}, &blocktest.Fake{N: 4096}
 	l, err := New(block.Env{}, []byte(`{"chunk":4096}`), []block.Layer{a, b})
 	if err != nil {
 		t.Fatal(err)
 	}
 	l.Close()
 	l.Close()
-	if a.closes != 1 || b.closes != 1 {
-		t.Fatalf("children closed %d and %d times", a.closes, b.closes)
+	if a.Closes() != 1 || b.Closes() != 1 {
+		t.Fatalf("children closed %d and %d times", a.Closes(), b.Closes())
 	}
 }
 
