@@ -236,6 +236,10 @@ func (c *conn) infoGo(ctx context.Context, o option) (*Export, error) {
 		// TLS_REQD is meaningless without TLS on offer or once it is up.
 		return nil, c.replyErr(o.code, repErrPolicy, "export not available on this connection")
 	case err != nil:
+		// The client hears only ERR_UNKNOWN (the reason may concern an
+		// attachment it should not learn about); the log keeps the reason.
+		// (Not the name: an export name is its attachment's secret.)
+		c.log.Info("export not opened", "err", err)
 		return nil, c.replyErr(o.code, repErrUnknown, "export not available")
 	}
 	var info [14]byte
