@@ -197,6 +197,11 @@ type Node struct {
 	Data string
 
 	API, EtcdClient, EtcdPeer, S3, NBD int
+	// EtcdHTTP is the member's /metrics port, on loopback. Fixed, like the
+	// others: left to the kernel (the server's default), a restart could
+	// be given a port this node's S3 or NBD listener has just freed, and
+	// then fail to bind that listener.
+	EtcdHTTP int
 
 	log    *logBuf
 	starts int
@@ -247,7 +252,7 @@ func NewNode(t *testing.T, opts NodeOptions) *Node {
 
 func (n *Node) pickPorts() {
 	n.API, n.EtcdClient, n.EtcdPeer = freePort(n.t), freePort(n.t), freePort(n.t)
-	n.S3, n.NBD = freePort(n.t), freePort(n.t)
+	n.S3, n.NBD, n.EtcdHTTP = freePort(n.t), freePort(n.t), freePort(n.t)
 }
 
 func (n *Node) serverArgs() []string {
@@ -257,8 +262,9 @@ func (n *Node) serverArgs() []string {
 		"--api", n.addr(n.API),
 		"--etcd-client", n.addr(n.EtcdClient),
 		"--etcd-peer", n.addr(n.EtcdPeer),
+		"--etcd-http", addr(n.EtcdHTTP),
 		"--s3", n.addr(n.S3),
-		"--nbd", n.addr(n.NBD),
+		"--nbd", n.addr(n.NBD), // last: NBDHost replaces its value below
 	}
 	if n.opts.Host != "" {
 		args = append(args, "--advertise", n.opts.Host)
