@@ -271,12 +271,11 @@ func waitQueued(t *testing.T, l *lock.Locker, resource string, n int) {
 	}
 }
 
-// TestLockWaitEndsWhenQuorumLost: a workflow waiting for another node's
-// workflow stops waiting soon after this node learns that no quorum of the
-// metadata cluster answers — here from another request — and says so
-// (503 MetadataUnavailable), instead of waiting out lockWait and then
-// calling the volume busy.
-func TestLockWaitEndsWhenQuorumLost(t *testing.T) {
+// extendBehindOther starts an extend of a new volume that waits for node-b,
+// which holds the volume's lock, on a store the test can stall; it returns
+// once the extend is queued, with the volume, when the extend started and
+// where its error goes.
+func extendBehindOther(t *testing.T) (e *env, kv *metatest.KV, vol string, start time.Time, done <-chan error) {
 	ctx := ctxT(t)
 	e, s, kv, other := stallableEnv(t)
 	alice := caller("alice")
@@ -288,21 +287,32 @@ func TestLockWaitEndsWhenQuorumLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Release(ctx)
-
-	done := make(chan error, 1)
+	t.Cleanup(func() { h.Release(ctx) })
+	start = time.Now()
+	ch := make(chan error, 1)
 	go func() {
 		_, err := s.ExtendVolume(ctx, alice, v.ID, 2<<20)
-		done <- err
+		ch <- err
 	}()
 	waitQueued(t, other, "volume/"+v.ID, 2)
+	return e, kv, v.ID, start, ch
+}
+
+// TestLockWaitEndsWhenQuorumLost: a workflow waiting for another node's
+// workflow stops waiting soon after this node learns that no quorum of the
+// metadata cluster answers — here from another request — and says so
+// (503 MetadataUnavailable), instead of waiting out lockWait and then
+// calling the volume busy.
+func TestLockWaitEndsWhenQuorumLost(t *testing.T) {
+	ctx := ctxT(t)
+	e, kv, vol, _, done := extendBehindOther(t)
 	release := kv.Stall()
 	t.Cleanup(release)
 	// Another request through this node finds no quorum: its linearizable
 	// read gives up and the store records the quorum lost. (The read then
 	// waits on, for the local copy, which is behind the same stalled
 	// connection: it ends with the test's context.)
-	go e.meta.Volume(ctx, v.ID)
+	go e.meta.Volume(ctx, vol)
 	for !e.meta.QuorumLost() {
 		if ctx.Err() != nil {
 			t.Fatal("the store never found its quorum lost")
@@ -334,26 +344,7 @@ func TestLockBusyWithoutQuorum(t *testing.T) {
 	old := lockWait
 	lockWait = 2 * time.Second
 	t.Cleanup(func() { lockWait = old })
-	ctx := ctxT(t)
-	e, s, kv, other := stallableEnv(t)
-	alice := caller("alice")
-	v, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "v", SizeBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := other.Acquire(ctx, "volume/"+v.ID, lock.Update)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Release(ctx)
-
-	start := time.Now()
-	done := make(chan error, 1)
-	go func() {
-		_, err := s.ExtendVolume(ctx, alice, v.ID, 2<<20)
-		done <- err
-	}()
-	waitQueued(t, other, "volume/"+v.ID, 2)
+	e, kv, _, start, done := extendBehindOther(t)
 	release := kv.Stall()
 	t.Cleanup(release)
 	limit := lockWait + queueTimeout + time.Second
