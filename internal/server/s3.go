@@ -89,6 +89,7 @@ func (n *Node) startS3() error {
 		return fmt.Errorf("s3 server: %w", err)
 	}
 	failed := make(chan error, 1)
+	n.releaseS3()
 	go func() { failed <- srv.ServeMultiPort([]string{n.cfg.S3}) }()
 	select {
 	case <-listening:

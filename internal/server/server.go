@@ -5,7 +5,7 @@
 //
 // Start order (each step needs the previous ones):
 //
-//	data dir → CA + node certificate → metadata (etcd, TLS with those certs)
+//	data dir → service ports bound (ports.go) → CA + node certificate → metadata (etcd, TLS with those certs)
 //	→ cluster bootstrap (one CA for the cluster) → store → admin identity
 //	→ volume service (resumes interrupted workflows) → API listener → ready
 //
@@ -91,6 +91,7 @@ type Node struct {
 	clusterID string
 	started   time.Time
 	store     *store.Store
+	ports     ports // bound first, until each service takes its own (ports.go)
 	nbd       *nbd.Server
 	nbdURI    string // scheme://host:port/ without the export name
 	s3        *s3api.S3ApiServer
@@ -136,6 +137,10 @@ func (n *Node) start(ctx context.Context) error {
 	if err := os.MkdirAll(cfg.Data, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
+	if err := n.bindPorts(); err != nil {
+		return err
+	}
+	cfg = n.cfg // with the S3 port bound
 	pkiDir := filepath.Join(cfg.Data, "pki")
 	joined, err := n.join(ctx, pkiDir)
 	if err != nil {
@@ -202,10 +207,8 @@ func (n *Node) start(ctx context.Context) error {
 		Defrag: n.meta.Defrag, Log: log, NBDURI: n.attachmentURI,
 		Objects: n.objects, Bucket: n.meta.Bucket, Cluster: n.cluster, CACert: ca.CertPEM,
 	})
-	ln, err := net.Listen("tcp", cfg.API)
-	if err != nil {
-		return fmt.Errorf("api listen %s: %w", cfg.API, err)
-	}
+	ln := n.ports.api
+	n.ports.api = nil
 	n.apiAddr = ln.Addr().String()
 	n.http = &http.Server{
 		Handler:           n.api,
@@ -231,10 +234,8 @@ func (n *Node) start(ctx context.Context) error {
 // loopback it is required (the spec's FORCEDTLS) unless NBDInsecure.
 // Clients authenticate with certificates from the cluster CA.
 func (n *Node) startNBD(ca *pki.CA, cert tls.Certificate) error {
-	ln, err := net.Listen("tcp", n.cfg.NBD)
-	if err != nil {
-		return fmt.Errorf("nbd listen %s: %w", n.cfg.NBD, err)
-	}
+	ln := n.ports.nbd
+	n.ports.nbd = nil
 	addr := ln.Addr().(*net.TCPAddr)
 	requireTLS := !addr.IP.IsLoopback() && !n.cfg.NBDInsecure
 	host, port, _ := n.advertised(addr.String()) // the bound port, for --nbd :0
@@ -398,6 +399,7 @@ func (n *Node) APIAddr() string { return n.apiAddr }
 // Close shuts the node down: stop accepting, finish in-flight requests, stop
 // jobs (their records resume at next start), close the metadata store.
 func (n *Node) Close() {
+	n.closePorts()
 	if n.api != nil {
 		n.api.SetReady(false)
 	}
