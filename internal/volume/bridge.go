@@ -160,7 +160,13 @@ func (s *Service) ExportSnapshot(ctx context.Context, c Caller, ref, url string)
 }
 
 func (s *Service) startExport(id string) {
-	s.background(func() { s.runExport(s.ctx, id) })
+	if !s.claim("export/" + id) {
+		return // runs already
+	}
+	s.background(func() {
+		defer s.unclaim("export/" + id)
+		s.runExport(s.ctx, id)
+	})
 }
 
 func (s *Service) runExport(ctx context.Context, id string) {
@@ -329,7 +335,11 @@ func (s *Service) checkImport(ctx context.Context, c Caller, url string, size in
 // startImport finishes creating a volume from an object in the
 // background (the copy takes time; the volume shows it as a job).
 func (s *Service) startImport(id string) {
+	if !s.claim("import/" + id) {
+		return // runs already
+	}
 	s.background(func() {
+		defer s.unclaim("import/" + id)
 		v, err := s.meta.Volume(s.ctx, id)
 		if err == nil {
 			_, err = s.finishImport(s.ctx, v)

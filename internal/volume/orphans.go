@@ -69,7 +69,8 @@ func (s *Service) lookForOrphans() {
 
 // watchOrphans adopts orphaned workflows now, whenever a node's liveness
 // key goes or a sweep is asked for, and every orphanSweepEvery, until ctx
-// ends.
+// ends; each sweep also resumes this node's own stranded workflows
+// (stranded.go).
 func (s *Service) watchOrphans(ctx context.Context) {
 	go s.meta.WatchNodesGone(ctx, func(node string) {
 		s.logFor("node", node).Info("node gone: looking for its workflows")
@@ -79,6 +80,7 @@ func (s *Service) watchOrphans(ctx context.Context) {
 	defer t.Stop()
 	for {
 		s.adoptOrphans(ctx)
+		s.resumeStranded(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -124,7 +126,7 @@ func (s *Service) adoptOrphans(ctx context.Context) {
 				if v.Status != meta.StatusExtending || v.Node != dead {
 					return false
 				}
-				v.Node, v.RequestedBy = to, dead
+				v.Node, v.RequestedBy, v.UpdatedAt = to, dead, now() // new to its driver: not stranded (stranded.go)
 				return true
 			}
 		case v.Job != nil && v.Status != meta.StatusCreating && gone(v.Job.Node):
@@ -193,7 +195,7 @@ func (s *Service) adoptOrphans(ctx context.Context) {
 				if sn.Status != status || sn.Node != dead {
 					return false
 				}
-				sn.Node, sn.RequestedBy = to, dead
+				sn.Node, sn.RequestedBy, sn.UpdatedAt = to, dead, now() // new to its driver: not stranded (stranded.go)
 				return true
 			}
 		case sn.Job != nil && gone(sn.Job.Node): // an export

@@ -94,8 +94,13 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 	}
 	// From the recording on, the snapshot is this node's to take (or the
 	// writer's, delegated) whatever becomes of the caller: recorded for
-	// this node, only this call or the next Start takes it, and until
-	// then the volume refuses its other workflows.
+	// this node, this call takes it (claimed before the commit, so that a
+	// sweep for stranded workflows leaves it alone: stranded.go), and
+	// until then the volume refuses its other workflows.
+	if sn.Node == s.cfg.Node {
+		s.claim("snapshot/" + sn.ID) // a new id: never taken
+		defer s.unclaim("snapshot/" + sn.ID)
+	}
 	wctx, done := s.detach(ctx)
 	defer done()
 	var replay *meta.Snapshot
@@ -295,7 +300,11 @@ func (s *Service) DeleteSnapshot(ctx context.Context, c Caller, ref string) erro
 	// From the marking on, the delete is this node's to finish whatever
 	// becomes of the caller: the name is released with it, so a retry by
 	// name would not find the record, whose bytes stay provisioned until
-	// the deletion ends.
+	// the deletion ends. Claimed for the sweeps (stranded.go); a sweep
+	// finishing it already is no harm, as finishing is idempotent.
+	if s.claim("snapshot/" + sn.ID) {
+		defer s.unclaim("snapshot/" + sn.ID)
+	}
 	wctx, done := s.detach(ctx)
 	defer done()
 	err = s.meta.Update(wctx, func(tx *meta.Tx) error {

@@ -441,7 +441,14 @@ func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSiz
 	}
 	// From the recording on, the extend is this node's to finish (or
 	// the writer's, delegated) whatever becomes of the caller: recorded
-	// for this node, only this call or the next Start drives it.
+	// for this node, this call drives it — claimed before the commit, so
+	// that a sweep for stranded workflows (stranded.go) leaves it alone.
+	if writer == s.cfg.Node {
+		if !s.claim("extend/" + v.ID) {
+			return nil, errs.Conflict(errs.CodeVolumeBusy, "volume %s is being extended by this node; retry when that ends", v.ID)
+		}
+		defer s.unclaim("extend/" + v.ID)
+	}
 	wctx, done := s.detach(ctx)
 	defer done()
 	err = s.pastCollapse(ctx, &v.ID, func() error { return s.meta.Update(wctx, record) })
@@ -459,7 +466,7 @@ func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSiz
 		}
 		return out, err
 	}
-	return s.runExtend(wctx, v.ID)
+	return s.finishExtend(wctx, v.ID)
 }
 
 func (s *Service) finishExtend(ctx context.Context, id string) (*meta.Volume, error) {

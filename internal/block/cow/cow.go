@@ -1089,6 +1089,15 @@ func (l *Layer) Depth() int {
 	return int(l.top.depth)
 }
 
+// FrozenFor reports whether the current top was started by a snapshot
+// tagged tag: that snapshot's freeze is done, and Snapshot(tag) returns
+// its image without freezing again.
+func (l *Layer) FrozenFor(tag string) bool {
+	l.chainMu.RLock()
+	defer l.chainMu.RUnlock()
+	return tag != "" && l.top.meta.Tag == tag
+}
+
 // Snapshot freezes the current top and starts a new one on it, returning
 // the frozen image's id: the snapshot's data. tag names the snapshot; a
 // repeated call with the same tag (a snapshot resumed after a crash) finds

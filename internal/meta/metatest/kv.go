@@ -2,9 +2,11 @@ package metatest
 
 import (
 	"context"
+	"slices"
 	"sync"
 
 	"github.com/basalt-storage/basalt/internal/meta"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -19,6 +21,9 @@ type KV struct {
 
 	mu   sync.Mutex
 	gate chan struct{} // while non-nil, calls wait for it to close
+	// lose, while non-nil, picks the key whose next committed write loses
+	// its reply (LoseReply).
+	lose func(key string) bool
 }
 
 // StallableKV puts a KV under m's client. m should be a Store of the
@@ -45,6 +50,17 @@ func (k *KV) Stall() (release func()) {
 			close(gate)
 		})
 	}
+}
+
+// LoseReply makes the next transaction that commits a write to a key
+// match accepts lose its reply: the write is committed, and the caller
+// sees etcd's "request timed out" — what it sees when a commit's leader
+// changes, or its deadline passes, after the proposal was made. One
+// transaction only; a test arms it again for another.
+func (k *KV) LoseReply(match func(key string) bool) {
+	k.mu.Lock()
+	k.lose = match
+	k.mu.Unlock()
 }
 
 // wait returns when the KV is not stalled, or with ctx's error.
@@ -102,17 +118,36 @@ func (k *KV) Txn(ctx context.Context) clientv3.Txn {
 
 type txn struct {
 	clientv3.Txn
-	k   *KV
-	ctx context.Context
+	k    *KV
+	ctx  context.Context
+	keys []string // written on success
 }
 
-func (t *txn) If(cs ...clientv3.Cmp) clientv3.Txn   { t.Txn = t.Txn.If(cs...); return t }
-func (t *txn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
+func (t *txn) If(cs ...clientv3.Cmp) clientv3.Txn { t.Txn = t.Txn.If(cs...); return t }
+func (t *txn) Then(ops ...clientv3.Op) clientv3.Txn {
+	for _, op := range ops {
+		if op.IsPut() || op.IsDelete() {
+			t.keys = append(t.keys, string(op.KeyBytes()))
+		}
+	}
+	t.Txn = t.Txn.Then(ops...)
+	return t
+}
 func (t *txn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
 
 func (t *txn) Commit() (*clientv3.TxnResponse, error) {
 	if err := t.k.wait(t.ctx); err != nil {
 		return nil, err
 	}
-	return t.Txn.Commit()
+	resp, err := t.Txn.Commit()
+	if err != nil || !resp.Succeeded {
+		return resp, err
+	}
+	t.k.mu.Lock()
+	defer t.k.mu.Unlock()
+	if t.k.lose != nil && slices.ContainsFunc(t.keys, t.k.lose) {
+		t.k.lose = nil
+		return nil, rpctypes.ErrTimeout
+	}
+	return resp, nil
 }
