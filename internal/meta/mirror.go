@@ -26,7 +26,7 @@ import (
 //
 // Invariant: after the first successful list, the map equals the prefix
 // as of the last revision applied; a broken watch (compaction, leader
-// loss) relists from scratch.
+// loss, silence beyond mirrorStall) relists from scratch.
 type Mirror[T versioned] struct {
 	s      *Store
 	prefix string
@@ -167,14 +167,47 @@ func (m *Mirror[T]) load(ctx context.Context) (int64, error) {
 	return resp.Header.Revision, nil
 }
 
+// mirrorHeartbeat is how often a mirror asks its watch for a progress
+// notification; mirrorStall is how long a watch may stay silent (no
+// event, no progress) before the mirror takes it for stalled and lists
+// again. A watch can stall without an error: its stream's connection dead
+// but not yet found so (keepalives take seconds), or its server not
+// sending. Without this bound a mirror would go on answering from what it
+// last heard — a user deleted since would still authenticate on this node.
+var mirrorHeartbeat, mirrorStall = 2 * time.Second, 6 * time.Second
+
 func (m *Mirror[T]) watch(ctx context.Context, rev int64) {
 	// WithRequireLeader: a member cut off from the leader ends the watch,
 	// so the mirror stops answering (synced false) instead of going stale.
-	wch := m.s.cli.Watch(clientv3.WithRequireLeader(ctx), m.prefix, clientv3.WithPrefix(),
-		clientv3.WithRev(rev+1))
-	for resp := range wch {
-		if resp.Err() != nil {
-			return
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	wch := m.s.cli.Watch(wctx, m.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	beat := time.NewTicker(mirrorHeartbeat)
+	defer beat.Stop()
+	heard := time.Now()
+	for {
+		var resp clientv3.WatchResponse
+		select {
+		case r, ok := <-wch:
+			if !ok || r.Err() != nil {
+				return
+			}
+			resp, heard = r, time.Now()
+		case <-beat.C:
+			if silent := time.Since(heard); silent > mirrorStall {
+				m.s.log.Warn("metadata mirror: its watch went silent; listing again", "prefix", m.prefix, "silent", silent.Round(time.Millisecond).String())
+				return
+			}
+			// The progress request goes to the stream of wctx's
+			// metadata, which a derived context keeps; it is bounded, as
+			// a stalled stream may not take it.
+			pctx, pcancel := context.WithTimeout(wctx, mirrorHeartbeat)
+			m.s.cli.RequestProgress(pctx)
+			pcancel()
+			continue
+		}
+		if len(resp.Events) == 0 {
+			continue // a progress notification
 		}
 		m.mu.Lock()
 		for _, ev := range resp.Events {
