@@ -9,9 +9,13 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/basalt-storage/basalt/internal/block"
 )
@@ -56,6 +60,10 @@ type conn struct {
 	flags         uint16
 	pending       bool      // the reader queued replies it has not flushed (reader only)
 	watch         *watchdog // guards the reader while it runs a write (watchdog.go)
+	// stopped is set when the server ends the connection (shutdown,
+	// quiesce): the reader starts no request after it. (Among the
+	// reader's fields: it loads it for every request.)
+	stopped atomic.Bool
 
 	budget   *budget
 	inflight sync.WaitGroup
@@ -67,13 +75,39 @@ type conn struct {
 	waiting atomic.Int32
 	werr    error // first write error (under wmu)
 
+	// tlsc is the TLS connection once its handshake is done (nil without
+	// TLS): shutdown, run by any goroutine, ends its session through it.
+	tlsc atomic.Pointer[tls.Conn]
+	// draining is set by quiesce (Server.Shutdown): the connection ends once
+	// its requests in flight are answered.
+	draining atomic.Bool
+
 	closeOnce sync.Once
 	done      chan struct{}
-	// ctx is cancelled by shutdown: calls made for the connection
-	// (Exports.Open) end with it, so Server.Close need not wait for them.
+	// ctx is cancelled by shutdown and quiesce: calls made for the
+	// connection (Exports.Open) end with it, so Server.Close need not
+	// wait for them.
 	ctx    context.Context
 	cancel context.CancelFunc
 }
+
+const (
+	// closeNotifyWait bounds how long shutdown tries to end a TLS session
+	// cleanly (wait for a reply being written, send close_notify) before
+	// it closes the socket regardless.
+	closeNotifyWait = time.Second
+	// lingerTimeout bounds how long a drained connection waits for the
+	// client to take the replies still queued in the socket (linger).
+	lingerTimeout = time.Second
+)
+
+// errStopped ends a session the server stopped (Shutdown, Close,
+// revocation): not an error to log.
+var errStopped = errors.New("connection stopped by the server")
+
+// errTLSClosed is the connection's write error once close_notify went
+// out: nothing may follow it.
+var errTLSClosed = errors.New("TLS session closed")
 
 func newConn(s *Server, nc net.Conn) *conn {
 	c := &conn{
@@ -97,28 +131,61 @@ func newConn(s *Server, nc net.Conn) *conn {
 	return c
 }
 
-// shutdown closes the connection; the reader then ends the session.
+// shutdown closes the connection; the reader then ends the session. It
+// may be called from any goroutine, any number of times. A TLS session
+// is shut down first (closeTLS): the spec wants a party that drops the
+// connection to shut TLS down first, and without close_notify a client
+// cannot tell the end of the session from a truncation. That is bounded:
+// a reply being written to a client that reads nothing, or the alert
+// itself, is cut short by closing the socket after closeNotifyWait.
 func (c *conn) shutdown() {
 	c.closeOnce.Do(func() {
+		c.stopped.Store(true)
 		close(c.done)
 		c.cancel()
+		if c.tlsc.Load() != nil {
+			t := time.AfterFunc(closeNotifyWait, func() { c.raw.Close() })
+			c.closeTLS()
+			t.Stop()
+		}
 		c.raw.Close()
 	})
 }
 
+// quiesce asks the connection to end once the requests it has started are
+// answered (Server.Shutdown): the reader starts no more, and its wait for
+// the client (or the handshake's, or a TLS handshake's) ends now. An
+// Exports.Open under way is cancelled.
+func (c *conn) quiesce() {
+	c.draining.Store(true)
+	c.stopped.Store(true)
+	c.cancel()
+	// After the flags: whoever resets the deadline (the handshake, as it
+	// ends) checks them after it did so.
+	c.raw.SetReadDeadline(time.Now())
+}
+
 func (c *conn) run() {
 	defer c.shutdown()
+	defer func() {
+		if c.draining.Load() {
+			c.closeTLS()
+			c.linger()
+		}
+	}()
 	exp, err := c.handshake()
-	if errors.Is(err, errAbort) {
-		c.closeTLS() // answers the client's own TLS shutdown after ABORT
-	}
 	if err != nil {
-		if !errors.Is(err, errAbort) && !errors.Is(err, io.EOF) {
+		if !errors.Is(err, errAbort) && !errors.Is(err, io.EOF) && !c.stopped.Load() {
 			c.log.Info("nbd handshake ended", "err", err)
 		}
 		return
 	}
 	defer release(exp)
+	if c.stopped.Load() {
+		// Stopped as the handshake ended, which may have reset the read
+		// deadline quiesce had set.
+		return
+	}
 	c.exp, c.dev, c.size = exp, exp.Device, uint64(exp.Device.Size())
 	c.nowait, _ = exp.Device.(block.NoWaitReader)
 	c.splicer, _ = exp.Device.(block.Splicer)
@@ -135,31 +202,81 @@ func (c *conn) run() {
 		}()
 	}
 	c.log.Debug("nbd transmission", "export", exp.LogName, "size", c.size, "flags", c.flags, "structured", c.structured)
+	// DISC (err nil) is the spec's soft disconnect: shutdown then ends
+	// the TLS session, as after any other end.
 	err = c.transmit()
-	if err == nil {
-		c.closeTLS() // DISC: the spec's soft disconnect
-	}
-	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !c.stopped.Load() {
 		c.log.Info("nbd connection ended", "export", exp.LogName, "err", err)
 	}
 }
 
 // closeTLS shuts the TLS session down (sends close_notify), as the spec
-// requires before the server closes the socket after DISC (and as TLS
-// expects after the client's close_notify following ABORT): without it the
-// client cannot tell the end of the session from a truncation. The
-// caller then closes the socket. Every reply has been written by then, so
-// nothing else writes to the connection. crypto/tls bounds the alert's
-// write at 5 seconds, and shutdown (Server.Close, revocation) cuts it
-// short by closing the socket.
+// requires before the server closes the socket after DISC, and asks
+// before any disconnect the server initiates (and as TLS expects after
+// the client's close_notify following ABORT): without it the client
+// cannot tell the end of the session from a truncation. The caller then
+// closes the socket.
+//
+// It takes the write lock, so the alert follows whole replies, and
+// writes nothing once a write has failed: the stream may end inside a
+// record, and an alert after it would be garbage. Nothing is written
+// after it. crypto/tls bounds the alert's write at 5 seconds; shutdown
+// cuts the wait for the lock and for the alert short (closeNotifyWait).
 func (c *conn) closeTLS() {
-	tc, ok := c.nc.(*tls.Conn)
-	if !ok {
+	tc := c.tlsc.Load()
+	if tc == nil {
 		return
 	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.werr != nil {
+		return
+	}
+	c.werr = errTLSClosed
 	if err := tc.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) {
 		c.log.Debug("nbd: TLS close_notify not sent", "err", err)
 	}
+}
+
+// linger ends a drained connection's stream without losing its tail. The
+// client may have sent requests the server no longer reads, and closing a
+// socket with unread input makes the kernel reset the connection, which
+// drops what it has not sent yet: the last replies, to a client slow to
+// read them. So while the socket still holds bytes the client has not
+// acknowledged, it half-closes (the client reads the replies, then the
+// end) and waits, discarding input, until the client has them all or
+// closes, or for lingerTimeout at most (Server.Shutdown's own limit
+// closes the socket sooner).
+func (c *conn) linger() {
+	tc, ok := c.raw.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil || unacked(rc) == 0 {
+		return
+	}
+	if tc.CloseWrite() != nil {
+		return
+	}
+	deadline := time.Now().Add(lingerTimeout)
+	var buf [4096]byte
+	for unacked(rc) > 0 && time.Now().Before(deadline) {
+		tc.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+		if _, err := tc.Read(buf[:]); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			return // the client closed (or the socket was)
+		}
+	}
+}
+
+// unacked returns how many bytes (and FIN) the socket has sent or queued
+// that the peer has not acknowledged yet (SIOCOUTQ; 0 if unknown).
+func unacked(rc syscall.RawConn) int {
+	var n int
+	rc.Control(func(fd uintptr) {
+		n, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ)
+	})
+	return n
 }
 
 // transmit serves requests until DISC or an error, then waits for the
@@ -209,6 +326,10 @@ func (c *conn) readRequests(ended chan<- error) {
 		}
 		if req.typ == cmdDisc {
 			ended <- nil // transmit finishes the requests in flight
+			return
+		}
+		if c.stopped.Load() { // the server is ending the connection
+			ended <- errStopped
 			return
 		}
 		var cost int64

@@ -25,6 +25,9 @@ func (c *conn) handshake() (*Export, error) {
 	deadline := time.Now().Add(c.srv.HandshakeTimeout)
 	c.nc.SetDeadline(deadline)
 	defer c.nc.SetDeadline(time.Time{})
+	if c.stopped.Load() { // quiesced before: its deadline was just replaced
+		return nil, errStopped
+	}
 	// The socket's deadline does not stop Exports.Open, which a client
 	// that has not authenticated can have called (and which may wait for
 	// a metadata store): its context ends with the handshake's time, or
@@ -35,10 +38,7 @@ func (c *conn) handshake() (*Export, error) {
 	be.PutUint64(hello[0:], magicNBD)
 	be.PutUint64(hello[8:], magicOpt)
 	be.PutUint16(hello[16:], flagFixedNewstyle|flagNoZeroes)
-	if _, err := c.w.Write(hello[:]); err != nil {
-		return nil, err
-	}
-	if err := c.w.Flush(); err != nil {
+	if err := c.put(hello[:], nil); err != nil {
 		return nil, err
 	}
 	var cf [4]byte
@@ -92,13 +92,29 @@ func (c *conn) reply(opt, typ uint32, data []byte) error {
 	be.PutUint32(h[8:], opt)
 	be.PutUint32(h[12:], typ)
 	be.PutUint32(h[16:], uint32(len(data)))
-	if _, err := c.w.Write(h[:]); err != nil {
+	return c.put(h[:], data)
+}
+
+// put writes a and b and flushes them, under the write lock as replies
+// in transmission are: shutdown may end a TLS session from another
+// goroutine at any time (closeTLS), and must neither cut into a reply
+// nor follow a failed write.
+func (c *conn) put(a, b []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.werr != nil {
+		return c.werr
+	}
+	if _, err := c.w.Write(a); err != nil {
+		c.werr = err
 		return err
 	}
-	if _, err := c.w.Write(data); err != nil {
+	if _, err := c.w.Write(b); err != nil {
+		c.werr = err
 		return err
 	}
-	return c.w.Flush()
+	c.werr = c.w.Flush()
+	return c.werr
 }
 
 func (c *conn) replyErr(opt, typ uint32, format string, a ...any) error {
@@ -107,6 +123,18 @@ func (c *conn) replyErr(opt, typ uint32, format string, a ...any) error {
 
 // option handles one option; it returns an export when transmission starts.
 func (c *conn) option(ctx context.Context, o option) (*Export, error) {
+	if c.draining.Load() {
+		// The spec: a server being shut down SHOULD answer further
+		// options (but ABORT) with ERR_SHUTDOWN. (Only those already
+		// received: it reads no more.)
+		switch o.code {
+		case optAbort:
+		case optExportName:
+			return nil, errStopped // cannot be refused: the session ends
+		default:
+			return nil, c.replyErr(o.code, repErrShutdown, "the server is shutting down")
+		}
+	}
 	if c.srv.RequireTLS && !c.tls {
 		switch o.code {
 		case optStartTLS, optAbort:
@@ -164,11 +192,7 @@ func (c *conn) exportName(ctx context.Context, name string) (*Export, error) {
 	if !c.noZeroes {
 		b = b[:134]
 	}
-	if _, err := c.w.Write(b); err != nil {
-		release(exp)
-		return nil, err
-	}
-	if err := c.w.Flush(); err != nil {
+	if err := c.put(b, nil); err != nil {
 		release(exp)
 		return nil, err
 	}
@@ -196,6 +220,7 @@ func (c *conn) startTLS(o option) error {
 	c.nc, c.tls, c.sock = tc, true, nil // the socket now carries TLS records
 	c.r = bufio.NewReaderSize(tc, readBufSize)
 	c.w = bufio.NewWriterSize(tc, writeBufSize)
+	c.tlsc.Store(tc) // from now on shutdown ends the session with close_notify
 	// The spec: no negotiation state survives STARTTLS.
 	c.structured, c.metaSelected, c.metaExport = false, false, ""
 	return nil
@@ -235,6 +260,9 @@ func (c *conn) infoGo(ctx context.Context, o option) (*Export, error) {
 	case errors.Is(err, ErrTLSRequired):
 		// TLS_REQD is meaningless without TLS on offer or once it is up.
 		return nil, c.replyErr(o.code, repErrPolicy, "export not available on this connection")
+	case err != nil && c.draining.Load():
+		// Open was cancelled by Server.Shutdown (or failed as it began).
+		return nil, c.replyErr(o.code, repErrShutdown, "the server is shutting down")
 	case err != nil:
 		// The client hears only ERR_UNKNOWN (the reason may concern an
 		// attachment it should not learn about); the log keeps the reason.

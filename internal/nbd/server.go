@@ -36,7 +36,8 @@ type Exports interface {
 	// after STARTTLS (nil without TLS), so an implementation can check the
 	// client certificate. It returns ErrUnknownExport or ErrTLSRequired,
 	// or another error (reported as unknown). ctx ends with the handshake
-	// (HandshakeTimeout, or the connection closing): Open must return
+	// (HandshakeTimeout, the connection closing, or Server.Shutdown
+	// beginning): Open must return
 	// once it is done, and must not tie the export's life to it.
 	Open(ctx context.Context, name string, tls *tls.ConnectionState) (*Export, error)
 }
@@ -61,6 +62,11 @@ type Server struct {
 	MaxInFlightBytes int64
 	// HandshakeTimeout bounds option haggling (default 30 s).
 	HandshakeTimeout time.Duration
+	// CloseTimeout bounds how long Close waits for requests still running
+	// in a device once it has closed their connections (default 5 s): a
+	// hung backing file must not hold it for ever. Such a request's
+	// connection ends, and releases its export, when the device returns.
+	CloseTimeout time.Duration
 
 	// coldLocal (tests) serves clients on this host as remote ones: their
 	// spliced reads are not warmed.
@@ -70,8 +76,12 @@ type Server struct {
 	conns  map[*conn]struct{}
 	lns    []net.Listener
 	closed bool
-	wg     sync.WaitGroup
+	// gone is closed when the last connection has ended, once Close or
+	// Shutdown waits for that (nil otherwise).
+	gone chan struct{}
 }
+
+const defaultCloseTimeout = 5 * time.Second
 
 func (s *Server) defaults() {
 	if s.MaxInFlight == 0 {
@@ -129,7 +139,6 @@ func (s *Server) Serve(ln net.Listener) error {
 			continue
 		}
 		go func() {
-			defer s.wg.Done()
 			defer s.untrack(c)
 			c.run()
 		}()
@@ -142,14 +151,19 @@ func (s *Server) track(c *conn) bool {
 	if s.closed {
 		return false
 	}
-	s.conns[c] = struct{}{}
-	s.wg.Add(1) // under mu: Close cannot wait before this connection counts
+	s.conns[c] = struct{}{} // under mu: Close and Shutdown see every connection Serve starts
 	return true
 }
 
+// untrack forgets a connection that has ended: its requests are done and
+// its export released.
 func (s *Server) untrack(c *conn) {
 	s.mu.Lock()
 	delete(s.conns, c)
+	if len(s.conns) == 0 && s.gone != nil {
+		close(s.gone)
+		s.gone = nil
+	}
 	s.mu.Unlock()
 }
 
@@ -160,17 +174,99 @@ func (s *Server) Connections() int {
 	return len(s.conns)
 }
 
-// Close stops accepting, closes every connection and waits for them.
+// Shutdown stops the server gracefully (the spec: on a server shutdown,
+// wait for the requests in flight to be serviced before disconnecting).
+// It stops accepting and closes the listeners; every connection stops
+// reading requests, finishes those it has started and sends their
+// replies, then ends (TLS with close_notify). A request counts as started
+// once its header was read; those the client sent after are not answered
+// (not with ESHUTDOWN either: a client that reconnects resends them,
+// where an error would reach its users). Connections in the handshake
+// end at once (an option being served is refused with ERR_SHUTDOWN);
+// idle ones end at once.
+//
+// Shutdown returns nil once every connection has ended. If ctx ends
+// first, it closes the rest as Close does, without waiting for requests
+// still in a device, and returns ctx's error; such a connection ends, and
+// releases its export, when its device returns. Like net/http's
+// Shutdown, it waits as long as ctx lets it: give it a deadline.
+func (s *Server) Shutdown(ctx context.Context) error {
+	conns, gone, log := s.stop()
+	for _, c := range conns {
+		c.quiesce()
+	}
+	select {
+	case <-gone:
+		return nil
+	case <-ctx.Done():
+	}
+	select {
+	case <-gone:
+		return nil
+	default:
+	}
+	closeAll(conns)
+	log.Warn("nbd shutdown: closed connections whose requests had not finished", "err", ctx.Err())
+	return ctx.Err()
+}
+
+// Close stops accepting, closes every connection at once (requests in
+// flight get no reply; TLS sessions get a close_notify if that can be
+// sent within a second) and waits for the connections to end: for their
+// requests to leave the device, and their exports to be released, but no
+// longer than CloseTimeout. Shutdown is the graceful way.
 func (s *Server) Close() error {
+	wait := s.CloseTimeout
+	if wait <= 0 {
+		wait = defaultCloseTimeout
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	conns, gone, log := s.stop()
+	closeAll(conns)
+	select {
+	case <-gone:
+	case <-timer.C:
+		log.Warn("nbd close: requests still in their device; not waiting for them", "connections", s.Connections(), "waited", wait)
+	}
+	return nil
+}
+
+// stop marks the server closed and closes its listeners. It returns the
+// connections open, a channel closed once none is left, and the log.
+func (s *Server) stop() ([]*conn, <-chan struct{}, *slog.Logger) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.closed = true
 	for _, ln := range s.lns {
 		ln.Close()
 	}
-	for c := range s.conns {
-		c.shutdown()
+	s.lns = nil
+	log := s.Log
+	if log == nil { // never served
+		log = slog.New(slog.DiscardHandler)
 	}
-	s.mu.Unlock()
-	s.wg.Wait()
-	return nil
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	if len(conns) == 0 {
+		gone := make(chan struct{})
+		close(gone)
+		return conns, gone, log
+	}
+	if s.gone == nil {
+		s.gone = make(chan struct{})
+	}
+	return conns, s.gone, log
+}
+
+// closeAll closes connections, concurrently: each may take up to
+// closeNotifyWait to end its TLS session.
+func closeAll(conns []*conn) {
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		wg.Go(c.shutdown)
+	}
+	wg.Wait()
 }
