@@ -60,6 +60,7 @@ type conn struct {
 	flags         uint16
 	pending       bool      // the reader queued replies it has not flushed (reader only)
 	watch         *watchdog // guards the reader while it runs a write (watchdog.go)
+	stats         *Stats    // the export's counts (nil: none); set before transmission
 	// stopped is set when the server ends the connection (shutdown,
 	// quiesce): the reader starts no request after it. (Among the
 	// reader's fields: it loads it for every request.)
@@ -186,7 +187,7 @@ func (c *conn) run() {
 		// deadline quiesce had set.
 		return
 	}
-	c.exp, c.dev, c.size = exp, exp.Device, uint64(exp.Device.Size())
+	c.exp, c.dev, c.size, c.stats = exp, exp.Device, uint64(exp.Device.Size()), exp.Stats
 	c.nowait, _ = exp.Device.(block.NoWaitReader)
 	c.splicer, _ = exp.Device.(block.Splicer)
 	c.spliceW, _ = exp.Device.(block.SpliceWriter)
@@ -323,6 +324,9 @@ func (c *conn) readRequests(ended chan<- error) {
 		if !ok {
 			ended <- fmt.Errorf("bad request magic %#x", be.Uint32(hdr[:4]))
 			return
+		}
+		if c.stats != nil {
+			req.start = since()
 		}
 		if req.typ == cmdDisc {
 			ended <- nil // transmit finishes the requests in flight
@@ -535,7 +539,7 @@ func (c *conn) write(req request, payload []byte, cost int64) *reply {
 // result is the reply to a command without data: done, or its error.
 func (c *conn) result(req request, err error, cost int64) *reply {
 	if err == nil {
-		return &reply{simple: true, cookie: req.cookie, cost: cost}
+		return &reply{simple: true, req: req, cost: cost}
 	}
 	code := errnoOf(req, err)
 	if code == errIO {
@@ -686,7 +690,7 @@ func (c *conn) sendBlockStatus(req request, cost int64) {
 			break
 		}
 	}
-	c.send(&reply{cookie: req.cookie, typ: replyTypeBlockStatus, extra: payload, cost: cost})
+	c.send(&reply{req: req, typ: replyTypeBlockStatus, extra: payload, cost: cost})
 }
 
 func (c *conn) sendRead(req request, data []byte, cost int64) {
@@ -696,13 +700,13 @@ func (c *conn) sendRead(req request, data []byte, cost int64) {
 // readReply is the reply carrying a read's data (a pooled buffer).
 func (c *conn) readReply(req request, data []byte, cost int64) *reply {
 	if !c.structured {
-		return &reply{simple: true, cookie: req.cookie, data: data, pooled: true, cost: cost}
+		return &reply{simple: true, req: req, data: data, pooled: true, cost: cost}
 	}
 	if len(data) == 0 { // OFFSET_DATA must carry a byte: an empty read is just done
 		putBuf(data)
-		return &reply{cookie: req.cookie, typ: replyTypeNone, cost: cost}
+		return &reply{req: req, typ: replyTypeNone, cost: cost}
 	}
-	return &reply{cookie: req.cookie, typ: replyTypeOffsetData, offset: req.offset, data: data, pooled: true, cost: cost}
+	return &reply{req: req, typ: replyTypeOffsetData, offset: req.offset, data: data, pooled: true, cost: cost}
 }
 
 func (c *conn) sendError(req request, code uint32, format string, a ...any) {
@@ -718,23 +722,23 @@ func (c *conn) sendErrorCost(req request, code uint32, cost int64, format string
 // negotiated, else simple.
 func (c *conn) errorReply(req request, code uint32, cost int64, format string, a ...any) *reply {
 	if !c.structured {
-		return &reply{simple: true, cookie: req.cookie, errno: code, cost: cost}
+		return &reply{simple: true, req: req, errno: code, cost: cost}
 	}
 	msg := message(format, a...)
 	p := make([]byte, 6, 6+len(msg))
 	be.PutUint32(p, code)
 	be.PutUint16(p[4:], uint16(len(msg)))
-	return &reply{cookie: req.cookie, typ: replyTypeError, extra: append(p, msg...), cost: cost}
+	return &reply{req: req, typ: replyTypeError, extra: append(p, msg...), cost: cost}
 }
 
 // reply is one reply to send.
 type reply struct {
 	simple bool
-	cookie uint64
-	errno  uint32 // simple replies
-	typ    uint16 // structured replies (always the final chunk)
-	offset uint64 // replyTypeOffsetData: the data's offset
-	extra  []byte // other structured payload before data
+	req    request // what it answers
+	errno  uint32  // simple replies
+	typ    uint16  // structured replies (always the final chunk)
+	offset uint64  // replyTypeOffsetData: the data's offset
+	extra  []byte  // other structured payload before data
 	data   []byte
 	pooled bool  // data came from getBuf
 	pipe   *pipe // a spliced read's bytes, sent before data (splice.go)
@@ -760,6 +764,9 @@ func (c *conn) answer(r *reply, flush bool) {
 	}
 	failed := c.werr != nil
 	c.wmu.Unlock()
+	if c.stats != nil && !failed {
+		c.stats.answered(r)
+	}
 	if r.pooled {
 		putBuf(r.data)
 	}
@@ -777,12 +784,12 @@ func (c *conn) writeReply(r *reply) error {
 	if r.simple {
 		be.PutUint32(hdr[0:], magicSimple)
 		be.PutUint32(hdr[4:], r.errno)
-		be.PutUint64(hdr[8:], r.cookie)
+		be.PutUint64(hdr[8:], r.req.cookie)
 	} else {
 		be.PutUint32(hdr[0:], magicStructured)
 		be.PutUint16(hdr[4:], replyFlagDone)
 		be.PutUint16(hdr[6:], r.typ)
-		be.PutUint64(hdr[8:], r.cookie)
+		be.PutUint64(hdr[8:], r.req.cookie)
 		h = hdr[:20]
 		if r.typ == replyTypeOffsetData {
 			be.PutUint64(hdr[20:], r.offset)

@@ -194,6 +194,9 @@ type request struct {
 	cookie uint64
 	offset uint64
 	length uint32
+	// start is when its header was read (since()'s clock), if the
+	// export counts requests (Stats).
+	start int64
 }
 
 const requestSize = 28

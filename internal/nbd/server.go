@@ -28,6 +28,8 @@ type Export struct {
 	// Release is called once when a connection (or an INFO query) is done
 	// with the export. May be nil.
 	Release func()
+	// Stats, if not nil, counts the requests answered (stats.go).
+	Stats *Stats
 }
 
 // Exports resolves export names. Implementations decide authorisation.

@@ -153,7 +153,7 @@ func (c *conn) spliceRead(req request, cost int64, nowait bool) (*reply, error) 
 			return nil, err
 		}
 	}
-	r := &reply{simple: !c.structured, cookie: req.cookie, data: rest, pooled: rest != nil,
+	r := &reply{simple: !c.structured, req: req, data: rest, pooled: rest != nil,
 		pipe: p, piped: k, cost: cost}
 	if c.structured {
 		r.typ, r.offset = replyTypeOffsetData, req.offset

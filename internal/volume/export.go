@@ -46,6 +46,9 @@ type Exports struct {
 	// they read through this node's stack, which does not see that
 	// node's writes (ServingNode).
 	readers openSet
+	// stats holds the request counts of the volumes open here, while
+	// counting is on (exportstats.go; nil: off).
+	stats map[string]*volumeStats
 }
 
 // openSet holds, per volume, the exports of a kind open here.
@@ -287,9 +290,11 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 		unregister()
 		return nil, err
 	}
-	var d block.Device = &shared{Device: stack, release: func() { release(); unregister() }}
+	stats, dropStats := e.holdStats(v.ID)
+	done := func() { release(); unregister(); dropStats() }
+	var d block.Device = &shared{Device: stack, release: done}
 	if !ro {
-		d = &shared{Device: &gated{Device: stack, gate: e.s.Gate(a.VolumeID)}, release: func() { release(); unregister() }}
+		d = &shared{Device: &gated{Device: stack, gate: e.s.Gate(a.VolumeID)}, release: done}
 	}
 	return &nbd.Export{
 		Name:        name,
@@ -299,6 +304,7 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 		ReadOnly:    ro,
 		Revoked:     revoked,
 		Release:     func() { d.Close() },
+		Stats:       stats,
 	}, nil
 }
 
