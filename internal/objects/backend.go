@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -274,16 +275,16 @@ func errModified(bucket, key, why string) error {
 }
 
 // errNotOwnersFile: a GET, HEAD or copy found that the file of
-// bucket/key, which belongs to uid and not everyone may read, lies below
-// the directory dir, which belongs to dirUID (ownerMayRead). 403, as for
+// bucket/key, which belongs to uid and is closed to others, lies below a
+// directory that belongs to another uid (d, ownerMayRead). 403, as for
 // any object the caller may not read; the message says why.
-func errNotOwnersFile(bucket, key string, uid uint32, dir string, dirUID uint32) error {
+func errNotOwnersFile(bucket, key string, uid uint32, d *denial) error {
 	return s3err.APIError{
 		Code: "AccessDenied",
-		Description: fmt.Sprintf("The object %s/%s is not served: its file belongs to uid %d and not everyone "+
-			"may read it, but the directory %s belongs to uid %d, so the file may have been moved into the "+
-			"bucket by someone who may not read it. Its owner can keep it in directories of their own, or "+
-			"make it and its directories readable by others (chmod o+r, o+x).", bucket, key, uid, dir, dirUID),
+		Description: fmt.Sprintf("The object %s/%s is not served: its file belongs to uid %d and %s, but the "+
+			"directory %s belongs to uid %d, so the file may have been moved into the bucket by someone who "+
+			"may not read it. Its owner can keep it in directories of their own, or make it and its directories "+
+			"readable by others (chmod o+r, o+x).", bucket, key, uid, d.closedTo(bucket), path.Join(bucket, d.foreign), d.uid),
 		HTTPStatusCode: http.StatusForbidden,
 	}
 }

@@ -271,62 +271,29 @@ func errHardLinked(bucket, key string, nlink uint64) error {
 }
 
 // readableByOwner checks that the file st at key is one the bucket's
-// owner could read directly: anyone may read it and enter every
-// directory from the bucket's down to it, or every one of those
-// directories belongs to the file's owner (or to the gateway, writable by
-// nobody else). Like a hard link (errHardLinked), a rename can bring
-// someone else's file into the bucket — a user moves it in from any
-// directory they may write on the store's file system, or moves in a
-// directory that holds it (one of theirs, or its owner's, closed to
-// others) — and the server, which reads with its own rights, must not
-// serve it for them. Such a move needs write access to a directory on the
-// way, which only the file's owner (or the gateway) has in the second
-// case, and in the first anyone could read the file anyway.
+// owner could read directly (refusal, judged on the directories it is
+// in). Like a hard link (errHardLinked), a rename can bring someone
+// else's file into the bucket — a user moves it in from any directory
+// they may write on the store's file system, or moves in a directory
+// that holds it (one of theirs, or its owner's, closed to others) — and
+// the server, which reads with its own rights, must not serve it for
+// them. Whoever moved in a file anyone may read, through directories
+// anyone may enter, could read it; into directories that are all its
+// owner's (or the gateway's), only its owner could move it.
 func readableByOwner(r *os.Root, bucket, key string, st *syscall.Stat_t) error {
-	public := st.Mode&0o004 != 0 // so far: the file and its directories
-	foreignDir, foreign, err := foreignDirectory(r, key, st, &public)
+	d, err := judge(r, key, st)
 	if err != nil {
 		return fileError(bucket, key, "check the directories of", err)
 	}
-	if public || foreign == nil {
+	if d == nil {
 		return nil
 	}
 	return errs.New(errs.KindForbidden, CodeFileAccess,
-		"%s/%s belongs to uid %d and not everyone may read it, but the directory %s belongs to uid %d: "+
+		"%s/%s belongs to uid %d and %s, but the directory %s belongs to uid %d: "+
 			"the file may have been moved in by someone who may not read it, and the server does not "+
 			"read it for them; its owner can export it from a directory of their own, or make it and its "+
-			"directories readable by others (chmod o+r, o+x)", bucket, key, st.Uid, path.Join(bucket, foreignDir), foreign.Uid)
-}
-
-// foreignDirectory returns the first directory from the bucket's down to
-// key's (a path relative to r, "." the bucket's) that belongs neither to
-// the owner of the file st nor to the gateway (then writable by nobody
-// else), and its stat; nil if there is none. If public is not nil, it is
-// also cleared unless every one of those directories may be entered by
-// anyone.
-func foreignDirectory(r *os.Root, key string, st *syscall.Stat_t, public *bool) (string, *syscall.Stat_t, error) {
-	var foreign *syscall.Stat_t
-	foreignDir := ""
-	dir := "."
-	for comp := range strings.SplitSeq(key, "/") {
-		fi, err := r.Lstat(dir)
-		if err != nil {
-			return "", nil, err
-		}
-		ds := statOf(fi)
-		if public != nil {
-			*public = *public && ds.Mode&0o001 != 0
-		}
-		gateway := (ds.Uid == 0 || int(ds.Uid) == os.Geteuid()) && ds.Mode&0o022 == 0
-		if ds.Uid != st.Uid && !gateway && foreign == nil {
-			foreign, foreignDir = ds, dir
-			if public == nil {
-				break
-			}
-		}
-		dir = path.Join(dir, comp)
-	}
-	return foreignDir, foreign, nil
+			"directories readable by others (chmod o+r, o+x)",
+		bucket, key, st.Uid, d.closedTo(bucket), path.Join(bucket, d.foreign), d.uid)
 }
 
 func errChanged(bucket, key string) error {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -55,9 +56,15 @@ func (b *Backend) openObject(r *os.Root, bucket, key string) (*object, error) {
 	return o, nil
 }
 
+// opener opens the files of a bucket: its os.Root, or a listing's
+// dirChain.
+type opener interface {
+	OpenFile(name string, flag int, perm fs.FileMode) (*os.File, error)
+}
+
 // inspect opens bucket/key and its record, and says how the file differs
 // from the record ("" if it does not).
-func (b *Backend) inspect(r *os.Root, bucket, key string) (*object, string, error) {
+func (b *Backend) inspect(r opener, bucket, key string) (*object, string, error) {
 	o, err := b.openAny(r, bucket, key)
 	if err != nil {
 		return nil, "", err
@@ -95,7 +102,7 @@ func (b *Backend) inspect(r *os.Root, bucket, key string) (*object, string, erro
 // two. A file whose record is invalid is returned too, with the reason in
 // its bad field: writes and deletes replace or remove it like any object
 // changed behind S3.
-func (b *Backend) openAny(r *os.Root, bucket, key string) (*object, error) {
+func (b *Backend) openAny(r opener, bucket, key string) (*object, error) {
 	// O_NONBLOCK: a FIFO dropped into the bucket must not block the open.
 	f, err := r.OpenFile(key, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
@@ -130,39 +137,29 @@ func (b *Backend) openAny(r *os.Root, bucket, key string) (*object, error) {
 
 // ownerMayRead refuses to serve (GET, HEAD, a copy's source) the file
 // st, found at name (key, or the path of one of key's version files),
-// unless the bucket's owner could read it directly: anyone may read it,
-// or every directory from the bucket's down to it belongs to the file's
-// owner (or to the gateway, writable by nobody else) — what `object
-// export` requires of a file (readableByOwner). A record in an xattr
-// travels with its file: a user who may write into a directory holding
-// another user's object (a directory its owner opened to others, without
-// the sticky bit) can move it into a bucket of their own, still an object
-// — also after its owner made it private (chmod keeps size, mtime and
-// inode, which the record checks), or with a record the user forged on a
-// file they may write but not read. The gateway reads with its own
-// rights and must not serve such a file for them.
-//
-// A world-readable file costs no system call: whoever could move it in
-// could read it. (export also requires directories anyone may enter for
-// that case; a GET does not walk them, so a world-readable object kept
-// inside another user's closed directory, which itself sits in a
-// directory the mover may write, is served: a layout its owner chose.)
-// A private file costs an lstat per directory on the way.
+// unless the bucket's owner could read it directly — what `object
+// export` requires of a file (refusal). A record in an xattr travels with
+// its file: a user who may write into a directory holding another user's
+// object (a directory its owner opened to others, without the sticky
+// bit) can move it into a bucket of their own, still an object — also
+// after its owner made it private (chmod keeps size, mtime and inode,
+// which the record checks), or with a record the user forged on a file
+// they may write but not read; and a directory its owner closed to
+// others may hold objects anyone could read were it open, and be moved
+// with the directory above it. The gateway reads with its own rights and
+// must not serve such a file for them.
 func ownerMayRead(r *os.Root, bucket, key, name string, st *syscall.Stat_t) error {
-	if st.Mode&0o004 != 0 {
-		return nil
-	}
-	dir, foreign, err := foreignDirectory(r, name, st, nil)
+	d, err := judge(r, name, st)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
 		return errNoSuchKey() // moved away meanwhile
 	}
 	if err != nil {
 		return fmt.Errorf("check the directories of %s/%s: %w", bucket, name, err)
 	}
-	if foreign == nil {
+	if d == nil {
 		return nil
 	}
-	return errNotOwnersFile(bucket, key, st.Uid, path.Join(bucket, dir), foreign.Uid)
+	return errNotOwnersFile(bucket, key, st.Uid, d)
 }
 
 // versionID is o's version id ("" for the null version). A file whose
@@ -260,12 +257,13 @@ func (b *Backend) openRequested(ctx context.Context, bucket, key, vid, method st
 // one openat2(2) below Root, where the general path opens the bucket as an
 // os.Root and walks the key a component at a time (a system call each).
 // It serves only the plain case — xattr records, no symbolic link on the
-// way, a regular file anyone may read whose stat matches its record — and
-// answers ok=false for anything else, which the caller then takes down the
-// general path for the whole answer: a missing bucket or key, a link to
-// follow inside the bucket, a bad or missing record, a file changed behind
-// S3, a file not everyone may read (ownerMayRead). So it never answers
-// differently; it only answers sooner.
+// way, a regular file anyone may read in directories anyone may enter,
+// whose stat matches its record — and answers ok=false for anything else,
+// which the caller then takes down the general path for the whole answer:
+// a missing bucket or key, a link to follow inside the bucket, a bad or
+// missing record, a file changed behind S3, a file or directory closed to
+// others (ownerMayRead). So it never answers differently; it only answers
+// sooner.
 //
 // bucket and key must have passed checkBucketName and checkKey: no "." or
 // ".." component, so the path stays inside the bucket's directory, which
@@ -275,16 +273,35 @@ func (b *Backend) quickOpen(bucket, key string) (o *object, ok bool) {
 		return nil, false
 	}
 	name := bucket + "/" + key
+	// O_NONBLOCK: a FIFO dropped into the bucket must not block the open.
+	const flags = unix.O_RDONLY | unix.O_NONBLOCK | unix.O_CLOEXEC
 	var fd int
 	var err error
-	rerr := rawFd(b.rootFile, func(dir int) {
-		fd, err = unix.Openat2(dir, name, &unix.OpenHow{
-			// O_NONBLOCK: a FIFO dropped into the bucket must not block the open.
-			Flags:   unix.O_RDONLY | unix.O_NONBLOCK | unix.O_CLOEXEC,
-			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-		})
+	closed := false
+	rerr := rawFd(b.rootFile, func(root int) {
+		dir, base := path.Split(key)
+		if dir == "" {
+			fd, err = unix.Openat2(root, name, &unix.OpenHow{Flags: flags,
+				Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
+			return
+		}
+		// Others must be able to enter the directories on the way too
+		// (ownerMayRead), and what is checked must be the directories the
+		// file is opened in: each is opened in the one above and
+		// described from its descriptor (dirChain), an openat, an fstat
+		// and a close per directory. A directory closed to others is left
+		// to the general path, which judges it.
+		c := dirChain{base: root, prefix: bucket + "/"}
+		defer c.close()
+		if err = c.cd(strings.TrimSuffix(dir, "/")); err != nil {
+			return
+		}
+		if closed = !c.open(); closed {
+			return
+		}
+		fd, err = unix.Openat(c.top(), base, flags|unix.O_NOFOLLOW, 0)
 	})
-	if rerr != nil {
+	if rerr != nil || closed {
 		return nil, false
 	}
 	if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EINVAL) {

@@ -120,17 +120,18 @@ func (b *Backend) OpenImage(ctx context.Context, bucket, key string) (*os.File, 
 	if err != nil {
 		return nil, ObjectInfo{}, controlError(err)
 	}
+	// The volume gets the bytes the server reads with its own rights: only
+	// those of a file the bucket's owner could read, as for an export (a
+	// record travels with its file; see ownerMayRead). Checked first, as
+	// by a GET: the refusal must not say how the file changed.
+	if err := readableByOwner(r, bucket, key, o.st); err != nil {
+		o.f.Close()
+		return nil, ObjectInfo{}, err
+	}
 	if why != "" {
 		o.f.Close()
 		return nil, ObjectInfo{}, errs.Conflict("ObjectModifiedOutsideS3",
 			"object s3://%s/%s was modified outside S3 (%s); export the file again to accept its content", bucket, key, why)
-	}
-	// The volume gets the bytes the server reads with its own rights: only
-	// those of a file the bucket's owner could read, as for an export (a
-	// record travels with its file; see ownerMayRead).
-	if err := readableByOwner(r, bucket, key, o.st); err != nil {
-		o.f.Close()
-		return nil, ObjectInfo{}, err
 	}
 	oi := info(bucket, key, b.objectPath(bucket, key), o.m)
 	oi.Inode = o.st.Ino

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"net/http"
@@ -23,14 +24,24 @@ import (
 // and no ETag (docs/objects.md).
 const storageClassModified types.ObjectStorageClass = "MODIFIED_OUTSIDE_S3"
 
+// storageClassDenied flags, in listings, an object that GET refuses with
+// AccessDenied (ownerMayRead): the entry shows nothing of the file — no
+// ETag, size 0, Last-Modified the Unix epoch (docs/objects.md).
+const storageClassDenied types.ObjectStorageClass = "ACCESS_DENIED"
+
+// deniedTime is the Last-Modified of a storageClassDenied entry.
+var deniedTime = time.Unix(0, 0).UTC()
+
 // listEntry is backend.Walk's GetObjFunc: regular files with a valid key
-// and basalt metadata are objects; everything else is skipped.
-func (b *Backend) listEntry(r *os.Root, bucket string) backend.GetObjFunc {
+// and basalt metadata are objects; everything else is skipped. Files are
+// opened through c, which judges the directories they are in once per
+// directory, not per object (dirChain).
+func (b *Backend) listEntry(c *dirChain, bucket string) backend.GetObjFunc {
 	return func(p string, d fs.DirEntry) (s3response.Object, error) {
 		if !d.Type().IsRegular() || checkKey(p) != nil {
 			return s3response.Object{}, backend.ErrSkipObj
 		}
-		o, why, err := b.inspect(r, bucket, p)
+		o, why, err := b.inspect(c, bucket, p)
 		if err != nil {
 			if !isNoSuchKey(err) {
 				b.log.Warn("listing skips a file", "bucket", bucket, "key", p, "err", err)
@@ -39,7 +50,13 @@ func (b *Backend) listEntry(r *os.Root, bucket string) backend.GetObjFunc {
 		}
 		defer o.f.Close()
 		key := p
-		if why != "" {
+		denied, ok := b.listDenied(c, bucket, p, o.st)
+		switch {
+		case !ok:
+			return s3response.Object{}, backend.ErrSkipObj
+		case denied:
+			return s3response.Object{Key: &key, Size: ptr(int64(0)), LastModified: ptr(deniedTime), StorageClass: storageClassDenied}, nil
+		case why != "":
 			size, mtime := o.st.Size, time.Unix(0, o.st.Mtim.Nano()).UTC()
 			return s3response.Object{Key: &key, Size: &size, LastModified: &mtime, StorageClass: storageClassModified}, nil
 		}
@@ -53,6 +70,22 @@ func (b *Backend) listEntry(r *os.Root, bucket string) backend.GetObjFunc {
 		}
 		return obj, nil
 	}
+}
+
+// listDenied reports whether a listing must flag the file st, opened at
+// p through c, as one GET refuses (ownerMayRead) — before and instead of
+// saying whether it changed: a listing must not show what GET would not.
+// ok is false if that could not be told: the listing then skips the file.
+// The directories judged are those c opened the file in, described as it
+// opened them; only the bucket directory's may cost an fstat here, once
+// per listing.
+func (b *Backend) listDenied(c *dirChain, bucket, p string, st *syscall.Stat_t) (denied, ok bool) {
+	d, err := refusal(c.stat, p, st, true)
+	if err != nil {
+		b.log.Warn("listing skips a file", "bucket", bucket, "key", p, "err", err)
+		return false, false
+	}
+	return d != nil, true
 }
 
 // listFS is a bucket's fs.FS for backend.Walk: a directory that cannot be
@@ -81,8 +114,13 @@ func (b *Backend) walk(ctx context.Context, bucket, prefix, delim, marker string
 		return backend.WalkResults{}, err
 	}
 	defer r.Close()
+	c, err := openChain(r)
+	if err != nil {
+		return backend.WalkResults{}, fmt.Errorf("list %s: %w", bucket, err)
+	}
+	defer c.close()
 	fsys := listFS{r.FS(), b.log}
-	get := b.listEntry(r, bucket)
+	get := b.listEntry(c, bucket)
 	res, err := backend.Walk(ctx, fsys, prefix, delim, marker, max, get, []string{versionsDir})
 	if err != nil {
 		return backend.WalkResults{}, err
@@ -108,7 +146,12 @@ func (b *Backend) hasObjects(ctx context.Context, r *os.Root, bucket, dir string
 	if dir != "." {
 		prefix = dir + "/"
 	}
-	res, err := backend.Walk(ctx, listFS{r.FS(), b.log}, prefix, "", "", 1, b.listEntry(r, bucket), []string{versionsDir})
+	c, err := openChain(r)
+	if err != nil {
+		return false, err
+	}
+	defer c.close()
+	res, err := backend.Walk(ctx, listFS{r.FS(), b.log}, prefix, "", "", 1, b.listEntry(c, bucket), []string{versionsDir})
 	if err != nil {
 		return false, err
 	}

@@ -575,11 +575,13 @@ func sortVersions(vs []versionEntry) {
 }
 
 // openVersion opens version vid ("" for the current object) of
-// bucket/key to serve it (GET, HEAD, a copy's source): checked like
-// openObject, and its file must be one the bucket's owner may read
-// (ownerMayRead).
+// bucket/key to serve it (GET, HEAD, a copy's source): its file must be
+// one the bucket's owner may read (ownerMayRead), and then match its
+// record (else ObjectModifiedOutsideS3). In that order: the answer for a
+// file the owner may not read must not say how it changed (its size or
+// mtime), as a listing does not (listDenied).
 func (b *Backend) openVersion(r *os.Root, bucket, key, vid string) (*object, error) {
-	o, name, err := b.findVersion(r, bucket, key, vid)
+	o, name, why, err := b.findVersion(r, bucket, key, vid)
 	if err != nil {
 		return nil, err
 	}
@@ -587,19 +589,23 @@ func (b *Backend) openVersion(r *os.Root, bucket, key, vid string) (*object, err
 		o.f.Close()
 		return nil, err
 	}
+	if why != "" {
+		o.f.Close()
+		return nil, errModified(bucket, name, why)
+	}
 	return o, nil
 }
 
 // findVersion opens version vid ("" for the current object) of
-// bucket/key, checked like openObject, and says at which path of the
-// bucket it found it.
-func (b *Backend) findVersion(r *os.Root, bucket, key, vid string) (*object, string, error) {
+// bucket/key, says at which path of the bucket it found it, and how the
+// file differs from its record (inspect).
+func (b *Backend) findVersion(r *os.Root, bucket, key, vid string) (*object, string, string, error) {
 	if vid == "" {
-		o, err := b.openObject(r, bucket, key)
-		return o, key, err
+		o, why, err := b.inspect(r, bucket, key)
+		return o, key, why, err
 	}
 	if !validVersionID(vid) {
-		return nil, "", errInvalidVersion(vid)
+		return nil, "", "", errInvalidVersion(vid)
 	}
 	want := vid
 	if want == nullVersion {
@@ -608,28 +614,24 @@ func (b *Backend) findVersion(r *os.Root, bucket, key, vid string) (*object, str
 	o, why, err := b.inspect(r, bucket, key)
 	if err == nil {
 		if o.versionID() == want {
-			if why != "" {
-				o.f.Close()
-				return nil, "", errModified(bucket, key, why)
-			}
-			return o, key, nil
+			return o, key, why, nil
 		}
 		o.f.Close()
 	} else if !isNoSuchKey(err) {
-		return nil, "", err
+		return nil, "", "", err
 	}
 	vf := versionFile(key, want)
-	o, err = b.openObject(r, bucket, vf)
+	o, why, err = b.inspect(r, bucket, vf)
 	if err == nil {
-		return o, vf, nil
+		return o, vf, why, nil
 	}
 	if !isNoSuchKey(err) {
-		return nil, "", err
+		return nil, "", "", err
 	}
 	if _, merr := r.Lstat(markerFile(key, want)); merr == nil {
-		return nil, "", s3err.GetAPIError(s3err.ErrMethodNotAllowed)
+		return nil, "", "", s3err.GetAPIError(s3err.ErrMethodNotAllowed)
 	}
-	return nil, "", s3err.GetNoSuchVersionErr(key, vid)
+	return nil, "", "", s3err.GetNoSuchVersionErr(key, vid)
 }
 
 // ListObjectVersions lists the current objects (IsLatest), their
@@ -657,6 +659,19 @@ func (b *Backend) ListObjectVersions(ctx context.Context, in *s3.ListObjectVersi
 	if err != nil {
 		return s3response.ListVersionsResult{}, err
 	}
+	// Files are opened through dirChains (listEntry): one for the current
+	// objects, one for the version files, as the keys' order walks both
+	// trees at once.
+	cur, err := openChain(r)
+	if err != nil {
+		return s3response.ListVersionsResult{}, err
+	}
+	defer cur.close()
+	old, err := openChain(r)
+	if err != nil {
+		return s3response.ListVersionsResult{}, err
+	}
+	defer old.close()
 	count := int32(0)
 	lastKey, lastVid := "", ""
 	seenCP := map[string]bool{}
@@ -685,7 +700,7 @@ func (b *Backend) ListObjectVersions(ctx context.Context, in *s3.ListObjectVersi
 				continue
 			}
 		}
-		vers, err := b.keyVersions(r, bucket, key)
+		vers, err := b.keyVersions(r, bucket, key, cur, old)
 		if err != nil {
 			return s3response.ListVersionsResult{}, err
 		}
@@ -761,12 +776,13 @@ func pageStart(vers []listedVersion, vid string) int {
 }
 
 // keyVersions returns key's current object and versions, newest first,
-// the first one marked IsLatest.
-func (b *Backend) keyVersions(r *os.Root, bucket, key string) ([]listedVersion, error) {
+// the first one marked IsLatest. It opens the current object through cur
+// and the version files through old (listEntry).
+func (b *Backend) keyVersions(r *os.Root, bucket, key string, cur, old *dirChain) ([]listedVersion, error) {
 	var out []listedVersion
 	k := key
-	describe := func(p, vid string) *s3response.ObjectVersion {
-		o, why, err := b.inspect(r, bucket, p)
+	describe := func(c *dirChain, p, vid string) *s3response.ObjectVersion {
+		o, why, err := b.inspect(c, bucket, p)
 		if err != nil {
 			if !isNoSuchKey(err) {
 				b.log.Warn("version listing skips a file", "bucket", bucket, "path", p, "err", err)
@@ -776,6 +792,15 @@ func (b *Backend) keyVersions(r *os.Root, bucket, key string) ([]listedVersion, 
 		defer o.f.Close()
 		f := false
 		v := &s3response.ObjectVersion{Key: &k, VersionId: ptr(showVersion(vid)), IsLatest: &f}
+		denied, ok := b.listDenied(c, bucket, p, o.st)
+		if !ok {
+			return nil
+		}
+		if denied {
+			v.Size, v.LastModified = ptr(int64(0)), ptr(deniedTime)
+			v.StorageClass = types.ObjectVersionStorageClass(storageClassDenied)
+			return v
+		}
 		if why != "" {
 			size, mtime := o.st.Size, time.Unix(0, o.st.Mtim.Nano()).UTC()
 			v.Size, v.LastModified = &size, &mtime
@@ -791,10 +816,10 @@ func (b *Backend) keyVersions(r *os.Root, bucket, key string) ([]listedVersion, 
 		}
 		return v
 	}
-	if o, err := b.openAny(r, bucket, key); err == nil {
+	if o, err := b.openAny(cur, bucket, key); err == nil {
 		o.f.Close()
 		vid := o.versionID()
-		if v := describe(key, vid); v != nil {
+		if v := describe(cur, key, vid); v != nil {
 			out = append(out, listedVersion{ver: v, id: vid, stamp: versionStamp(vid, o.st.Mtim.Nano())})
 		}
 	}
@@ -813,7 +838,7 @@ func (b *Backend) keyVersions(r *os.Root, bucket, key string) ([]listedVersion, 
 			out = append(out, listedVersion{mark: m, id: e.id, stamp: e.stamp})
 			continue
 		}
-		if v := describe(versionFile(key, e.id), e.id); v != nil {
+		if v := describe(old, versionFile(key, e.id), e.id); v != nil {
 			out = append(out, listedVersion{ver: v, id: e.id, stamp: e.stamp})
 		}
 	}
