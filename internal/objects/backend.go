@@ -289,6 +289,19 @@ func errNotOwnersFile(bucket, key string, uid uint32, d *denial) error {
 	}
 }
 
+// errNotKept: a versioned write or delete would keep as a version a
+// current file the gateway does not serve (errNotOwnersFile).
+func errNotKept(bucket, key string, uid uint32, d *denial) error {
+	return s3err.APIError{
+		Code: "AccessDenied",
+		Description: fmt.Sprintf("The object %s/%s cannot be replaced or deleted while versioning keeps old versions: its file "+
+			"belongs to uid %d and %s, but the directory %s belongs to uid %d, so the file may have been moved into the "+
+			"bucket by someone who may not read it, and kept as a version it would be served. Move or remove the file "+
+			"through the file system.", bucket, key, uid, d.closedTo(bucket), path.Join(bucket, d.foreign), d.uid),
+		HTTPStatusCode: http.StatusForbidden,
+	}
+}
+
 // errUnexportedFile: a write would replace a file someone put into the
 // bucket directly, which is not an object and may be nobody's copy but
 // this one.

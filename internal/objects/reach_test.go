@@ -465,3 +465,47 @@ func TestDirChain(t *testing.T) {
 		t.Errorf("%d descriptors open after close, %d before", after, before)
 	}
 }
+
+// A file GET refuses is not laundered through versioning: a versioned PUT
+// or DELETE over it would keep it as a version, in the gateway's own
+// directories, where the rule would serve it. Both are refused, and the
+// file stays where it is.
+func TestVersioningKeepsNoRefusedFile(t *testing.T) {
+	const mallory, victim = 4340, 4341
+	e := twoMappedUsers(t, mallory, victim)
+	vic, ver := filepath.Join(e.root, "vic"), filepath.Join(e.root, "ver")
+	mkBucket(t, e.alice, "ver")
+	// A bucket directory of the gateway's, and a directory of mallory's in it.
+	must(t, os.Chown(ver, 0, 0))
+	must(t, os.Chmod(ver, 0o755))
+	must(t, os.Mkdir(filepath.Join(ver, "d"), 0o755))
+	must(t, os.Chown(filepath.Join(ver, "d"), mallory, mallory))
+	runAs(t, victim, `mkdir "$1/team" && chmod 777 "$1/team"`, vic)
+	put(t, e.bob, "vic", "team/secret", "the victim's secret")
+	runAs(t, victim, `chmod 600 "$1/team/secret"`, vic)
+	runAs(t, mallory, `mv "$1/team/secret" "$2/d/stolen"`, vic, ver)
+	setVersioning(t, e.alice, "ver", types.BucketVersioningStatusEnabled)
+
+	_, err := e.alice.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String("ver"), Key: aws.String("d/stolen"),
+		Body: strings.NewReader("over it")})
+	if code(err) != "AccessDenied" {
+		t.Errorf("versioned PUT over a refused file: %v, want AccessDenied", err)
+	}
+	_, err = e.alice.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String("ver"), Key: aws.String("d/stolen")})
+	if code(err) != "AccessDenied" {
+		t.Errorf("versioned DELETE of a refused file: %v, want AccessDenied", err)
+	}
+	if got, err := getVersion(t, e.alice, "ver", "d/stolen", "null"); err == nil || strings.Contains(got, "secret") {
+		t.Errorf("GET ?versionId=null: %q, %v; want a refusal", got, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(ver, "d", "stolen")); err != nil || string(b) != "the victim's secret" {
+		t.Errorf("the refused file: %q, %v; want it left in place", b, err)
+	}
+	vs, err := e.alice.ListObjectVersions(ctx, &s3.ListObjectVersionsInput{Bucket: aws.String("ver")})
+	must(t, err)
+	for _, v := range vs.Versions {
+		if v.StorageClass != "ACCESS_DENIED" {
+			t.Errorf("a version kept: %s %s (%s)", aws.ToString(v.Key), aws.ToString(v.VersionId), v.StorageClass)
+		}
+	}
+}

@@ -223,7 +223,8 @@ func (b *Backend) publishWrite(r *os.Root, bucket, key string, tmp *os.File, m *
 
 // keepCurrent hard-links the current object bucket/key (if there is one)
 // to its version file and returns that path; nothing if the current
-// object is the null version and replaceNull is set. An object changed
+// object is the null version and replaceNull is set. A current file that
+// GET refuses (ownerMayRead) is not kept: the write or delete is refused. An object changed
 // behind S3 is kept as it is, its version still reported modified; one
 // whose record is invalid is kept as version lostVersionID with a record
 // that marks it modified.
@@ -236,6 +237,16 @@ func (b *Backend) keepCurrent(r *os.Root, bucket, key string, replaceNull bool) 
 		return "", err
 	}
 	defer o.f.Close()
+	// A file the bucket's owner could not read directly (moved in by
+	// someone who may) is not served; kept as a version, in the
+	// gateway's own directories, it would be.
+	d, err := judge(r, key, o.st)
+	if err != nil {
+		return "", fmt.Errorf("check the directories of %s/%s: %w", bucket, key, err)
+	}
+	if d != nil {
+		return "", errNotKept(bucket, key, o.st.Uid, d)
+	}
 	vid := o.versionID()
 	if replaceNull && vid == "" {
 		return "", nil
