@@ -3,9 +3,11 @@ package api
 import (
 	"context"
 	"net/http"
+	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
+	"github.com/basalt-storage/basalt/internal/pki"
 	"github.com/basalt-storage/basalt/internal/user"
 	"github.com/basalt-storage/basalt/internal/volume"
 )
@@ -23,11 +25,26 @@ func (s *Server) createUser(w http.ResponseWriter, r *http.Request, c volume.Cal
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, CreateUserResponse{User: userOut(u), Identity: Identity{
+	writeJSON(w, http.StatusCreated, CreateUserResponse{User: userOut(u), Identity: identityOut(id)})
+	return nil
+}
+
+func identityOut(id *pki.Identity) Identity {
+	return Identity{
 		CAPEM: string(id.CAPEM), CertPEM: string(id.CertPEM), KeyPEM: string(id.KeyPEM),
 		AccessKeyID: id.AccessKeyID, SecretAccessKey: id.SecretAccessKey,
 		S3Endpoint: id.S3Endpoint, S3Region: id.S3Region, S3CABundle: id.S3CABundle,
-	}})
+	}
+}
+
+// userCredentials issues new credentials for a user, revoking the
+// earlier ones (administrators only).
+func (s *Server) userCredentials(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
+	u, id, err := s.d.Users.RotateCredentials(r.Context(), r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, CredentialsResponse{User: userOut(u), Identity: identityOut(id)})
 	return nil
 }
 
@@ -220,7 +237,15 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request, c volume
 }
 
 func userOut(u *meta.User) User {
-	return User{Name: u.Name, Admin: u.Admin, UID: u.UID, GID: u.GID, AccessKeyID: u.AccessKeyID, CreatedAt: u.CreatedAt}
+	out := User{Name: u.Name, Admin: u.Admin, UID: u.UID, GID: u.GID, AccessKeyID: u.AccessKeyID, CreatedAt: u.CreatedAt,
+		Certificates: []Certificate{}, LegacyCertificates: !u.CertsListed}
+	now := time.Now()
+	for _, c := range u.Certs {
+		if !now.After(c.NotAfter) { // expired ones leave the list at its next write
+			out.Certificates = append(out.Certificates, Certificate{Serial: c.Serial, NotAfter: c.NotAfter, IssuedFor: c.IssuedFor})
+		}
+	}
+	return out
 }
 
 func progressOut(j *meta.Job) *Progress {

@@ -16,6 +16,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/cluster"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
+	"github.com/basalt-storage/basalt/internal/metrics"
 	"github.com/basalt-storage/basalt/internal/objects"
 	"github.com/basalt-storage/basalt/internal/user"
 	"github.com/basalt-storage/basalt/internal/volume"
@@ -42,18 +43,24 @@ type Deps struct {
 	// Cluster is membership (nodes.go); CACert the cluster CA (PEM).
 	Cluster *cluster.Service
 	CACert  []byte
+	// Metrics, if not nil, receives the API's request counts (metrics.go).
+	Metrics *metrics.Registry
 }
 
 // Server is the control API of one node.
 type Server struct {
-	d     Deps
-	mux   *http.ServeMux
-	ready atomic.Bool
+	d       Deps
+	mux     *http.ServeMux
+	ready   atomic.Bool
+	metrics *apiMetrics // nil: not counted
 }
 
 // New builds the API's handler tree.
 func New(d Deps) *Server {
 	s := &Server{d: d, mux: http.NewServeMux()}
+	if d.Metrics != nil {
+		s.metrics = newAPIMetrics(d.Metrics)
+	}
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /v1/openapi.json", s.openapi)
 	s.mux.HandleFunc("GET /v1/cluster/ca", s.clusterCA)
@@ -68,6 +75,7 @@ func New(d Deps) *Server {
 	s.route("GET /v1/users", s.admin(s.listUsers))
 	s.route("GET /v1/users/{name}", s.showUser)
 	s.route("DELETE /v1/users/{name}", s.admin(s.deleteUser))
+	s.route("POST /v1/users/{name}/credentials", s.admin(s.userCredentials))
 	s.route("POST /v1/volumes", s.createVolume)
 	s.route("GET /v1/volumes", s.listVolumes)
 	s.route("GET /v1/volumes/{id}", s.showVolume)
@@ -101,7 +109,13 @@ func New(d Deps) *Server {
 func (s *Server) SetReady(ok bool) { s.ready.Store(ok) }
 
 // ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.metrics != nil {
+		s.metrics.serve(w, r, s.mux)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 // TLSConfig is the API listener's TLS: client certificates are requested but
 // verified by the handler (authed), not by the handshake, so that a missing,

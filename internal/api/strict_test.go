@@ -327,6 +327,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		"ErrorDetail": ErrorDetail{}, "ErrorBody": ErrorBody{},
 		"CreateUserRequest": CreateUserRequest{}, "User": User{}, "Identity": Identity{},
 		"CreateUserResponse": CreateUserResponse{}, "CreateVolumeRequest": CreateVolumeRequest{},
+		"CredentialsResponse": CredentialsResponse{}, "Certificate": Certificate{},
 		"ExtendVolumeRequest": ExtendVolumeRequest{}, "CreateSnapshotRequest": CreateSnapshotRequest{},
 		"Progress": Progress{}, "JobResult": JobResult{}, "ScrubReport": block.ScrubReport{},
 		"LayerSpec": block.Spec{}, "LayerNode": block.Node{}, "VolumeType": VolumeType{},

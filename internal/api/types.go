@@ -69,10 +69,27 @@ type User struct {
 	GID         *int      `json:"gid,omitempty"`
 	AccessKeyID string    `json:"access_key_id"`
 	CreatedAt   time.Time `json:"created_at"`
+	// Certificates are the user's client certificates currently valid
+	// (issued, not revoked, not expired), oldest first.
+	Certificates []Certificate `json:"certificates"`
+	// LegacyCertificates: the record was written by a version before
+	// certificate lists, and any unexpired certificate issued for it is
+	// valid, listed or not, until new credentials are issued (or, for
+	// admin, a node's identity is issued or revoked).
+	LegacyCertificates bool `json:"legacy_certificates,omitempty"`
 }
 
-// Identity is returned once, by user creation: everything the user's
-// identity directory holds.
+// Certificate is a client certificate valid for a user (never its key).
+type Certificate struct {
+	Serial   string    `json:"serial"` // hex
+	NotAfter time.Time `json:"not_after"`
+	// IssuedFor is "user" (user create, user credentials) or "node NAME"
+	// (that node's local admin identity, revoked when it is removed).
+	IssuedFor string `json:"issued_for"`
+}
+
+// Identity is returned once, by user creation or new credentials:
+// everything the user's identity directory holds.
 type Identity struct {
 	CAPEM           string `json:"ca_pem"`
 	CertPEM         string `json:"cert_pem"`
@@ -88,6 +105,13 @@ type Identity struct {
 
 // CreateUserResponse is the answer to POST /v1/users.
 type CreateUserResponse struct {
+	User     User     `json:"user"`
+	Identity Identity `json:"identity"`
+}
+
+// CredentialsResponse is the answer to POST /v1/users/{name}/credentials:
+// the user with its new certificate and S3 key, and the new identity.
+type CredentialsResponse struct {
 	User     User     `json:"user"`
 	Identity Identity `json:"identity"`
 }

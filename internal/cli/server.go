@@ -94,6 +94,7 @@ command line wins over the environment, which wins over the file.`,
 	f.StringVar(&cfg.EtcdClient, "etcd-client", "127.0.0.1:2379", "embedded etcd client listen address")
 	f.StringVar(&cfg.EtcdPeer, "etcd-peer", "127.0.0.1:2380", "embedded etcd peer listen address")
 	f.StringVar(&cfg.EtcdHTTP, "etcd-http", "", "embedded etcd's /metrics and /health listen address, TLS like --etcd-client (default: a free loopback port, logged at start)")
+	f.StringVar(&cfg.Metrics, "metrics", "", "Prometheus /metrics listen address, plain HTTP, e.g. 127.0.0.1:9464 (default: none; nothing is counted)")
 	f.StringVar(&cfg.Name, "name", "", "node name (default: host name)")
 	f.StringVar(&cfg.Advertise, "advertise", "", "host name other nodes and clients use for this node")
 	f.StringSliceVar(&endpoints, "meta-endpoints", nil, "use this external etcd cluster (comma-separated URLs) instead of the embedded member")

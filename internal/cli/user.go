@@ -51,10 +51,7 @@ func userCmd(g *globals) *cobra.Command {
 				discard()
 				return err
 			}
-			id := &pki.Identity{CAPEM: []byte(r.Identity.CAPEM), CertPEM: []byte(r.Identity.CertPEM),
-				KeyPEM: []byte(r.Identity.KeyPEM), AccessKeyID: r.Identity.AccessKeyID, SecretAccessKey: r.Identity.SecretAccessKey,
-				S3Endpoint: r.Identity.S3Endpoint, S3Region: r.Identity.S3Region, S3CABundle: r.Identity.S3CABundle}
-			if err := id.Write(out); err != nil {
+			if err := identityOf(r.Identity).Write(out); err != nil {
 				return errs.New(errs.KindInternal, CodeIdentity, "user %s was created but its identity could not be written: %v", args[0], err)
 			}
 			return g.emit(r.User, func(w *tabwriter.Writer) {
@@ -66,6 +63,47 @@ func userCmd(g *globals) *cobra.Command {
 	create.Flags().IntVar(&gid, "gid", 0, "cluster gid the user maps to")
 	create.Flags().StringVar(&out, "out", "", "directory to write the identity to (ca.pem cert.pem key.pem s3.env)")
 	create.Flags().BoolVar(&admin, "admin", false, "make the user an administrator")
+
+	var credOut string
+	credentials := &cobra.Command{
+		Use:   "credentials NAME --out DIR",
+		Short: "issue new credentials for a user (certificate and S3 keys) and revoke the earlier ones",
+		Long: `Issue a new identity for an existing user — a client certificate and a new S3 key
+pair — written to DIR, and revoke every earlier certificate and the earlier S3 keys of
+the user, on every node (for admin: the nodes' local admin identities too; each node
+writes itself a new one at its next start). The user keeps its volumes, snapshots and
+buckets. DIR must not hold an identity already: give a new directory, then replace the
+old one with it.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if credOut == "" {
+				return usageErr("--out DIR is required: the directory the new identity is written to")
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			// As for create: the answer holds the only copy of the new
+			// key and secret, and the old ones are revoked by then.
+			discard, err := prepareIdentityDir(credOut)
+			if err != nil {
+				return err
+			}
+			r, err := c.UserCredentials(ctx(), args[0])
+			if err != nil {
+				discard()
+				return err
+			}
+			if err := identityOf(r.Identity).Write(credOut); err != nil {
+				return errs.New(errs.KindInternal, CodeIdentity,
+					"new credentials for user %s were issued (the earlier ones are revoked) but could not be written: %v; issue new credentials again", args[0], err)
+			}
+			return g.emit(r.User, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "issued new credentials for user %s; identity written to %s; its earlier certificates and S3 keys are revoked\n", r.User.Name, credOut)
+			})
+		},
+	}
+	credentials.Flags().StringVar(&credOut, "out", "", "directory to write the new identity to (must not hold an identity)")
 
 	list := &cobra.Command{
 		Use: "list", Short: "list users", Args: cobra.NoArgs,
@@ -100,6 +138,17 @@ func userCmd(g *globals) *cobra.Command {
 			return g.emit(u, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "name:\t%s\nadmin:\t%v\nuid:\t%s\ngid:\t%s\naccess key:\t%s\ncreated:\t%s\n",
 					u.Name, u.Admin, optInt(u.UID), optInt(u.GID), u.AccessKeyID, u.CreatedAt.Format("2006-01-02 15:04:05"))
+				switch {
+				case u.LegacyCertificates:
+					fmt.Fprintf(w, "certificates:\tany issued for this user before the upgrade (legacy record; issue new credentials to list them)\n")
+				case len(u.Certificates) == 0:
+					fmt.Fprintf(w, "certificates:\tnone\n")
+				default:
+					fmt.Fprintf(w, "certificates:\n")
+				}
+				for _, c := range u.Certificates {
+					fmt.Fprintf(w, "  %s\t%s\texpires %s\n", c.Serial, c.IssuedFor, c.NotAfter.Format("2006-01-02 15:04:05"))
+				}
 			})
 		},
 	}
@@ -118,8 +167,15 @@ func userCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(create, list, show, del)
+	cmd.AddCommand(create, credentials, list, show, del)
 	return cmd
+}
+
+// identityOf is the identity directory an answer carries.
+func identityOf(r api.Identity) *pki.Identity {
+	return &pki.Identity{CAPEM: []byte(r.CAPEM), CertPEM: []byte(r.CertPEM),
+		KeyPEM: []byte(r.KeyPEM), AccessKeyID: r.AccessKeyID, SecretAccessKey: r.SecretAccessKey,
+		S3Endpoint: r.S3Endpoint, S3Region: r.S3Region, S3CABundle: r.S3CABundle}
 }
 
 // identityFiles are the files pki.Identity.Write writes.

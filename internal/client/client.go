@@ -123,6 +123,13 @@ func (c *Client) User(ctx context.Context, name string) (*api.User, error) {
 	return &out, c.do(ctx, "GET", "/v1/users/"+segment(name), nil, &out)
 }
 
+// UserCredentials issues new credentials for a user (revoking the earlier
+// ones) and returns the new identity.
+func (c *Client) UserCredentials(ctx context.Context, name string) (*api.CredentialsResponse, error) {
+	var out api.CredentialsResponse
+	return &out, c.do(ctx, "POST", "/v1/users/"+segment(name)+"/credentials", nil, &out)
+}
+
 // DeleteUser deletes a user.
 func (c *Client) DeleteUser(ctx context.Context, name string) error {
 	return c.do(ctx, "DELETE", "/v1/users/"+segment(name), nil, nil)

@@ -114,7 +114,15 @@ type Service struct {
 	ca   *pki.CA
 	self string
 	log  *slog.Logger
+	// revoke revokes the credentials issued to a node (its local admin
+	// identity); nil: none to revoke.
+	revoke func(ctx context.Context, node string) error
 }
+
+// SetRevoker makes Remove revoke the credentials issued to the node it
+// removes with f (the server passes the user service's RevokeNode). Call
+// it before the service answers requests.
+func (s *Service) SetRevoker(f func(ctx context.Context, node string) error) { s.revoke = f }
 
 // New makes the service of node self.
 func New(m *meta.Store, ca *pki.CA, self string, log *slog.Logger) *Service {
@@ -394,9 +402,14 @@ func memberOf(members []meta.Member, n *meta.Node) (meta.Member, bool) {
 	return meta.Member{}, false
 }
 
-// Remove takes node name out: its etcd member (if any) leaves the voters
-// and its registration goes. A running node that is removed stops (it
-// watches its own record). The cluster keeps at least one voter.
+// Remove takes node name out: its etcd member (if any) leaves the voters,
+// the credentials issued to it are revoked (SetRevoker: its local admin
+// identity) and its registration goes. A running node that is removed
+// stops (it watches its own record). The cluster keeps at least one voter.
+//
+// The revocation comes after the checks that may refuse the removal and
+// before the registration goes: a removal whose revocation failed leaves
+// the node registered, and asked again completes.
 func (s *Service) Remove(ctx context.Context, name string) error {
 	if name == s.self {
 		return errs.Conflict(CodeNodeIsSelf, "node %s cannot remove itself; ask another node", name)
@@ -446,6 +459,11 @@ func (s *Service) Remove(ctx context.Context, name string) error {
 					return errs.Conflict(CodeWouldLoseQuorum,
 						"removing voter %s now would leave too few live voters for a quorum (another voter is down, or joined moments ago); bring the voters up, or remove a voter that is down first, then retry", name)
 				}
+				return err
+			}
+		}
+		if s.revoke != nil {
+			if err := s.revoke(ctx, name); err != nil {
 				return err
 			}
 		}

@@ -40,7 +40,14 @@ func (s *Store) UserByAccessKey(ctx context.Context, access string) (*User, erro
 	if len(resp.Kvs) == 0 {
 		return nil, errs.NotFound("access key", access)
 	}
-	return s.User(ctx, string(resp.Kvs[0].Value))
+	u, err := s.User(ctx, string(resp.Kvs[0].Value))
+	if errs.IsCode(err, errs.CodeNotFound) || err == nil && u.AccessKeyID != access {
+		// The index and the record are written in one transaction;
+		// read apart, the key may have been replaced (new credentials)
+		// or its user deleted in between: the key is nobody's now.
+		return nil, errs.NotFound("access key", access)
+	}
+	return u, err
 }
 
 // Volume returns a volume, or a NotFound error.

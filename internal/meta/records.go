@@ -3,6 +3,7 @@ package meta
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -34,6 +35,51 @@ type User struct {
 	AccessKeyID string    `json:"access_key_id"`
 	SecretKey   string    `json:"secret_access_key"`
 	CreatedAt   time.Time `json:"created_at"`
+	// Certs lists the client certificates issued for the user and not
+	// revoked (expired ones are pruned at the next write). While
+	// CertsListed, a certificate is valid only if its serial is listed
+	// here; new credentials replace the list, a node's removal drops the
+	// node's entry.
+	//
+	// Records written before the lists (CertsListed false) accept any
+	// certificate carrying ID, as they did; Certs may already hold the
+	// certificates nodes recorded (user.Service.RecordCertificate). The
+	// first certificate issued or revoked under the lists sets
+	// CertsListed, and from then on every unlisted certificate is
+	// refused.
+	Certs       []UserCert `json:"certs,omitempty"`
+	CertsListed bool       `json:"certs_listed,omitempty"`
+}
+
+// UserCert is a client certificate issued for a user.
+type UserCert struct {
+	Serial    string    `json:"serial"` // hex, pki.SerialHex
+	NotAfter  time.Time `json:"not_after"`
+	IssuedFor string    `json:"issued_for"` // CertForUser, or CertForNode(name)
+}
+
+// CertForUser marks a certificate issued to the user (user create, new
+// credentials).
+const CertForUser = "user"
+
+// CertForNode marks the certificate of node name's local admin identity
+// (DATA/identities/admin): revoked when the node is removed.
+func CertForNode(name string) string { return "node " + name }
+
+// HasCert reports whether the certificate of serial is listed. Linear:
+// a user has a handful (one, plus one per node for admin).
+func (u *User) HasCert(serial string) bool {
+	for i := range u.Certs {
+		if u.Certs[i].Serial == serial {
+			return true
+		}
+	}
+	return false
+}
+
+// PruneCerts drops the listed certificates expired at now.
+func (u *User) PruneCerts(now time.Time) {
+	u.Certs = slices.DeleteFunc(u.Certs, func(c UserCert) bool { return now.After(c.NotAfter) })
 }
 
 // Job is a long-running piece of a workflow (a copy), persisted so that a

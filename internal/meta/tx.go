@@ -104,8 +104,13 @@ func (tx *Tx) Snapshot(id string) (*Snapshot, error) {
 // commits only while that node is gone.
 func (tx *Tx) Alive(node string) bool { return tx.stm.Get(prefixAlive+node) != "" }
 
-// PutUser writes a user and its S3 key index.
+// PutUser writes a user and its S3 key index. A record that replaces the
+// user's access key (new credentials) drops the old key's index entry, so
+// that the old key resolves to nobody.
 func (tx *Tx) PutUser(u *User) {
+	if prev, err := tx.User(u.Name); err == nil && prev != nil && prev.AccessKeyID != "" && prev.AccessKeyID != u.AccessKeyID {
+		tx.stm.Del(s3Key(prev.AccessKeyID))
+	}
 	u.Schema = SchemaVersion
 	tx.stm.Put(userKey(u.Name), encode(u))
 	if u.AccessKeyID != "" {

@@ -142,8 +142,8 @@ func (ca *CA) Pool() *x509.CertPool {
 // Issued is a freshly issued certificate and its private key, PEM-encoded.
 type Issued struct {
 	CertPEM, KeyPEM []byte
-	Serial          string // hex, as recorded in the user record
-	NotAfter        time.Time
+	Serial          string    // hex (SerialHex), as user records list it
+	NotAfter        time.Time // the certificate's, UTC
 }
 
 // IssueClient issues a client certificate for user name cn whose user record
@@ -191,6 +191,9 @@ func (ca *CA) issue(tmpl *x509.Certificate, notBefore, notAfter time.Time) (*Iss
 	if tmpl.NotAfter.After(ca.Cert.NotAfter) {
 		tmpl.NotAfter = ca.Cert.NotAfter
 	}
+	// Whole seconds, as the certificate encodes them: Issued.NotAfter,
+	// which user records list, is then the certificate's own.
+	tmpl.NotBefore, tmpl.NotAfter = tmpl.NotBefore.UTC().Truncate(time.Second), tmpl.NotAfter.UTC().Truncate(time.Second)
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.key)
 	if err != nil {
 		return nil, fmt.Errorf("issue certificate for %q: %w", tmpl.Subject.CommonName, err)

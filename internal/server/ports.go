@@ -12,13 +12,13 @@ import (
 // ephemeral range — freed a moment ago by this node's previous run — could
 // be handed to the member, and the node would fail to start.
 type ports struct {
-	api, nbd net.Listener
+	api, nbd, metrics net.Listener
 	// s3 only holds the gateway's port: versitygw binds its own listener
 	// from an address, so the hold is closed just before it does (release).
 	s3 net.Listener
 }
 
-// bindPorts binds the API, NBD and S3 addresses of cfg. A port 0 in the
+// bindPorts binds the API, NBD, S3 and metrics addresses of cfg. A port 0 in the
 // S3 address is replaced by the one bound, so the gateway, its URL in
 // s3.env and its certificate all name the same port.
 func (n *Node) bindPorts() error {
@@ -31,6 +31,11 @@ func (n *Node) bindPorts() error {
 	}
 	if n.ports.s3, err = net.Listen("tcp", n.cfg.S3); err != nil {
 		return fmt.Errorf("s3 listen %s: %w", n.cfg.S3, err)
+	}
+	if n.cfg.Metrics != "" {
+		if n.ports.metrics, err = net.Listen("tcp", n.cfg.Metrics); err != nil {
+			return fmt.Errorf("metrics listen %s: %w", n.cfg.Metrics, err)
+		}
 	}
 	if host, port, err := net.SplitHostPort(n.cfg.S3); err == nil && port == "0" {
 		_, bound, _ := net.SplitHostPort(n.ports.s3.Addr().String())
@@ -50,7 +55,7 @@ func (n *Node) releaseS3() {
 // closePorts closes the listeners no service has taken over (a start
 // that failed part way).
 func (n *Node) closePorts() {
-	for _, ln := range []*net.Listener{&n.ports.api, &n.ports.nbd, &n.ports.s3} {
+	for _, ln := range []*net.Listener{&n.ports.api, &n.ports.nbd, &n.ports.s3, &n.ports.metrics} {
 		if *ln != nil {
 			(*ln).Close()
 			*ln = nil

@@ -81,6 +81,9 @@ func (n *Node) startS3() error {
 		s3api.WithMiddleware("/", objects.Middleware()),
 		s3api.WithOnListen(func() { close(listening) }),
 	}
+	if n.metrics != nil {
+		opts = append(opts, s3api.WithMiddleware("/", newS3Metrics(n.metrics).middleware()))
+	}
 	if tlsOpt != nil {
 		opts = append(opts, tlsOpt)
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/keys"
 	"github.com/basalt-storage/basalt/internal/meta"
+	"github.com/basalt-storage/basalt/internal/metrics"
 	"github.com/basalt-storage/basalt/internal/nbd"
 	"github.com/basalt-storage/basalt/internal/objects"
 	"github.com/basalt-storage/basalt/internal/pki"
@@ -62,6 +63,7 @@ type Config struct {
 	EtcdClient    string
 	EtcdPeer      string
 	EtcdHTTP      string // the embedded member's /metrics and /health ("": a free loopback port)
+	Metrics       string // basalt's /metrics, plain HTTP ("": not served, nothing counted)
 	Name          string
 	Advertise     string
 	MetaEndpoints []string
@@ -111,6 +113,10 @@ type Node struct {
 	// stopBelonging ends registration upkeep (liveness, promotion).
 	stopBelonging context.CancelFunc
 	AdminDir      string
+	// metrics holds the node's series (nil without --metrics); served
+	// by metricsHTTP (metrics.go).
+	metrics     *metrics.Registry
+	metricsHTTP *http.Server
 }
 
 // Start brings a node up and returns once it serves. Stop it with Close.
@@ -141,6 +147,10 @@ func (n *Node) start(ctx context.Context) error {
 		return err
 	}
 	cfg = n.cfg // with the S3 port bound
+	if cfg.Metrics != "" {
+		n.metrics = metrics.New()
+		n.registerNodeMetrics()
+	}
 	pkiDir := filepath.Join(cfg.Data, "pki")
 	joined, err := n.join(ctx, pkiDir)
 	if err != nil {
@@ -161,6 +171,8 @@ func (n *Node) start(ctx context.Context) error {
 	n.stopMirror, n.usersByName = stop, n.meta.MirrorUsersByName(mctx)
 	n.users = user.New(n.meta, ca)
 	n.users.SetMirror(n.usersByName)
+	// Removing a node revokes its local admin identity (bootstrapAdmin).
+	n.cluster.SetRevoker(n.users.RevokeNode)
 	n.users.SetS3(n.s3URL(), s3Region)
 	if n.AdminDir, err = filepath.Abs(filepath.Join(cfg.Data, "identities", user.Admin)); err != nil {
 		return err
@@ -206,6 +218,7 @@ func (n *Node) start(ctx context.Context) error {
 		Volumes: n.volumes, Users: n.users, Status: n.status, Healthy: n.meta.Health,
 		Defrag: n.meta.Defrag, Log: log, NBDURI: n.attachmentURI,
 		Objects: n.objects, Bucket: n.meta.Bucket, Cluster: n.cluster, CACert: ca.CertPEM,
+		Metrics: n.metrics,
 	})
 	ln := n.ports.api
 	n.ports.api = nil
@@ -221,6 +234,7 @@ func (n *Node) start(ctx context.Context) error {
 			log.Error("api server stopped", "err", err)
 		}
 	}()
+	n.serveMetrics()
 	if err := n.belong(bg, joined); err != nil {
 		return err
 	}
@@ -247,6 +261,10 @@ func (n *Node) startNBD(ca *pki.CA, cert tls.Certificate) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	exports := n.volumes.NewExports(n.users.Authenticate)
+	if n.metrics != nil {
+		exports.CountRequests()
+		n.metrics.MustRegister(newNBDCollector(exports))
+	}
 	go exports.Run(ctx) // Open waits until it watches detaches
 	n.nbd = &nbd.Server{
 		Exports: exports,
@@ -362,14 +380,20 @@ func (n *Node) certNames() []string {
 }
 
 // bootstrapAdmin makes sure the admin user exists and that this node holds
-// a valid admin identity in DATA/identities/admin.
+// a valid admin identity in DATA/identities/admin, whose certificate the
+// admin record lists as this node's (meta.CertForNode): removing the node
+// revokes it (cluster.Service.Remove), and a new one replaces it.
 func (n *Node) bootstrapAdmin(ctx context.Context, ca *pki.CA) error {
-	_, id, err := n.users.Create(ctx, user.Spec{Name: user.Admin, Admin: true})
+	issuedFor := meta.CertForNode(n.cfg.Name)
+	_, id, err := n.users.Create(ctx, user.Spec{Name: user.Admin, Admin: true, IssuedFor: issuedFor})
 	if errs.IsCode(err, errs.CodeUserExists) {
-		if n.localAdminValid(ctx, ca) {
-			return nil
+		if c := n.localAdmin(ctx, ca); c != nil {
+			// An admin record of a version before certificate lists
+			// accepts the certificate by id; recorded, it stays
+			// valid once the record lists its certificates.
+			return n.users.RecordCertificate(ctx, user.Admin, c, issuedFor)
 		}
-		id, err = n.users.IssueIdentity(ctx, user.Admin)
+		id, err = n.users.IssueIdentity(ctx, user.Admin, issuedFor)
 	}
 	if err != nil {
 		return err
@@ -377,17 +401,21 @@ func (n *Node) bootstrapAdmin(ctx context.Context, ca *pki.CA) error {
 	return id.Write(n.AdminDir)
 }
 
-func (n *Node) localAdminValid(ctx context.Context, ca *pki.CA) bool {
+// localAdmin returns the certificate of this node's admin identity if it
+// authenticates and is valid for 30 more days, else nil.
+func (n *Node) localAdmin(ctx context.Context, ca *pki.CA) *x509.Certificate {
 	id, err := pki.LoadIdentity(n.AdminDir)
 	if err != nil {
-		return false
+		return nil
 	}
 	c, err := pki.ParseCertPEM(id.CertPEM)
 	if err != nil {
-		return false
+		return nil
 	}
-	_, err = n.users.Authenticate(ctx, []*x509.Certificate{c})
-	return err == nil && time.Until(c.NotAfter) > 30*24*time.Hour
+	if _, err = n.users.Authenticate(ctx, []*x509.Certificate{c}); err != nil || time.Until(c.NotAfter) <= 30*24*time.Hour {
+		return nil
+	}
+	return c
 }
 
 // Name is the node's name.
@@ -406,13 +434,20 @@ func (n *Node) Close() {
 	if n.stopBelonging != nil {
 		n.stopBelonging() // revokes the liveness lease: others see us go at once
 	}
+	if n.nbd != nil {
+		// Requests already received are answered (nbd.Server.Shutdown)
+		// while this node still holds its volumes' write leases.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		n.nbd.Shutdown(ctx)
+		cancel()
+	}
 	if n.http != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		n.http.Shutdown(ctx)
 		cancel()
 	}
-	if n.nbd != nil {
-		n.nbd.Close()
+	if n.metricsHTTP != nil {
+		n.metricsHTTP.Close()
 	}
 	if n.s3 != nil {
 		n.s3Closing.Store(true)

@@ -216,7 +216,7 @@ func TestIssueIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := s.IssueIdentity(ctx, name)
+	again, err := s.IssueIdentity(ctx, name, meta.CertForNode(uniq("node")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +233,7 @@ func TestIssueIdentity(t *testing.T) {
 			t.Fatalf("Authenticate: %+v, %v", c, err)
 		}
 	}
-	if _, err := s.IssueIdentity(ctx, uniq("nobody")); !errs.IsCode(err, errs.CodeNotFound) {
+	if _, err := s.IssueIdentity(ctx, uniq("nobody"), meta.CertForUser); !errs.IsCode(err, errs.CodeNotFound) {
 		t.Fatalf("IssueIdentity for a missing user: %v", err)
 	}
 }

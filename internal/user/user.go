@@ -1,14 +1,24 @@
 // Package user manages basalt users: it creates them (a record, a client
-// certificate signed by the cluster CA, an S3 key pair), deletes them, and
-// authenticates client certificates against the live records.
+// certificate signed by the cluster CA, an S3 key pair), issues them new
+// credentials, deletes them, and authenticates client certificates against
+// the live records.
 //
-// Revocation is by record: a certificate is accepted only while a user record
-// with the certificate's CN exists and carries the record id the certificate
-// was issued for. Deleting the record therefore revokes every certificate of
-// that user on every node at once, with no CRL to distribute; a user created
-// again under the same name gets a new id and none of the old certificates.
+// Revocation is by record, with no CRL to distribute. A certificate is
+// accepted only while a user record with the certificate's CN exists,
+// carries the record id the certificate was issued for, and lists the
+// certificate's serial (meta.User.Certs). Deleting the record therefore
+// revokes every certificate of that user on every node at once; a user
+// created again under the same name gets a new id and none of the old
+// certificates. New credentials (RotateCredentials) replace the list and
+// the S3 keys, keeping the id and so everything the user owns; a node's
+// removal drops its local admin identity from the list (RevokeIssuedFor).
 //
-// Callers: the api package (requests), the server package (admin bootstrap).
+// Records written before the lists (meta.User.CertsListed false) accept
+// any certificate carrying their id, as before, until the first
+// certificate issued or revoked under the lists.
+//
+// Callers: the api package (requests), the server package (admin
+// bootstrap, node removal).
 package user
 
 import (
@@ -20,6 +30,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
@@ -66,6 +77,10 @@ type Spec struct {
 	Name     string
 	UID, GID *int
 	Admin    bool
+	// IssuedFor is what the first certificate is recorded as issued for:
+	// meta.CertForUser when empty, meta.CertForNode(name) for the local
+	// admin identity of the node that creates the admin user.
+	IssuedFor string
 }
 
 // Create makes a user and returns its record and a fresh identity. The
@@ -87,6 +102,7 @@ func (s *Service) Create(ctx context.Context, sp Spec) (*meta.User, *pki.Identit
 	if err != nil {
 		return nil, nil, err
 	}
+	u.Certs, u.CertsListed = []meta.UserCert{certOf(is, sp.IssuedFor)}, true
 	err = s.meta.Update(ctx, func(tx *meta.Tx) error {
 		cur, err := tx.User(u.Name)
 		if err != nil {
@@ -101,14 +117,32 @@ func (s *Service) Create(ctx context.Context, sp Spec) (*meta.User, *pki.Identit
 	if err != nil {
 		return nil, nil, err
 	}
-	return u, &pki.Identity{CAPEM: s.ca.CertPEM, CertPEM: is.CertPEM, KeyPEM: is.KeyPEM,
-		AccessKeyID: u.AccessKeyID, SecretAccessKey: u.SecretKey, S3Endpoint: s.s3Endpoint, S3Region: s.s3Region,
-		S3CABundle: s.s3CABundle}, nil
+	return u, s.identity(u, is), nil
 }
 
-// IssueIdentity issues a new certificate for an existing user (used to give a
-// node a local admin identity when the admin record already exists).
-func (s *Service) IssueIdentity(ctx context.Context, name string) (*pki.Identity, error) {
+// identity is what a user's identity directory holds: is, and u's S3 keys.
+func (s *Service) identity(u *meta.User, is *pki.Issued) *pki.Identity {
+	return &pki.Identity{CAPEM: s.ca.CertPEM, CertPEM: is.CertPEM, KeyPEM: is.KeyPEM,
+		AccessKeyID: u.AccessKeyID, SecretAccessKey: u.SecretKey, S3Endpoint: s.s3Endpoint, S3Region: s.s3Region,
+		S3CABundle: s.s3CABundle}
+}
+
+func certOf(is *pki.Issued, issuedFor string) meta.UserCert {
+	if issuedFor == "" {
+		issuedFor = meta.CertForUser
+	}
+	return meta.UserCert{Serial: is.Serial, NotAfter: is.NotAfter.UTC(), IssuedFor: issuedFor}
+}
+
+// IssueIdentity issues a new certificate for an existing user, with the
+// user's S3 keys, and records it as issued for issuedFor (the server gives
+// each node a local admin identity this way: meta.CertForNode). It
+// replaces, and so revokes, the certificates earlier issued for the same
+// issuedFor other than meta.CertForUser: a node holds one local identity.
+// The user's other certificates stay valid. On a record written before
+// certificate lists, it starts the list: of the earlier certificates, only
+// those recorded (RecordCertificate) stay valid.
+func (s *Service) IssueIdentity(ctx context.Context, name, issuedFor string) (*pki.Identity, error) {
 	u, err := s.meta.User(ctx, name)
 	if err != nil {
 		return nil, err
@@ -117,9 +151,185 @@ func (s *Service) IssueIdentity(ctx context.Context, name string) (*pki.Identity
 	if err != nil {
 		return nil, err
 	}
-	return &pki.Identity{CAPEM: s.ca.CertPEM, CertPEM: is.CertPEM, KeyPEM: is.KeyPEM,
-		AccessKeyID: u.AccessKeyID, SecretAccessKey: u.SecretKey, S3Endpoint: s.s3Endpoint, S3Region: s.s3Region,
-		S3CABundle: s.s3CABundle}, nil
+	c := certOf(is, issuedFor)
+	if err := s.meta.Update(ctx, func(tx *meta.Tx) error {
+		cur, err := tx.User(name)
+		if err != nil {
+			return err
+		}
+		if cur == nil || cur.ID != u.ID {
+			// Deleted (and perhaps created again) since: the
+			// certificate carries the old id and is no use.
+			return errs.NotFound("user", name)
+		}
+		cur.PruneCerts(time.Now())
+		if c.IssuedFor != meta.CertForUser {
+			cur.Certs = slices.DeleteFunc(cur.Certs, func(x meta.UserCert) bool { return x.IssuedFor == c.IssuedFor })
+		}
+		cur.Certs, cur.CertsListed = append(cur.Certs, c), true
+		u = cur
+		tx.PutUser(cur)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	return s.identity(u, is), nil
+}
+
+// RecordCertificate lists leaf, a certificate issued for user name before
+// certificate lists, as issued for issuedFor (a node records its local
+// admin identity at start), so that it stays valid once the record starts
+// its list. The record stays as it is otherwise: it does nothing for a
+// record that lists certificates already (an unlisted certificate is not
+// valid then, and must not become so), nor when leaf carries another
+// record's id or is listed already.
+func (s *Service) RecordCertificate(ctx context.Context, name string, leaf *x509.Certificate, issuedFor string) error {
+	serial := pki.SerialHex(leaf.SerialNumber)
+	fresh := func(u *meta.User) bool {
+		return u.CertsListed || u.ID != pki.UserID(leaf) || u.HasCert(serial)
+	}
+	if u, err := s.meta.User(ctx, name); err != nil || fresh(u) {
+		return err
+	}
+	c := meta.UserCert{Serial: serial, NotAfter: leaf.NotAfter.UTC(), IssuedFor: issuedFor}
+	return s.meta.Update(ctx, func(tx *meta.Tx) error {
+		u, err := tx.User(name)
+		if err != nil || u == nil || fresh(u) {
+			return err
+		}
+		u.PruneCerts(time.Now())
+		if issuedFor != meta.CertForUser {
+			u.Certs = slices.DeleteFunc(u.Certs, func(x meta.UserCert) bool { return x.IssuedFor == issuedFor })
+		}
+		u.Certs = append(u.Certs, c)
+		tx.PutUser(u)
+		return nil
+	})
+}
+
+// RotateCredentials issues a new identity for an existing user — a
+// certificate and a new S3 key pair — and revokes every earlier
+// certificate and the earlier S3 keys of that user, nodes' local admin
+// identities included (those hold the admin's S3 keys too; a node writes
+// itself a new one at its next start). The record keeps its id, so the
+// user keeps its volumes, snapshots and buckets. As with Delete, this node
+// refuses the revoked credentials before the call returns; the others
+// within their mirror's watch latency.
+func (s *Service) RotateCredentials(ctx context.Context, name string) (*meta.User, *pki.Identity, error) {
+	u, err := s.meta.User(ctx, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	is, err := s.ca.IssueClient(u.Name, u.ID, pki.ClientValidity)
+	if err != nil {
+		return nil, nil, err
+	}
+	access, secret := accessKeyID(), secretKey()
+	var oldAccess string
+	var oldCerts []string // serials
+	if err := s.meta.Update(ctx, func(tx *meta.Tx) error {
+		cur, err := tx.User(name)
+		if err != nil {
+			return err
+		}
+		if cur == nil || cur.ID != u.ID {
+			return errs.NotFound("user", name)
+		}
+		oldAccess, oldCerts = cur.AccessKeyID, nil
+		for _, c := range cur.Certs {
+			oldCerts = append(oldCerts, c.Serial)
+		}
+		cur.AccessKeyID, cur.SecretKey = access, secret
+		cur.Certs, cur.CertsListed = []meta.UserCert{certOf(is, meta.CertForUser)}, true
+		u = cur
+		tx.PutUser(cur)
+		return nil
+	}); err != nil {
+		return nil, nil, err
+	}
+	if err := s.awaitMirror(ctx, name, func(m *meta.User) bool {
+		return m.ID != u.ID || m.CertsListed && m.AccessKeyID != oldAccess && !listsAny(m, oldCerts)
+	}); err != nil {
+		return nil, nil, errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
+			"new credentials for %s were issued and the earlier ones revoked, but this node's copy of the user records has not caught up within 5s: the new identity was not handed out; ask again for new credentials", name)
+	}
+	return u, s.identity(u, is), nil
+}
+
+// RevokeIssuedFor revokes the certificates of user name recorded as
+// issued for issuedFor (a removed node's local admin identity:
+// meta.CertForNode) and returns how many it dropped. Other certificates
+// stay valid. On a record written before certificate lists, it starts the
+// list: of the earlier certificates, only those recorded stay valid.
+//
+// This node refuses the revoked certificates once the call returns: its
+// mirror serves no user record again until it has seen this write
+// (meta.Mirror's read-your-writes), and Authenticate asks the store
+// meanwhile. Unlike Delete and RotateCredentials it does not wait for the
+// mirror as well: a node's removal revokes through it, when the removed
+// voter's departure may hold the watches up for seconds, and a removal
+// failed for that would leave the node half removed.
+func (s *Service) RevokeIssuedFor(ctx context.Context, name, issuedFor string) (int, error) {
+	var dropped []string // serials
+	if err := s.meta.Update(ctx, func(tx *meta.Tx) error {
+		u, err := tx.User(name)
+		if err != nil {
+			return err
+		}
+		if u == nil {
+			return errs.NotFound("user", name)
+		}
+		before := len(u.Certs)
+		dropped = nil
+		u.Certs = slices.DeleteFunc(u.Certs, func(x meta.UserCert) bool {
+			if x.IssuedFor == issuedFor {
+				dropped = append(dropped, x.Serial)
+				return true
+			}
+			return false
+		})
+		u.PruneCerts(time.Now())
+		if len(u.Certs) != before || !u.CertsListed {
+			u.CertsListed = true
+			tx.PutUser(u)
+		}
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	return len(dropped), nil
+}
+
+// listsAny reports whether u lists one of serials.
+func listsAny(u *meta.User, serials []string) bool {
+	for _, sn := range serials {
+		if u.HasCert(sn) {
+			return true
+		}
+	}
+	return false
+}
+
+// RevokeNode revokes the local admin identity issued to node (the
+// cluster package calls it when the node is removed).
+func (s *Service) RevokeNode(ctx context.Context, node string) error {
+	_, err := s.RevokeIssuedFor(ctx, Admin, meta.CertForNode(node))
+	if errs.IsCode(err, errs.CodeNotFound) {
+		return nil // no admin user (yet): nothing was issued
+	}
+	return err
+}
+
+// awaitMirror waits, briefly, until this node's mirror has user name as
+// done wants it (gone counts: deleted since), so that the node's next
+// request reads the write just made.
+func (s *Service) awaitMirror(ctx context.Context, name string, done func(*meta.User) bool) error {
+	if s.byName == nil {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return s.byName.Await(wctx, name, func(u *meta.User, ok bool) bool { return !ok || done(u) })
 }
 
 // Get returns a user.
@@ -152,16 +362,12 @@ func (s *Service) Delete(ctx context.Context, name string) error {
 	}); err != nil {
 		return err
 	}
-	if s.byName != nil {
-		// Revoked on this node before the answer: its next request with
-		// the deleted user's certificate is refused. Other nodes' mirrors
-		// follow within their watch's latency.
-		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if err := s.byName.Await(wctx, name, func(u *meta.User, ok bool) bool { return !ok || u.ID != id }); err != nil {
-			return errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
-				"user %s deleted, but this node has not seen the deletion yet: its certificates may work here a little longer", name)
-		}
+	// Revoked on this node before the answer: its next request with the
+	// deleted user's certificate is refused. Other nodes' mirrors follow
+	// within their watch's latency.
+	if err := s.awaitMirror(ctx, name, func(u *meta.User) bool { return u.ID != id }); err != nil {
+		return errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
+			"user %s deleted, but this node has not seen the deletion yet: its certificates may work here a little longer", name)
 	}
 	return nil
 }
@@ -202,15 +408,19 @@ func (s *Service) Authenticate(ctx context.Context, chain []*x509.Certificate) (
 			leaf.Subject.CommonName)
 	}
 	name := leaf.Subject.CommonName
-	// The mirror lags the store by its watch's latency: a user deleted a
-	// moment ago on another node may authenticate here for that long, as
-	// with any cached credential; a user created a moment ago is looked up.
+	// The mirror lags the store by its watch's latency: a certificate
+	// revoked a moment ago on another node may authenticate here for that
+	// long, as with any cached credential; a user created, or a
+	// certificate issued, a moment ago is looked up. The check of a valid
+	// certificate against a synced mirror is a map lookup and a scan of a
+	// few serials: no round trip.
 	u, found := s.lookupMirror(name)
 	var err error
-	if !found || pki.UserID(leaf) != u.ID {
-		// Not there, or another user of that name: the mirror may not
-		// have seen the user deleted and created again (through
-		// another node) whom the certificate was issued to. The store
+	if !found || !accepts(u, leaf) {
+		// Not there, another user of that name or a certificate the
+		// record does not list: the mirror may not have seen the user
+		// deleted and created again, or given new credentials (through
+		// another node), whom the certificate was issued to. The store
 		// says.
 		u, err = s.meta.User(ctx, name)
 	}
@@ -225,7 +435,29 @@ func (s *Service) Authenticate(ctx context.Context, chain []*x509.Certificate) (
 		return volume.Caller{}, errs.New(errs.KindUnauthenticated, errs.CodeCertificateRevoked,
 			"client certificate for %q is revoked: it was issued to an earlier user of that name", name)
 	}
+	if !accepts(u, leaf) {
+		return volume.Caller{}, errs.New(errs.KindUnauthenticated, errs.CodeCertificateRevoked,
+			"client certificate for %q (serial %s) is revoked: it is not among the user's current certificates (new credentials were issued for the user, or the node it was issued to was removed)%s",
+			name, pki.SerialHex(leaf.SerialNumber), revokedHint(u))
+	}
 	return volume.Caller{Name: u.Name, ID: u.ID, Admin: u.Admin}, nil
+}
+
+// accepts reports whether record u lets leaf in: issued for u's id, and
+// listed — or any of the id's, on a record of a version before lists.
+func accepts(u *meta.User, leaf *x509.Certificate) bool {
+	if pki.UserID(leaf) != u.ID {
+		return false
+	}
+	return !u.CertsListed || u.HasCert(pki.SerialHex(leaf.SerialNumber))
+}
+
+// revokedHint says how to get in again with a revoked certificate.
+func revokedHint(u *meta.User) string {
+	if u.Name == Admin {
+		return "; a node writes itself a new local admin identity at its next start"
+	}
+	return ""
 }
 
 // verify checks that chain leads to the cluster CA and its leaf may
