@@ -109,6 +109,20 @@ func (s *Service) delegated(ctx context.Context) {
 // runDelegatedSnapshot freezes snapshot sn, handed to this node, as the
 // volume's writer, unless this node already is.
 func (s *Service) runDelegatedSnapshot(ctx context.Context, sn *meta.Snapshot) {
+	s.asSnapshotWriter(ctx, sn, func(token int64) {
+		if _, err := s.finishSnapshot(ctx, sn.ID, sn.Node, token); errors.Is(err, errAdopted) {
+			s.logFor("snapshot", sn.ID).Info("delegated snapshot taken by another node meanwhile")
+		} else if err != nil {
+			s.logFor("snapshot", sn.ID).Error("delegated snapshot failed", "err", err)
+		}
+	})
+}
+
+// asSnapshotWriter runs fn for snapshot sn, being created for this node,
+// as the volume's writer (the write lease's token) with the volume's
+// writers stopped — unless a workflow of this node runs on sn already.
+// A node that cannot write the volume fails the snapshot.
+func (s *Service) asSnapshotWriter(ctx context.Context, sn *meta.Snapshot, fn func(token int64)) {
 	if !s.claim("snapshot/" + sn.ID) {
 		return
 	}
@@ -122,9 +136,5 @@ func (s *Service) runDelegatedSnapshot(ctx context.Context, sn *meta.Snapshot) {
 	gate := s.Gate(sn.VolumeID)
 	gate.Lock()
 	defer gate.Unlock()
-	if _, err := s.finishSnapshot(ctx, sn.ID, sn.Node, token); errors.Is(err, errAdopted) {
-		s.logFor("snapshot", sn.ID).Info("delegated snapshot taken by another node meanwhile")
-	} else if err != nil {
-		s.logFor("snapshot", sn.ID).Error("delegated snapshot failed", "err", err)
-	}
+	fn(token)
 }

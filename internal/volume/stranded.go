@@ -116,30 +116,19 @@ func (s *Service) claimed(key string) bool {
 // settleSnapshot ends the creation of snapshot sn, stranded: finished if
 // this node froze the volume for it already, else failed (errNotFrozen).
 func (s *Service) settleSnapshot(ctx context.Context, sn *meta.Snapshot) {
-	if !s.claim("snapshot/" + sn.ID) {
-		return
-	}
-	defer s.unclaim("snapshot/" + sn.ID)
-	done, token, err := s.asWriter(ctx, sn.VolumeID)
-	if err != nil {
-		s.failSnapshot(ctx, sn.ID, sn.Node, err)
-		return
-	}
-	defer done()
-	gate := s.Gate(sn.VolumeID)
-	gate.Lock()
-	defer gate.Unlock()
-	frozen, err := s.frozenFor(ctx, sn, token)
-	switch {
-	case err != nil:
-		s.failSnapshot(ctx, sn.ID, sn.Node, err)
-	case !frozen:
-		s.failSnapshot(ctx, sn.ID, sn.Node, errNotFrozen)
-	default:
-		if _, err := s.finishSnapshot(ctx, sn.ID, sn.Node, token); err != nil && s.ctx.Err() == nil {
-			s.logFor("snapshot", sn.ID).Error("stranded snapshot failed", "err", err)
+	s.asSnapshotWriter(ctx, sn, func(token int64) {
+		frozen, err := s.frozenFor(ctx, sn, token)
+		switch {
+		case err != nil:
+			s.failSnapshot(ctx, sn.ID, sn.Node, err)
+		case !frozen:
+			s.failSnapshot(ctx, sn.ID, sn.Node, errNotFrozen)
+		default:
+			if _, err := s.finishSnapshot(ctx, sn.ID, sn.Node, token); err != nil && s.ctx.Err() == nil {
+				s.logFor("snapshot", sn.ID).Error("stranded snapshot failed", "err", err)
+			}
 		}
-	}
+	})
 }
 
 // frozenFor reports whether the volume's cow layer has frozen its top for
