@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -281,10 +280,8 @@ func errModified(bucket, key, why string) error {
 func errNotOwnersFile(bucket, key string, uid uint32, d *denial) error {
 	return s3err.APIError{
 		Code: "AccessDenied",
-		Description: fmt.Sprintf("The object %s/%s is not served: its file belongs to uid %d and %s, but the "+
-			"directory %s belongs to uid %d, so the file may have been moved into the bucket by someone who "+
-			"may not read it. Its owner can keep it in directories of their own, or make it and its directories "+
-			"readable by others (chmod o+r, o+x).", bucket, key, uid, d.closedTo(bucket), path.Join(bucket, d.foreign), d.uid),
+		Description: fmt.Sprintf("The object %s/%s is not served: %s. Its owner can keep it in directories of their own, "+
+			"or make it and its directories readable by others (chmod o+r, o+x).", bucket, key, d.why(bucket, uid)),
 		HTTPStatusCode: http.StatusForbidden,
 	}
 }
@@ -294,10 +291,8 @@ func errNotOwnersFile(bucket, key string, uid uint32, d *denial) error {
 func errNotKept(bucket, key string, uid uint32, d *denial) error {
 	return s3err.APIError{
 		Code: "AccessDenied",
-		Description: fmt.Sprintf("The object %s/%s cannot be replaced or deleted while versioning keeps old versions: its file "+
-			"belongs to uid %d and %s, but the directory %s belongs to uid %d, so the file may have been moved into the "+
-			"bucket by someone who may not read it, and kept as a version it would be served. Move or remove the file "+
-			"through the file system.", bucket, key, uid, d.closedTo(bucket), path.Join(bucket, d.foreign), d.uid),
+		Description: fmt.Sprintf("The object %s/%s cannot be replaced or deleted while versioning keeps old versions: %s, "+
+			"and kept as a version it would be served. Move or remove the file through the file system.", bucket, key, d.why(bucket, uid)),
 		HTTPStatusCode: http.StatusForbidden,
 	}
 }

@@ -62,6 +62,12 @@ func (d *denial) closedTo(bucket string) string {
 	return "not everyone may read it"
 }
 
+// why says why a file of uid is refused, for a message.
+func (d *denial) why(bucket string, uid uint32) string {
+	return fmt.Sprintf("its file belongs to uid %d and %s, but the directory %s belongs to uid %d, so the file may have "+
+		"been moved into the bucket by someone who may not read it", uid, d.closedTo(bucket), path.Join(bucket, d.foreign), d.uid)
+}
+
 // refusal says why the file st at name (a path inside the bucket) is one
 // the bucket's owner might not read directly, nil if it is not. It is
 // served (GET, HEAD, copies, listings) and exported if anyone may read it
