@@ -170,7 +170,7 @@ func TestShutdownIdleAtOnce(t *testing.T) {
 	if err := s.Shutdown(context.Background()); err != nil {
 		t.Errorf("Shutdown: %v", err)
 	}
-	if d := time.Since(start); d > time.Second {
+	if d := time.Since(start); d > 3*time.Second { // "at once", with slack for a loaded machine
 		t.Errorf("Shutdown of a server with idle connections took %v", d)
 	}
 	for _, c := range []*rawClient{idle, haggling, greeted, tlsIdle} {
@@ -239,7 +239,7 @@ func stuckDevice(t *testing.T, configure func(*Server), stop func(*Server) error
 		close(b.release)
 		t.Fatalf("still waiting for a request stuck in the device after %v", time.Since(start))
 	}
-	if d := time.Since(start); d > 2*time.Second {
+	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("stopping took %v with a bound of 300ms", d)
 	}
 	c.expectClosed("stopped with a request stuck in the device")
@@ -273,7 +273,7 @@ func TestShutdownRefusesOptionInProgress(t *testing.T) {
 	if err := s.Shutdown(context.Background()); err != nil {
 		t.Errorf("Shutdown: %v", err)
 	}
-	if d := time.Since(start); d > time.Second {
+	if d := time.Since(start); d > 3*time.Second { // the handshake's 30 s would be the failure
 		t.Errorf("Shutdown took %v", d)
 	}
 	r, err := c.readOptReply()
