@@ -183,8 +183,20 @@ func TestClusterFencingPartition(t *testing.T) {
 	taken := leaseTakenAt(t, c, 1, vol.ID)
 	t.Logf("takeover %v after the cut (seen after %v); nbd_uri %s",
 		taken.Sub(cut).Round(time.Millisecond), moved.Sub(cut).Round(time.Millisecond), now.NBDURI)
-	// The new holder writes 0xbb over the whole region.
-	qemuIOGood(t, "the new holder's write", now.NBDURI, fmt.Sprintf("write -P 0xbb 0 %d", fenceRegion), "flush")
+	// The new holder writes 0xbb over the whole region. A hypervisor
+	// connects again after a refused handshake; the new holder must serve
+	// within 10 s of the takeover (the node logs why it refused one).
+	for {
+		r := qemuIO(t, now.NBDURI, fmt.Sprintf("write -P 0xbb 0 %d", fenceRegion), "flush")
+		if !qemuIOFailed(r) {
+			break
+		}
+		if time.Since(taken) > 10*time.Second {
+			t.Fatalf("the new holder's write: still refused %v after the takeover: %s", time.Since(taken).Round(time.Millisecond), r)
+		}
+		t.Logf("the new holder refused a connection %v after the takeover; connecting again: %s", time.Since(taken).Round(time.Millisecond), r)
+		time.Sleep(250 * time.Millisecond)
+	}
 	// The stale side goes on trying for a while.
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
 		w.write()
