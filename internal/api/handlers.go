@@ -108,6 +108,9 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request, c volume.Ca
 	if err != nil {
 		return err
 	}
+	if vs, err = page(w, r, vs, func(v *meta.Volume) position { return position{v.CreatedAt, v.ID} }); err != nil {
+		return err
+	}
 	as, err := s.d.Volumes.Attachments(r.Context(), c, "")
 	if err != nil {
 		return err
@@ -211,6 +214,9 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, c volume.
 	if err != nil {
 		return err
 	}
+	if ss, err = page(w, r, ss, func(sn *meta.Snapshot) position { return position{sn.CreatedAt, sn.ID} }); err != nil {
+		return err
+	}
 	out := make([]Snapshot, 0, len(ss))
 	for _, sn := range ss {
 		out = append(out, snapshotOut(sn))
@@ -295,6 +301,9 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request, c volume.Caller)
 func (s *Server) listAttachments(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
 	as, err := s.d.Volumes.Attachments(r.Context(), c, r.URL.Query().Get("volume"))
 	if err != nil {
+		return err
+	}
+	if as, err = page(w, r, as, func(a *meta.Attachment) position { return position{a.CreatedAt, a.ID} }); err != nil {
 		return err
 	}
 	out := make([]Attachment, 0, len(as))
