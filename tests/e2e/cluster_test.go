@@ -260,10 +260,11 @@ func TestClusterRemoveVoter(t *testing.T) {
 		t.Fatalf("attachment made through n1 has nbd_uri %s, want n1's (n1 holds the write lease)", a.NBDURI)
 	}
 	// Watched from before the removal (n1 shuts down while `node remove`
-	// runs): when another node serves the attachment.
+	// runs): when another node serves the attachment. Through n3 with n3's
+	// own admin identity: the removal revokes n1's (c.Admin's).
 	movedc, stop := make(chan attachmentMove, 1), make(chan struct{})
 	t.Cleanup(func() { close(stop) })
-	go watchAttachmentMove(c.Admin(2), a, movedc, stop)
+	go watchAttachmentMove(c.Nodes[2].Admin(), a, movedc, stop)
 	// Status asked of every node throughout, the removed one included:
 	// etcd's own status handler panics on a member between applying its
 	// removal and stopping, so a node must not ask it.
@@ -288,7 +289,7 @@ func TestClusterRemoveVoter(t *testing.T) {
 	// basalt's: room for a loaded machine.)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		r := c.Admin(1).Run("node", "remove", "n1")
+		r := c.Nodes[1].Admin().Run("node", "remove", "n1") // not n1's identity, which the removal revokes
 		if r.Code == 0 {
 			break
 		}
