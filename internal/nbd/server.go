@@ -100,11 +100,14 @@ func (s *Server) defaults() {
 	}
 }
 
-// Serve accepts connections on ln until Close.
+// Serve accepts connections on ln until Close or Shutdown, which close
+// it. Called after them (a goroutine that started late), it closes ln
+// itself: nobody else would, and its port would stay taken.
 func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		ln.Close()
 		return net.ErrClosed
 	}
 	s.defaults()

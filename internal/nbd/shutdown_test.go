@@ -491,3 +491,22 @@ func TestTLSCloseBounded(t *testing.T) {
 	}
 	c.close()
 }
+
+// A Serve that starts only after Close (its goroutine scheduled late)
+// closes its listener: the port is free for the next server.
+func TestServeAfterCloseFreesPort(t *testing.T) {
+	s := &Server{Exports: mapExports{}}
+	s.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Serve(ln); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Serve after Close: %v, want net.ErrClosed", err)
+	}
+	again, err := net.Listen("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatalf("the port after Serve returned: %v", err)
+	}
+	again.Close()
+}
