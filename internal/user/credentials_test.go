@@ -257,27 +257,9 @@ func TestExpiredCertificatesPruned(t *testing.T) {
 // still has the record without the new certificate (the store says);
 // once the mirror has it, a listed certificate costs no store read.
 func TestRotationThroughLaggingMirror(t *testing.T) {
-	env := metatest.Shared(t)
 	ctx := ctxT(t)
-	a := New(env.Meta, env.CA)
-	mb := env.Connect(t)
-	watches := metatest.BreakableWatches(mb)
-	kv := metatest.StallableKV(mb)
-	b := New(mb, env.CA)
-	mctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	mirror := mb.MirrorUsersByName(mctx)
-	b.SetMirror(mirror)
-	name := uniq("lag")
-	u, _, err := a.Create(ctx, Spec{Name: name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := mirror.Await(ctx, name, func(u *meta.User, ok bool) bool { return ok }); err != nil {
-		t.Fatal(err)
-	}
-	release := watches.BreakAndHold()
-	time.Sleep(1500 * time.Millisecond)
+	lag := newLaggingNode(t, "lag")
+	a, b, kv, mirror, name, u, release := lag.a, lag.b, lag.kv, lag.mirror, lag.name, lag.user, lag.release
 	_, fresh, err := a.RotateCredentials(ctx, name)
 	if err != nil {
 		t.Fatal(err)

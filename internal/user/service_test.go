@@ -382,29 +382,10 @@ func TestAuthenticateMetadataDown(t *testing.T) {
 // certificate on node b at once: a mirrored record of another id is
 // checked against the store, not taken for a revocation.
 func TestAuthenticateThroughLaggingMirror(t *testing.T) {
-	env := metatest.Shared(t)
 	ctx := ctxT(t)
-	a := New(env.Meta, env.CA)
-	mb := env.Connect(t)
-	watches := metatest.BreakableWatches(mb)
-	b := New(mb, env.CA)
-	mctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	mirror := mb.MirrorUsersByName(mctx)
-	b.SetMirror(mirror)
-	name := uniq("hana")
-	old, _, err := a.Create(ctx, Spec{Name: name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := mirror.Await(ctx, name, func(u *meta.User, ok bool) bool { return ok }); err != nil {
-		t.Fatal(err)
-	}
-	// b's mirror stops following: its watch broken and held, after the
-	// relist that follows a break (a second later) is done.
-	release := watches.BreakAndHold()
-	defer release()
-	time.Sleep(1500 * time.Millisecond)
+	lag := newLaggingNode(t, "hana")
+	defer lag.release()
+	a, b, mirror, name, old := lag.a, lag.b, lag.mirror, lag.name, lag.user
 	if err := a.Delete(ctx, name); err != nil {
 		t.Fatal(err)
 	}
@@ -422,4 +403,42 @@ func TestAuthenticateThroughLaggingMirror(t *testing.T) {
 	if c.ID != u2.ID {
 		t.Fatalf("authenticated as %s, want %s", c.ID, u2.ID)
 	}
+}
+
+// laggingNode is a user created through node a, and node b whose mirror
+// of the users had the user and then stopped following: its watch broken
+// and held, after the relist that follows a break (a second later) is
+// done. Its store connection (kv) can be stalled.
+type laggingNode struct {
+	a, b    *Service
+	kv      *metatest.KV
+	mirror  *meta.Mirror[*meta.User]
+	name    string
+	user    *meta.User
+	release func() // lets the mirror follow again
+}
+
+func newLaggingNode(t *testing.T, prefix string) *laggingNode {
+	t.Helper()
+	env := metatest.Shared(t)
+	ctx := ctxT(t)
+	l := &laggingNode{a: New(env.Meta, env.CA), name: uniq(prefix)}
+	mb := env.Connect(t)
+	watches := metatest.BreakableWatches(mb)
+	l.kv = metatest.StallableKV(mb)
+	l.b = New(mb, env.CA)
+	mctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	l.mirror = mb.MirrorUsersByName(mctx)
+	l.b.SetMirror(l.mirror)
+	var err error
+	if l.user, _, err = l.a.Create(ctx, Spec{Name: l.name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.mirror.Await(ctx, l.name, func(u *meta.User, ok bool) bool { return ok }); err != nil {
+		t.Fatal(err)
+	}
+	l.release = watches.BreakAndHold()
+	time.Sleep(1500 * time.Millisecond)
+	return l
 }
