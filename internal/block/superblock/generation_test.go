@@ -36,3 +36,43 @@ func TestWriteDoesNotWrapTheGeneration(t *testing.T) {
 		t.Fatalf("Write succeeded, but Open reads %q (%v)", got, err)
 	}
 }
+
+// A newest copy found in the slot its generation's parity does not name
+// (a misdirected write put it there, or a tool copied the file slot by
+// slot) is still the copy Read returns, so an update must not overwrite
+// it: were the update torn, Read would fall back to a copy two or more
+// generations old — neither the payload being written nor the previous.
+func TestWriteSparesAMisplacedCopy(t *testing.T) {
+	slot := func(m *memFile, i int) []byte {
+		if len(m.data) < 8192 {
+			m.data = append(m.data, make([]byte, 8192-len(m.data))...)
+		}
+		return m.data[i*4096 : (i+1)*4096]
+	}
+	m := &memFile{}
+	b := &Block{f: m, slotSize: 4096}
+	for _, p := range []string{"one", "two", "three"} { // generations 1, 2, 3
+		if err := b.Write([]byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Generation 3 moves into slot 0, over generation 2; slot 1 holds
+	// generation 1 again.
+	first := &memFile{}
+	if err := (&Block{f: first, slotSize: 4096}).Write([]byte("one")); err != nil {
+		t.Fatal(err)
+	}
+	copy(slot(m, 0), slot(m, 1))
+	copy(slot(m, 1), slot(first, 1))
+
+	b, got, err := OpenFile(m)
+	if err != nil || string(got) != "three" || b.Generation() != 3 {
+		t.Fatalf("open: %q gen %d, %v", got, b.Generation(), err)
+	}
+	// The next update is torn after its header: that slot is invalid.
+	m.tear, m.tearing = func(i int) bool { return i < headerSize }, true
+	b.Write([]byte("four"))
+	if _, got, err := OpenFile(&memFile{data: m.data}); err != nil || string(got) != "three" {
+		t.Fatalf("after a torn update: %q, %v; want the previous payload %q", got, err, "three")
+	}
+}

@@ -10,10 +10,15 @@
 // all big-endian; crc32c covers generation, slot size, length and payload.
 // Reading takes the valid slot with the highest generation; a slot is valid
 // when its magic, sizes and checksum are right. Writing puts generation g+1
-// into slot (g+1) mod 2 and fdatasyncs before returning.
+// into the slot that does not hold generation g — slot (g+1) mod 2 in a file
+// only this package wrote — and fdatasyncs before returning.
 //
 // Invariant: after Write returns, Read returns the written payload; after a
 // crash during Write, Read returns either that payload or the previous one.
+// Write never overwrites the copy Read would return: it chooses its slot by
+// where that copy is, not by the generation's parity, so a copy found in the
+// other slot (a misdirected write, a file copied slot by slot) is not the
+// one an update tears.
 package superblock
 
 import (
@@ -53,6 +58,9 @@ type Block struct {
 	f        File
 	slotSize int
 	gen      uint64
+	// cur is the slot holding generation gen, the copy Read returns;
+	// Write overwrites the other one. 0 before the first Write.
+	cur int
 }
 
 // Create makes a new superblock file at path holding payload, with slots
@@ -102,7 +110,7 @@ func Open(path string) (*Block, []byte, error) {
 func OpenFile(f File) (*Block, []byte, error) {
 	var best []byte
 	var bestGen uint64
-	slotSize := 0
+	slotSize, cur := 0, 0
 	// The slot size is in each header; read slot 0's header at 0, and try
 	// slot 1 at the size slot 0 claims, or at any page multiple if slot 0
 	// is torn (the slot size is small: scan up to 1024 pages).
@@ -122,7 +130,7 @@ func OpenFile(f File) (*Block, []byte, error) {
 		s1, size1, gen1, ok1 := readSlot(f, int64(off), off)
 		if ok1 {
 			if !ok0 || gen1 > bestGen {
-				best, bestGen, slotSize = s1, gen1, size1
+				best, bestGen, slotSize, cur = s1, gen1, size1, 1
 			}
 			break
 		}
@@ -130,7 +138,7 @@ func OpenFile(f File) (*Block, []byte, error) {
 	if slotSize == 0 {
 		return nil, nil, ErrCorrupt
 	}
-	return &Block{f: f, slotSize: slotSize, gen: bestGen}, best, nil
+	return &Block{f: f, slotSize: slotSize, gen: bestGen, cur: cur}, best, nil
 }
 
 // readSlot reads and validates the slot at off; want is the slot size the
@@ -196,14 +204,14 @@ func (b *Block) Write(payload []byte) error {
 	c := crc32.Update(0, castagnoli, buf[8:24])
 	c = crc32.Update(c, castagnoli, payload)
 	binary.BigEndian.PutUint32(buf[24:], c)
-	off := int64(gen%2) * int64(b.slotSize)
-	if _, err := b.f.WriteAt(buf, off); err != nil {
+	slot := 1 - b.cur
+	if _, err := b.f.WriteAt(buf, int64(slot)*int64(b.slotSize)); err != nil {
 		return fmt.Errorf("superblock: write: %w", err)
 	}
 	if err := b.f.Sync(); err != nil {
 		return fmt.Errorf("superblock: sync: %w", err)
 	}
-	b.gen = gen
+	b.gen, b.cur = gen, slot
 	return nil
 }
 

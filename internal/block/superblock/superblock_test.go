@@ -96,7 +96,7 @@ func TestTornWrites(t *testing.T) {
 	writeLen := headerSize + len(newP)
 	check := func(name string, tear func(int) bool) {
 		m := &memFile{data: bytes.Clone(base.data), tear: tear, tearing: true}
-		bb := &Block{f: m, slotSize: 4096, gen: b.gen}
+		bb := &Block{f: m, slotSize: 4096, gen: b.gen, cur: b.cur}
 		bb.Write(newP) // crashes
 		_, got, err := OpenFile(&memFile{data: m.data})
 		if err != nil {
@@ -119,7 +119,7 @@ func TestTornWrites(t *testing.T) {
 	}
 	// A complete write with the crash only at Sync is the new payload.
 	m := &memFile{data: bytes.Clone(base.data)}
-	bb := &Block{f: m, slotSize: 4096, gen: b.gen}
+	bb := &Block{f: m, slotSize: 4096, gen: b.gen, cur: b.cur}
 	if err := bb.Write(newP); err != nil {
 		t.Fatal(err)
 	}
