@@ -207,7 +207,7 @@ func (s *Server) objectsOp(op func(be *objects.Backend) func(ctx context.Context
 				if ctxErr := r.Context().Err(); ctxErr != nil {
 					return ctxErr
 				}
-				e, ok := errs.As(err)
+				e, ok := errs.Public(err)
 				if !ok {
 					s.d.Log.Error("internal error", "path", r.URL.Path, "bucket", o.Bucket, "key", o.Key, "err", err)
 					e = errs.New(errs.KindInternal, errs.CodeInternal, "internal error: %v", err)

@@ -241,7 +241,7 @@ func (s *Server) admin(h handler) handler {
 }
 
 func codeOf(err error) string {
-	if e, ok := errs.As(err); ok {
+	if e, ok := errs.Public(err); ok {
 		return e.Code
 	}
 	return errs.CodeInternal
@@ -249,7 +249,7 @@ func codeOf(err error) string {
 
 // writeError renders err; non-typed errors become 500 and are logged in full.
 func (s *Server) writeError(w http.ResponseWriter, err error) int {
-	e, ok := errs.As(err)
+	e, ok := errs.Public(err)
 	if !ok {
 		s.d.Log.Error("internal error", "err", err)
 		e = errs.New(errs.KindInternal, errs.CodeInternal, "internal error: %v", err)

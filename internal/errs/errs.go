@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"syscall"
 )
 
 // Kind is the class of an error; it fixes the HTTP status.
@@ -130,6 +131,29 @@ func As(err error) (*Error, bool) {
 	var e *Error
 	if errors.As(err, &e) {
 		return e, true
+	}
+	return nil, false
+}
+
+// Public is the error a caller is told of err: the *Error in its chain, or
+// for a file system's refusal for want of space or quota (ENOSPC, EDQUOT
+// anywhere in the chain: the store, or a directory of it, is full) a
+// KindInsufficientStorage InsufficientCapacity error naming it — something
+// the caller can act on by freeing space, not a fault of the server's. It
+// reports false for anything else (an internal error). Unlike As it is for
+// answering, not for deciding: a workflow that asks As whether a
+// transaction refused itself must not take a full disk for a refusal.
+func Public(err error) (*Error, bool) {
+	if e, ok := As(err); ok {
+		return e, true
+	}
+	switch {
+	case errors.Is(err, syscall.ENOSPC):
+		return New(KindInsufficientStorage, CodeInsufficientCapacity,
+			"the store's file system has no space left: %v; free space on it (or delete volumes, snapshots or objects) and retry", err), true
+	case errors.Is(err, syscall.EDQUOT):
+		return New(KindInsufficientStorage, CodeInsufficientCapacity,
+			"a file system quota of the store is exhausted: %v; raise the quota or free space under it and retry", err), true
 	}
 	return nil, false
 }

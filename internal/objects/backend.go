@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/gofiber/fiber/v3"
 	"github.com/versity/versitygw/auth"
 	"github.com/versity/versitygw/backend"
@@ -315,6 +316,31 @@ func metadataTooLarge(n int) error {
 		Description:    fmt.Sprintf("The object's metadata (%d bytes as stored) does not fit in the file system's extended attributes.", n),
 		HTTPStatusCode: http.StatusBadRequest,
 	}
+}
+
+// answer makes err, from operation op on bucket/key, one s3api answers
+// precisely. s3api answers 500 InternalError — which clients retry, the
+// aws cli four times — to any error that is not an s3err.S3Error itself
+// (it does not unwrap), and logs it only in its debug mode. So an S3Error
+// in a chain of context is unwrapped; a file system's refusal for want of
+// space or quota becomes 507 InsufficientCapacity (errs.Public: the same
+// code as the control API's), which clients do not retry and whose
+// message says what to do; and anything else is logged here, with the
+// request it failed, before s3api hides it.
+func (b *Backend) answer(err error, op string, bucket, key *string) error {
+	if err == nil {
+		return nil
+	}
+	var se s3err.S3Error
+	if errors.As(err, &se) {
+		return se
+	}
+	if e, ok := errs.Public(err); ok && e.Code == errs.CodeInsufficientCapacity {
+		b.log.Warn("s3 write refused: store full", "op", op, "bucket", str(bucket), "key", str(key), "err", err)
+		return s3err.APIError{Code: e.Code, Description: e.Message, HTTPStatusCode: e.Kind.Status()}
+	}
+	b.log.Error("s3 internal error", "op", op, "bucket", str(bucket), "key", str(key), "err", err)
+	return err
 }
 
 func errNoSuchKey() error    { return s3err.GetAPIError(s3err.ErrNoSuchKey) }

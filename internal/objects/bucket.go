@@ -40,7 +40,8 @@ func (b *Backend) record(ctx context.Context, bucket string) (*Bucket, error) {
 // CreateBucket records the bucket (owner: the caller, or the owner s3api
 // chose) in the BucketStore, then creates Root/<bucket>. The defaultACL
 // is not kept: GetBucketAcl derives the ACL from the record.
-func (b *Backend) CreateBucket(ctx context.Context, in *s3.CreateBucketInput, _ []byte) error {
+func (b *Backend) CreateBucket(ctx context.Context, in *s3.CreateBucketInput, _ []byte) (err error) {
+	defer func() { err = b.answer(err, "CreateBucket", in.Bucket, nil) }()
 	bucket := str(in.Bucket)
 	if err := checkBucketName(bucket); err != nil {
 		return err
@@ -62,7 +63,7 @@ func (b *Backend) CreateBucket(ctx context.Context, in *s3.CreateBucketInput, _ 
 		return s3err.GetAPIError(s3err.ErrBucketAlreadyExists)
 	}
 	dir := b.bucketDir(bucket)
-	err := os.Mkdir(dir, 0o755)
+	err = os.Mkdir(dir, 0o755)
 	if err == nil {
 		if err = b.giveDirTo(owner, dir); err != nil {
 			os.Remove(dir)

@@ -45,7 +45,8 @@ func copyFile(dst, src *os.File, n int64) error {
 // CopyObject copies an object within the store (same file system):
 // source checked like a GET, data cloned or copied into Work/tmp, then
 // published like a PUT. The copy keeps the source's ETag and checksum.
-func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput) (s3response.CopyObjectOutput, error) {
+func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput) (_ s3response.CopyObjectOutput, err error) {
+	defer func() { err = b.answer(err, "CopyObject", in.Bucket, in.Key) }()
 	dstBucket, dstKey := str(in.Bucket), str(in.Key)
 	srcBucket, srcKey, srcVersion, err := backend.ParseCopySource(str(in.CopySource))
 	if err != nil {

@@ -65,7 +65,8 @@ func (b *Backend) deleteObject(r *os.Root, bucket, key string, pre *backend.Obje
 }
 
 // DeleteObject deletes one object.
-func (b *Backend) DeleteObject(ctx context.Context, in *s3.DeleteObjectInput) (*s3.DeleteObjectOutput, error) {
+func (b *Backend) DeleteObject(ctx context.Context, in *s3.DeleteObjectInput) (_ *s3.DeleteObjectOutput, err error) {
+	defer func() { err = b.answer(err, "DeleteObject", in.Bucket, in.Key) }()
 	bucket, key := str(in.Bucket), str(in.Key)
 	status, err := b.versioning(ctx, bucket)
 	if err != nil {
@@ -138,9 +139,9 @@ func (b *Backend) DeleteObjects(ctx context.Context, in *s3.DeleteObjectsInput) 
 			res.Deleted = append(res.Deleted, d)
 			continue
 		}
-		code, msg := "InternalError", err.Error()
+		code, msg := "InternalError", "We encountered an internal error, please try again."
 		var se s3err.S3Error
-		if errors.As(err, &se) {
+		if errors.As(b.answer(err, "DeleteObjects", in.Bucket, &key), &se) {
 			code, msg = se.BaseError().Code, se.BaseError().Description
 		}
 		// s3api matches answers to the request's objects by key and

@@ -186,7 +186,8 @@ func (b *Backend) upload(bucket, key, id string) (*uploadInfo, string, error) {
 }
 
 // CreateMultipartUpload starts an upload.
-func (b *Backend) CreateMultipartUpload(ctx context.Context, in s3response.CreateMultipartUploadInput) (s3response.InitiateMultipartUploadResult, error) {
+func (b *Backend) CreateMultipartUpload(ctx context.Context, in s3response.CreateMultipartUploadInput) (_ s3response.InitiateMultipartUploadResult, err error) {
+	defer func() { err = b.answer(err, "CreateMultipartUpload", in.Bucket, in.Key) }()
 	bucket, key := str(in.Bucket), str(in.Key)
 	if err := checkKey(key); err != nil {
 		return s3response.InitiateMultipartUploadResult{}, err
@@ -236,7 +237,8 @@ func (b *Backend) CreateMultipartUpload(ctx context.Context, in s3response.Creat
 // directory: if the upload is removed meanwhile (removeUpload renames its
 // directory away first), the part answers NoSuchUpload, and what it had
 // put in goes with the upload.
-func (b *Backend) UploadPart(ctx context.Context, in *s3.UploadPartInput) (*s3.UploadPartOutput, error) {
+func (b *Backend) UploadPart(ctx context.Context, in *s3.UploadPartInput) (_ *s3.UploadPartOutput, err error) {
+	defer func() { err = b.answer(err, "UploadPart", in.Bucket, in.Key) }()
 	bucket, key, id := str(in.Bucket), str(in.Key), str(in.UploadId)
 	info, dir, err := b.upload(bucket, key, id)
 	if err != nil {
@@ -500,7 +502,8 @@ func (b *Backend) ListMultipartUploads(ctx context.Context, in *s3.ListMultipart
 // with matching ETags, all but the last at least 5 MiB), concatenates the
 // parts into a temp file (copy_file_range where possible), syncs it and
 // publishes it like a PUT; the ETag follows S3's multipart rule.
-func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMultipartUploadInput) (s3response.CompleteMultipartUploadResult, string, error) {
+func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMultipartUploadInput) (_ s3response.CompleteMultipartUploadResult, _ string, err error) {
+	defer func() { err = b.answer(err, "CompleteMultipartUpload", in.Bucket, in.Key) }()
 	var none s3response.CompleteMultipartUploadResult
 	bucket, key, id := str(in.Bucket), str(in.Key), str(in.UploadId)
 	if err := checkKey(key); err != nil {

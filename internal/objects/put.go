@@ -223,7 +223,8 @@ func (b *Backend) finish(rc *received, m *objectMeta) error {
 
 // PutObject stores an object: body to Work/tmp, metadata, fsync, rename
 // into Root/<bucket>/<key>, fsync of the directory; then it answers.
-func (b *Backend) PutObject(ctx context.Context, in s3response.PutObjectInput) (s3response.PutObjectOutput, error) {
+func (b *Backend) PutObject(ctx context.Context, in s3response.PutObjectInput) (_ s3response.PutObjectOutput, err error) {
+	defer func() { err = b.answer(err, "PutObject", in.Bucket, in.Key) }()
 	bucket, key := str(in.Bucket), str(in.Key)
 	if err := checkKey(key); err != nil {
 		return s3response.PutObjectOutput{}, err
