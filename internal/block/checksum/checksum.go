@@ -348,10 +348,24 @@ func (l *Layer) recover() error {
 		return nil
 	}
 	fixed := 0
+	written := influx[:0:0] // groups whose reconciled table the child took
 	for _, g := range influx {
 		t, n, err := l.reconcile(g, !l.readOnly, g*TableEntries, (g+1)*TableEntries)
 		if err != nil {
-			return fmt.Errorf("reconcile group %d: %w", g, err)
+			// A child that refuses the table (a full store) must not
+			// make the volume unavailable: the reconciled table is
+			// right, only writing it failed. It becomes the group's
+			// dirty table (I5: reads verify against it, the group stays
+			// in flux — its bit is durably set — and the next Flush
+			// writes it). Only a table that could not be computed, or
+			// no room to keep it, fails the open.
+			if t == nil || !l.dirty.put(g, t) {
+				return fmt.Errorf("reconcile group %d: %w", g, err)
+			}
+			l.groups[g].marked = true
+			l.log.Warn("reconciled table kept in memory: the child refused it; the next flush writes it", "group", g, "err", err)
+		} else {
+			written = append(written, g)
 		}
 		fixed += n
 		if l.readOnly {
@@ -360,19 +374,23 @@ func (l *Layer) recover() error {
 	}
 	l.reconciled.Store(int64(len(influx)))
 	l.log.Info("reconciled groups in flux after an unclean shutdown", "groups", len(influx), "entries_rewritten", fixed)
-	if l.readOnly || !l.cc.Flush {
+	if l.readOnly || !l.cc.Flush || len(written) == 0 {
 		// Without a flush nothing here is known durable: the bits stay,
 		// and the next open reconciles these groups again.
 		return nil
 	}
 	if err := l.child.Flush(); err != nil {
-		return fmt.Errorf("flush after reconcile: %w", err)
+		// The same: the bits stay, for the next Flush or open.
+		l.log.Warn("flush after reconcile failed; the groups stay in flux", "groups", len(written), "err", err)
+		return nil
 	}
-	for _, g := range influx {
+	for _, g := range written {
 		l.bm.Clear(g)
 	}
 	if err := l.bm.Sync(); err != nil {
-		return fmt.Errorf("in-flux map: %w", err)
+		// Cleared in memory only: the data is durable, and a bit left
+		// set on disk costs a reconcile at the next open, nothing more.
+		l.log.Warn("in-flux map not synced after reconcile", "err", err)
 	}
 	return nil
 }
@@ -771,7 +789,7 @@ func (l *Layer) markInFlux(g int64, st *groupState) error {
 // block keeps its entry, so that corruption stays reported. Entries
 // beyond the device's last block are zeroed. With write false nothing is
 // written. It returns the resulting table and the number of entries
-// changed. The caller holds the group lock exclusively (or is New).
+// changed — the table also when only writing it failed. The caller holds the group lock exclusively (or is New).
 func (l *Layer) reconcile(g int64, write bool, from, to int64) (*table, int, error) {
 	l.cache.drop(g)
 	// A dirty table (a live group whose write failed) holds the entries
@@ -832,7 +850,7 @@ func (l *Layer) reconcile(g int64, write bool, from, to int64) (*table, int, err
 	}
 	if write && (changed > 0 || dirty != nil) {
 		if err := l.writeTable(g, t, false); err != nil {
-			return nil, 0, err
+			return t, changed, err // the table is right; only writing it failed
 		}
 	} else if write {
 		l.cache.put(g, t)
