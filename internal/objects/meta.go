@@ -174,6 +174,13 @@ func (xattrMeta) attach(f *os.File, m *objectMeta) error {
 	if err == nil {
 		err = serr
 	}
+	if errors.Is(err, unix.ENOSPC) && storeFull(f) {
+		// ext4 answers ENOSPC both for a record too large for its xattr
+		// space and for no free block to put one in: on a full file
+		// system it is the latter, the caller's 507, not a 400 blaming
+		// the request's metadata.
+		return fmt.Errorf("set metadata xattr: %w", err)
+	}
 	if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.ERANGE) {
 		return metadataTooLarge(len(data))
 	}
@@ -181,6 +188,23 @@ func (xattrMeta) attach(f *os.File, m *objectMeta) error {
 		return fmt.Errorf("set metadata xattr: %w", err)
 	}
 	return nil
+}
+
+// storeFull reports whether the file system holding f has no block left
+// for this process that an xattr could take (an ext4 xattr block is one;
+// with one or none free, nothing fits). Root may use the blocks the file
+// system reserves; others only what is available to them.
+func storeFull(f *os.File) bool {
+	var st unix.Statfs_t
+	var serr error
+	if err := rawFd(f, func(fd int) { serr = unix.Fstatfs(fd, &st) }); err != nil || serr != nil {
+		return false
+	}
+	free := st.Bavail
+	if os.Geteuid() == 0 {
+		free = st.Bfree
+	}
+	return free <= 1
 }
 
 func (xattrMeta) commit(_, _ string, _ *objectMeta, rename func() error) error { return rename() }
