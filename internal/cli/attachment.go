@@ -14,7 +14,7 @@ func attachCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "attach VOLUME --host HOST [--mode rw|ro]",
 		Short: "attach a volume to a host; prints the NBD URI to use",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if req.Host == "" {
 				return usageErr("--host is required")
@@ -40,7 +40,7 @@ func detachCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "detach ATTACHMENT_ID",
 		Short: "detach: the export stops working and open NBD connections close",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -60,7 +60,7 @@ func attachmentCmd(g *globals) *cobra.Command {
 	cmd := group("attachment", "list and show attachments")
 	var volume string
 	list := &cobra.Command{
-		Use: "list [--volume V]", Short: "list attachments", Args: cobra.NoArgs,
+		Use: "list [--volume V]", Short: "list attachments", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -80,7 +80,7 @@ func attachmentCmd(g *globals) *cobra.Command {
 	}
 	list.Flags().StringVar(&volume, "volume", "", "only attachments of this volume")
 	show := &cobra.Command{
-		Use: "show ID", Short: "show an attachment", Args: cobra.ExactArgs(1),
+		Use: "show ID", Short: "show an attachment", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {

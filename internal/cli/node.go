@@ -13,7 +13,7 @@ import (
 func nodeCmd(g *globals) *cobra.Command {
 	cmd := group("node", "cluster membership (admin)")
 	list := &cobra.Command{
-		Use: "list", Short: "list the cluster's nodes: role (voter, learner, client) and health", Args: cobra.NoArgs,
+		Use: "list", Short: "list the cluster's nodes: role (voter, learner, client) and health", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -32,7 +32,7 @@ func nodeCmd(g *globals) *cobra.Command {
 		},
 	}
 	remove := &cobra.Command{
-		Use: "remove NAME", Short: "take a node out of the cluster (its metadata member too); a running node stops", Args: cobra.ExactArgs(1),
+		Use: "remove NAME", Short: "take a node out of the cluster (its metadata member too); a running node stops", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -48,7 +48,7 @@ func nodeCmd(g *globals) *cobra.Command {
 	}
 	var ttl time.Duration
 	token := &cobra.Command{
-		Use: "join-token [--ttl 24h]", Short: "issue a token a new node joins with (basalt server --join URL --join-token T)", Args: cobra.NoArgs,
+		Use: "join-token [--ttl 24h]", Short: "issue a token a new node joins with (basalt server --join URL --join-token T)", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
 			if err != nil {

@@ -42,7 +42,7 @@ func objectCmd(g *globals) *cobra.Command {
 		Short: "print the path of the file holding an object's bytes",
 		Long: "Prints the absolute path (as the server sees the store) of the file that holds, or would hold, " +
 			"BUCKET/KEY. With -o json: {bucket, key, path, exists, exported, modified}.",
-		Args: cobra.ExactArgs(1),
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			bucket, key, err := parseS3URI(args[0])
 			if err != nil {
@@ -64,7 +64,7 @@ func objectCmd(g *globals) *cobra.Command {
 	var recursive bool
 	pathsCmd := func(use, short, long, verb string, ownLinks bool, run func(c *client.Client, objs []api.ObjectRef) ([]api.ObjectResult, error)) *cobra.Command {
 		cmd := &cobra.Command{
-			Use: use, Short: short, Long: long, Args: cobra.MinimumNArgs(1),
+			Use: use, Short: short, Long: long, Args: minArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				c, err := g.client()
 				if err != nil {
@@ -156,7 +156,7 @@ func objectCmd(g *globals) *cobra.Command {
 			"--all also lists the files that are not objects (unexported; " +
 			"not counted as damage). Prints a table, or with -o json a list of {key, problem, detail}; exits 1 " +
 			"(code ObjectsDamaged) if any object is damaged.",
-		Args: cobra.ExactArgs(1),
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			bucket := strings.TrimSuffix(strings.TrimPrefix(args[0], "s3://"), "/")
 			c, err := g.client()

@@ -6,10 +6,11 @@
 // command-line flag, environment variable BASALT_<FLAG> (dashes become
 // underscores), the config file given by --config (server only), default.
 //
-// Errors print "error: MESSAGE (CODE)" on stderr and exit 1; with -o json the
-// error is also printed on stdout as {"error":{"code","message"}}, unless the
-// command printed its answer before failing (status of an unhealthy node,
-// object export, unexport and verify): stdout then holds that answer alone.
+// Errors print "error: MESSAGE (CODE)" on stderr and exit 1; with -o json
+// (or BASALT_OUTPUT=json) the error is also printed on stdout as
+// {"error":{"code","message"}}, unless the command printed its answer
+// before failing (status of an unhealthy node, object export, unexport and
+// verify): stdout then holds that answer alone.
 package cli
 
 import (
@@ -17,6 +18,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,6 +32,10 @@ import (
 	"github.com/spf13/pflag"
 )
 
+// defaultEndpoint is --endpoint's default: the API of a node on this
+// machine with the default --api.
+const defaultEndpoint = "https://127.0.0.1:8443"
+
 // globals are the flags every client command shares.
 type globals struct {
 	endpoint string
@@ -42,28 +48,40 @@ type globals struct {
 // Main runs the CLI with args and returns the process exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
 	g := &globals{stdout: stdout, stderr: stderr}
+	bound := false // whether PersistentPreRunE read the environment
 	root := &cobra.Command{
 		Use:           "basalt",
 		Short:         "basalt: block volumes, S3 objects and HA metadata over a parallel file system",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			if err := bindEnv(cmd); err != nil {
+			// Given empty on the line (an unset variable), --identity
+			// would fall back to ./basalt-data/identities/admin: a
+			// command meant for a user would run as the administrator.
+			// (BASALT_IDENTITY= stays "not set", as the environment is
+			// cleared so.)
+			if f := cmd.Flags().Lookup("identity"); f != nil && f.Changed && f.Value.String() == "" &&
+				cmd.Annotations[envAnnotation] != envEveryFlag {
+				return usageErr("--identity was given an empty value (an unset variable?): give it one, or leave the flag out")
+			}
+			err := bindEnv(cmd)
+			bound = true
+			if err != nil {
 				return err
 			}
 			if g.output != "table" && g.output != "json" {
-				return usageErr("-o must be table or json, not %q", g.output)
+				return usageErr("-o (or BASALT_OUTPUT) must be table or json, not %q", g.output)
 			}
-			return nil
+			return checkEmptyFlags(cmd)
 		},
 	}
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.endpoint, "endpoint", "https://127.0.0.1:8443", "control API URL (env BASALT_ENDPOINT)")
+	pf.StringVar(&g.endpoint, "endpoint", defaultEndpoint, "control API URL (env BASALT_ENDPOINT)")
 	pf.StringVar(&g.identity, "identity", "", "identity directory: ca.pem, cert.pem, key.pem (env BASALT_IDENTITY; default ./basalt-data/identities/admin when present)")
-	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json (env BASALT_OUTPUT)")
 	root.AddCommand(serverCmd(g), statusCmd(g), userCmd(g), volumeCmd(g), snapshotCmd(g), typeCmd(g),
 		attachCmd(g), detachCmd(g), attachmentCmd(g), metaCmd(g), versionCmd(g))
 	root.AddCommand(objectCmd(g), nodeCmd(g))
@@ -71,27 +89,39 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
-	if g.output != "json" && wantsJSON(args) {
-		g.output = "json" // parsing failed before -o was read
+	if !bound {
+		// Parsing the line failed (an unknown flag, a missing argument)
+		// before -o was read or the environment bound: BASALT_OUTPUT=json
+		// must get the error as JSON as -o json does.
+		g.output = earlyOutput(args)
 	}
 	g.printError(err)
 	return 1
 }
 
-// wantsJSON reports whether args ask for JSON output, for errors raised
-// before flag parsing completed.
-func wantsJSON(args []string) bool {
+// earlyOutput is the output format args ask for (the last -o, as for
+// pflag), else BASALT_OUTPUT's, for errors raised before flag parsing
+// completed.
+func earlyOutput(args []string) string {
+	out, given := "", false
 	for i, a := range args {
-		switch {
-		case a == "--":
-			return false
-		case a == "-ojson", a == "-o=json", a == "--output=json":
-			return true
-		case (a == "-o" || a == "--output") && i+1 < len(args) && args[i+1] == "json":
-			return true
+		if a == "--" {
+			break
+		}
+		for _, p := range []string{"--output=", "-o=", "-o"} {
+			if v, ok := strings.CutPrefix(a, p); ok && v != "" {
+				out, given = v, true
+				break
+			}
+		}
+		if (a == "-o" || a == "--output") && i+1 < len(args) {
+			out, given = args[i+1], true
 		}
 	}
-	return false
+	if !given {
+		out = os.Getenv("BASALT_OUTPUT")
+	}
+	return out
 }
 
 // group makes a command that only holds subcommands. Unlike cobra's
@@ -111,10 +141,70 @@ func group(use, short string) *cobra.Command {
 	}
 }
 
+// Checks of positional arguments, instead of cobra's: those name neither
+// the command nor what it takes ("accepts 1 arg(s), received 0"), and
+// call an argument given to a command that takes none an "unknown
+// command". What a command takes is read from its Use line.
+
+// noArgs is cobra.NoArgs.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageErr("%s takes no arguments, got %s (usage: %s)", cmd.CommandPath(), quoteArgs(args), cmd.UseLine())
+	}
+	return nil
+}
+
+// exactArgs is cobra.ExactArgs.
+func exactArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		switch {
+		case len(args) < n:
+			return usageErr("%s needs %s (usage: %s)", cmd.CommandPath(), argNames(cmd), cmd.UseLine())
+		case len(args) > n:
+			return usageErr("%s takes only %s; got %d arguments: %s (usage: %s)", cmd.CommandPath(), argNames(cmd),
+				len(args), quoteArgs(args), cmd.UseLine())
+		}
+		return nil
+	}
+}
+
+// minArgs is cobra.MinimumNArgs.
+func minArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) < n {
+			return usageErr("%s needs %s (usage: %s)", cmd.CommandPath(), argNames(cmd), cmd.UseLine())
+		}
+		return nil
+	}
+}
+
+// argNames are the arguments cmd's Use line names: the words after the
+// command's name, up to the first flag or optional part.
+func argNames(cmd *cobra.Command) string {
+	var names []string
+	for _, w := range strings.Fields(cmd.Use)[1:] {
+		if strings.HasPrefix(w, "-") || strings.HasPrefix(w, "[") {
+			break
+		}
+		names = append(names, w)
+	}
+	return strings.Join(names, " ")
+}
+
+func quoteArgs(args []string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = fmt.Sprintf("%q", a)
+	}
+	return strings.Join(q, " ")
+}
+
 // Client-side error codes (the server's are in package errs).
 const (
 	CodeUsage    = "UsageError"
 	CodeIdentity = "IdentityError"
+	// CodeInterrupted: Ctrl-C stopped a --wait (not the job).
+	CodeInterrupted = "Interrupted"
 )
 
 func usageErr(format string, a ...any) error {
@@ -169,8 +259,37 @@ func bindEnv(cmd *cobra.Command) error {
 	return err
 }
 
+// checkEmptyFlags refuses a client command's flag given an empty value.
+// Mostly it is a shell variable that was not set (--volume "$VOL"), and
+// read as the flag left out it changes the command's meaning: a list
+// filter is dropped (the unfiltered list answers), --from-snapshot ""
+// creates an empty volume instead of a clone. The server's flags are
+// exempt: an empty value in its environment or file means the default.
+// So are the flags whose commands refuse an empty value with a code of
+// their own, which scripts match on (--size "": InvalidSize).
+func checkEmptyFlags(cmd *cobra.Command) error {
+	if cmd.Annotations[envAnnotation] == envEveryFlag {
+		return nil
+	}
+	var err error
+	cmd.LocalFlags().VisitAll(func(f *pflag.Flag) {
+		if err == nil && f.Changed && f.Value.Type() == "string" && f.Value.String() == "" && !ownEmptyCheck[f.Name] {
+			err = usageErr("--%s was given an empty value (an unset variable?): give it one, or leave the flag out", f.Name)
+		}
+	})
+	return err
+}
+
+// ownEmptyCheck are the flags exempt from checkEmptyFlags: size
+// (InvalidSize), to (snapshot export: InvalidRequest), stack (type create:
+// InvalidStack).
+var ownEmptyCheck = map[string]bool{"size": true, "to": true, "stack": true}
+
 // client builds an API client from the global flags.
 func (g *globals) client() (*client.Client, error) {
+	if err := checkEndpoint(g.endpoint); err != nil {
+		return nil, err
+	}
 	dir := g.identity
 	if dir == "" {
 		def := filepath.Join("basalt-data", "identities", "admin")
@@ -191,6 +310,20 @@ func (g *globals) client() (*client.Client, error) {
 	return client.New(g.endpoint, tc), nil
 }
 
+// checkEndpoint refuses an --endpoint that is not an https:// URL the
+// API's paths can be appended to. The API is HTTPS only: http:// used to
+// get the server's plain-text 400 reported as an InternalError, and a URL
+// without a scheme a network error ("unsupported protocol scheme", code
+// Unreachable), neither saying that the flag was wrong.
+func checkEndpoint(ep string) error {
+	u, err := url.Parse(ep)
+	if err != nil || u.Scheme != "https" || u.Host == "" || u.Opaque != "" || u.User != nil ||
+		u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return usageErr("--endpoint (or BASALT_ENDPOINT) %q is not the control API's URL: want https://HOST:PORT", ep)
+	}
+	return nil
+}
+
 // emit prints v as JSON or, for tables, through table.
 func (g *globals) emit(v any, table func(w *tabwriter.Writer)) error {
 	if g.output == "json" {
@@ -209,10 +342,12 @@ func versionCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
 		Short: "print the version",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprintln(g.stdout, "basalt", version())
-			return nil
+			// -o json: a document, as every command prints.
+			return g.emit(map[string]string{"version": version()}, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "basalt", version())
+			})
 		},
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -34,7 +35,7 @@ func serverCmd(g *globals) *cobra.Command {
 Every flag can also be set with the environment variable BASALT_<FLAG>
 (e.g. BASALT_DATA) or in the YAML file given by --config; a flag on the
 command line wins over the environment, which wins over the file.`,
-		Args:        cobra.NoArgs,
+		Args:        noArgs,
 		Annotations: map[string]string{envAnnotation: envEveryFlag},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := applyConfigFile(cmd.Flags(), configFile); err != nil {
@@ -62,6 +63,10 @@ command line wins over the environment, which wins over the file.`,
 				if (cfg.JoinIdentity == "") == (cfg.JoinToken == "") {
 					return usageErr("--join needs exactly one of --identity DIR (an admin identity) or --join-token TOKEN")
 				}
+			} else if cfg.JoinToken != "" {
+				// Not ignored: the node would start a cluster of its own
+				// where a join was meant.
+				return usageErr("--join-token needs --join URL (the API of a node of the cluster to join)")
 			}
 			for _, e := range endpoints {
 				for _, p := range strings.Split(e, ",") {
@@ -169,11 +174,16 @@ func runServer(cfg server.Config, log *slog.Logger, g *globals) error {
 		}
 		return errs.New(errs.KindInternal, "ServerError", "server: %v", err)
 	}
+	ep := localEndpoint(n.APIAddr())
+	try := "BASALT_IDENTITY=" + n.AdminDir
+	if ep != defaultEndpoint {
+		try = "BASALT_ENDPOINT=" + ep + " " + try
+	}
 	fmt.Fprintf(g.stderr, `
-basalt node %q is ready: https://%s
+basalt node %q is ready: %s
 Admin identity: %s
-Try:  BASALT_IDENTITY=%s basalt status
-`, n.Name(), n.APIAddr(), n.AdminDir, n.AdminDir)
+Try:  %s basalt status
+`, n.Name(), ep, n.AdminDir, try)
 	select {
 	case <-ctx.Done():
 	case <-n.Done():
@@ -185,6 +195,21 @@ Try:  BASALT_IDENTITY=%s basalt status
 		return errs.New(errs.KindInternal, "ServerError", "server: %v", err)
 	}
 	return nil
+}
+
+// localEndpoint is the URL of the API listening on addr for a client on
+// this machine. An address without a host (--api :8443, the default)
+// listens on all of them, but "https://[::]:8443" is no URL to use: the
+// node's certificate does not name "::". Loopback it names, and reaches.
+func localEndpoint(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "https://" + addr
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return "https://" + net.JoinHostPort(host, port)
 }
 
 func version() string { return server.Version }

@@ -16,7 +16,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 	cmd := group("snapshot", "manage snapshots")
 	var req api.CreateSnapshotRequest
 	create := &cobra.Command{
-		Use: "create VOLUME [--name N]", Short: "snapshot a volume (instant: copy-on-write)", Args: cobra.ExactArgs(1),
+		Use: "create VOLUME [--name N]", Short: "snapshot a volume (instant: copy-on-write)", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.Volume = args[0]
 			c, err := g.client()
@@ -34,7 +34,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 	create.Flags().StringVar(&req.ClientToken, "client-token", "", "idempotency token")
 	var volume string
 	list := &cobra.Command{
-		Use: "list [--volume V]", Short: "list snapshots", Args: cobra.NoArgs,
+		Use: "list [--volume V]", Short: "list snapshots", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -54,7 +54,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 	}
 	list.Flags().StringVar(&volume, "volume", "", "only snapshots of this volume")
 	show := &cobra.Command{
-		Use: "show ID", Short: "show a snapshot", Args: cobra.ExactArgs(1),
+		Use: "show ID_OR_NAME", Short: "show a snapshot", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -68,7 +68,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 		},
 	}
 	del := &cobra.Command{
-		Use: "delete ID", Short: "delete a snapshot", Args: cobra.ExactArgs(1),
+		Use: "delete ID_OR_NAME", Short: "delete a snapshot", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -87,7 +87,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 	export := &cobra.Command{
 		Use:   "export SNAPSHOT --to s3://BUCKET/KEY [--wait]",
 		Short: "write a snapshot as a raw image object (a job; reflinked where the file system can)",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if to == "" {
 				return errs.Invalid(errs.CodeInvalidRequest, "--to s3://BUCKET/KEY is required")
@@ -116,21 +116,29 @@ func snapshotCmd(g *globals) *cobra.Command {
 
 // waitExport polls until the snapshot's export ends, drawing progress.
 func waitExport(g *globals, c *client.Client, id string) (*api.Snapshot, error) {
+	ctx, stop := waiting()
+	defer stop()
 	bar := newProgressBar(g.stderr)
+	job, follow := "export of snapshot "+id, "basalt snapshot show "+id
 	for {
-		sn, err := c.Snapshot(ctx(), id)
+		sn, err := c.Snapshot(ctx, id)
 		if err != nil {
-			return nil, err
+			bar.finish(false)
+			return nil, waitFailed(ctx, err, job, follow)
 		}
 		if sn.Progress == nil {
-			bar.done()
-			if j := sn.LastJob; j != nil && j.Error != "" {
-				return sn, errs.New(errs.KindInternal, "JobFailed", "export of snapshot %s failed: %s", sn.ID, j.Error)
+			failed := sn.LastJob != nil && sn.LastJob.Error != ""
+			bar.finish(!failed)
+			if failed {
+				return sn, errs.New(errs.KindInternal, "JobFailed", "export of snapshot %s failed: %s", sn.ID, sn.LastJob.Error)
 			}
 			return sn, nil
 		}
 		bar.draw(sn.Progress)
-		time.Sleep(200 * time.Millisecond)
+		if !pause(ctx) {
+			bar.finish(false)
+			return nil, waitFailed(ctx, nil, job, follow)
+		}
 	}
 }
 

@@ -12,7 +12,7 @@ import (
 
 func statusCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
-		Use: "status", Short: "show node, metadata and store health", Args: cobra.NoArgs,
+		Use: "status", Short: "show node, metadata and store health", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -61,7 +61,7 @@ func metaCmd(g *globals) *cobra.Command {
 	cmd.AddCommand(&cobra.Command{
 		Use:   "defrag",
 		Short: "compact and defragment the metadata store and clear a NOSPACE alarm",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
 			if err != nil {

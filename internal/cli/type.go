@@ -15,7 +15,7 @@ func typeCmd(g *globals) *cobra.Command {
 	cmd := group("type", "manage volume types (named layer stack templates)")
 	var stackFile, description string
 	create := &cobra.Command{
-		Use: "create NAME --stack FILE.json [--description D]", Short: "create a volume type (admin)", Args: cobra.ExactArgs(1),
+		Use: "create NAME --stack FILE.json [--description D]", Short: "create a volume type (admin)", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if stackFile == "" {
 				return errs.Invalid(errs.CodeInvalidStack, "--stack FILE.json is required (see docs/layers.md)")
@@ -41,7 +41,7 @@ func typeCmd(g *globals) *cobra.Command {
 	create.Flags().StringVar(&stackFile, "stack", "", "JSON file with the layer stack template")
 	create.Flags().StringVar(&description, "description", "", "one line for listings")
 	list := &cobra.Command{
-		Use: "list", Short: "list volume types", Args: cobra.NoArgs,
+		Use: "list", Short: "list volume types", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -60,7 +60,7 @@ func typeCmd(g *globals) *cobra.Command {
 		},
 	}
 	show := &cobra.Command{
-		Use: "show NAME", Short: "show a volume type and its stack", Args: cobra.ExactArgs(1),
+		Use: "show NAME", Short: "show a volume type and its stack", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -74,7 +74,7 @@ func typeCmd(g *globals) *cobra.Command {
 		},
 	}
 	del := &cobra.Command{
-		Use: "delete NAME", Short: "delete a volume type (admin; its volumes keep their stacks)", Args: cobra.ExactArgs(1),
+		Use: "delete NAME", Short: "delete a volume type (admin; its volumes keep their stacks)", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {

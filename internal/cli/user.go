@@ -21,7 +21,7 @@ func userCmd(g *globals) *cobra.Command {
 	create := &cobra.Command{
 		Use:   "create NAME --out DIR",
 		Short: "create a user and write its identity directory",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if out == "" {
 				return usageErr("--out DIR is required: the user's identity directory")
@@ -74,7 +74,7 @@ the user, on every node (for admin: the nodes' local admin identities too; each 
 writes itself a new one at its next start). The user keeps its volumes, snapshots and
 buckets. DIR must not hold an identity already: give a new directory, then replace the
 old one with it.`,
-		Args: cobra.ExactArgs(1),
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if credOut == "" {
 				return usageErr("--out DIR is required: the directory the new identity is written to")
@@ -106,7 +106,7 @@ old one with it.`,
 	credentials.Flags().StringVar(&credOut, "out", "", "directory to write the new identity to (must not hold an identity)")
 
 	list := &cobra.Command{
-		Use: "list", Short: "list users", Args: cobra.NoArgs,
+		Use: "list", Short: "list users", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -125,7 +125,7 @@ old one with it.`,
 		},
 	}
 	show := &cobra.Command{
-		Use: "show NAME", Short: "show a user", Args: cobra.ExactArgs(1),
+		Use: "show NAME", Short: "show a user", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -153,7 +153,7 @@ old one with it.`,
 		},
 	}
 	del := &cobra.Command{
-		Use: "delete NAME", Short: "delete a user, revoking its certificates and keys", Args: cobra.ExactArgs(1),
+		Use: "delete NAME", Short: "delete a user, revoking its certificates and keys", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {

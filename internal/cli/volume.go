@@ -29,9 +29,9 @@ func volumeCmd(g *globals) *cobra.Command {
 	var sz string
 	var wait bool
 	create := &cobra.Command{
-		Use:   "create --size SIZE [--name N] [--type T] [--from-snapshot ID | --from-object s3://B/K [--wait]] [--multiattach]",
+		Use:   "create --size SIZE [--name N] [--type T] [--from-snapshot SNAPSHOT | --from-object s3://B/K [--wait]] [--multiattach]",
 		Short: "create a volume (empty, from a snapshot, or from a raw image object)",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if sz == "" && req.FromSnapshot == "" && req.FromObject == "" {
 				return errs.Invalid(errs.CodeInvalidSize, "--size is required (e.g. 10GiB) unless --from-snapshot or --from-object is given")
@@ -70,7 +70,7 @@ func volumeCmd(g *globals) *cobra.Command {
 	f.StringVar(&req.ClientToken, "client-token", "", "idempotency token: repeating a create with it returns the first result")
 
 	list := &cobra.Command{
-		Use: "list", Short: "list volumes", Args: cobra.NoArgs,
+		Use: "list", Short: "list volumes", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -89,7 +89,7 @@ func volumeCmd(g *globals) *cobra.Command {
 		},
 	}
 	show := &cobra.Command{
-		Use: "show ID_OR_NAME", Short: "show a volume", Args: cobra.ExactArgs(1),
+		Use: "show ID_OR_NAME", Short: "show a volume", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -103,7 +103,7 @@ func volumeCmd(g *globals) *cobra.Command {
 		},
 	}
 	del := &cobra.Command{
-		Use: "delete ID", Short: "delete a volume and its data", Args: cobra.ExactArgs(1),
+		Use: "delete ID_OR_NAME", Short: "delete a volume and its data", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -119,7 +119,7 @@ func volumeCmd(g *globals) *cobra.Command {
 	}
 	var extSize string
 	extend := &cobra.Command{
-		Use: "extend ID --size SIZE", Short: "grow a volume", Args: cobra.ExactArgs(1),
+		Use: "extend ID_OR_NAME --size SIZE", Short: "grow a volume", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if extSize == "" {
 				return errs.Invalid(errs.CodeInvalidSize, "--size is required")
@@ -151,7 +151,7 @@ func volumeCmd(g *globals) *cobra.Command {
 func jobCmd(g *globals, job, short string) *cobra.Command {
 	var wait bool
 	cmd := &cobra.Command{
-		Use: job + " ID [--wait]", Short: short, Args: cobra.ExactArgs(1),
+		Use: job + " ID_OR_NAME [--wait]", Short: short, Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -234,15 +234,21 @@ func dash(s string) string {
 
 // waitJob polls until the volume's job ends, drawing progress.
 func waitJob(g *globals, c *client.Client, id string) (*api.Volume, error) {
+	ctx, stop := waiting()
+	defer stop()
 	bar := newProgressBar(g.stderr)
+	job, follow := "job of volume "+id, "basalt volume show "+id
 	for {
-		v, err := c.Volume(ctx(), id)
+		v, err := c.Volume(ctx, id)
 		if err != nil {
-			return nil, err
+			bar.finish(false)
+			return nil, waitFailed(ctx, err, job, follow)
 		}
 		if v.Progress == nil {
-			bar.done()
-			if j := v.LastJob; j != nil && j.Error != "" {
+			j := v.LastJob
+			failed := (j != nil && j.Error != "") || v.Status == "error"
+			bar.finish(!failed)
+			if j != nil && j.Error != "" {
 				return v, errs.New(errs.KindInternal, "JobFailed", "%s of volume %s failed: %s", j.Job, v.ID, j.Error)
 			}
 			if v.Status == "error" {
@@ -251,6 +257,10 @@ func waitJob(g *globals, c *client.Client, id string) (*api.Volume, error) {
 			return v, nil
 		}
 		bar.draw(v.Progress)
-		time.Sleep(200 * time.Millisecond)
+		job = v.Progress.Job + " of volume " + id
+		if !pause(ctx) {
+			bar.finish(false)
+			return nil, waitFailed(ctx, nil, job, follow)
+		}
 	}
 }
