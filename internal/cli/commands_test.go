@@ -1,6 +1,6 @@
 package cli
 
-// Review tests: the CLI against a real node (server.Start on loopback
+// Tests of the CLI against a real node (server.Start on loopback
 // ports, embedded etcd) or, where a node cannot be made to answer so, a
 // fake API server presenting a certificate of a test CA.
 
