@@ -7,7 +7,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -25,8 +27,13 @@ const (
 	// CodeUnreachable: no answer came back (or it broke off).
 	CodeUnreachable = "Unreachable"
 	// CodeBadResponse: an answer came back that is not the API's (a
-	// success whose body does not decode), e.g. from a proxy.
+	// success whose body does not decode, an error without the API's
+	// error body), e.g. from a proxy.
 	CodeBadResponse = "BadResponse"
+	// CodeServerUntrusted: the server's certificate is not one the
+	// identity's cluster CA signed for that host — another cluster's
+	// node, or not a basalt node at all. Retrying does not help.
+	CodeServerUntrusted = "ServerUntrusted"
 )
 
 // Client talks to one API endpoint.
@@ -65,6 +72,13 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
+		var unknownCA x509.UnknownAuthorityError
+		var badHost x509.HostnameError
+		var invalid x509.CertificateInvalidError
+		if errors.As(err, &unknownCA) || errors.As(err, &badHost) || errors.As(err, &invalid) {
+			return errs.New(errs.KindUnavailable, CodeServerUntrusted,
+				"%s is not a node of the cluster this identity belongs to (its certificate does not verify with the identity's ca.pem): %v; check --endpoint and --identity", c.base, err)
+		}
 		return errs.New(errs.KindUnavailable, CodeUnreachable, "cannot reach %s: %v", c.base, err)
 	}
 	defer resp.Body.Close()
@@ -77,8 +91,14 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		if json.Unmarshal(data, &eb) == nil && eb.Error.Code != "" {
 			return &errs.Error{Kind: errs.KindForStatus(resp.StatusCode), Code: eb.Error.Code, Message: eb.Error.Message}
 		}
-		return &errs.Error{Kind: errs.KindForStatus(resp.StatusCode), Code: errs.CodeInternal,
-			Message: fmt.Sprintf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, strings.TrimSpace(string(data)))}
+		// Not the API's error body: something else answered (a proxy's
+		// page, another service on that port).
+		text := strings.TrimSpace(string(data))
+		if len(text) > 200 {
+			text = text[:200] + "…"
+		}
+		return &errs.Error{Kind: errs.KindForStatus(resp.StatusCode), Code: CodeBadResponse,
+			Message: fmt.Sprintf("%s %s: HTTP %d with an answer that is not the API's: %q", method, path, resp.StatusCode, text)}
 	}
 	if out != nil && len(data) > 0 {
 		if err := json.Unmarshal(data, out); err != nil {
