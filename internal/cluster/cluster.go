@@ -286,8 +286,8 @@ func (s *Service) checkName(ctx context.Context, req JoinRequest) error {
 }
 
 func checkRequest(req JoinRequest) error {
-	if req.Name == "" || strings.ContainsAny(req.Name, "/ \x00,=") {
-		return errs.Invalid(errs.CodeInvalidName, "node name %q: required, without '/', ',', '=' or spaces", req.Name)
+	if err := meta.CheckNodeName(req.Name); err != nil {
+		return err
 	}
 	for what, u := range map[string]string{"peer": req.Peer, "client": req.Client, "api": req.API} {
 		if !strings.HasPrefix(u, "https://") {

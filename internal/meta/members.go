@@ -150,10 +150,20 @@ func (s *Store) Sync(ctx context.Context) error {
 // CodeJoinInProgress: a join is already under way (409); retry.
 const CodeJoinInProgress = "JoinInProgress"
 
+// CheckNodeName refuses a node name that cannot be one: empty, or with a
+// character that a metadata key ('/', NUL) or etcd's member list ("name=
+// peerURL,...": ',', '=', white space) cannot hold.
+func CheckNodeName(name string) error {
+	if !validKeyPart(name) || strings.ContainsAny(name, ",= \t\n") {
+		return errs.Invalid(errs.CodeInvalidName, "node name %q: required, without '/', ',', '=' or spaces", name)
+	}
+	return nil
+}
+
 // PutNode registers (or updates) a node.
 func (s *Store) PutNode(ctx context.Context, n *Node) error {
-	if !validKeyPart(n.Name) {
-		return errs.Invalid(errs.CodeInvalidName, "node name %q", n.Name)
+	if err := CheckNodeName(n.Name); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()

@@ -136,6 +136,11 @@ func (n *Node) start(ctx context.Context) error {
 	if cfg.Name == "" {
 		cfg.Name, _ = os.Hostname()
 	}
+	// Before anything starts: etcd would take the name as it is and the
+	// registration refuse it only afterwards.
+	if err := meta.CheckNodeName(cfg.Name); err != nil {
+		return fmt.Errorf("--name: %w", err)
+	}
 	if cfg.Store == "" {
 		cfg.Store = filepath.Join(cfg.Data, "store")
 	}
