@@ -139,7 +139,8 @@ func As(err error) (*Error, bool) {
 // for a file system's refusal for want of space or quota (ENOSPC, EDQUOT
 // anywhere in the chain: the store, or a directory of it, is full) a
 // KindInsufficientStorage InsufficientCapacity error naming it — something
-// the caller can act on by freeing space, not a fault of the server's. It
+// the caller can act on by freeing space, not a fault of the server's —
+// and for a file larger than the file system allows (EFBIG) InvalidSize. It
 // reports false for anything else (an internal error). Unlike As it is for
 // answering, not for deciding: a workflow that asks As whether a
 // transaction refused itself must not take a full disk for a refusal.
@@ -154,6 +155,10 @@ func Public(err error) (*Error, bool) {
 	case errors.Is(err, syscall.EDQUOT):
 		return New(KindInsufficientStorage, CodeInsufficientCapacity,
 			"a file system quota of the store is exhausted: %v; raise the quota or free space under it and retry", err), true
+	case errors.Is(err, syscall.EFBIG):
+		// ext4's files end at 16 TiB (4 KiB blocks), for one.
+		return New(KindInvalid, CodeInvalidSize,
+			"the store's file system cannot hold a file that large: %v; choose a smaller size, or a volume type that spreads a volume over several files (striped, parity)", err), true
 	}
 	return nil, false
 }

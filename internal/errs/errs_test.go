@@ -24,6 +24,7 @@ func TestPublic(t *testing.T) {
 		{full, true, http.StatusInsufficientStorage, CodeInsufficientCapacity},
 		{quota, true, http.StatusInsufficientStorage, CodeInsufficientCapacity},
 		{typed, true, http.StatusNotFound, CodeNotFound},
+		{fmt.Errorf("truncate: %w", syscall.EFBIG), true, http.StatusBadRequest, CodeInvalidSize},
 		{fmt.Errorf("ctx: %w", syscall.EIO), false, 0, ""},
 	} {
 		e, ok := Public(c.err)
