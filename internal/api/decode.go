@@ -15,10 +15,17 @@ const maxBody = 1 << 20
 
 // decode parses a JSON request body strictly: one object, no unknown or
 // repeated fields, nothing after it. It is the single parser behind every
-// request type and a fuzz target (decode_test.go).
+// request type and a fuzz target (decode_fuzz_test.go).
 func decode(body []byte, v any) error {
-	if len(bytes.TrimSpace(body)) == 0 {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
 		return errs.Invalid(errs.CodeMalformedJSON, "request body is empty; expected a JSON object")
+	}
+	// encoding/json reads null into a struct as nothing at all: a body of
+	// null passed for {} (POST /v1/nodes/join-token answered it with a
+	// token). Other values it refuses with an error naming the Go type.
+	if trimmed[0] != '{' {
+		return errs.Invalid(errs.CodeMalformedJSON, "request body must be a JSON object, not %s", jsonKind(trimmed[0]))
 	}
 	d := json.NewDecoder(bytes.NewReader(body))
 	d.DisallowUnknownFields()
@@ -48,6 +55,23 @@ func decode(body []byte, v any) error {
 		return errs.Invalid(errs.CodeMalformedJSON, "field %q is given twice", k)
 	}
 	return nil
+}
+
+// jsonKind names the JSON value that starts with c, for messages.
+func jsonKind(c byte) string {
+	switch {
+	case c == '[':
+		return "an array"
+	case c == '"':
+		return "a string"
+	case c == 'n':
+		return "null"
+	case c == 't' || c == 'f':
+		return "a boolean"
+	case c == '-' || c >= '0' && c <= '9':
+		return "a number"
+	}
+	return "something that is not JSON"
 }
 
 // repeatedKey finds a key given twice in one object of body, at any depth.

@@ -7,6 +7,7 @@ package api
 // token can authenticate the cluster first.
 
 import (
+	"bytes"
 	"net/http"
 	"strings"
 	"time"
@@ -103,7 +104,8 @@ func (s *Server) joinToken(w http.ResponseWriter, r *http.Request, _ volume.Call
 		return err
 	}
 	var req JoinTokenRequest
-	if len(body) > 0 {
+	// The body is optional, and white space alone is no body either.
+	if len(bytes.TrimSpace(body)) > 0 {
 		if err := decode(body, &req); err != nil {
 			return err
 		}

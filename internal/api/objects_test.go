@@ -41,21 +41,6 @@ func TestParseObjectsRequest(t *testing.T) {
 	}
 }
 
-func FuzzParseObjectsRequest(f *testing.F) {
-	addSeeds(f)
-	f.Add([]byte(`{"objects":[{"bucket":"b","key":"k"}]}`))
-	f.Fuzz(func(t *testing.T, body []byte) {
-		r, err := ParseObjectsRequest(body)
-		if err != nil {
-			checkParseError(t, body, err)
-			return
-		}
-		if len(r.Objects) == 0 || len(r.Objects) > MaxObjectsPerRequest {
-			t.Fatalf("accepted %d objects", len(r.Objects))
-		}
-	})
-}
-
 // mapBuckets is an objects.BucketStore over a map, and Deps.Bucket.
 type mapBuckets map[string]*meta.Bucket
 

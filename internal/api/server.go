@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"path"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -49,15 +50,18 @@ type Deps struct {
 
 // Server is the control API of one node.
 type Server struct {
-	d       Deps
-	mux     *http.ServeMux
+	d   Deps
+	mux *http.ServeMux
+	// origins refuses state-changing requests a browser sends from
+	// another site (dispatch).
+	origins *http.CrossOriginProtection
 	ready   atomic.Bool
 	metrics *apiMetrics // nil: not counted
 }
 
 // New builds the API's handler tree.
 func New(d Deps) *Server {
-	s := &Server{d: d, mux: http.NewServeMux()}
+	s := &Server{d: d, mux: http.NewServeMux(), origins: http.NewCrossOriginProtection()}
 	if d.Metrics != nil {
 		s.metrics = newAPIMetrics(d.Metrics)
 	}
@@ -110,11 +114,56 @@ func (s *Server) SetReady(ok bool) { s.ready.Store(ok) }
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := http.HandlerFunc(s.dispatch)
 	if s.metrics != nil {
-		s.metrics.serve(w, r, s.mux)
+		s.metrics.serve(w, r, h)
+		return
+	}
+	h(w, r)
+}
+
+// maxPath bounds a request's (escaped) path. The longest route with the
+// longest name or id is a tenth of it; a longer path names nothing.
+const maxPath = 1024
+
+// dispatch routes r, answering 404 at once for a path no route can take:
+// one too long, or one with empty, "." or ".." segments. The mux would
+// redirect the latter (307, with an HTML body) to the cleaned path, which
+// is another route: GET /v1/volumes/. led to the volume list, and POST
+// /v1/volumes/./extend to a volume named "extend". And a 200 KB id went
+// into the service's lookups, its error message and the request's log
+// line.
+func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.EscapedPath()
+	if len(p) > maxPath {
+		s.writeError(w, errs.New(errs.KindNotFound, errs.CodeNotFound, "no route has a path of %d bytes (at most %d)", len(p), maxPath))
+		return
+	}
+	// A browser holding a user's client certificate would attach it to a
+	// form another site makes it POST here (the body is read as JSON
+	// whatever its Content-Type): refuse what a browser marks cross-site.
+	// Clients that are not browsers send neither Sec-Fetch-Site nor Origin.
+	if err := s.origins.Check(r); err != nil {
+		s.writeError(w, errs.New(errs.KindForbidden, errs.CodeCrossOrigin,
+			"%s %s came from a page of another site (%v); the control API takes no state-changing request across origins", r.Method, p, err))
+		return
+	}
+	// CONNECT's target is no path; the mux does not clean it either.
+	if r.Method != http.MethodConnect && (p == "" || p[0] != '/' || p != cleanPath(p)) {
+		s.writeError(w, errs.New(errs.KindNotFound, errs.CodeNotFound, "no route for %s %q: paths have no empty, \".\" or \"..\" segments (a name . or .. goes escaped, %%2E)", r.Method, p))
 		return
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// cleanPath is p as the mux routes it (net/http's cleanPath): path.Clean,
+// keeping a trailing slash.
+func cleanPath(p string) string {
+	np := path.Clean(p)
+	if strings.HasSuffix(p, "/") && np != "/" {
+		np += "/"
+	}
+	return np
 }
 
 // TLSConfig is the API listener's TLS: client certificates are requested but

@@ -5,8 +5,9 @@
 // which only translate between HTTP and the volume and user services.
 //
 // Every error response is {"error":{"code","message"}} with the HTTP status
-// of the error's kind (package errs). GET /healthz and GET /v1/openapi.json
-// need no client certificate; everything else does.
+// of the error's kind (package errs). GET /healthz, GET /v1/openapi.json
+// and GET /v1/cluster/ca need no client certificate, nor does POST
+// /v1/nodes/join with a join token; everything else does.
 package api
 
 import (

@@ -94,6 +94,7 @@ const (
 	CodeTypeExists           = "VolumeTypeExists"
 	CodeTypeProtected        = "VolumeTypeProtected"
 	CodeNotSupportedByType   = "NotSupportedByVolumeType"
+	CodeCrossOrigin          = "CrossOriginRequest"
 )
 
 // Error is a typed, user-facing error.
