@@ -119,6 +119,16 @@ func (l *Layer) check(off, n int64) error {
 	return nil
 }
 
+// writable refuses a change when the layer declares itself read-only (a
+// child is): the children that are not would otherwise take their part of
+// it, and a device that says it is read-only would change.
+func (l *Layer) writable() error {
+	if l.caps.ReadOnly {
+		return fmt.Errorf("linear: %w", block.ErrReadOnly)
+	}
+	return nil
+}
+
 // childErr says which child failed.
 func childErr(i int, err error) error {
 	if err == nil {
@@ -198,6 +208,9 @@ func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 // SpliceFrom implements block.SpliceWriter: piece by piece, each into its
 // child, stopping at the first piece the child does not take whole.
 func (l *Layer) SpliceFrom(pipe int, off int64, n int) int {
+	if l.writable() != nil {
+		return 0 // the caller's WriteAt reports it
+	}
 	return l.splicePieces(off, n, func(c block.Layer, coff int64, m int) int {
 		return block.SpliceFrom(c, pipe, coff, m)
 	})
@@ -222,6 +235,9 @@ func (l *Layer) splicePieces(off int64, n int, move func(c block.Layer, coff int
 
 // WriteAt implements block.Device.
 func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
+	if err := l.writable(); err != nil {
+		return err
+	}
 	if err := l.check(off, int64(len(p))); err != nil {
 		return err
 	}
@@ -239,6 +255,9 @@ func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
 func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
 	if !l.caps.WriteZeroes {
 		return block.ErrNotSupported
+	}
+	if err := l.writable(); err != nil {
+		return err
 	}
 	if err := l.check(off, n); err != nil {
 		return err
@@ -265,6 +284,9 @@ func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
 func (l *Layer) Trim(off, n int64, fua bool) error {
 	if !l.caps.Trim {
 		return block.ErrNotSupported
+	}
+	if err := l.writable(); err != nil {
+		return err
 	}
 	if err := l.check(off, n); err != nil {
 		return err

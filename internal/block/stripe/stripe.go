@@ -120,6 +120,16 @@ func (l *Layer) check(off, n int64) error {
 	return nil
 }
 
+// writable refuses a change when the layer declares itself read-only (a
+// child is): the children that are not would otherwise take their part of
+// it, and a device that says it is read-only would change.
+func (l *Layer) writable() error {
+	if l.caps.ReadOnly {
+		return fmt.Errorf("stripe: %w", block.ErrReadOnly)
+	}
+	return nil
+}
+
 // childErr says which child failed.
 func childErr(ci int, err error) error {
 	if err == nil {
@@ -162,12 +172,19 @@ func (l *Layer) split(off, n int64) ([][]piece, int) {
 	return out, used
 }
 
-// each runs fn for every piece, a child's pieces in order, children
-// concurrently (eachChild).
-func (l *Layer) each(off, n int64, fn func(c block.Layer, p piece) error) error {
+// each runs fn for each child's share of [off, off+n), with its offset and
+// length on the child (one call per run of pieces consecutive there:
+// normally one, see runs), children concurrently (eachChild). Chunk by
+// chunk, a FUA zero or trim synced each child once per chunk: 1 GiB over
+// four files in 64 KiB units took 2.9 s, one call per child 12 ms.
+func (l *Layer) each(off, n int64, fn func(c block.Layer, off, n int64) error) error {
 	return l.eachChild(off, n, func(c block.Layer, ps []piece) error {
-		for _, p := range ps {
-			if err := fn(c, p); err != nil {
+		for i := 0; i < len(ps); {
+			start, end := ps[i].off, ps[i].off+ps[i].len
+			for i++; i < len(ps) && ps[i].off == end; i++ {
+				end += ps[i].len
+			}
+			if err := fn(c, start, end-start); err != nil {
 				return err
 			}
 		}
@@ -337,6 +354,9 @@ func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 // volume's order, each into its child, stopping at the first the child
 // does not take whole.
 func (l *Layer) SpliceFrom(pipe int, off int64, n int) int {
+	if l.writable() != nil {
+		return 0 // the caller's WriteAt reports it
+	}
 	return l.spliceChunks(off, n, func(c block.Layer, coff int64, m int) int {
 		return block.SpliceFrom(c, pipe, coff, m)
 	})
@@ -365,6 +385,9 @@ func (l *Layer) spliceChunks(off int64, n int, move func(c block.Layer, coff int
 
 // WriteAt implements block.Device.
 func (l *Layer) WriteAt(b []byte, off int64, fua bool) error {
+	if err := l.writable(); err != nil {
+		return err
+	}
 	if err := l.check(off, int64(len(b))); err != nil {
 		return err
 	}
@@ -388,6 +411,9 @@ func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
 	if !l.caps.WriteZeroes {
 		return block.ErrNotSupported
 	}
+	if err := l.writable(); err != nil {
+		return err
+	}
 	if err := l.check(off, n); err != nil {
 		return err
 	}
@@ -399,7 +425,7 @@ func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
 			}
 		}
 	}
-	return l.each(off, n, func(c block.Layer, p piece) error { return c.WriteZeroes(p.off, p.len, f) })
+	return l.each(off, n, func(c block.Layer, coff, m int64) error { return c.WriteZeroes(coff, m, f) })
 }
 
 // Trim implements block.Device.
@@ -407,10 +433,13 @@ func (l *Layer) Trim(off, n int64, fua bool) error {
 	if !l.caps.Trim {
 		return block.ErrNotSupported
 	}
+	if err := l.writable(); err != nil {
+		return err
+	}
 	if err := l.check(off, n); err != nil {
 		return err
 	}
-	return l.each(off, n, func(c block.Layer, p piece) error { return c.Trim(p.off, p.len, fua) })
+	return l.each(off, n, func(c block.Layer, coff, m int64) error { return c.Trim(coff, m, fua) })
 }
 
 // Flush implements block.Device: every child, concurrently.
@@ -433,9 +462,19 @@ func (l *Layer) Flush() error {
 	return nil
 }
 
+// maxExtents bounds the extents one Extents call answers (the caller asks
+// again from where they end): where chunks holding data and chunks holding
+// none alternate, there is one per chunk.
+const maxExtents = 1024
+
 // Extents implements block.Device: a range is a hole only where every
-// chunk it covers is a hole on its child. Answers chunk by chunk up to
-// 64 chunks, then stops (the caller asks again).
+// chunk it covers is a hole on its child. Each child is asked once, about
+// its share of the range, and the answers are merged in the volume's
+// order, whole stripe rows at once where every child says the same of
+// them. (Asked about one stripe unit at a time, 64 units a call, the
+// children took 67 million calls to describe an empty 4 TiB stripe, which
+// a copy-on-write layer above walks at every open.) The answer ends where
+// a child's does, or after maxExtents extents; the caller asks again.
 func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
 	if err := l.check(off, n); err != nil {
 		return nil, err
@@ -443,31 +482,109 @@ func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
 	if !l.caps.Extents {
 		return []block.Extent{{Length: n}}, nil
 	}
-	var out []block.Extent
+	if n == 0 {
+		return nil, nil
+	}
 	nc := int64(len(l.children))
-	for i := 0; n > 0 && i < 64; i++ {
-		k := off / l.chunk
-		within := off % l.chunk
-		m := min(n, l.chunk-within)
-		ex, err := l.children[k%nc].Extents((k/nc)*l.chunk+within, m)
+	end, row := off+n, l.chunk*nc
+	answers := make([]answer, nc)
+	for ci := range answers {
+		from, to, ok := l.share(ci, off, end)
+		if !ok {
+			continue
+		}
+		ex, err := l.children[ci].Extents(from, to-from)
 		if err != nil {
-			return nil, childErr(int(k%nc), err)
+			return nil, childErr(ci, err)
 		}
-		got := int64(0)
-		for _, e := range ex {
-			e.Length = min(e.Length, m-got)
-			if e.Length <= 0 {
-				break
+		answers[ci] = answer{ex: ex, start: from}
+	}
+	var out []block.Extent
+	for o := off; o < end && len(out) < maxExtents; {
+		if o%row == 0 && end-o >= row {
+			if e, rows := uniform(answers, o/row*l.chunk, l.chunk); rows > 0 {
+				m := min(rows, (end-o)/row) * row
+				out = block.AppendExtent(out, block.Extent{Length: m, Hole: e.Hole, Zero: e.Zero})
+				o += m
+				continue
 			}
-			out = block.AppendExtent(out, e)
-			got += e.Length
 		}
-		if got < m {
-			break
+		k := o / l.chunk
+		coff := (k/nc)*l.chunk + o%l.chunk
+		e, eEnd, ok := answers[k%nc].at(coff)
+		if !ok {
+			break // the child answered short
 		}
-		off, n = off+m, n-m
+		m := min(l.chunk-o%l.chunk, eEnd-coff, end-o)
+		out = block.AppendExtent(out, block.Extent{Length: m, Hole: e.Hole, Zero: e.Zero})
+		o += m
 	}
 	return out, nil
+}
+
+// share is the part of [off, end) (not empty) on child ci, as offsets on
+// the child: its chunks there are consecutive. ok is false when the range
+// has none on ci.
+func (l *Layer) share(ci int, off, end int64) (from, to int64, ok bool) {
+	nc, c := int64(len(l.children)), int64(ci)
+	k0, k1 := off/l.chunk, (end-1)/l.chunk // the range's first and last chunks
+	first := k0 + (c-k0%nc+nc)%nc          // ci's first chunk from k0
+	last := k1 - (k1%nc-c+nc)%nc           // ci's last chunk up to k1
+	if first > last {
+		return 0, 0, false
+	}
+	from, to = first/nc*l.chunk, (last/nc+1)*l.chunk
+	if first == k0 {
+		from += off % l.chunk
+	}
+	if last == k1 {
+		to = last/nc*l.chunk + (end-1)%l.chunk + 1
+	}
+	return from, to, true
+}
+
+// answer is a child's extents, from start (an offset on the child) on,
+// walked forward.
+type answer struct {
+	ex    []block.Extent
+	start int64
+}
+
+// at returns the extent holding coff, which is at least where the previous
+// call's was, and where it ends; ok is false when the answer ends before
+// coff.
+func (a *answer) at(coff int64) (e block.Extent, end int64, ok bool) {
+	for len(a.ex) > 0 && a.ex[0].Length > 0 {
+		e = a.ex[0]
+		if coff < a.start+e.Length {
+			return e, a.start + e.Length, true
+		}
+		a.start += e.Length
+		a.ex = a.ex[1:]
+	}
+	return block.Extent{}, 0, false
+}
+
+// uniform reports how many whole stripe rows from the one at base (an
+// offset on every child) lie inside one extent on every child, all with
+// the same flags, and those flags; 0 rows when the children differ at base
+// or an answer ends before it.
+func uniform(answers []answer, base, chunk int64) (flags block.Extent, rows int64) {
+	var lim int64
+	for i := range answers {
+		e, end, ok := answers[i].at(base)
+		switch {
+		case !ok:
+			return block.Extent{}, 0
+		case i == 0:
+			flags, lim = block.Extent{Hole: e.Hole, Zero: e.Zero}, end
+		case e.Hole != flags.Hole || e.Zero != flags.Zero:
+			return block.Extent{}, 0
+		default:
+			lim = min(lim, end)
+		}
+	}
+	return flags, lim/chunk - base/chunk
 }
 
 // Close implements block.Device: it closes every child, once however often

@@ -13,6 +13,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,6 +40,8 @@ type Layer struct {
 	ops   *rate.Limiter // nil: unlimited
 	bytes *rate.Limiter
 	burst int
+	// mu orders the reservations of both limiters by time (reserve).
+	mu sync.Mutex
 	// credit is byte tokens paid for by splices that moved less than
 	// they paid for: the caller reads or writes the rest with ReadAt or
 	// WriteAt, which pay for it again, so the next reads and writes
@@ -49,6 +52,7 @@ type Layer struct {
 	// limits, for hours) only to be refused by the closed child.
 	ctx    context.Context
 	cancel context.CancelFunc
+	closed atomic.Bool // the child is closed (Close closes it once)
 	params json.RawMessage
 }
 
@@ -77,8 +81,8 @@ func New(_ block.Env, raw json.RawMessage, children []block.Layer) (block.Layer,
 // first).
 func (l *Layer) wait(n int64) error {
 	if l.ops != nil {
-		if err := l.ops.Wait(l.ctx); err != nil {
-			return l.waitErr(err)
+		if err := l.take(l.ops, 1); err != nil {
+			return err
 		}
 	}
 	if l.bytes != nil {
@@ -86,20 +90,47 @@ func (l *Layer) wait(n int64) error {
 	}
 	for l.bytes != nil && n > 0 {
 		m := min(n, int64(l.burst))
-		if err := l.bytes.WaitN(l.ctx, int(m)); err != nil {
-			return l.waitErr(err)
+		if err := l.take(l.bytes, int(m)); err != nil {
+			return err
 		}
 		n -= m
 	}
 	return nil
 }
 
-// waitErr is the error of a wait for tokens: ErrClosed once Close ended it.
-func (l *Layer) waitErr(err error) error {
+// take waits for n tokens of lim, at most its burst. Close ends the wait
+// with block.ErrClosed.
+func (l *Layer) take(lim *rate.Limiter, n int) error {
 	if l.ctx.Err() != nil {
 		return block.ErrClosed
 	}
-	return err
+	d := l.reserve(lim, n)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-l.ctx.Done():
+		return block.ErrClosed
+	}
+}
+
+// reserve takes n tokens of lim, at most its burst, and returns how long
+// the caller must wait before using them. A rate.Limiter trusts the time
+// it is given: a time before that of its last reservation winds its clock
+// back, and it counts the refill in between a second time. Its own Wait
+// reads the clock before taking its lock, so requests contending for the
+// lock (a few goroutines trying reads without waiting were enough) gave
+// it such times, and raised the rate several times over. Here the clock
+// is read, and the tokens taken, under one lock.
+func (l *Layer) reserve(lim *rate.Limiter, n int) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	return lim.ReserveN(now, n).DelayFrom(now)
 }
 
 // spend takes up to n bytes from the credit and returns what is left to
@@ -142,56 +173,49 @@ func (l *Layer) ReadAt(p []byte, off int64) error {
 }
 
 // TryReadAt implements block.NoWaitReader: when the limits allow the read
-// now and the child answers it at once. Tokens taken for a read the child
-// cannot answer at once are given back (ReadAt takes them again).
+// now and the child answers it at once. It takes the tokens only once the
+// child has answered; a read the child cannot answer at once costs nothing
+// (ReadAt pays for it).
 func (l *Layer) TryReadAt(p []byte, off int64) bool {
-	h, ok := l.takeNow(len(p))
-	ok = ok && block.TryReadAt(l.child, p, off)
-	if !ok {
-		h.cancel()
+	if !l.allowsNow(len(p)) || !block.TryReadAt(l.child, p, off) {
+		return false
 	}
-	return ok
+	l.charge(len(p))
+	return true
 }
 
-// takeNow reserves one operation and n bytes for now; ok only if the
-// limits allow them without waiting. What it reserved is returned either
-// way, to be cancelled if unused.
-func (l *Layer) takeNow(n int) (h held, ok bool) {
-	h.at = time.Now()
-	take := func(lim *rate.Limiter, n int) bool {
-		r := lim.ReserveN(h.at, n)
-		if !r.OK() {
-			return false
-		}
-		h.rs = append(h.rs, r)
-		return r.DelayFrom(h.at) == 0
+// allowsNow reports whether the limits allow one operation of n bytes now,
+// without taking anything: tokens reserved first, to be given back when
+// the child cannot answer, came back only as of the reservation's own time
+// — which under concurrent requests wound the limiter's clock back (the
+// rate rose), or, when a later reservation had counted on them, not at all
+// (readers then waited out tokens nobody used, for minutes).
+func (l *Layer) allowsNow(n int) bool {
+	now := time.Now()
+	return (l.ops == nil || l.ops.TokensAt(now) >= 1) &&
+		(l.bytes == nil || n == 0 || n <= l.burst && l.bytes.TokensAt(now) >= float64(n))
+}
+
+// charge takes one operation and n bytes, at most a burst, for a request
+// served without waiting. Another may have taken the tokens allowsNow saw
+// meanwhile: then the limiter goes into debt, which the requests after it
+// pay, so the rates still hold.
+func (l *Layer) charge(n int) {
+	if l.ops != nil {
+		l.reserve(l.ops, 1)
 	}
-	ok = (l.ops == nil || take(l.ops, 1)) &&
-		(l.bytes == nil || n == 0 || n <= l.burst && take(l.bytes, n))
-	return h, ok
-}
-
-// held is what takeNow reserved, and when.
-type held struct {
-	at time.Time
-	rs []*rate.Reservation
-}
-
-// cancel gives the tokens back. It cancels as of the reservations' own
-// time: a limiter gives back nothing for a reservation whose time to act
-// has passed.
-func (h held) cancel() {
-	for _, r := range h.rs {
-		r.CancelAt(h.at)
+	if l.bytes != nil && n > 0 {
+		l.reserve(l.bytes, n)
 	}
 }
 
 // SpliceTo implements block.Splicer: the child's, once the limits allow
 // the read — at once with nowait, else after waiting as ReadAt does. A
 // read the child moves only in part is charged twice for its operation:
-// here, and by the ReadAt of the rest; the bytes it did not move are
-// credited (the child may be a Splicer that moves nothing, as a stripe of
-// small units is).
+// here, and by the ReadAt of the rest; its bytes once: with nowait only
+// those moved are charged, else those the child did not move are credited
+// (the child may be a Splicer that moves nothing, as a stripe of small
+// units is).
 func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 	if _, ok := l.child.(block.Splicer); !ok || n <= 0 {
 		return 0
@@ -204,15 +228,12 @@ func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 		l.refund(int64(n - k))
 		return k
 	}
-	h, ok := l.takeNow(n)
-	k := 0
-	if ok {
-		k = block.SpliceTo(l.child, pipe, off, n, true)
+	if !l.allowsNow(n) {
+		return 0
 	}
-	if k == 0 {
-		h.cancel() // the caller's ReadAt takes them again
-	} else {
-		l.refund(int64(n - k))
+	k := block.SpliceTo(l.child, pipe, off, n, true)
+	if k > 0 {
+		l.charge(k) // the caller's ReadAt pays for the rest
 	}
 	return k
 }
@@ -261,9 +282,13 @@ func (l *Layer) Flush() error { return l.child.Flush() }
 func (l *Layer) Extents(off, n int64) ([]block.Extent, error) { return l.child.Extents(off, n) }
 
 // Close implements block.Device; requests still waiting for tokens end
-// with block.ErrClosed.
+// with block.ErrClosed. It closes the child once however often it is
+// called (a child's Close need not be idempotent).
 func (l *Layer) Close() error {
 	l.cancel()
+	if l.closed.Swap(true) {
+		return nil
+	}
 	return l.child.Close()
 }
 
