@@ -120,3 +120,89 @@ func TestStoreFull(t *testing.T) {
 		t.Fatalf("after kill -9 and restart: %s", r)
 	}
 }
+
+// TestStoreFullRedundant: mirrored and parity volumes on a store that fills
+// up. Their legs live on that one full file system, which is not a leg's
+// fault: a write that needs space fails with ENOSPC, no leg is failed (a
+// full store must not leave every redundant volume degraded until someone
+// repairs it), flushed data reads back, and the volumes stay available —
+// detached and attached again while the store is full they open and read.
+// Once space is freed writes and flushes work again and survive kill -9.
+func TestStoreFullRedundant(t *testing.T) {
+	requireTools(t, "qemu-io")
+	store := filepath.Join(mountTmpfs(t, "48m"), "store")
+	n := StartNode(t, NodeOptions{Store: store})
+	admin := n.Admin()
+	vols := []struct {
+		typ, layer  string
+		kept, moreW string // what is written and flushed first; a write the full store refuses
+		after, read string // once space is back: written and flushed; read back
+	}{
+		{"mirrored", "mirror", "write -P 0x11 0 2M", "write -P 0x12 2M 4M", "write -P 0x13 2M 2M", "read -P 0x13 2M 2M"},
+		{"parity", "parity", "write -P 0x21 0 3M", "write -P 0x22 3M 6M", "write -P 0x23 3M 3M", "read -P 0x23 3M 3M"},
+	}
+	keptRead := []string{"read -P 0x11 0 2M", "read -P 0x21 0 3M"}
+	ids := make([]string, len(vols))
+	atts := make([]Attachment, len(vols))
+	for i, v := range vols {
+		ids[i] = admin.CreateVolume("--size", "12MiB", "--name", v.typ, "--type", v.typ).ID
+		atts[i] = admin.Attach(ids[i], "h1", "rw")
+		if r := qemuIO(t, atts[i].NBDURI, v.kept, "flush"); qemuIOFailed(r) {
+			t.Fatalf("%s: write within the free space: %s", v.typ, r)
+		}
+	}
+	legsOK := func(what string) {
+		t.Helper()
+		for i, v := range vols {
+			_, node := redShow(t, admin, ids[i], v.layer)
+			for k, st := range redLegStates(node) {
+				if st != "ok" {
+					t.Fatalf("%s: %s volume's leg %d is %s, want ok (stack %+v)", what, v.typ, k, st, node)
+				}
+			}
+		}
+	}
+
+	// Fill the store with another volume's data.
+	big := admin.CreateVolume("--size", "68MiB", "--name", "big")
+	bigAtt := admin.Attach(big.ID, "h1", "rw")
+	if r := qemuIO(t, bigAtt.NBDURI, "write -P 0x77 0 60M", "flush"); !qemuIOFailed(r) {
+		t.Fatalf("60 MiB into a 48 MiB store: want ENOSPC, got %s", r)
+	}
+	for i, v := range vols {
+		r := qemuIO(t, atts[i].NBDURI, v.moreW, "flush")
+		if !qemuIOFailed(r) || !strings.Contains(r.Stdout+r.Stderr, "No space left on device") {
+			t.Fatalf("%s: a write into a full store: want ENOSPC, got %s", v.typ, r)
+		}
+		if r := qemuIO(t, atts[i].NBDURI, keptRead[i]); qemuIOFailed(r) {
+			t.Fatalf("%s: data flushed before the store filled up: %s", v.typ, r)
+		}
+	}
+	legsOK("store full")
+	for i, v := range vols {
+		admin.Detach(atts[i].ID)
+		atts[i] = admin.Attach(ids[i], "h1", "rw")
+		if r := qemuIO(t, atts[i].NBDURI, keptRead[i]); qemuIOFailed(r) {
+			t.Fatalf("%s: attached again while the store is full: %s", v.typ, r)
+		}
+	}
+	legsOK("attached again on a full store")
+
+	if r := qemuIO(t, bigAtt.NBDURI, "discard 0 68M", "flush"); qemuIOFailed(r) {
+		t.Fatalf("discard: %s", r)
+	}
+	for i, v := range vols {
+		if r := qemuIO(t, atts[i].NBDURI, v.after, "flush", v.read, keptRead[i]); qemuIOFailed(r) {
+			t.Fatalf("%s: once space was freed: %s", v.typ, r)
+		}
+	}
+	legsOK("space freed")
+	n.Kill()
+	n.Restart()
+	for i, v := range vols {
+		if r := qemuIO(t, atts[i].NBDURI, v.read, keptRead[i]); qemuIOFailed(r) {
+			t.Fatalf("%s: after kill -9 and restart: %s", v.typ, r)
+		}
+	}
+	legsOK("restarted")
+}

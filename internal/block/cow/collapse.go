@@ -59,8 +59,9 @@ const (
 // allocation bits for every chunk the top holds, record the volume's size
 // in its image.sb, then write cow.sb naming it as the top: the one atomic
 // switch. Each write before the switch changes only what the top
-// overrides. A failed cow.sb write breaks the layer until a reopen, as a
-// failed snapshot commit does.
+// overrides. A failed cow.sb write breaks the layer, as a failed snapshot
+// commit does: writes fail until cow.sb is rewritten naming the old top
+// (the next write or flush tries) or the volume is reopened.
 //
 // The parent keeps its tag and the image it froze, so a repeated Snapshot
 // of the snapshot that created the parent still returns that snapshot's
@@ -537,9 +538,11 @@ func (c *collapse) commit() error {
 	b, _ := json.Marshal(volMeta{Version: version, Top: m.ID})
 	if err := l.vsb.Write(b); err != nil {
 		// Landed or not, unknown: nothing more may be acknowledged
-		// until a reopen reads which image is the top.
+		// until cow.sb names the old top again (brokenErr) or a reopen
+		// reads which image is the top. Every write so far changed only
+		// what the old top overrides, so going on with it is right.
 		err = fmt.Errorf("%s: %w", volFile, err)
-		l.broken.Store(&err)
+		l.breakCommit(err, c.top.meta.ID)
 		return err
 	}
 	// Committed: into is the top, the old top is in no chain.

@@ -43,7 +43,10 @@
 // cow.sb can name them. cow.sb and image.sb are superblocks (two copies); a
 // snapshot's steps before the cow.sb write leave only an unreferenced image
 // directory, which Collect removes; a collapse's steps before it change
-// only chunks the top overrides.
+// only chunks the top overrides. A cow.sb write that fails (a full store)
+// may still have landed: until cow.sb is rewritten naming the top the
+// layer goes on with — the next write or flush tries — nothing is
+// acknowledged.
 //
 // Base images are opened read-only, yet they are children like the top
 // (Children, Describe), and repair and scrub reach them through Maintain
@@ -204,9 +207,13 @@ type Layer struct {
 	owner   []atomic.Uint32
 	size    int64
 
-	// broken is set when a commit write failed: what the disk says is
-	// unknown, so writes fail until the volume is reopened.
-	broken atomic.Pointer[error]
+	// broken is set when a commit write of cow.sb failed: it may have
+	// landed or not, so which top the disk names is unknown, and nothing
+	// may be acknowledged until it is known again — after a reopen, or
+	// once brokenErr has rewritten cow.sb naming the top memory has (see
+	// brokenCommit). recommitMu serialises those rewrites.
+	broken     atomic.Pointer[brokenCommit]
+	recommitMu sync.Mutex
 
 	pendMu  sync.Mutex
 	pending []int64 // chunks newly held by the top, bits not yet persisted
@@ -1068,10 +1075,42 @@ func (l *Layer) writeImage(im *image, m imageMeta) error {
 	return nil
 }
 
+// brokenCommit is a failed commit: its error, and cow.sb's payload naming
+// the top the layer still writes into (the commit did not change it).
+type brokenCommit struct {
+	err     error
+	payload []byte
+}
+
+// breakCommit records that a commit's cow.sb write failed with err; top
+// is the top the layer goes on with. The caller holds chainMu exclusively.
+func (l *Layer) breakCommit(err error, top string) {
+	b, _ := json.Marshal(volMeta{Version: version, Top: top})
+	l.broken.Store(&brokenCommit{err: err, payload: b})
+}
+
+// brokenErr is nil unless a commit's cow.sb write failed (broken). Then
+// it rewrites cow.sb naming the top memory has, and if that write
+// succeeds the disk and memory agree again and it returns nil: a
+// snapshot or collapse whose commit a full store refused keeps writes
+// from being acknowledged only until space is back, not until the volume
+// is reopened. While broken nothing changes the top: Snapshot and a
+// collapse's commit flush first, and flush calls this.
 func (l *Layer) brokenErr() error {
-	if p := l.broken.Load(); p != nil {
-		return *p
+	if l.broken.Load() == nil {
+		return nil
 	}
+	l.recommitMu.Lock()
+	defer l.recommitMu.Unlock()
+	b := l.broken.Load()
+	if b == nil {
+		return nil // another caller settled it
+	}
+	if err := l.vsb.Write(b.payload); err != nil {
+		return fmt.Errorf("%v; since then rewriting %s failed: %w", b.err, volFile, err)
+	}
+	l.broken.Store(nil)
+	l.logger().Info("cow: cow.sb names the top again after a failed commit", "err", b.err)
 	return nil
 }
 
@@ -1128,13 +1167,14 @@ func (l *Layer) Snapshot(tag string) (string, error) {
 	b, _ := json.Marshal(volMeta{Version: version, Top: im.meta.ID})
 	if err := l.vsb.Write(b); err != nil {
 		// The write may have landed or not: the chain on disk is unknown,
-		// so nothing more may be acknowledged until a reopen reads it.
-		// The new image stays (Collect removes it if it is not the top).
+		// so nothing more may be acknowledged until cow.sb names the old
+		// top again (brokenErr) or a reopen reads it. The new image stays
+		// (Collect removes it if it is not the top).
 		im.dev.Close()
 		im.sb.Close()
 		im.alloc.Close()
 		err = fmt.Errorf("snapshot: %s: %w", volFile, err)
-		l.broken.Store(&err)
+		l.breakCommit(err, old.meta.ID)
 		return "", err
 	}
 	// Committed. The old top is a base from now on: its map and

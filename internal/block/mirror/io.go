@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
@@ -212,7 +213,13 @@ func (l *Layer) mutate(what string, off, n int64, op, slow func(block.Layer) err
 			}
 		}
 	}
-	return l.finish(ts, errs, fmt.Sprintf("%s %d+%d", what, off, n))
+	return l.finish(ts, errs, fmt.Sprintf("%s %d+%d", what, off, n), func() []int64 {
+		rs := make([]int64, 0, r1-r0+1)
+		for r := r0; r <= r1; r++ {
+			rs = append(rs, r)
+		}
+		return rs
+	})
 }
 
 // begin makes the intent bits of regions r0..r1 durable (sharing Syncs
@@ -299,10 +306,14 @@ func onEach(ts []target, fn func(block.Layer) error) []error {
 // finish fails the legs that returned errors, makes that durable, releases
 // the references and decides the operation's outcome: success when a leg
 // that took it is ok now (a leg ok when chosen may have failed meanwhile,
-// and one that was rebuilding may have turned ok).
-func (l *Layer) finish(ts []target, errs []error, what string) error {
+// and one that was rebuilding may have turned ok). A leg that refused the
+// operation for want of space is not failed (see "A full store" in the
+// package comment): the operation fails with that error, and the regions
+// it touched (regions lists them; nil: every region with its intent bit
+// set) are marked diverged.
+func (l *Layer) finish(ts []target, errs []error, what string, regions func() []int64) error {
 	failed := false
-	var first error
+	var first, full error
 	for k, t := range ts {
 		if errs[k] == nil {
 			continue
@@ -310,9 +321,22 @@ func (l *Layer) finish(ts []target, errs []error, what string) error {
 		if first == nil {
 			first = fmt.Errorf("leg %d: %w", t.i, errs[k])
 		}
+		if noSpace(errs[k]) {
+			if full == nil {
+				full = fmt.Errorf("leg %d: %w", t.i, errs[k])
+			}
+			continue
+		}
 		if l.failLeg(t.i, t.dev, errs[k]) {
 			failed = true
 		}
+	}
+	if full != nil {
+		var rs []int64
+		if regions != nil {
+			rs = regions()
+		}
+		l.diverged(rs)
 	}
 	took := false
 	var diverged []target
@@ -333,9 +357,10 @@ func (l *Layer) finish(ts []target, errs []error, what string) error {
 	// or a restart could resync from the leg that missed it.
 	failed = failed || l.persisted != l.stateVer
 	l.mu.Unlock()
-	if !took {
+	if !took && full == nil {
 		// A rebuilding leg that took it now holds data no ok leg has,
-		// outside its stale map. Fail it.
+		// outside its stale map. Fail it. (After a refusal for want of
+		// space diverged made the regions stale for it instead.)
 		for _, t := range diverged {
 			if l.failLeg(t.i, t.dev, errors.New("diverged from the ok legs on a failed write")) {
 				failed = true
@@ -347,6 +372,11 @@ func (l *Layer) finish(ts []target, errs []error, what string) error {
 		if err := l.persist(); err != nil {
 			return fmt.Errorf("mirror: %s: %w", what, err)
 		}
+	}
+	if full != nil {
+		// Not acknowledged even if an ok leg took it: the leg that
+		// refused it is in service, and would be read as current.
+		return fmt.Errorf("mirror: %s: %w", what, full)
 	}
 	if !took {
 		if first == nil {
@@ -386,7 +416,10 @@ func (l *Layer) flushAll(final bool) error {
 		return nil
 	}
 	errs := onEach(ts, func(d block.Layer) error { return d.Flush() })
-	if err := l.finish(ts, errs, "flush"); err != nil {
+	// A flush refused for want of space may have dropped writes the leg
+	// had taken (a writeback that found no space): every region written
+	// since the last flush may differ now.
+	if err := l.finish(ts, errs, "flush", nil); err != nil {
 		return err
 	}
 	for _, err := range errs {
@@ -401,7 +434,54 @@ func (l *Layer) flushAll(final bool) error {
 		// The data is durable; only the map could not be trimmed.
 		l.log.Warn("mirror: could not clear write-intent bits", "err", err)
 	}
+	if !final {
+		l.kickResync()
+	}
 	return nil
+}
+
+// noSpace reports whether err is a file system's refusal for want of space
+// or quota: the store is full, the leg is not broken.
+func noSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
+// diverged records that the legs may differ in regions (nil: every region
+// whose intent bit is set) after an operation some leg refused for want of
+// space: with more than one ok leg they become unsynced — read from the
+// source leg only, until a resync copies them across, their intent bits
+// kept until then (invariant 1) — and every leg that is not ok gets them
+// stale (invariant 2). The regions' intent bits are set: the operation set
+// them before it began, or they are the set ones.
+func (l *Layer) diverged(regions []int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if regions == nil {
+		for r := range l.dirty {
+			regions = append(regions, r)
+		}
+	}
+	oks := 0
+	for _, lg := range l.legs {
+		if lg.state == legOK {
+			oks++
+		}
+	}
+	for _, r := range regions {
+		rs := l.dirty[r]
+		if rs == nil {
+			continue
+		}
+		if oks > 1 && !rs.unsynced {
+			rs.unsynced = true
+			l.unsynced++
+		}
+		for _, lg := range l.legs {
+			if lg.state != legOK {
+				lg.stale.Set(r)
+			}
+		}
+	}
 }
 
 // clearIntent clears the intent bits a flush that started at epoch e and
@@ -508,8 +588,13 @@ func (l *Layer) WriteCopy(i int, p []byte, off int64) error {
 	t := l.acquireLocked(i)
 	l.mu.Unlock()
 	err := t.dev.WriteAt(p, off, false)
-	if err == nil {
+	if err == nil || noSpace(err) {
+		// Refused for want of space, the copy is as bad as before (and
+		// no worse than a crash mid-repair leaves it); the leg is fine.
 		t.refs.Done()
+		if err != nil {
+			return fmt.Errorf("mirror: copy %d write %d+%d: %w", i, off, len(p), err)
+		}
 		return nil
 	}
 	failed := l.failLeg(i, t.dev, err)

@@ -34,16 +34,19 @@
 //     crash, every region where ok legs may differ has its intent bit set;
 //     on open such regions are copied from one ok leg (the lowest-numbered)
 //     to the others in the background, and reads of a region not yet
-//     copied go to that same leg, so readers never see two versions.
+//     copied go to that same leg, so readers never see two versions (so
+//     are regions an operation a leg refused for want of space touched:
+//     see "A full store").
 //  2. Stale maps: for a leg that is not ok, stale bit clear means the leg
 //     holds the mirror's data for that region. A write sets the stale bit
 //     of every failed leg it skips; a leg that fails inherits every intent
 //     bit as stale; opening inherits intent bits into non-ok legs' stale
 //     maps, and marks a leg found shorter than the mirror stale from its
-//     end on (durably, before recording it failed). Before intent bits are
-//     cleared, the stale maps of non-ok legs are synced, so invariant 1 or
-//     a durable stale bit always covers a region a non-ok leg may have
-//     missed.
+//     end on (durably, before recording it failed: a superblock write
+//     syncs the stale maps of the legs it records as not ok first). Before
+//     intent bits are cleared, the stale maps of non-ok legs are synced, so
+//     invariant 1 or a durable stale bit always covers a region a non-ok
+//     leg may have missed.
 //  3. Leg states: a leg's failure is durable in the superblock before any
 //     write it missed is acknowledged (also one that skipped it while
 //     another operation was still recording the failure: operations end
@@ -63,6 +66,27 @@
 //     the next open. The leg turns ok once its stale map is empty.
 //  5. Overlapping writes take a first-come-first-served byte-range lock, so
 //     every leg sees them in the same order.
+//
+// # A full store
+//
+// A leg that refuses a write, a flush or a copy for want of space (ENOSPC,
+// EDQUOT) is not failed: the legs live on the store's file system, which
+// is full, not broken, and failing one would leave every mirrored volume
+// of a full store degraded until someone repaired it. Instead the
+// operation fails with the file system's error — never acknowledged, even
+// if an ok leg took it, since the leg that refused it stays in service —
+// and the regions it touched (for a flush, every region with its intent
+// bit set: a writeback refused for want of space may drop what the leg had
+// taken) may now differ between the legs. They are treated as regions
+// dirty at a crash (invariant 1): unsynced, read from the source leg, their
+// intent bits kept until a resync has copied them to the other ok legs,
+// and stale for legs that are not ok (invariant 2). That resync runs in
+// the background once a flush succeeds (space may be back) and at the next
+// open; one that meets a full store again stops and leaves the rest for
+// the next. Leg states and stale bits that open cannot write (a full
+// store) stay in memory: the volume opens, and the states are persisted
+// before any write is acknowledged (invariant 3), the stale maps of legs
+// recorded as not ok before their states.
 //
 // Trim is implemented as WriteZeroes on every leg (holes allowed): a trim a
 // leg may ignore could leave legs with different contents.
@@ -169,6 +193,7 @@ type Layer struct {
 	bgCancel  context.CancelFunc
 	bg        sync.WaitGroup
 	resyncing atomic.Bool
+	kicked    atomic.Bool // a resync started by kickResync is queued or running
 	progDone  atomic.Int64
 	progTotal atomic.Int64
 	copied    atomic.Int64 // bytes resynchronised since open
@@ -250,6 +275,7 @@ func New(env block.Env, raw json.RawMessage, children []block.Layer) (block.Laye
 	}
 	l.bgCtx, l.bgCancel = context.WithCancel(context.Background())
 	if !l.readOnly && l.needsResync() {
+		l.kicked.Store(true)
 		l.startBackground()
 	}
 	return l, nil
@@ -362,7 +388,10 @@ func (l *Layer) open(children []block.Layer) error {
 			lg.stale.SetRange(lg.dev.Size()>>l.shift, l.nreg)
 			if !l.readOnly {
 				if err := lg.stale.Sync(); err != nil {
-					return fmt.Errorf("mirror leg %d stale map: %w", i, err)
+					// A full store must not keep the volume from opening:
+					// persist syncs the stale maps of legs it records as
+					// not ok before it writes their states.
+					l.log.Warn("mirror leg stale map not synced at open; it will be before the leg's failure is recorded", "leg", i, "err", err)
 				}
 			}
 			lg.state, changed = legFailed, true
@@ -410,7 +439,10 @@ func (l *Layer) open(children []block.Layer) error {
 	if changed {
 		l.stateVer++
 		if err := l.persist(); err != nil {
-			return err
+			// Not fatal (a full store): the states hold in memory, and
+			// every write persists them before it is acknowledged and
+			// no intent bit is cleared until they are (invariant 3).
+			l.log.Warn("mirror leg states not recorded at open; the next write records them", "err", err)
 		}
 	}
 	if l.unsynced > 0 {
@@ -442,9 +474,24 @@ func (l *Layer) persist() error {
 		return nil
 	}
 	payload, err := json.Marshal(sbState{Version: formatV1, Region: l.region, Size: l.sbSize, Legs: l.states()})
+	var stale []*bitmap.Bitmap
+	for _, lg := range l.legs {
+		if lg.state != legOK {
+			stale = append(stale, lg.stale)
+		}
+	}
 	l.mu.Unlock()
 	if err != nil {
 		return err
+	}
+	// A leg recorded as not ok is trusted where its stale bit is clear
+	// (invariant 2): its stale map reaches the disk first. Bits a failure
+	// inherits are covered by intent bits meanwhile, but those of a leg
+	// found short at open by nothing else, if their sync there failed.
+	for _, b := range stale {
+		if err := b.Sync(); err != nil {
+			return fmt.Errorf("mirror: recording leg states: stale map: %w", err)
+		}
 	}
 	if err := l.sb.Write(payload); err != nil {
 		return fmt.Errorf("mirror: recording leg states: %w", err)

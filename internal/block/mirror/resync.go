@@ -25,9 +25,12 @@ func (l *Layer) needsResync() bool {
 }
 
 // startBackground resynchronises what the last session left unfinished:
-// regions dirty at a crash, and rebuilds interrupted by a crash or Close.
+// regions dirty at a crash, and rebuilds interrupted by a crash or Close —
+// and, started by kickResync, regions a leg refused a write to for want
+// of space.
 func (l *Layer) startBackground() {
 	l.bg.Go(func() {
+		defer l.kicked.Store(false)
 		if beforeResync != nil {
 			beforeResync()
 		}
@@ -38,7 +41,12 @@ func (l *Layer) startBackground() {
 		}
 		defer func() { <-l.work }()
 		if err := l.resync(l.bgCtx, nil); err != nil {
-			if l.bgCtx.Err() == nil {
+			switch {
+			case l.bgCtx.Err() != nil:
+			case noSpace(err):
+				// Left for later: the next flush that succeeds tries again.
+				l.log.Info("mirror resync stopped: the store is full; it resumes after a flush", "err", err)
+			default:
 				l.log.Warn("mirror resync stopped", "err", err)
 			}
 			return
@@ -48,6 +56,19 @@ func (l *Layer) startBackground() {
 			l.log.Warn("mirror flush after resync", "err", err)
 		}
 	})
+}
+
+// kickResync starts a background resync if regions wait for one (a leg
+// refused a write or flush for want of space) and none is queued or
+// running. Flush calls it when it succeeded: there may be space again.
+func (l *Layer) kickResync() {
+	l.mu.Lock()
+	waiting := l.unsynced > 0
+	l.mu.Unlock()
+	if !waiting || l.bgCtx.Err() != nil || !l.kicked.CompareAndSwap(false, true) {
+		return
+	}
+	l.startBackground()
 }
 
 // Repair implements block.Repairer. Each pass fails legs whose backing
@@ -291,14 +312,14 @@ func (l *Layer) syncRegion(r int64, buf []byte) error {
 			}
 		}
 		l.mu.Unlock()
-		failed, srcErr := l.copyTo(src, dsts, off, n, buf)
+		failed, srcErr, full := l.copyTo(src, dsts, off, n, buf)
 		srcFailed := false
 		if srcErr != nil {
 			srcFailed = l.failLeg(src.i, src.dev, srcErr)
 			failed = failed || srcFailed
 		}
 		src.refs.Done()
-		if srcErr == nil {
+		if srcErr == nil && full == nil {
 			l.mu.Lock()
 			rs.unsynced = false
 			l.unsynced--
@@ -310,6 +331,10 @@ func (l *Layer) syncRegion(r int64, buf []byte) error {
 			if err := l.persist(); err != nil {
 				return err
 			}
+		}
+		if srcErr == nil && full != nil {
+			// Still unsynced: copied again once there is space.
+			return fmt.Errorf("resync region %d: %w", r, full)
 		}
 		if srcErr == nil {
 			return nil
@@ -398,7 +423,7 @@ func (l *Layer) rebuildRegion(r int64, gens map[int]uint64, buf []byte) ([]int, 
 		for k, t := range dsts {
 			ids[k] = t.i
 		}
-		failed, srcErr := l.copyTo(src, dsts, off, n, buf)
+		failed, srcErr, full := l.copyTo(src, dsts, off, n, buf)
 		srcFailed := false
 		if srcErr != nil {
 			srcFailed = l.failLeg(src.i, src.dev, srcErr)
@@ -409,6 +434,10 @@ func (l *Layer) rebuildRegion(r int64, gens map[int]uint64, buf []byte) ([]int, 
 			if err := l.persist(); err != nil {
 				return nil, err
 			}
+		}
+		if srcErr == nil && full != nil {
+			// The region stays stale; the rebuild resumes with it.
+			return nil, fmt.Errorf("rebuild region %d: %w", r, full)
 		}
 		if srcErr == nil {
 			// Legs that failed meanwhile changed generation; checkpoint
@@ -422,26 +451,35 @@ func (l *Layer) rebuildRegion(r int64, gens map[int]uint64, buf []byte) ([]int, 
 }
 
 // copyTo copies [off, off+n) from src to dsts, fails destinations that
-// error and releases them. It returns src's error (the caller handles it)
-// and whether a leg was failed (the caller persists).
-func (l *Layer) copyTo(src target, dsts []target, off, n int64, buf []byte) (bool, error) {
+// error and releases them. It returns whether a leg was failed (the caller
+// persists), src's error (the caller handles it) and the error of a
+// destination that refused the copy for want of space (not failed: the
+// caller leaves the region to copy later).
+func (l *Layer) copyTo(src target, dsts []target, off, n int64, buf []byte) (bool, error, error) {
 	devs := make([]block.Layer, len(dsts))
 	for k, t := range dsts {
 		devs[k] = t.dev
 	}
 	dstErrs, srcErr := l.copyRange(src.dev, devs, off, n, buf)
 	failed := false
+	var full error
 	for k, e := range dstErrs {
-		if e != nil && l.failLeg(dsts[k].i, dsts[k].dev, e) {
+		switch {
+		case e == nil:
+		case noSpace(e):
+			if full == nil {
+				full = fmt.Errorf("leg %d: %w", dsts[k].i, e)
+			}
+		case l.failLeg(dsts[k].i, dsts[k].dev, e):
 			failed = true
 		}
 	}
 	release(dsts)
-	if srcErr == nil && len(dsts) > 0 {
+	if srcErr == nil && full == nil && len(dsts) > 0 {
 		l.copied.Add(n)
 		l.untaken.Add(n)
 	}
-	return failed, srcErr
+	return failed, srcErr, full
 }
 
 // copyRange copies [off, off+n) from src to each dst, keeping holes: zero
@@ -512,6 +550,12 @@ func (l *Layer) checkpoint(gens map[int]uint64, pending map[int][]int64) error {
 		l.mu.Unlock()
 		if l.caps.Flush {
 			if err := t.dev.Flush(); err != nil {
+				if noSpace(err) {
+					// The leg is fine; its copies are not known durable,
+					// so their stale bits stay, for the rebuild to resume.
+					t.refs.Done()
+					return fmt.Errorf("leg %d: %w", i, err)
+				}
 				failed := l.failLeg(i, t.dev, err)
 				t.refs.Done()
 				if failed {

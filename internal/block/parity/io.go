@@ -33,6 +33,23 @@ func asLegError(err error) *legError {
 	return nil
 }
 
+// spaceError is a leg's refusal of a write or flush for want of space or
+// quota (ENOSPC, EDQUOT): the store is full, the leg is not broken, so it
+// is not a legError (see "A full store" in the package comment).
+type spaceError struct {
+	leg int
+	err error
+}
+
+func (e *spaceError) Error() string { return fmt.Sprintf("parity leg %d: %v", e.leg, e.err) }
+func (e *spaceError) Unwrap() error { return e.err }
+
+// noSpace reports whether err is a file system's refusal for want of space
+// or quota.
+func noSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
 // legOp is one I/O on one leg.
 type legOp struct {
 	leg int
@@ -63,9 +80,15 @@ func (l *Layer) runAll(ops []legOp) []error {
 		op := ops[i]
 		// Any error is the leg's failure: one that declared an operation
 		// and then refuses it is broken, and a write that reached only
-		// some legs is only safe once the others know.
+		// some legs is only safe once the others know. Except a refusal
+		// for want of space: the store is full, and the stripes it may
+		// have left inconsistent wait for settle instead (unsettleOn).
 		if err := op.fn(l.children[op.leg]); err != nil {
-			errs[i] = &legError{leg: op.leg, err: err}
+			if noSpace(err) {
+				errs[i] = &spaceError{leg: op.leg, err: err}
+			} else {
+				errs[i] = &legError{leg: op.leg, err: err}
+			}
 		}
 	}
 	if len(ops) == 1 {
@@ -118,12 +141,21 @@ func (l *Layer) writePhase(ops []legOp, healthy bool) (landed bool, err error) {
 	for _, f := range first.legs() {
 		l.failing[f].Store(true)
 	}
+	if other != nil {
+		// Another leg refused its write for want of space: its chunk may
+		// be stale too, and it stays in service, so the stripe must be
+		// unsettled (the caller's unsettleOn finds the refusal in the
+		// error) before markFailed starts a new epoch (it freezes then).
+		first.err = errors.Join(first.err, other)
+	}
 	// Two legs failed in one update: the stripe may be inconsistent, and
 	// markFailed must see both at once (it freezes the layer).
 	return healthy && len(first.also) == 0 && other == nil, first
 }
 
-// flushLegs flushes every leg that is not failed, except leg except.
+// flushLegs flushes every leg that is not failed, except leg except. A
+// flush a leg refuses for want of space may have dropped writes it had
+// taken, so every stripe updated since the last flush becomes unsettled.
 func (l *Layer) flushLegs(except int) error {
 	var ops []legOp
 	for i, st := range l.state {
@@ -131,7 +163,72 @@ func (l *Layer) flushLegs(except int) error {
 			ops = append(ops, legOp{i, func(c block.Layer) error { return c.Flush() }})
 		}
 	}
-	return l.run(ops)
+	// Every error counts: a refusal for want of space besides a leg's
+	// failure still unsettles (and markFailed then freezes rather than
+	// start a new epoch). A leg's failure is returned first, for the
+	// caller to take the leg out.
+	var first error
+	for _, err := range l.runAll(ops) {
+		if err == nil {
+			continue
+		}
+		l.unsettleOn(err, -1, -1)
+		if first == nil || asLegError(first) == nil && asLegError(err) != nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// unsettleOn records, if err holds a leg's refusal for want of space, that
+// stripes [from, to) may be inconsistent on disk — from < 0: every stripe
+// updated since the last flush that completed (a refused flush may have
+// dropped what the leg had taken) — so that nothing is updated, cleaned
+// or reconstructed from them until settle has recovered them. Their
+// intent bits are set: an update sets its stripe's before it writes, and
+// only a completed flush lets clean clear one. The caller holds mode.
+func (l *Layer) unsettleOn(err error, from, to int64) {
+	var se *spaceError
+	if !errors.As(err, &se) {
+		return
+	}
+	l.mu.Lock()
+	if l.unsettledStripes == nil {
+		l.unsettledStripes = map[int64]bool{}
+	}
+	if from < 0 {
+		for s := range l.dirty {
+			l.unsettledStripes[s] = true
+		}
+		for s := range l.updating {
+			l.unsettledStripes[s] = true
+		}
+	}
+	for s := max(from, 0); s < to; s++ {
+		l.unsettledStripes[s] = true
+	}
+	l.mu.Unlock()
+	l.needSettle(true, false, err)
+}
+
+// unsettledErr is the error updates are refused with until settle has
+// done its work (nil when there is none).
+func (l *Layer) unsettledErr() error {
+	if p := l.unsettled.Load(); p != nil {
+		return fmt.Errorf("parity: no update until stripes a full store left unsettled are recovered: %w", p.err)
+	}
+	return nil
+}
+
+// isUnsettled reports whether stripe s may be inconsistent on disk (its
+// missing chunk cannot be reconstructed from it).
+func (l *Layer) isUnsettled(s int64) bool {
+	if l.unsettled.Load() == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.unsettledStripes[s]
 }
 
 // lockStripe locks stripe s (and the stripes sharing its lock slot).
@@ -240,6 +337,11 @@ const defaultCleanDelay = 500 * time.Millisecond
 func (l *Layer) clean(g uint64, immediate bool) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.unsettled.Load() != nil {
+		// A stripe a full store left inconsistent keeps its bit until
+		// settle has recovered it (which clears every bit itself).
+		return 0
+	}
 	now := time.Now()
 	cleared := 0
 	for s, d := range l.dirty {
@@ -314,6 +416,9 @@ func (l *Layer) internalFlush() error {
 	if l.frozen.Load() {
 		return errFrozen
 	}
+	if err := l.unsettledErr(); err != nil {
+		return err // clean frees nothing until settle ran
+	}
 	l.clean(g, true)
 	return l.syncBitmap()
 }
@@ -380,6 +485,9 @@ func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
 	}
 	if len(p) == 0 {
 		return nil
+	}
+	if err := l.settle(); err != nil {
+		return err
 	}
 	return l.writeRange(off, int64(len(p)), p, fua)
 }
@@ -543,6 +651,9 @@ func (l *Layer) updateStripe(s, lo, hi int64, src []byte, fua bool) (bool, error
 	if err := l.failingError(); err != nil {
 		return false, err
 	}
+	if err := l.unsettledErr(); err != nil {
+		return false, err
+	}
 	m, cnt := l.missingFor(s)
 	if cnt > 1 {
 		return false, errTooManyFailed
@@ -568,6 +679,7 @@ func (l *Layer) updateStripe(s, lo, hi int64, src []byte, fua bool) (bool, error
 		landed, err = l.writeDegraded(s, m, ps, src, fua)
 	}
 	if err != nil {
+		l.unsettleOn(err, s, s+1)
 		return landed, err
 	}
 	return true, l.clearLost(s, s+1, func(s int64) []int { return l.covered(s, ps) }, m, fua)
@@ -988,6 +1100,9 @@ func (l *Layer) readReconstruct(s int64, d int, a, b int64, dst []byte) error {
 	if l.suspect[s] {
 		return fmt.Errorf("read stripe %d: its parity was not recovered (read-only or frozen open): %w", s, syscall.EIO)
 	}
+	if l.isUnsettled(s) {
+		return fmt.Errorf("read stripe %d: its parity may not match its data until space is back to recover it: %w", s, syscall.EIO)
+	}
 	shards := make([][]byte, l.n)
 	var reads []legOp
 	for i := range l.n {
@@ -1024,6 +1139,9 @@ func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
 	}
 	if f.Fast && !l.caps.FastZero {
 		return block.ErrNotSupported
+	}
+	if err := l.settle(); err != nil {
+		return err
 	}
 	end := off + n
 	if end == l.size.Load() {
@@ -1076,6 +1194,9 @@ func (l *Layer) Trim(off, n int64, fua bool) error {
 	if fs >= le {
 		return nil
 	}
+	if err := l.settle(); err != nil {
+		return err
+	}
 	return l.zeroStripes(fs, le, block.ZeroFlags{FUA: fua})
 }
 
@@ -1124,6 +1245,9 @@ func (l *Layer) zeroBatch(from, to int64, f block.ZeroFlags) (handled, landed bo
 	if err := l.failingError(); err != nil {
 		return false, false, err
 	}
+	if err := l.unsettledErr(); err != nil {
+		return false, false, err
+	}
 	for _, st := range l.state {
 		if st != legOK {
 			return false, false, nil
@@ -1160,6 +1284,7 @@ func (l *Layer) zeroBatch(from, to int64, f block.ZeroFlags) (handled, landed bo
 		ops = append(ops, zeroOp(leg, from*C, (to-from)*C, f))
 	}
 	if landed, err := l.writePhase(ops, true); err != nil {
+		l.unsettleOn(err, from, to)
 		return true, landed, err
 	}
 	return true, true, l.clearLost(from, to, l.everyLeg, -1, f.FUA)
@@ -1187,6 +1312,9 @@ func (l *Layer) zeroStripe(s int64, f block.ZeroFlags) (bool, error) {
 	if err := l.failingError(); err != nil {
 		return false, err
 	}
+	if err := l.unsettledErr(); err != nil {
+		return false, err
+	}
 	m, cnt := l.missingFor(s)
 	if cnt > 1 {
 		return false, errTooManyFailed
@@ -1207,6 +1335,7 @@ func (l *Layer) zeroStripe(s int64, f block.ZeroFlags) (bool, error) {
 	}
 	landed, err := l.writePhase(ops, m < 0)
 	if err != nil {
+		l.unsettleOn(err, s, s+1)
 		return landed, err
 	}
 	return true, l.clearLost(s, s+1, l.everyLeg, m, f.FUA)
@@ -1218,6 +1347,9 @@ func (l *Layer) zeroStripe(s int64, f block.ZeroFlags) (bool, error) {
 // clean) and syncs the bitmap if it cleared any, so that the set of
 // stripes an unclean restart must recover stays small.
 func (l *Layer) Flush() error {
+	if err := l.settle(); err != nil {
+		return err
+	}
 	l.mode.RLock()
 	if l.closed {
 		l.mode.RUnlock()
@@ -1252,6 +1384,10 @@ func (l *Layer) Flush() error {
 		// markFailed flushes the other legs: what was written is durable.
 		return l.markFailed(le)
 	}
+	if err == nil && l.rebuildStalled.CompareAndSwap(true, false) {
+		// A rebuild stopped by a full store; there may be space again.
+		l.startRebuild(nil)
+	}
 	return err
 }
 
@@ -1284,7 +1420,7 @@ func (l *Layer) chunkExtent(s int64, d int, a, b int64) block.Extent {
 	data := block.Extent{Length: b - a}
 	leg := l.dataLeg(s, d)
 	m, cnt := l.missingFor(s)
-	if cnt > 1 || l.isLost(s, leg) || leg == m && l.suspect[s] {
+	if cnt > 1 || l.isLost(s, leg) || leg == m && (l.suspect[s] || l.isUnsettled(s)) {
 		return data
 	}
 	first := func(i int, length int64) (block.Extent, bool) {

@@ -39,7 +39,9 @@
 //     a stripe whose bit is clear on disk is consistent on disk (parity =
 //     XOR of its data). On open every stripe whose bit is set gets its parity
 //     recomputed from its data before anything else happens: the RAID-5
-//     write hole (data written, parity not, or the reverse) is closed.
+//     write hole (data written, parity not, or the reverse) is closed. (An
+//     open that a full store keeps from writing that recovery leaves it to
+//     before the first update: see "A full store".)
 //  2. A data chunk on a missing leg exists only as parity, so recomputing
 //     parity cannot repair it. Before a stripe whose missing leg holds data
 //     is modified, the chunk's content after the update is written to the
@@ -93,11 +95,11 @@
 //
 // # Concurrency
 //
-// Every operation holds `mode` shared; leg state changes, Resize and Close
-// hold it exclusively, so they never see an update in flight. A stripe is
-// updated (and a missing chunk reconstructed) under its stripe lock (1024
-// locks, by stripe number modulo 1024); only zeroBatch and rebuildBatch
-// hold several at once, taken in ascending order.
+// Every operation holds `mode` shared; leg state changes, settle, Resize
+// and Close hold it exclusively, so they never see an update in flight. A
+// stripe is updated (and a missing chunk reconstructed) under its stripe
+// lock (1024 locks, by stripe number modulo 1024); only zeroBatch and
+// rebuildBatch hold several at once, taken in ascending order.
 //
 // # Failures
 //
@@ -109,14 +111,44 @@
 // being marked failed, the leg is "failing" (in memory): its chunk of the
 // stripe is stale, so reads treat it as missing and updates wait for
 // markFailed (they return a leg error for it first), so nothing computes
-// parity from, returns, or acknowledges on top of, that chunk. Every
-// error from a leg is a failure (ENOSPC included): a write that reached
-// only some legs leaves a stripe inconsistent, which is only safe once
-// that leg is out. A second leg out is not persisted: the layer freezes
-// (state failed; writes fail with EIO; no metadata is written, intent bits
-// stay), so that if that leg was only briefly unreachable the next open
-// with it back is merely degraded and recovers normally. Meanwhile what
-// can be read directly is served; the rest fails with EIO.
+// parity from, returns, or acknowledges on top of, that chunk. Every error
+// from a leg but a refusal for want of space (see "A full store") is a
+// failure: a write that reached only some legs leaves a stripe
+// inconsistent, which is only safe once that leg is out. A second leg out
+// is not persisted: the layer freezes (state failed; writes fail with
+// EIO; no metadata is written, intent bits stay), so that if that leg was
+// only briefly unreachable the next open with it back is merely degraded
+// and recovers normally. Meanwhile what can be read directly is served;
+// the rest fails with EIO.
+//
+// # A full store
+//
+// A leg that refuses a write or a flush for want of space (ENOSPC, EDQUOT)
+// is not failed: the legs live on the store's file system, which is full,
+// not broken, and failing them would degrade, then freeze, every parity
+// volume of a full store (writes failing with EIO until a reopen, not
+// with the file system's error). The operation fails with that error
+// instead, and the stripes it may have left inconsistent — the update's,
+// or after a refused flush (which may have dropped what the leg had
+// taken) every stripe updated since the last flush — become unsettled:
+// their intent bits are set (an update sets its stripe's before writing;
+// only a completed flush clears one) and stay; no stripe is updated, no
+// intent bit cleared and no rebuild batch run until settle has recovered
+// every stripe whose intent bit is set exactly as an open after a crash
+// does (invariants 1 and 2: parity recomputed from the data, the journal's
+// entry standing in for a chunk missing all epoch); and a missing chunk of
+// an unsettled stripe reads as EIO, never reconstructed from stale
+// parity. The next write, flush, resize or repair settles, failing with
+// the store's error while it still cannot. An open whose recovery (or the
+// epoch switch for a leg found gone) a full store refuses opens all the
+// same with that work unsettled, every dirty stripe unsettled; a
+// superblock write that fails (and may have landed: the disk's epoch is
+// then unknown) leaves updates refused until a superblock write succeeds.
+// A leg failing meanwhile for another reason freezes the layer, as a
+// second leg out does (a new epoch would declare the unsettled stripes
+// consistent); the next open recovers. A rebuild whose writes the store
+// refuses stops, its leg still rebuilding, and starts again at the next
+// Flush that succeeds.
 //
 // # Who calls it
 //
@@ -263,6 +295,18 @@ type Layer struct {
 	// suspect: stripes whose interrupted update a read-only or frozen open
 	// could not recover; their missing chunks are not reconstructed.
 	suspect map[int64]bool
+	// unsettled, when set, is work a full store kept from being done
+	// (see "A full store"): stripes that may be inconsistent on disk
+	// although no leg is out (recover), or a superblock that may hold
+	// what a failed write left (super). Until settle has done it no
+	// stripe is updated and no intent bit cleared, and the stripes in
+	// unsettledStripes (guarded by mu) are not reconstructed from.
+	unsettled        atomic.Pointer[pending]
+	unsettledStripes map[int64]bool
+	// rebuildStalled: the last rebuild stopped because the store was
+	// full; the next Flush that succeeds starts it again.
+	rebuildStalled atomic.Bool
+
 	size    atomic.Int64
 	stripes atomic.Int64
 
@@ -286,6 +330,122 @@ type Layer struct {
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
 	rb     rebuilder
+}
+
+// pending is what settle must do before any stripe is updated again.
+type pending struct {
+	err error // what kept it from being done: what writers are told meanwhile
+	// recover: every stripe whose intent bit is set gets its parity
+	// recomputed from its data, as after a crash (a leg refused part of
+	// an update or a flush for want of space, or an open could not write
+	// its recovery), and a leg state changed in memory only (a leg found
+	// gone at open) is committed with a new epoch.
+	recover bool
+	// super: a superblock write failed, and may have landed: which epoch
+	// and leg states the disk holds is unknown until one succeeds.
+	super bool
+}
+
+// needSettle adds work for settle (see pending); err is kept from the
+// first work that is still to do.
+func (l *Layer) needSettle(recover, super bool, err error) {
+	for {
+		old := l.unsettled.Load()
+		n := &pending{err: err, recover: recover, super: super}
+		if old != nil {
+			if (old.recover || !recover) && (old.super || !super) {
+				return
+			}
+			n.err, n.recover, n.super = old.err, old.recover || recover, old.super || super
+		}
+		if l.unsettled.CompareAndSwap(old, n) {
+			return
+		}
+	}
+}
+
+// settle does what a full store left to do (unsettled), if anything; it
+// fails, with the store's error, while that still cannot be done.
+func (l *Layer) settle() error {
+	if l.unsettled.Load() == nil {
+		return nil
+	}
+	l.mode.Lock()
+	defer l.mode.Unlock()
+	if l.closed {
+		return block.ErrClosed
+	}
+	return l.settleLocked()
+}
+
+// settleLocked is settle with mode held exclusively: no update in flight.
+// With recover, every stripe whose current intent bit is set gets its
+// parity recomputed from its data chunks (the journal's entry standing in
+// for a chunk on a leg missing all epoch), the legs are flushed and every
+// intent bit cleared durably — recover, as at open — and a leg state
+// that changed in memory only is committed by a new epoch; with super
+// alone, the superblock is written again as memory has it.
+func (l *Layer) settleLocked() error {
+	p := l.unsettled.Load()
+	if p == nil {
+		return nil
+	}
+	if l.frozen.Load() {
+		return errFrozen
+	}
+	if le := asLegError(l.failingError()); le != nil {
+		// A leg failed a write meanwhile: out first (with stripes to
+		// recover, that freezes the layer: see markFailedLocked).
+		if err := l.markFailedLocked(le); err != nil {
+			return err
+		}
+		if p = l.unsettled.Load(); p == nil {
+			return nil
+		}
+	}
+	if p.recover {
+		if err := l.jr.scan(l.epoch); err != nil {
+			return fmt.Errorf("parity recovery: %w", err)
+		}
+		gone := make([]bool, l.n)
+		for i := range gone {
+			gone[i] = l.state[i] == legFailed && l.disk[i] != legFailed
+		}
+		if err := l.recover(l.disk, gone, true); err != nil {
+			return fmt.Errorf("parity: stripes a full store left unsettled are still to recover: %w", err)
+		}
+		// Every stripe is consistent and durable, every intent bit
+		// durably clear: no stripe holds a journal pair any more.
+		l.mu.Lock()
+		clear(l.dirty)
+		l.unsettledStripes = nil
+		l.jr.resetPairs()
+		l.releasable = nil
+		l.pairEvents++
+		l.pairCond.Broadcast()
+		l.mu.Unlock()
+	}
+	if !slices.Equal(l.state, l.disk) {
+		if err := l.switchEpoch(l.state); err != nil {
+			return err
+		}
+	} else if p.super {
+		if err := l.writeSuper(l.disk, l.epoch, l.size.Load()); err != nil {
+			return err
+		}
+	}
+	l.unsettled.Store(nil)
+	l.log.Info("parity: settled what a full store had left undone")
+	return nil
+}
+
+// settleIfUnfrozen is settleLocked unless the layer is frozen (which
+// settles nothing, and its next open recovers everything).
+func (l *Layer) settleIfUnfrozen() error {
+	if l.frozen.Load() {
+		return nil
+	}
+	return l.settleLocked()
 }
 
 // dirtyStripe is when a stripe with its intent bit set was last updated.
@@ -531,13 +691,36 @@ func (l *Layer) open() error {
 		l.log.Error("parity: two legs out; serving reads only", "state", string(l.state))
 	}
 	if err := l.recover(persisted, gone, !l.ro && !l.frozen.Load()); err != nil {
-		return err
+		if !noSpace(err) {
+			return err
+		}
+		// A full store must not keep the volume from opening: the stripes
+		// keep their intent bits, reads of their chunks on present legs
+		// are right already, and settle recovers them — switching epoch
+		// for a leg found gone too — before the first update, once there
+		// is space (see "A full store").
+		l.log.Warn("parity: recovery after an unclean shutdown waits for space", "err", err)
+		l.mu.Lock()
+		l.unsettledStripes = map[int64]bool{}
+		for i := l.bm.NextSet(0); i >= 0; i = l.bm.NextSet(i + 1) {
+			if i%l.bps == l.intentBit(0, l.epoch) {
+				l.unsettledStripes[i/l.bps] = true
+			}
+		}
+		l.mu.Unlock()
+		l.needSettle(true, false, fmt.Errorf("recovery after an unclean shutdown: %w", err))
+		return nil
 	}
 	// Persist a leg found gone: a new epoch, with every stripe consistent
 	// (recovery flushed the legs and cleared every intent bit).
 	if !slices.Equal(l.state, persisted) && !l.ro && !l.frozen.Load() {
 		if err := l.switchEpoch(l.state); err != nil {
-			return err
+			if !noSpace(err) {
+				return err
+			}
+			// The same: settle commits it before the first update.
+			l.log.Warn("parity: recording a leg found gone waits for space", "err", err)
+			l.needSettle(true, false, fmt.Errorf("recording a leg found gone: %w", err))
 		}
 	}
 	return nil
@@ -794,6 +977,9 @@ func (l *Layer) Resize(size int64) error {
 	if l.closed {
 		return block.ErrClosed
 	}
+	if err := l.settleLocked(); err != nil {
+		return err
+	}
 	cur := l.size.Load()
 	if size < cur {
 		return fmt.Errorf("parity resize: cannot shrink from %d to %d bytes", cur, size)
@@ -848,6 +1034,10 @@ func (l *Layer) Close() error {
 	var first error
 	if !l.ro {
 		if err := l.flushLegs(-1); err != nil {
+			first = err
+		} else if err := l.settleIfUnfrozen(); err != nil {
+			// Stripes a full store left unsettled keep their bits: the
+			// next open recovers them.
 			first = err
 		} else if !l.frozen.Load() {
 			for i := l.bm.NextSet(0); i >= 0; i = l.bm.NextSet(i + 1) {

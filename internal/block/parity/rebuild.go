@@ -56,6 +56,16 @@ func (l *Layer) markFailedLocked(le *legError) error {
 		l.state = next // nothing is persisted read-only
 		return nil
 	}
+	if p := l.unsettled.Load(); p != nil && p.recover && !l.frozen.Load() {
+		// Stripes a full store left unsettled may be inconsistent, and a
+		// new epoch would declare every stripe consistent: take the leg
+		// out in memory only and freeze, as with two legs out; the next
+		// open recovers both.
+		l.state = next
+		l.frozen.Store(true)
+		l.log.Error("parity: a leg failed while a full store kept stripes from being recovered; refusing writes until reopened", "state", string(next))
+		return errFrozen
+	}
 	if out := countOut(next); out == 1 && !l.frozen.Load() {
 		f := slices.IndexFunc(next, func(c byte) bool { return c != legOK })
 		err := l.flushLegs(f)
@@ -103,7 +113,15 @@ func (l *Layer) switchEpoch(next []byte) error {
 		return err
 	}
 	if err := l.writeSuper(next, e, l.size.Load()); err != nil {
+		// It may have landed (a writeback refused for want of space):
+		// the disk may hold the new epoch, whose intent bits updates in
+		// the old one would not set. None runs until a superblock write
+		// says again what memory does (settle, or this switch retried).
+		l.needSettle(false, true, err)
 		return err
+	}
+	if p := l.unsettled.Load(); p != nil && !p.recover {
+		l.unsettled.Store(nil) // the superblock is as memory has it now
 	}
 	old := l.epoch
 	l.epoch, l.state, l.disk = e, slices.Clone(next), slices.Clone(next)
@@ -172,6 +190,9 @@ func (l *Layer) Repair(ctx context.Context, p block.Progress) error {
 	if l.frozen.Load() {
 		return errFrozen
 	}
+	if err := l.settle(); err != nil {
+		return err
+	}
 	for {
 		need, err := l.prepareRebuild()
 		if err != nil || !need {
@@ -198,6 +219,9 @@ func (l *Layer) prepareRebuild() (bool, error) {
 	defer l.mode.Unlock()
 	if l.closed {
 		return false, block.ErrClosed
+	}
+	if err := l.settleLocked(); err != nil {
+		return false, err
 	}
 	var failed, rebuilding []int
 	for i, st := range l.state {
@@ -312,6 +336,11 @@ func (l *Layer) startRebuild(p block.Progress) *rebuildRun {
 }
 
 func (l *Layer) rebuild(ctx context.Context) error {
+	// Nothing is reconstructed from stripes a full store left unsettled.
+	if err := l.settle(); err != nil {
+		l.rebuildStalled.Store(noSpace(err))
+		return err
+	}
 	l.mode.RLock()
 	remaining := int64(0)
 	for i := l.bm.NextSet(0); i >= 0; i = l.bm.NextSet(i + 1) {
@@ -336,6 +365,10 @@ func (l *Layer) rebuild(ctx context.Context) error {
 			return fmt.Errorf("parity rebuild: %w", err)
 		}
 		if err != nil {
+			// A leg refusing the rebuild's writes for want of space is
+			// not failed: the rebuild stops (its progress is kept) and
+			// the next Flush that succeeds starts it again.
+			l.rebuildStalled.Store(noSpace(err))
 			return err
 		}
 		l.rb.done.Add(int64(n))
@@ -375,6 +408,9 @@ func (l *Layer) rebuildBatch(cursor *int64) (int, error) {
 		return 0, errors.New("parity rebuild: no leg is being rebuilt")
 	}
 	if err := l.failingError(); err != nil {
+		return 0, err
+	}
+	if err := l.unsettledErr(); err != nil {
 		return 0, err
 	}
 	var batch []int64
@@ -465,6 +501,9 @@ func (l *Layer) finishRebuild() error {
 		if i%l.bps == 2 {
 			return fmt.Errorf("parity rebuild: stripe %d still to rebuild", i/l.bps)
 		}
+	}
+	if err := l.settleLocked(); err != nil {
+		return err // a new epoch declares every stripe consistent
 	}
 	if err := l.flushLegs(-1); err != nil {
 		if le := asLegError(err); le != nil {

@@ -9,13 +9,14 @@ import (
 	"github.com/basalt-storage/basalt/internal/block"
 )
 
-// writeFails is a leg that refuses writes (a full or read-only file
-// system) while its reads, of what it held before, still succeed.
+// writeFails is a leg that refuses writes (a file system remounted
+// read-only after an error) while its reads, of what it held before, still
+// succeed. (A refusal for want of space is not a leg failure: full_test.)
 type writeFails struct{ block.Layer }
 
-func (w writeFails) WriteAt([]byte, int64, bool) error { return syscall.ENOSPC }
+func (w writeFails) WriteAt([]byte, int64, bool) error { return syscall.EROFS }
 func (w writeFails) WriteZeroes(int64, int64, block.ZeroFlags) error {
-	return syscall.ENOSPC
+	return syscall.EROFS
 }
 
 // An update that landed although leg b refused its write leaves b's chunk
