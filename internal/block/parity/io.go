@@ -1405,8 +1405,17 @@ func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
 		return nil, block.ErrClosed
 	}
 	var out []block.Extent
+	healthy := l.healthy()
 	for i, end := 0, off+n; off < end && i < 64; i++ {
 		s, w := off/l.dsz, off%l.dsz
+		if healthy && w == 0 {
+			if e, stripes := l.zeroRun(s, (end-off+l.dsz-1)/l.dsz); stripes > 0 {
+				e.Length = min(stripes*l.dsz, end-off)
+				out = block.AppendExtent(out, e)
+				off += e.Length
+				continue
+			}
+		}
 		d, a := int(w/l.chunk), w%l.chunk
 		b := min(l.chunk, a+end-off)
 		e := l.chunkExtent(s, d, a, b)
@@ -1414,6 +1423,40 @@ func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
 		off += e.Length
 	}
 	return out, nil
+}
+
+// healthy reports whether every leg holds a valid chunk of every stripe
+// and none is marked lost, suspect or unsettled: then a stripe reads as
+// zeroes where all its legs do, whatever its layout. The caller holds
+// mode.
+func (l *Layer) healthy() bool {
+	for i, st := range l.state {
+		if st != legOK || l.failing[i].Load() {
+			return false
+		}
+	}
+	return l.lost.Load() == 0 && len(l.suspect) == 0 && l.unsettled.Load() == nil
+}
+
+// zeroRun returns how many whole stripes from s on (up to most) read
+// as zeroes on every leg, asking each leg once, and their flags (a hole
+// only where every leg has one); 0 when some leg holds data at stripe s.
+// It lets Extents describe a sparse volume in a few calls per run of
+// stripes rather than a few per chunk (64 chunks a call: 786,432 calls of
+// four leg questions each for 3 TiB, which a copy-on-write layer above
+// walks at every open). The caller holds mode and checked healthy.
+func (l *Layer) zeroRun(s, most int64) (block.Extent, int64) {
+	flags := block.Extent{Hole: true, Zero: true}
+	lim := most * l.chunk
+	for _, c := range l.children {
+		ex, err := c.Extents(s*l.chunk, lim)
+		if err != nil || len(ex) == 0 || ex[0].Length <= 0 || !ex[0].Zero {
+			return block.Extent{}, 0
+		}
+		lim = min(lim, ex[0].Length)
+		flags.Hole = flags.Hole && ex[0].Hole
+	}
+	return flags, lim / l.chunk
 }
 
 func (l *Layer) chunkExtent(s int64, d int, a, b int64) block.Extent {
