@@ -55,7 +55,7 @@ type conn struct {
 	// nothing of (splicewrite.go).
 	spliceRefused atomic.Int32
 	sock          *socket // nil unless plain TCP (nil after STARTTLS)
-	warm          bool    // the client is on this host: spliced reads are warmed (splice.go)
+	local         bool    // the client is on this host: reads are copied, not spliced (splice.go)
 	size          uint64
 	flags         uint16
 	pending       bool      // the reader queued replies it has not flushed (reader only)
@@ -112,11 +112,11 @@ var errTLSClosed = errors.New("TLS session closed")
 
 func newConn(s *Server, nc net.Conn) *conn {
 	c := &conn{
-		srv:  s,
-		raw:  nc,
-		nc:   nc,
-		sock: newSocket(nc),
-		warm: !s.coldLocal && onThisHost(nc),
+		srv:   s,
+		raw:   nc,
+		nc:    nc,
+		sock:  newSocket(nc),
+		local: !s.spliceLocal && onThisHost(nc),
 		// Set before the connection is tracked (Server.track, under its
 		// lock), so whoever finds it there sees it.
 		budget: newBudget(s.MaxInFlight, s.MaxInFlightBytes),
@@ -189,7 +189,9 @@ func (c *conn) run() {
 	}
 	c.exp, c.dev, c.size, c.stats = exp, exp.Device, uint64(exp.Device.Size()), exp.Stats
 	c.nowait, _ = exp.Device.(block.NoWaitReader)
-	c.splicer, _ = exp.Device.(block.Splicer)
+	if !c.local {
+		c.splicer, _ = exp.Device.(block.Splicer)
+	}
 	c.spliceW, _ = exp.Device.(block.SpliceWriter)
 	c.flags = c.transmissionFlags(exp)
 	if exp.Revoked != nil {

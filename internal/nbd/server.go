@@ -70,9 +70,9 @@ type Server struct {
 	// connection ends, and releases its export, when the device returns.
 	CloseTimeout time.Duration
 
-	// coldLocal (tests) serves clients on this host as remote ones: their
-	// spliced reads are not warmed.
-	coldLocal bool
+	// spliceLocal (tests) serves clients on this host as remote ones:
+	// their big reads are spliced.
+	spliceLocal bool
 
 	mu     sync.Mutex
 	conns  map[*conn]struct{}

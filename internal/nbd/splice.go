@@ -3,8 +3,6 @@ package nbd
 import (
 	"io"
 	"sync"
-	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -24,19 +22,18 @@ import (
 // the device did not move (a layer that cannot splice part of the range)
 // are read with ReadAt and sent after the spliced ones.
 //
-// A client on this host gets the spliced bytes warm: before the reply is
-// sent, the server reads them once (warm), which brings them into the
-// CPUs' caches. Spliced, the client's copy out of the socket is the bytes'
-// first touch since they came into the page cache, and its thread stalls
-// on memory for all of them; a client that drives the volume from one
-// thread (fio's nbd engine, QEMU's NBD driver) is bound by that copy, not
-// by the server. Read first by the server, in parallel with the client's
-// work on earlier replies, the bytes reach the client from the caches:
-// bench/nbd.sh's 1 MiB reads over loopback went from 0.95 of nbdkit's
-// rate to 1.06–1.28, for about 230 µs more server CPU per MiB, two
-// thirds to three quarters of nbdkit's (bench/RESULTS.md, session 21).
-// A remote client's copy does not share this host's caches, so its reads
-// are spliced cold.
+// Only a remote client's reads are spliced. A client on this host copies
+// the bytes out of the socket itself, and behind a splice that copy is
+// their first touch since they came into the page cache: its thread
+// stalls on memory for all of them, and a client that drives the volume
+// from one thread (fio's nbd engine, QEMU's NBD driver) is bound by it.
+// Reading the bytes once in the server first (tee(2) into a second pipe)
+// took 1 MiB reads over loopback from 0.95 of nbdkit's rate to 1.06–1.28
+// on kernel 6.18 (bench/RESULTS.md, session 21); on 6.18.44 splicing lost
+// either way (0.36 cold, 0.49 warmed) while copying — read into a
+// buffer, written to the socket, as nbdkit does — made 1.19–1.21, for
+// less server CPU than nbdkit's (session 27). Over a network the NIC
+// reads the spliced pages itself, and no CPU copies them on either side.
 //
 // A pipe with bytes in it is never reused: one whose reply was not sent
 // whole is closed. Idle empty pipes are kept (up to maxIdlePipes), since
@@ -135,9 +132,6 @@ func (c *conn) spliceRead(req request, cost int64, nowait bool) (*reply, error) 
 		putPipe(p)
 		return nil, nil
 	}
-	if c.warm {
-		p.warm(k)
-	}
 	var rest []byte
 	if k < n {
 		rest = getBuf(n - k)
@@ -159,46 +153,6 @@ func (c *conn) spliceRead(req request, cost int64, nowait bool) (*reply, error) 
 		r.typ, r.offset = replyTypeOffsetData, req.offset
 	}
 	return r, nil
-}
-
-// warmBufs hold what warm reads; it throws the bytes away, so one small
-// buffer serves any number of reads and stays in the cache itself.
-var warmBufs = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
-
-// warm reads the n bytes at the head of the pipe without taking them out
-// of it: tee(2) gives a second pipe references to the same pages, and the
-// bytes are read out of that one. Warming is an optimisation: whatever
-// fails, the pipe still holds its bytes (tee never takes them).
-func (p *pipe) warm(n int) {
-	t := getPipe()
-	if t == nil {
-		return
-	}
-	// Both pipes are non-blocking and t is empty with p's capacity, so
-	// neither call can block: raw system calls (see socket.go).
-	k, _, e := syscall.RawSyscall6(unix.SYS_TEE, uintptr(p.r), uintptr(t.w), uintptr(n), unix.SPLICE_F_NONBLOCK, 0, 0)
-	if e != 0 || k == 0 {
-		putPipe(t)
-		return
-	}
-	b := warmBufs.Get().(*[]byte)
-	left := int(k)
-	for left > 0 {
-		m, _, e := syscall.RawSyscall(syscall.SYS_READ, uintptr(t.r), uintptr(unsafe.Pointer(&(*b)[0])), uintptr(min(left, len(*b))))
-		if e == unix.EINTR {
-			continue
-		}
-		if e != 0 || m == 0 {
-			break
-		}
-		left -= int(m)
-	}
-	warmBufs.Put(b)
-	if left > 0 {
-		t.close()
-	} else {
-		putPipe(t)
-	}
 }
 
 // releasePipe returns a sent reply's pipe for reuse, or closes it if the

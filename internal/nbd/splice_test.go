@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
-	"golang.org/x/sys/unix"
 )
 
 // splicing counts the bytes its file moves into pipes. With part, it
@@ -64,15 +63,15 @@ func TestSplicedReads(t *testing.T) {
 		name              string
 		part              float64
 		handler, failRest bool
-		cold              bool // served as to a remote client: not warmed
+		local             bool // served as to a client on this host: copied, not spliced
 	}{
 		{"whole", 0, false, false, false},
 		{"part", 0.4, false, false, false},
 		{"whole-handler", 0, true, false, false},
 		{"part-handler", 0.4, true, false, false},
 		{"rest-fails", 0.4, true, true, false},
-		{"whole-cold", 0, false, false, true},
-		{"part-handler-cold", 0.4, true, false, true},
+		{"local", 0, false, false, true},
+		{"local-handler", 0.4, true, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			modes(t, func(t *testing.T, structured bool) {
@@ -81,7 +80,7 @@ func TestSplicedReads(t *testing.T) {
 					t.Fatal(err)
 				}
 				dev := &splicing{File: file, part: tc.part, handler: tc.handler, failRest: tc.failRest}
-				_, addr := serve(t, dev, func(s *Server) { s.coldLocal = tc.cold })
+				_, addr := serve(t, dev, func(s *Server) { s.spliceLocal = !tc.local })
 				c, _ := open(t, addr, structured, false)
 				type read struct {
 					off uint64
@@ -129,8 +128,8 @@ func TestSplicedReads(t *testing.T) {
 						t.Fatal("read after the batch returned wrong data")
 					}
 				}
-				if dev.spliced.Load() == 0 {
-					t.Fatal("nothing was spliced")
+				if spliced := dev.spliced.Load(); tc.local != (spliced == 0) {
+					t.Fatalf("%d bytes spliced for a client on this host: %v", spliced, tc.local)
 				}
 				c.disc()
 			})
@@ -141,47 +140,6 @@ func TestSplicedReads(t *testing.T) {
 		defer pipes.mu.Unlock()
 		return pipes.live == len(pipes.idle)
 	}) {
-		t.Fatalf("%d pipes open, %d of them idle", pipes.live, len(pipes.idle))
-	}
-}
-
-// Warming a pipe leaves every byte in it, in order, and returns its second
-// pipe for reuse.
-func TestWarmKeepsPipe(t *testing.T) {
-	for _, n := range []int{4096, 300<<10 + 7, pipeSize} {
-		p := getPipe()
-		if p == nil {
-			t.Skip("no pipes of pipeSize here (fs.pipe-max-size)")
-		}
-		want := pattern(n, byte(n))
-		for w := 0; w < n; {
-			k, err := unix.Write(p.w, want[w:])
-			if err != nil {
-				t.Fatal(err)
-			}
-			w += k
-		}
-		p.warm(n + 4096) // asked for more than it holds: warms what is there
-		got := make([]byte, n+1)
-		k := 0
-		for k < n {
-			m, err := unix.Read(p.r, got[k:])
-			if err != nil {
-				t.Fatal(err)
-			}
-			k += m
-		}
-		if _, err := unix.Read(p.r, got[k:]); err != unix.EAGAIN {
-			t.Fatalf("pipe holds more than was written (read: %v)", err)
-		}
-		if !bytes.Equal(got[:n], want) {
-			t.Fatalf("%d bytes: the pipe's bytes changed", n)
-		}
-		putPipe(p)
-	}
-	pipes.mu.Lock()
-	defer pipes.mu.Unlock()
-	if pipes.live != len(pipes.idle) {
 		t.Fatalf("%d pipes open, %d of them idle", pipes.live, len(pipes.idle))
 	}
 }
