@@ -2,87 +2,27 @@ package mirror
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 
 	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/block/blocktest"
 )
 
-// A leg on a file system that fills up: while its switch is on, a write
-// lands half its bytes (the space there was) and fails with ENOSPC, a
-// write of zeroes fails with ENOSPC, and so does a flush (ext4 reports a
-// delayed allocation's ENOSPC at fsync). Nothing is wrong with the leg.
-var fullSwitches sync.Map // id -> *atomic.Bool
-
-func fullSwitch(id string) *atomic.Bool {
-	s, _ := fullSwitches.LoadOrStore(id, &atomic.Bool{})
-	return s.(*atomic.Bool)
-}
-
-type fillingLeg struct {
-	block.Layer
-	full *atomic.Bool
-	raw  json.RawMessage
-}
-
-func init() {
-	block.Register(block.Type{Name: "mirrortest-filling", MinChildren: 1, MaxChildren: 1,
-		New: func(_ block.Env, raw json.RawMessage, ch []block.Layer) (block.Layer, error) {
-			var p struct {
-				ID string `json:"id"`
-			}
-			if err := block.DecodeParams(raw, &p); err != nil {
-				return nil, err
-			}
-			return &fillingLeg{Layer: ch[0], full: fullSwitch(p.ID), raw: raw}, nil
-		}})
-}
-
-func (f *fillingLeg) WriteAt(p []byte, off int64, fua bool) error {
-	if f.full.Load() {
-		f.Layer.WriteAt(p[:len(p)/2], off, false)
-		return syscall.ENOSPC
-	}
-	return f.Layer.WriteAt(p, off, fua)
-}
-
-func (f *fillingLeg) WriteZeroes(off, n int64, z block.ZeroFlags) error {
-	if f.full.Load() {
-		return syscall.ENOSPC
-	}
-	return f.Layer.WriteZeroes(off, n, z)
-}
-
-func (f *fillingLeg) Flush() error {
-	if f.full.Load() {
-		return syscall.ENOSPC
-	}
-	return f.Layer.Flush()
-}
-
-func (f *fillingLeg) Describe() block.Node {
-	kid := f.Layer.Describe()
-	return block.Node{Type: "mirrortest-filling", Params: f.raw, State: kid.State, Children: []block.Node{kid}}
-}
-
-func (f *fillingLeg) Children() []block.Layer { return []block.Layer{f.Layer} }
-
-// fillingSpec is a mirror over file legs, each under a filling switch
-// named after the test and the leg.
+// fillingSpec is a mirror over file legs, each under a filling layer
+// (blocktest.FillingType) whose switch is named after the test and the leg.
 func fillingSpec(t *testing.T, params string, legs ...string) (string, []*atomic.Bool) {
 	var kids []string
 	var sw []*atomic.Bool
 	for _, p := range legs {
 		id := t.Name() + "/" + p
-		sw = append(sw, fullSwitch(id))
-		kids = append(kids, `{"type":"mirrortest-filling","params":{"id":"`+id+`"},"children":[{"type":"file","params":{"path":"`+p+`"}}]}`)
+		sw = append(sw, blocktest.FullSwitch(id))
+		kids = append(kids, blocktest.FillingSpec(id, `{"type":"file","params":{"path":"`+p+`"}}`))
 	}
 	spec := `{"type":"mirror","params":` + params + `,"children":[` + kids[0]
 	for _, k := range kids[1:] {

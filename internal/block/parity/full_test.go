@@ -2,84 +2,29 @@ package parity
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 
 	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/block/blocktest"
 )
 
-// A leg on a file system that fills up: while its switch is on, a write
-// lands half its bytes (the space there was) and fails with ENOSPC, a
-// write of zeroes fails with ENOSPC, and so does a flush (ext4 reports a
-// delayed allocation's ENOSPC at fsync). Nothing is wrong with the leg.
-var fullSwitches sync.Map // id -> *atomic.Bool
-
-type fillingLeg struct {
-	block.Layer
-	full *atomic.Bool
-	raw  json.RawMessage
-}
-
-func init() {
-	block.Register(block.Type{Name: "paritytest-filling", MinChildren: 1, MaxChildren: 1,
-		New: func(_ block.Env, raw json.RawMessage, ch []block.Layer) (block.Layer, error) {
-			var p struct {
-				ID string `json:"id"`
-			}
-			if err := block.DecodeParams(raw, &p); err != nil {
-				return nil, err
-			}
-			s, _ := fullSwitches.LoadOrStore(p.ID, &atomic.Bool{})
-			return &fillingLeg{Layer: ch[0], full: s.(*atomic.Bool), raw: raw}, nil
-		}})
-}
-
-func (f *fillingLeg) WriteAt(p []byte, off int64, fua bool) error {
-	if f.full.Load() {
-		f.Layer.WriteAt(p[:len(p)/2], off, false)
-		return syscall.ENOSPC
-	}
-	return f.Layer.WriteAt(p, off, fua)
-}
-
-func (f *fillingLeg) WriteZeroes(off, n int64, z block.ZeroFlags) error {
-	if f.full.Load() {
-		return syscall.ENOSPC
-	}
-	return f.Layer.WriteZeroes(off, n, z)
-}
-
-func (f *fillingLeg) Flush() error {
-	if f.full.Load() {
-		return syscall.ENOSPC
-	}
-	return f.Layer.Flush()
-}
-
-func (f *fillingLeg) Describe() block.Node {
-	kid := f.Layer.Describe()
-	return block.Node{Type: "paritytest-filling", Params: f.raw, State: kid.State, Children: []block.Node{kid}}
-}
-
-// fillingSpec is specFor with every leg under a filling switch (returned,
-// by leg).
+// fillingSpec is specFor with every leg under a filling layer
+// (blocktest.FillingType); it returns their switches, by leg.
 func fillingSpec(t *testing.T, n int, chunk int64) (string, []*atomic.Bool) {
 	var kids []string
 	var sw []*atomic.Bool
 	for i := range n {
 		id := fmt.Sprintf("%s/%d", t.Name(), i)
-		s, _ := fullSwitches.LoadOrStore(id, &atomic.Bool{})
-		sw = append(sw, s.(*atomic.Bool))
-		kids = append(kids, fmt.Sprintf(`{"type":"paritytest-filling","params":{"id":%q},"children":[{"type":"file","params":{"path":"leg%d.img"}}]}`, id, i))
+		sw = append(sw, blocktest.FullSwitch(id))
+		kids = append(kids, blocktest.FillingSpec(id, fmt.Sprintf(`{"type":"file","params":{"path":"leg%d.img"}}`, i)))
 	}
 	return fmt.Sprintf(`{"type":"parity","params":{"chunk":%d},"children":[%s]}`, chunk, strings.Join(kids, ",")), sw
 }

@@ -1,0 +1,80 @@
+package blocktest
+
+import (
+	"encoding/json"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/basalt-storage/basalt/internal/block"
+)
+
+// FillingType is a layer over one child on a file system that fills up,
+// for tests of a full store: while its switch is on, a write lands half
+// its bytes (the space there was) and fails with ENOSPC, a write of zeroes
+// fails with ENOSPC, and so does a flush (ext4 reports a delayed
+// allocation's ENOSPC at fsync). Nothing is wrong with the child. Params:
+// {"id": NAME}, the switch's name (FullSwitch).
+const FillingType = "test-filling"
+
+var fullSwitches sync.Map // id -> *atomic.Bool
+
+// FullSwitch is the switch of the filling layers with params {"id": id}.
+func FullSwitch(id string) *atomic.Bool {
+	s, _ := fullSwitches.LoadOrStore(id, &atomic.Bool{})
+	return s.(*atomic.Bool)
+}
+
+// FillingSpec is the spec of a filling layer with switch id over child.
+func FillingSpec(id, child string) string {
+	p, _ := json.Marshal(map[string]string{"id": id})
+	return `{"type":"` + FillingType + `","params":` + string(p) + `,"children":[` + child + `]}`
+}
+
+type filling struct {
+	block.Layer
+	full *atomic.Bool
+	raw  json.RawMessage
+}
+
+func init() {
+	block.Register(block.Type{Name: FillingType, MinChildren: 1, MaxChildren: 1,
+		New: func(_ block.Env, raw json.RawMessage, ch []block.Layer) (block.Layer, error) {
+			var p struct {
+				ID string `json:"id"`
+			}
+			if err := block.DecodeParams(raw, &p); err != nil {
+				return nil, err
+			}
+			return &filling{Layer: ch[0], full: FullSwitch(p.ID), raw: raw}, nil
+		}})
+}
+
+func (f *filling) WriteAt(p []byte, off int64, fua bool) error {
+	if f.full.Load() {
+		f.Layer.WriteAt(p[:len(p)/2], off, false)
+		return syscall.ENOSPC
+	}
+	return f.Layer.WriteAt(p, off, fua)
+}
+
+func (f *filling) WriteZeroes(off, n int64, z block.ZeroFlags) error {
+	if f.full.Load() {
+		return syscall.ENOSPC
+	}
+	return f.Layer.WriteZeroes(off, n, z)
+}
+
+func (f *filling) Flush() error {
+	if f.full.Load() {
+		return syscall.ENOSPC
+	}
+	return f.Layer.Flush()
+}
+
+func (f *filling) Describe() block.Node {
+	kid := f.Layer.Describe()
+	return block.Node{Type: FillingType, Params: f.raw, State: kid.State, Children: []block.Node{kid}}
+}
+
+func (f *filling) Children() []block.Layer { return []block.Layer{f.Layer} }
