@@ -311,9 +311,13 @@ func TestRevocationSeenAtOnce(t *testing.T) {
 	if err := mirror.Await(ctx, name, func(u *meta.User, ok bool) bool { return ok && u.HasCert(serial) }); err != nil {
 		t.Fatal(err)
 	}
-	release := watches.BreakAndHold()
+	release, held := watches.BreakAndHold()
 	defer release()
-	time.Sleep(1500 * time.Millisecond)
+	select {
+	case <-held: // the mirror has listed again after the break
+	case <-ctx.Done():
+		t.Fatal("the mirror did not list again after its watch broke")
+	}
 	start := time.Now()
 	if n, err := s.RevokeIssuedFor(ctx, name, meta.CertForNode(node)); err != nil || n != 1 {
 		t.Fatalf("revoke: %d, %v", n, err)

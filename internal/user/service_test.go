@@ -438,7 +438,12 @@ func newLaggingNode(t *testing.T, prefix string) *laggingNode {
 	if err := l.mirror.Await(ctx, l.name, func(u *meta.User, ok bool) bool { return ok }); err != nil {
 		t.Fatal(err)
 	}
-	l.release = watches.BreakAndHold()
-	time.Sleep(1500 * time.Millisecond)
+	var held <-chan struct{}
+	l.release, held = watches.BreakAndHold()
+	select {
+	case <-held: // the mirror has listed again after the break
+	case <-ctx.Done():
+		t.Fatal("the mirror did not list again after its watch broke")
+	}
 	return l
 }

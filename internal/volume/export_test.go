@@ -161,7 +161,7 @@ func TestDetachDuringWatchBreak(t *testing.T) {
 	}
 	defer exp2.Release()
 
-	release := watches.BreakAndHold()
+	release, _ := watches.BreakAndHold()
 	if err := sB.Detach(ctx, adminCaller, first.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestDetachDuringWatchBreak(t *testing.T) {
 		t.Fatal("an attachment still attached was revoked")
 	}
 
-	release = watches.BreakAndHold()
+	release, _ = watches.BreakAndHold()
 	if err := sB.Detach(ctx, adminCaller, second.ID); err != nil {
 		t.Fatal(err)
 	}

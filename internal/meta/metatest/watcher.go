@@ -17,6 +17,7 @@ type Watcher struct {
 	mu      sync.Mutex
 	cancels []context.CancelFunc
 	gate    chan struct{} // while open, new watches wait
+	held    chan struct{} // closed once a new watch waits at gate
 }
 
 // BreakableWatches puts a Watcher under m's watches. m should be a Store
@@ -31,7 +32,11 @@ func BreakableWatches(m *meta.Store) *Watcher {
 // Watch implements clientv3.Watcher.
 func (w *Watcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
 	w.mu.Lock()
-	gate := w.gate
+	gate, held := w.gate, w.held
+	if gate != nil && held != nil {
+		close(held)
+		w.held = nil
+	}
 	w.mu.Unlock()
 	if gate != nil {
 		select {
@@ -47,11 +52,12 @@ func (w *Watcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOpti
 }
 
 // BreakAndHold ends every open watch; new ones wait until release is
-// called.
-func (w *Watcher) BreakAndHold() (release func()) {
-	gate := make(chan struct{})
+// called. held is closed when the first new watch starts waiting: for a
+// Mirror, its relist after the break is then done.
+func (w *Watcher) BreakAndHold() (release func(), held <-chan struct{}) {
+	gate, h := make(chan struct{}), make(chan struct{})
 	w.mu.Lock()
-	w.gate = gate
+	w.gate, w.held = gate, h
 	for _, c := range w.cancels {
 		c()
 	}
@@ -59,8 +65,8 @@ func (w *Watcher) BreakAndHold() (release func()) {
 	w.mu.Unlock()
 	return func() {
 		w.mu.Lock()
-		w.gate = nil
+		w.gate, w.held = nil, nil
 		w.mu.Unlock()
 		close(gate)
-	}
+	}, h
 }
