@@ -89,6 +89,11 @@ func TestNoSpaceFailsNoLeg(t *testing.T) {
 	if s := legStates(l); s[0] != legOK || s[1] != legOK {
 		t.Fatalf("legs %v after a full store refused a write: want both ok", s)
 	}
+	// Both legs are in service, but in that region only one holds the
+	// data the mirror serves: one more loss would lose it.
+	if st := l.Describe().State; st != block.StateDegraded {
+		t.Fatalf("state %q while a region waits to be copied across, want %q", st, block.StateDegraded)
+	}
 	first := make([]byte, region)
 	if err := l.ReadAt(first, 3*region); err != nil {
 		t.Fatal(err)
@@ -110,6 +115,9 @@ func TestNoSpaceFailsNoLeg(t *testing.T) {
 	}
 	l.bg.Wait() // the region's copy across, started by the flush
 	checkCopies(t, l, model)
+	if st := l.Describe().State; st != block.StateOK {
+		t.Fatalf("state %q once the region is copied across, want %q", st, block.StateOK)
+	}
 	write(t, l, model, p, 3*region)
 	if err := l.Flush(); err != nil {
 		t.Fatal(err)

@@ -625,6 +625,10 @@ func (l *Layer) Describe() block.Node {
 	for i, lg := range l.legs {
 		devs[i] = lg.dev
 	}
+	// Regions not yet copied across the ok legs (dirty at a crash, or
+	// refused by a full leg) are held by one leg only: one more loss
+	// would lose them, whatever the legs' states say.
+	unsynced := l.unsynced > 0
 	l.mu.Unlock()
 	kids := make([]block.Node, len(devs))
 	healthy, degraded := 0, false
@@ -652,7 +656,7 @@ func (l *Layer) Describe() block.Node {
 			pct = 100 * float64(l.progDone.Load()) / float64(t)
 		}
 		n.Progress = &pct
-	case degraded:
+	case degraded || unsynced:
 		n.State = block.StateDegraded
 	}
 	return n
