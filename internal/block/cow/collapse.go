@@ -273,10 +273,10 @@ func (c *collapse) classify(ks []int64) []int64 {
 	t := c.top.depth
 	var out []int64
 	for _, k := range ks {
-		if k >= int64(len(l.owner)) {
+		if k >= l.owner.Len() {
 			continue
 		}
-		switch o := l.owner[k].Load(); {
+		switch o := l.owner.Load(k); {
 		case o == 0:
 			out = append(out, k)
 		case o == t:
@@ -304,7 +304,7 @@ func (c *collapse) firstPass(ctx context.Context, progress block.Progress) error
 			l.chainMu.RUnlock()
 			return err
 		}
-		total := int64(len(l.owner))
+		total := l.owner.Len()
 		if from >= total {
 			l.chainMu.RUnlock()
 			if progress != nil {
@@ -314,8 +314,8 @@ func (c *collapse) firstPass(ctx context.Context, progress block.Progress) error
 		}
 		to := min(from+collapseBatch, total)
 		var ks []int64
-		for k := from; k < to; k++ {
-			if l.owner[k].Load() == c.top.depth {
+		for k, o := range l.owner.held(from, to) {
+			if o == c.top.depth {
 				ks = append(ks, k)
 			}
 		}
@@ -348,15 +348,7 @@ func (c *collapse) unheldData(from, to int64) ([]int64, error) {
 	l := c.l
 	var out []int64
 	seen := map[int64]bool{}
-	for k := from; k < to; {
-		if l.owner[k].Load() != 0 {
-			k++
-			continue
-		}
-		end := k
-		for end < to && l.owner[end].Load() == 0 {
-			end++
-		}
+	for k, end := range l.owner.unheld(from, to) {
 		off, n := k*l.chunk, min(end*l.chunk, l.size)-k*l.chunk
 		for _, dev := range []block.Device{c.top.dev, c.into.dev} {
 			err := dataIn(dev, off, min(n, dev.Size()-off), func(at, m int64) {
@@ -371,7 +363,6 @@ func (c *collapse) unheldData(from, to int64) ([]int64, error) {
 				return nil, err
 			}
 		}
-		k = end
 	}
 	slices.Sort(out)
 	return out, nil
@@ -500,10 +491,10 @@ func (c *collapse) commit() error {
 		return err
 	}
 	for _, k := range c.dirty.take() {
-		if k >= int64(len(l.owner)) {
+		if k >= l.owner.Len() {
 			continue
 		}
-		if o := l.owner[k].Load(); o == 0 || o == c.top.depth {
+		if o := l.owner.Load(k); o == 0 || o == c.top.depth {
 			if err := c.copyChunk(k); err != nil {
 				return err
 			}
@@ -519,9 +510,9 @@ func (c *collapse) commit() error {
 	if err := c.alloc.Grow(n); err != nil {
 		return fmt.Errorf("image %s: allocation map: %w", c.into.meta.ID, err)
 	}
-	for k := range l.owner {
-		if l.owner[k].Load() == c.top.depth {
-			c.alloc.Set(int64(k))
+	for k, o := range l.owner.held(0, l.owner.Len()) {
+		if o == c.top.depth {
+			c.alloc.Set(k)
 		}
 	}
 	if err := c.alloc.Sync(); err != nil {
@@ -547,9 +538,9 @@ func (c *collapse) commit() error {
 	}
 	// Committed: into is the top, the old top is in no chain.
 	old := c.top
-	for k := range l.owner {
-		if l.owner[k].Load() == old.depth {
-			l.owner[k].Store(c.into.depth)
+	for k, o := range l.owner.held(0, l.owner.Len()) {
+		if o == old.depth {
+			l.owner.Store(k, c.into.depth)
 		}
 	}
 	c.into.meta, c.into.sb, c.into.alloc = m, c.sb, c.alloc

@@ -74,12 +74,12 @@ func TestCollapse(t *testing.T) {
 	}
 	f = append(f, make([]byte, max(0, l.Size()-int64(len(f))))...) // a hole at the end
 	held := 0
-	for c := range l.owner {
-		if l.owner[c].Load() != l.top.depth {
+	for c, o := range l.owner.held(0, l.owner.Len()) {
+		if o != l.top.depth {
 			continue
 		}
 		held++
-		lo, hi := int64(c)*8192, min(int64(c+1)*8192, l.Size())
+		lo, hi := c*8192, min((c+1)*8192, l.Size())
 		if !bytes.Equal(f[lo:hi], model[lo:hi]) {
 			t.Fatalf("chunk %d: the collapsed image's file does not hold the volume's data", c)
 		}

@@ -22,11 +22,12 @@
 //
 // Reads: an in-memory owner table says, per chunk, which image of the chain
 // holds it (built at open from the allocation maps, kept current by
-// writes), so a read costs one table lookup and one read of the image that
-// holds the chunk — independent of the chain's length (at most MaxChain
-// images). Writes to a chunk a base image holds copy the chunk up into the
-// top first (a per-chunk lock serialises them); writes to chunks no image
-// holds go straight to the top.
+// writes; paged, so that it costs memory for the chunks held, not for the
+// volume's size: owner.go), so a read costs one table lookup and one read
+// of the image that holds the chunk — independent of the chain's length
+// (at most MaxChain images). Writes to a chunk a base image holds copy the
+// chunk up into the top first (a per-chunk lock serialises them); writes
+// to chunks no image holds go straight to the top.
 //
 // Crash safety. A chunk's allocation bit is persisted only after its data
 // is durable in the top (Flush: child flush, then the bits of every chunk
@@ -204,7 +205,7 @@ type Layer struct {
 	top     *image
 	byDepth []*image // byDepth[d] is the image at depth d (index 0 unused)
 	all     []*image // every image opened, closed on Close
-	owner   []atomic.Uint32
+	owner   ownerTable
 	size    int64
 
 	// broken is set when a commit write of cow.sb failed: it may have
@@ -221,7 +222,7 @@ type Layer struct {
 	// bits are not durable yet (claim sets, flush clears): a FUA write
 	// into one must persist the bit before it is acknowledged, or a crash
 	// would send the chunk's reads back to the base.
-	unsynced []atomic.Uint64
+	unsynced chunkSet
 	// flushMu makes flushes one at a time, so that a flush that returns
 	// has persisted every bit claimed before it began, including those an
 	// earlier flush was still writing.
@@ -419,8 +420,8 @@ func (l *Layer) open() error {
 	l.top = chain[0]
 	l.size = l.top.meta.Size
 	l.byDepth = make([]*image, len(chain)+1)
-	l.owner = make([]atomic.Uint32, chunks(l.size, l.chunk))
-	l.unsynced = make([]atomic.Uint64, (len(l.owner)+63)/64)
+	l.owner = newOwnerTable(chunks(l.size, l.chunk), ownerShift)
+	l.unsynced = newChunkSet(l.owner.Len(), unsyncedShift)
 	for i := range chain {
 		im := chain[len(chain)-1-i]
 		im.depth = uint32(i + 1)
@@ -429,8 +430,8 @@ func (l *Layer) open() error {
 			return fmt.Errorf("image %s has chunk %d, the volume %d", im.meta.ID, im.meta.Chunk, l.chunk)
 		}
 		m := im.alloc
-		for c := m.NextSet(0); c >= 0 && c < int64(len(l.owner)); c = m.NextSet(c + 1) {
-			l.owner[c].Store(im.depth)
+		for c := m.NextSet(0); c >= 0 && c < l.owner.Len(); c = m.NextSet(c + 1) {
+			l.owner.Store(c, im.depth)
 		}
 		if im != l.top { // a base's map is read once: drop it
 			m.Close()
@@ -451,19 +452,10 @@ func (l *Layer) open() error {
 // flush, after the data.
 func (l *Layer) claimUnheld() error {
 	topd := l.top.depth
-	n := int64(len(l.owner))
-	for c := int64(0); c < n; {
-		if l.owner[c].Load() != 0 {
-			c++
-			continue
-		}
-		e := c + 1
-		for e < n && l.owner[e].Load() == 0 {
-			e++
-		}
+	for c, e := range l.owner.unheld(0, l.owner.Len()) {
 		err := dataIn(l.top.dev, c*l.chunk, min(e*l.chunk, l.size)-c*l.chunk, func(off, m int64) {
 			for k := off / l.chunk; k*l.chunk < off+m; k++ {
-				if l.owner[k].CompareAndSwap(0, topd) {
+				if l.owner.CompareAndSwap(k, 0, topd) {
 					l.claim(k, false)
 				}
 			}
@@ -471,7 +463,6 @@ func (l *Layer) claimUnheld() error {
 		if err != nil {
 			return fmt.Errorf("image %s: %w", l.top.meta.ID, err)
 		}
-		c = e
 	}
 	return nil
 }
@@ -538,7 +529,7 @@ func (l *Layer) runs(off, n int64, split bool) []run {
 	for n > 0 {
 		c := off / l.chunk
 		m := min(n, (c+1)*l.chunk-off)
-		o := l.owner[c].Load()
+		o := l.owner.Load(c)
 		if !split && o == 0 {
 			o = topd
 		}
@@ -778,7 +769,7 @@ func (l *Layer) write(off, n int64, fua bool, direct func(r run, at int64) error
 			// the top, bit or no bit (and claimUnheld claims it after a
 			// crash), so no order matters here.
 			for c := r.off / l.chunk; c*l.chunk < r.off+r.n; c++ {
-				if l.owner[c].CompareAndSwap(0, topd) {
+				if l.owner.CompareAndSwap(c, 0, topd) {
 					l.claim(c, false)
 					fresh = append(fresh, c)
 				}
@@ -811,7 +802,7 @@ func (l *Layer) write(off, n int64, fua bool, direct func(r run, at int64) error
 // pending; it is also marked unsynced until its bit is durable.
 func (l *Layer) claim(c int64, copied bool) {
 	if copied {
-		l.unsynced[c/64].Or(1 << (c % 64))
+		l.unsynced.add(c)
 	}
 	l.pendMu.Lock()
 	l.pending = append(l.pending, c)
@@ -827,7 +818,7 @@ func (l *Layer) copyUp(c int64, fua bool, r run, at int64, direct func(run, int6
 	mu := &l.locks[c%int64(len(l.locks))]
 	mu.Lock()
 	defer mu.Unlock()
-	o := l.owner[c].Load()
+	o := l.owner.Load(c)
 	if o == l.top.depth || o == 0 {
 		return false, direct(r, at)
 	}
@@ -841,7 +832,7 @@ func (l *Layer) copyUp(c int64, fua bool, r run, at int64, direct func(run, int6
 		return false, fmt.Errorf("copy up chunk %d: %w", c, err)
 	}
 	l.claim(c, true)
-	l.owner[c].Store(l.top.depth)
+	l.owner.Store(c, l.top.depth)
 	return true, nil
 }
 
@@ -853,7 +844,7 @@ func (l *Layer) copyUp(c int64, fua bool, r run, at int64, direct func(run, int6
 // write's data, then every pending bit.
 func (l *Layer) persistFUA(off, n int64, fresh []int64) error {
 	for c := off / l.chunk; c*l.chunk < off+n; c++ {
-		if l.unsynced[c/64].Load()&(1<<(c%64)) != 0 && !slices.Contains(fresh, c) {
+		if l.unsynced.has(c) && !slices.Contains(fresh, c) {
 			return l.flush()
 		}
 	}
@@ -867,7 +858,7 @@ func (l *Layer) persistFUA(off, n int64, fresh []int64) error {
 		return err
 	}
 	for _, c := range fresh {
-		l.unsynced[c/64].And(^(1 << (c % 64)))
+		l.unsynced.remove(c)
 	}
 	return nil
 }
@@ -921,7 +912,7 @@ func (l *Layer) fastZero(off, n int64, f block.ZeroFlags) error {
 	}
 	var fresh []int64
 	for c := off / l.chunk; c*l.chunk < off+n; c++ {
-		if l.owner[c].CompareAndSwap(0, topd) {
+		if l.owner.CompareAndSwap(c, 0, topd) {
 			l.claim(c, false)
 			fresh = append(fresh, c)
 		}
@@ -993,7 +984,7 @@ func (l *Layer) flush() error {
 		return fail(fmt.Errorf("allocation map: %w", err))
 	}
 	for _, c := range list {
-		l.unsynced[c/64].And(^(1 << (c % 64)))
+		l.unsynced.remove(c)
 	}
 	return nil
 }
@@ -1054,15 +1045,11 @@ func (l *Layer) Resize(n int64) error {
 	if err := l.writeImage(l.top, m); err != nil {
 		return err
 	}
-	owner := make([]atomic.Uint32, chunks(n, l.chunk))
-	for i := range l.owner {
-		owner[i].Store(l.owner[i].Load())
-	}
-	unsynced := make([]atomic.Uint64, (len(owner)+63)/64)
-	for i := range l.unsynced {
-		unsynced[i].Store(l.unsynced[i].Load())
-	}
-	l.owner, l.unsynced, l.size = owner, unsynced, n
+	// Under chainMu held exclusively: the tables keep their pages (no
+	// entry is copied) and gain empty slots.
+	l.owner.grow(chunks(n, l.chunk))
+	l.unsynced.grow(l.owner.Len())
+	l.size = n
 	return nil
 }
 
@@ -1241,46 +1228,62 @@ func (l *Layer) Flatten(ctx context.Context, progress block.Progress) error {
 	return nil
 }
 
-// flattenPass copies up every chunk a base holds.
+// flattenStep is how many chunks flattenPass looks through per progress
+// report.
+const flattenStep = 1024
+
+// flattenPass copies up every chunk a base holds. It looks for them a step
+// at a time under chainMu shared, skipping the chunks nothing holds
+// without touching them (ownerTable.held), and copies each up under
+// chainMu shared of its own, as writes do.
 func (l *Layer) flattenPass(ctx context.Context, progress block.Progress) error {
 	l.chainMu.RLock()
-	total := int64(len(l.owner))
+	total := l.owner.Len()
 	l.chainMu.RUnlock()
 	keep := func(run, int64) error { return nil } // the chunk's content is its base's
-	for c := int64(0); c < total; c++ {
+	for c := int64(0); c < total; {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		end := min((c/flattenStep+1)*flattenStep, total)
 		l.chainMu.RLock()
-		o := l.owner[c].Load()
 		var err error
-		moved := false
-		if o != 0 && o != l.top.depth {
-			moved, err = l.copyUp(c, false, run{c * l.chunk, 0, o}, 0, keep, func([]byte, run, int64) {})
-		}
-		if moved {
-			l.touched(c*l.chunk, l.chunk)
+		if c = l.nextBaseHeld(c, end); c < end {
+			moved := false
+			if o := l.owner.Load(c); o != 0 && o != l.top.depth {
+				moved, err = l.copyUp(c, false, run{c * l.chunk, 0, o}, 0, keep, func([]byte, run, int64) {})
+			}
+			if moved {
+				l.touched(c*l.chunk, l.chunk)
+			}
+			c++
 		}
 		l.chainMu.RUnlock()
 		if err != nil {
 			return fmt.Errorf("flatten: %w", err)
 		}
-		if progress != nil && (c%1024 == 0 || c == total-1) {
-			progress(c+1, total)
+		if progress != nil && c == end {
+			progress(c, total)
 		}
 	}
 	return nil
 }
 
+// nextBaseHeld returns the first chunk in [c, to) a base image holds, or
+// to; the caller holds chainMu.
+func (l *Layer) nextBaseHeld(c, to int64) int64 {
+	for k, o := range l.owner.held(c, to) {
+		if o != l.top.depth {
+			return k
+		}
+	}
+	return to
+}
+
 // baseHoldsAny reports whether a base image holds any chunk; the caller
 // holds chainMu.
 func (l *Layer) baseHoldsAny() bool {
-	for i := range l.owner {
-		if o := l.owner[i].Load(); o != 0 && o != l.top.depth {
-			return true
-		}
-	}
-	return false
+	return l.nextBaseHeld(0, l.owner.Len()) < l.owner.Len()
 }
 
 // logger is the stack's logger, or one that discards.
