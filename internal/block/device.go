@@ -16,6 +16,7 @@ package block
 
 import (
 	"errors"
+	"syscall"
 )
 
 // Capabilities declares what a device supports. The NBD server advertises
@@ -83,6 +84,18 @@ var (
 	// volume's write lease to another node); see Env.Fence.
 	ErrFenced = errors.New("write fenced: this node no longer holds the volume's write lease")
 )
+
+// StoreRefused reports whether err is the refusal of the file system under
+// a device as a whole rather than a fault of the device: no space or
+// quota left (ENOSPC, EDQUOT), or a file system turned read-only (EROFS:
+// ext4 remounts itself so after an error, a parallel file system client
+// may after an eviction). Redundant layers do not fail a leg for it: their
+// legs share that file system, nothing is wrong with the leg, and failing
+// it would leave every redundant volume on the store degraded (and a
+// parity volume, with two legs failed, unreadable) until repaired.
+func StoreRefused(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, syscall.EROFS)
+}
 
 // NoWaitReader is implemented by devices that can sometimes serve a read
 // without waiting — for a file, when the range is in the page cache. The

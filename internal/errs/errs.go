@@ -95,6 +95,7 @@ const (
 	CodeTypeProtected        = "VolumeTypeProtected"
 	CodeNotSupportedByType   = "NotSupportedByVolumeType"
 	CodeCrossOrigin          = "CrossOriginRequest"
+	CodeStoreReadOnly        = "StoreReadOnly"
 )
 
 // Error is a typed, user-facing error.
@@ -141,7 +142,8 @@ func As(err error) (*Error, bool) {
 // anywhere in the chain: the store, or a directory of it, is full) a
 // KindInsufficientStorage InsufficientCapacity error naming it — something
 // the caller can act on by freeing space, not a fault of the server's —
-// and for a file larger than the file system allows (EFBIG) InvalidSize. It
+// for a read-only file system (EROFS) an Unavailable StoreReadOnly, and
+// for a file larger than the file system allows (EFBIG) InvalidSize. It
 // reports false for anything else (an internal error). Unlike As it is for
 // answering, not for deciding: a workflow that asks As whether a
 // transaction refused itself must not take a full disk for a refusal.
@@ -156,6 +158,12 @@ func Public(err error) (*Error, bool) {
 	case errors.Is(err, syscall.EDQUOT):
 		return New(KindInsufficientStorage, CodeInsufficientCapacity,
 			"a file system quota of the store is exhausted: %v; raise the quota or free space under it and retry", err), true
+	case errors.Is(err, syscall.EROFS):
+		// A file system remounts itself read-only after an error (ext4's
+		// errors=remount-ro, an evicted parallel file system client):
+		// nothing the caller can fix, nor a fault of this request.
+		return New(KindUnavailable, CodeStoreReadOnly,
+			"the store's file system is read-only (remounted read-only after an error?): %v; the store's administrator must check it and make it writable again", err), true
 	case errors.Is(err, syscall.EFBIG):
 		// ext4's files end at 16 TiB (4 KiB blocks), for one.
 		return New(KindInvalid, CodeInvalidSize,

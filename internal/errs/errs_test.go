@@ -25,6 +25,7 @@ func TestPublic(t *testing.T) {
 		{quota, true, http.StatusInsufficientStorage, CodeInsufficientCapacity},
 		{typed, true, http.StatusNotFound, CodeNotFound},
 		{fmt.Errorf("truncate: %w", syscall.EFBIG), true, http.StatusBadRequest, CodeInvalidSize},
+		{fmt.Errorf("mkdir: %w", &fs.PathError{Op: "mkdir", Path: "/s/v", Err: syscall.EROFS}), true, http.StatusServiceUnavailable, CodeStoreReadOnly},
 		{fmt.Errorf("ctx: %w", syscall.EIO), false, 0, ""},
 	} {
 		e, ok := Public(c.err)

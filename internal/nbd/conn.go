@@ -640,7 +640,9 @@ func (c *conn) check(req request) (uint32, string) {
 // be fast; any other operation the device cannot do is EINVAL.
 func errnoOf(req request, err error) uint32 {
 	switch {
-	case errors.Is(err, block.ErrReadOnly):
+	case errors.Is(err, block.ErrReadOnly), errors.Is(err, syscall.EROFS):
+		// A backing file system turned read-only refuses the write as a
+		// read-only export would (nbdkit answers alike).
 		return errPerm
 	case errors.Is(err, block.ErrNotSupported):
 		if req.typ == cmdWriteZeroes && req.flags&cflagFastZero != 0 {

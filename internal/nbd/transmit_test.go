@@ -631,6 +631,8 @@ func TestErrnoMapping(t *testing.T) {
 		{request{typ: cmdWrite}, os.NewSyscallError("pwrite", syscall.ENOSPC), errNoSpc},
 		{request{typ: cmdWrite}, os.NewSyscallError("pwrite", syscall.EDQUOT), errNoSpc},
 		{request{typ: cmdWrite}, os.NewSyscallError("pwrite", syscall.EFBIG), errNoSpc},
+		{request{typ: cmdWrite}, fmt.Errorf("mirror: %w", &os.PathError{Op: "write", Path: "f", Err: syscall.EROFS}), errPerm},
+		{request{typ: cmdFlush}, os.NewSyscallError("fsync", syscall.EROFS), errPerm},
 	} {
 		if got := errnoOf(tc.req, tc.err); got != tc.want {
 			t.Errorf("errnoOf(%s flags %#x, %v) = %d, want %d", commandName(tc.req.typ), tc.req.flags, tc.err, got, tc.want)

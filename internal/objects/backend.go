@@ -323,10 +323,11 @@ func metadataTooLarge(n int) error {
 // aws cli four times — to any error that is not an s3err.S3Error itself
 // (it does not unwrap), and logs it only in its debug mode. So an S3Error
 // in a chain of context is unwrapped; a file system's refusal for want of
-// space or quota becomes 507 InsufficientCapacity (errs.Public: the same
-// code as the control API's), which clients do not retry and whose
-// message says what to do; and anything else is logged here, with the
-// request it failed, before s3api hides it.
+// space or quota becomes 507 InsufficientCapacity, which clients do not
+// retry and whose message says what to do, and a file system turned
+// read-only 503 StoreReadOnly (errs.Public: the codes of the control
+// API); and anything else is logged here, with the request it failed,
+// before s3api hides it.
 func (b *Backend) answer(err error, op string, bucket, key *string) error {
 	if err == nil {
 		return nil
@@ -335,8 +336,8 @@ func (b *Backend) answer(err error, op string, bucket, key *string) error {
 	if errors.As(err, &se) {
 		return se
 	}
-	if e, ok := errs.Public(err); ok && e.Code == errs.CodeInsufficientCapacity {
-		b.log.Warn("s3 write refused: store full", "op", op, "bucket", str(bucket), "key", str(key), "err", err)
+	if e, ok := errs.Public(err); ok && (e.Code == errs.CodeInsufficientCapacity || e.Code == errs.CodeStoreReadOnly) {
+		b.log.Warn("s3 write refused by the store", "op", op, "bucket", str(bucket), "key", str(key), "err", err)
 		return s3err.APIError{Code: e.Code, Description: e.Message, HTTPStatusCode: e.Kind.Status()}
 	}
 	b.log.Error("s3 internal error", "op", op, "bucket", str(bucket), "key", str(key), "err", err)

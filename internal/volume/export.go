@@ -281,10 +281,19 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 	}
 	var stack block.Layer
 	var release func()
+	if !ro {
+		stack, release, err = e.s.acquireWriter(v, token)
+		if errs.IsCode(err, errs.CodeStoreReadOnly) {
+			// The store's file system is read-only: what it holds is
+			// served read-only, the handshake saying so, so that a
+			// client can still read the volume and one that would write
+			// is told at connect that it cannot.
+			e.s.logFor("volume", v.ID).Warn("rw attachment served read-only: the store's file system is read-only", "attachment", a.ID)
+			ro = true
+		}
+	}
 	if ro {
 		stack, release, err = e.s.acquire(v)
-	} else {
-		stack, release, err = e.s.acquireWriter(v, token)
 	}
 	if err != nil {
 		unregister()

@@ -449,11 +449,17 @@ func (l *leases) writes(vol string, token int64) error {
 // acquireWriter is acquire (of v's live stack) for a workflow that took
 // v's write lease with token and writes the stack: the lease is checked
 // once the stack is open, so that from then on losing it fences the
-// stack.
+// stack. A stack open read-only, the store's file system being so, is
+// refused with StoreReadOnly.
 func (s *Service) acquireWriter(v *meta.Volume, token int64) (block.Layer, func(), error) {
 	l, release, err := s.acquire(v)
 	if err != nil {
 		return nil, nil, err
+	}
+	if l.Capabilities().ReadOnly {
+		release()
+		return nil, nil, errs.New(errs.KindUnavailable, errs.CodeStoreReadOnly,
+			"volume %s is open read-only on this node, the store's file system being read-only (remounted read-only after an error?); nothing can write it until the file system is writable again", v.ID)
 	}
 	if err := s.leases.writes(v.ID, token); err != nil {
 		release()

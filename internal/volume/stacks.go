@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
@@ -88,7 +89,8 @@ func (s *Service) createStack(v *meta.Volume, base string, fence func() error) e
 }
 
 // acquire returns volume v's live stack, opening it if needed; release
-// must be called when done.
+// must be called when done. The stack is read-write, or read-only when
+// the store's file system is (its Capabilities say which).
 func (s *Service) acquire(v *meta.Volume) (block.Layer, func(), error) {
 	mu := s.openMu(v.ID)
 	mu.Lock()
@@ -123,6 +125,18 @@ func (s *Service) acquire(v *meta.Volume) (block.Layer, func(), error) {
 		var forget func()
 		env.Fence, forget = s.leases.fence(v.ID)
 		l, err := block.Build(env, spec)
+		if errors.Is(err, syscall.EROFS) {
+			// The store's file system has turned read-only (ext4 does
+			// after an error): what it holds is served read-only — every
+			// user of this stack gets it so, writes failing — until the
+			// last lets go and the next open tries read-write again.
+			env.ReadOnly = true
+			var rerr error
+			if l, rerr = block.Build(env, spec); rerr == nil {
+				s.log.Warn("the store's file system is read-only: volume opened read-only", "volume", v.ID, "err", err)
+				err = nil
+			}
+		}
 		if err != nil {
 			forget()
 			return nil, nil, fmt.Errorf("open volume %s: %w", v.ID, err)

@@ -14,7 +14,10 @@ import (
 // its bytes (the space there was) and fails with ENOSPC, a write of zeroes
 // fails with ENOSPC, and so does a flush (ext4 reports a delayed
 // allocation's ENOSPC at fsync). Nothing is wrong with the child. Params:
-// {"id": NAME}, the switch's name (FullSwitch).
+// {"id": NAME}, the switch's name (FullSwitch); with "readonly": true it
+// stands for a file system turned read-only instead: while the switch is
+// on, writes land nothing and they, writes of zeroes and flushes fail
+// with EROFS.
 const FillingType = "test-filling"
 
 var fullSwitches sync.Map // id -> *atomic.Bool
@@ -31,43 +34,66 @@ func FillingSpec(id, child string) string {
 	return `{"type":"` + FillingType + `","params":` + string(p) + `,"children":[` + child + `]}`
 }
 
+// ReadOnlySpec is the spec of a filling layer with switch id over child
+// whose file system turns read-only while the switch is on.
+func ReadOnlySpec(id, child string) string {
+	p, _ := json.Marshal(map[string]any{"id": id, "readonly": true})
+	return `{"type":"` + FillingType + `","params":` + string(p) + `,"children":[` + child + `]}`
+}
+
 type filling struct {
 	block.Layer
-	full *atomic.Bool
-	raw  json.RawMessage
+	full  *atomic.Bool
+	errno syscall.Errno // ENOSPC, or EROFS (readonly)
+	raw   json.RawMessage
 }
 
 func init() {
 	block.Register(block.Type{Name: FillingType, MinChildren: 1, MaxChildren: 1,
 		New: func(_ block.Env, raw json.RawMessage, ch []block.Layer) (block.Layer, error) {
 			var p struct {
-				ID string `json:"id"`
+				ID       string `json:"id"`
+				ReadOnly bool   `json:"readonly"`
 			}
 			if err := block.DecodeParams(raw, &p); err != nil {
 				return nil, err
 			}
-			return &filling{Layer: ch[0], full: FullSwitch(p.ID), raw: raw}, nil
+			f := &filling{Layer: ch[0], full: FullSwitch(p.ID), errno: syscall.ENOSPC, raw: raw}
+			if p.ReadOnly {
+				f.errno = syscall.EROFS
+			}
+			return f, nil
 		}})
 }
 
 func (f *filling) WriteAt(p []byte, off int64, fua bool) error {
 	if f.full.Load() {
-		f.Layer.WriteAt(p[:len(p)/2], off, false)
-		return syscall.ENOSPC
+		if f.errno == syscall.ENOSPC {
+			f.Layer.WriteAt(p[:len(p)/2], off, false)
+		}
+		return f.errno
 	}
 	return f.Layer.WriteAt(p, off, fua)
 }
 
 func (f *filling) WriteZeroes(off, n int64, z block.ZeroFlags) error {
 	if f.full.Load() {
-		return syscall.ENOSPC
+		return f.errno
 	}
 	return f.Layer.WriteZeroes(off, n, z)
 }
 
+// Trim frees space on a full file system; a read-only one refuses it.
+func (f *filling) Trim(off, n int64, fua bool) error {
+	if f.full.Load() && f.errno == syscall.EROFS {
+		return f.errno
+	}
+	return f.Layer.Trim(off, n, fua)
+}
+
 func (f *filling) Flush() error {
 	if f.full.Load() {
-		return syscall.ENOSPC
+		return f.errno
 	}
 	return f.Layer.Flush()
 }

@@ -17,12 +17,23 @@ import (
 // fillingSpec is a mirror over file legs, each under a filling layer
 // (blocktest.FillingType) whose switch is named after the test and the leg.
 func fillingSpec(t *testing.T, params string, legs ...string) (string, []*atomic.Bool) {
+	return refusingSpec(t, syscall.ENOSPC, params, legs...)
+}
+
+// refusingSpec is fillingSpec whose legs' file system, switched on, is
+// full (errno ENOSPC) or read-only (EROFS).
+func refusingSpec(t *testing.T, errno syscall.Errno, params string, legs ...string) (string, []*atomic.Bool) {
 	var kids []string
 	var sw []*atomic.Bool
 	for _, p := range legs {
 		id := t.Name() + "/" + p
 		sw = append(sw, blocktest.FullSwitch(id))
-		kids = append(kids, blocktest.FillingSpec(id, `{"type":"file","params":{"path":"`+p+`"}}`))
+		child := `{"type":"file","params":{"path":"` + p + `"}}`
+		if errno == syscall.EROFS {
+			kids = append(kids, blocktest.ReadOnlySpec(id, child))
+		} else {
+			kids = append(kids, blocktest.FillingSpec(id, child))
+		}
 	}
 	spec := `{"type":"mirror","params":` + params + `,"children":[` + kids[0]
 	for _, k := range kids[1:] {
@@ -269,10 +280,16 @@ func TestShortLegWithMetadataFull(t *testing.T) {
 // may be failed, every refusal must be ENOSPC, reads are stable (a refused
 // write's range reads as whatever it left), and once space is back a
 // flush brings every copy to exactly what the volume reads — also after a
-// repair of the failed leg and a reopen.
+// repair of the failed leg and a reopen. The same holds for a store whose
+// file system turns read-only (EROFS) and writable again.
 func TestFullStoreRandomOps(t *testing.T) {
+	t.Run("full", func(t *testing.T) { refusingStoreRandomOps(t, syscall.ENOSPC) })
+	t.Run("read-only", func(t *testing.T) { refusingStoreRandomOps(t, syscall.EROFS) })
+}
+
+func refusingStoreRandomOps(t *testing.T, errno syscall.Errno) {
 	for seed := range uint64(8) {
-		spec, full := fillingSpec(t, `{"region":16384}`, "a.img", "b.img", "c.img")
+		spec, full := refusingSpec(t, errno, `{"region":16384}`, "a.img", "b.img", "c.img")
 		env := block.Env{Dir: t.TempDir(), Size: 1 << 20, Create: true}
 		l := openMirror(t, env, spec)
 		l.clearDelay.Store(0)
@@ -309,8 +326,8 @@ func TestFullStoreRandomOps(t *testing.T) {
 				n = 0
 			}
 			if err != nil {
-				if !errors.Is(err, syscall.ENOSPC) {
-					t.Fatalf("seed %d op %d: %v, want success or ENOSPC", seed, op, err)
+				if !errors.Is(err, errno) {
+					t.Fatalf("seed %d op %d: %v, want success or %v", seed, op, err, errno)
 				}
 				if n > 0 {
 					if err := l.ReadAt(model[off:off+n], off); err != nil {

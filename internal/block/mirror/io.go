@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
@@ -321,7 +320,7 @@ func (l *Layer) finish(ts []target, errs []error, what string, regions func() []
 		if first == nil {
 			first = fmt.Errorf("leg %d: %w", t.i, errs[k])
 		}
-		if noSpace(errs[k]) {
+		if block.StoreRefused(errs[k]) {
 			if full == nil {
 				full = fmt.Errorf("leg %d: %w", t.i, errs[k])
 			}
@@ -438,12 +437,6 @@ func (l *Layer) flushAll(final bool) error {
 		l.kickResync()
 	}
 	return nil
-}
-
-// noSpace reports whether err is a file system's refusal for want of space
-// or quota: the store is full, the leg is not broken.
-func noSpace(err error) bool {
-	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
 
 // diverged records that the legs may differ in regions (nil: every region
@@ -588,7 +581,7 @@ func (l *Layer) WriteCopy(i int, p []byte, off int64) error {
 	t := l.acquireLocked(i)
 	l.mu.Unlock()
 	err := t.dev.WriteAt(p, off, false)
-	if err == nil || noSpace(err) {
+	if err == nil || block.StoreRefused(err) {
 		// Refused for want of space, the copy is as bad as before (and
 		// no worse than a crash mid-repair leaves it); the leg is fine.
 		t.refs.Done()

@@ -43,7 +43,7 @@ func (l *Layer) startBackground() {
 		if err := l.resync(l.bgCtx, nil); err != nil {
 			switch {
 			case l.bgCtx.Err() != nil:
-			case noSpace(err):
+			case block.StoreRefused(err):
 				// Left for later: the next flush that succeeds tries again.
 				l.log.Info("mirror resync stopped: the store is full; it resumes after a flush", "err", err)
 			default:
@@ -466,7 +466,7 @@ func (l *Layer) copyTo(src target, dsts []target, off, n int64, buf []byte) (boo
 	for k, e := range dstErrs {
 		switch {
 		case e == nil:
-		case noSpace(e):
+		case block.StoreRefused(e):
 			if full == nil {
 				full = fmt.Errorf("leg %d: %w", dsts[k].i, e)
 			}
@@ -550,7 +550,7 @@ func (l *Layer) checkpoint(gens map[int]uint64, pending map[int][]int64) error {
 		l.mu.Unlock()
 		if l.caps.Flush {
 			if err := t.dev.Flush(); err != nil {
-				if noSpace(err) {
+				if block.StoreRefused(err) {
 					// The leg is fine; its copies are not known durable,
 					// so their stale bits stay, for the rebuild to resume.
 					t.refs.Done()

@@ -19,12 +19,23 @@ import (
 // fillingSpec is specFor with every leg under a filling layer
 // (blocktest.FillingType); it returns their switches, by leg.
 func fillingSpec(t *testing.T, n int, chunk int64) (string, []*atomic.Bool) {
+	return refusingSpec(t, n, chunk, syscall.ENOSPC)
+}
+
+// refusingSpec is fillingSpec whose legs' file system, switched on, is
+// full (errno ENOSPC) or read-only (EROFS).
+func refusingSpec(t *testing.T, n int, chunk int64, errno syscall.Errno) (string, []*atomic.Bool) {
 	var kids []string
 	var sw []*atomic.Bool
 	for i := range n {
 		id := fmt.Sprintf("%s/%d", t.Name(), i)
 		sw = append(sw, blocktest.FullSwitch(id))
-		kids = append(kids, blocktest.FillingSpec(id, fmt.Sprintf(`{"type":"file","params":{"path":"leg%d.img"}}`, i)))
+		child := fmt.Sprintf(`{"type":"file","params":{"path":"leg%d.img"}}`, i)
+		if errno == syscall.EROFS {
+			kids = append(kids, blocktest.ReadOnlySpec(id, child))
+		} else {
+			kids = append(kids, blocktest.FillingSpec(id, child))
+		}
 	}
 	return fmt.Sprintf(`{"type":"parity","params":{"chunk":%d},"children":[%s]}`, chunk, strings.Join(kids, ",")), sw
 }
@@ -268,11 +279,17 @@ func copyStore(t *testing.T, dir string) string {
 // write's range reads as whatever it left (or EIO, for a missing chunk of
 // a stripe it left unsettled, until space is back), and once space is back
 // every byte reads as acknowledged or left, the parity matches the data,
-// and a leg lost then is reconstructed exactly.
+// and a leg lost then is reconstructed exactly. The same holds for a store
+// whose file system turns read-only (EROFS) and writable again.
 func TestFullStoreRandomOps(t *testing.T) {
+	t.Run("full", func(t *testing.T) { refusingStoreRandomOps(t, syscall.ENOSPC) })
+	t.Run("read-only", func(t *testing.T) { refusingStoreRandomOps(t, syscall.EROFS) })
+}
+
+func refusingStoreRandomOps(t *testing.T, errno syscall.Errno) {
 	const chunk = 4096
 	for seed := range uint64(12) {
-		spec, full := fillingSpec(t, 4, chunk)
+		spec, full := refusingSpec(t, 4, chunk, errno)
 		dsz := int64(3 * chunk)
 		env := block.Env{Dir: t.TempDir(), Size: 24 * dsz, Create: true}
 		l := build(t, env, spec)
@@ -326,8 +343,8 @@ func TestFullStoreRandomOps(t *testing.T) {
 				n = 0
 			}
 			if err != nil {
-				if !errors.Is(err, syscall.ENOSPC) {
-					t.Fatalf("seed %d op %d: %v, want success or ENOSPC", seed, op, err)
+				if !errors.Is(err, errno) {
+					t.Fatalf("seed %d op %d: %v, want success or %v", seed, op, err, errno)
 				}
 				if n > 0 {
 					refused(off, n)

@@ -44,12 +44,6 @@ type spaceError struct {
 func (e *spaceError) Error() string { return fmt.Sprintf("parity leg %d: %v", e.leg, e.err) }
 func (e *spaceError) Unwrap() error { return e.err }
 
-// noSpace reports whether err is a file system's refusal for want of space
-// or quota.
-func noSpace(err error) bool {
-	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
-}
-
 // legOp is one I/O on one leg.
 type legOp struct {
 	leg int
@@ -84,7 +78,7 @@ func (l *Layer) runAll(ops []legOp) []error {
 		// for want of space: the store is full, and the stripes it may
 		// have left inconsistent wait for settle instead (unsettleOn).
 		if err := op.fn(l.children[op.leg]); err != nil {
-			if noSpace(err) {
+			if block.StoreRefused(err) {
 				errs[i] = &spaceError{leg: op.leg, err: err}
 			} else {
 				errs[i] = &legError{leg: op.leg, err: err}

@@ -150,6 +150,13 @@
 // refuses stops, its leg still rebuilding, and starts again at the next
 // Flush that succeeds.
 //
+// A store whose file system has turned read-only (EROFS; ext4 remounts
+// itself so after an error) is a refusal of the same kind
+// (block.StoreRefused): without it, the first refused write would fail
+// one leg and the first refused flush a second, and the volume would stop
+// serving reads its legs hold intact. Writes fail with EROFS instead;
+// reads go on.
+//
 // # Who calls it
 //
 // block.Build for specs with type "parity" (volume types such as
@@ -691,7 +698,7 @@ func (l *Layer) open() error {
 		l.log.Error("parity: two legs out; serving reads only", "state", string(l.state))
 	}
 	if err := l.recover(persisted, gone, !l.ro && !l.frozen.Load()); err != nil {
-		if !noSpace(err) {
+		if !block.StoreRefused(err) {
 			return err
 		}
 		// A full store must not keep the volume from opening: the stripes
@@ -715,7 +722,7 @@ func (l *Layer) open() error {
 	// (recovery flushed the legs and cleared every intent bit).
 	if !slices.Equal(l.state, persisted) && !l.ro && !l.frozen.Load() {
 		if err := l.switchEpoch(l.state); err != nil {
-			if !noSpace(err) {
+			if !block.StoreRefused(err) {
 				return err
 			}
 			// The same: settle commits it before the first update.

@@ -338,7 +338,7 @@ func (l *Layer) startRebuild(p block.Progress) *rebuildRun {
 func (l *Layer) rebuild(ctx context.Context) error {
 	// Nothing is reconstructed from stripes a full store left unsettled.
 	if err := l.settle(); err != nil {
-		l.rebuildStalled.Store(noSpace(err))
+		l.rebuildStalled.Store(block.StoreRefused(err))
 		return err
 	}
 	l.mode.RLock()
@@ -368,7 +368,7 @@ func (l *Layer) rebuild(ctx context.Context) error {
 			// A leg refusing the rebuild's writes for want of space is
 			// not failed: the rebuild stops (its progress is kept) and
 			// the next Flush that succeeds starts it again.
-			l.rebuildStalled.Store(noSpace(err))
+			l.rebuildStalled.Store(block.StoreRefused(err))
 			return err
 		}
 		l.rb.done.Add(int64(n))

@@ -9,14 +9,15 @@ import (
 	"github.com/basalt-storage/basalt/internal/block"
 )
 
-// writeFails is a leg that refuses writes (a file system remounted
-// read-only after an error) while its reads, of what it held before, still
-// succeed. (A refusal for want of space is not a leg failure: full_test.)
+// writeFails is a leg whose writes fail (a medium error on its disk)
+// while its reads, of what it held before, still succeed. (A refusal by
+// the store's file system — full, or turned read-only — is not a leg
+// failure: full_test.)
 type writeFails struct{ block.Layer }
 
-func (w writeFails) WriteAt([]byte, int64, bool) error { return syscall.EROFS }
+func (w writeFails) WriteAt([]byte, int64, bool) error { return syscall.EIO }
 func (w writeFails) WriteZeroes(int64, int64, block.ZeroFlags) error {
-	return syscall.EROFS
+	return syscall.EIO
 }
 
 // An update that landed although leg b refused its write leaves b's chunk
