@@ -9,6 +9,7 @@ const (
 	keyCluster     = Prefix + "cluster"
 	keyCA          = Prefix + "pki/ca"
 	keyDataKey     = Prefix + "pki/data-key"
+	keyStoreID     = Prefix + "store-id"
 	keyProvisioned = Prefix + "capacity/provisioned"
 	prefixUsers    = Prefix + "users/"
 	prefixS3Keys   = Prefix + "s3keys/"

@@ -325,6 +325,43 @@ func (s *Store) DataKey(ctx context.Context, proposal []byte) ([]byte, error) {
 	return got.Key, nil
 }
 
+// StoreID returns the id of the cluster's data store (the shared --store
+// directory, whose marker file holds the same id: package store), or ""
+// when none is recorded yet. With proposal set, it records proposal
+// unless an id is recorded already, and returns the one recorded. The
+// first node to start on a store records it; every other start checks its
+// store's marker against it (server), so a node whose shared file system
+// is not mounted does not serve an empty directory as the store.
+func (s *Store) StoreID(ctx context.Context, proposal string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	if proposal != "" {
+		rec := encode(&storeIDRecord{Schema: SchemaVersion, ID: proposal})
+		_, err := s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(keyStoreID), "=", 0)).
+			Then(clientv3.OpPut(keyStoreID, rec)).
+			Commit()
+		if err != nil {
+			return "", wrap("store id", err)
+		}
+	}
+	got := &storeIDRecord{}
+	if err := s.get(ctx, keyStoreID, got); err != nil {
+		if errors.Is(err, errAbsent) {
+			return "", nil
+		}
+		return "", err
+	}
+	return got.ID, nil
+}
+
+type storeIDRecord struct {
+	Schema int    `json:"schema"`
+	ID     string `json:"id"`
+}
+
+func (r *storeIDRecord) schema() int { return r.Schema }
+
 type keyRecord struct {
 	Schema int    `json:"schema"`
 	Key    []byte `json:"key"`

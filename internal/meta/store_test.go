@@ -473,3 +473,28 @@ func TestRecordJSONShape(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreID: the first id proposed is recorded; later proposals return
+// it, and reading without one does not record anything.
+func TestStoreID(t *testing.T) {
+	s := openTestStore(t)
+	ctx := ctxT(t)
+	first, err := s.StoreID(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first == "" { // this test's etcd has none yet (it is shared)
+		if again, err := s.StoreID(ctx, ""); err != nil || again != "" {
+			t.Fatalf("a read recorded an id: %q, %v", again, err)
+		}
+		if first, err = s.StoreID(ctx, "store-a"); err != nil || first != "store-a" {
+			t.Fatalf("first proposal: %q, %v", first, err)
+		}
+	}
+	if got, err := s.StoreID(ctx, "store-b"); err != nil || got != first {
+		t.Fatalf("a later proposal: %q, %v, want the recorded %q", got, err, first)
+	}
+	if got, err := s.StoreID(ctx, ""); err != nil || got != first {
+		t.Fatalf("read: %q, %v, want %q", got, err, first)
+	}
+}

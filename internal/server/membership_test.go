@@ -2,16 +2,19 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/cluster"
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/store"
 )
 
 func freeAddr(t *testing.T) string {
@@ -194,4 +197,50 @@ func TestRemoveVoterKeepsQuorum(t *testing.T) {
 	if !errs.IsCode(err, cluster.CodeWouldLoseQuorum) {
 		t.Fatalf("removing b with c down: %v; want %s", err, cluster.CodeWouldLoseQuorum)
 	}
+}
+
+// TestStoreNotMountedRefused: a node whose --store is not the cluster's
+// store — the shared file system not mounted (the directory missing, or an
+// empty mount point), or another cluster's store — refuses to start, before
+// joining and before creating anything there; with the right store it
+// joins.
+func TestStoreNotMountedRefused(t *testing.T) {
+	tmp := t.TempDir()
+	shared := filepath.Join(tmp, "store")
+	a := firstNode(t, tmp, shared, 1)
+	defer a.Close()
+	if id, ok, err := store.ReadID(shared); err != nil || !ok || id != a.store.ID {
+		t.Fatalf("the first node's store: marker %q %v %v, node's id %q", id, ok, err, a.store.ID)
+	}
+	other := filepath.Join(tmp, "other")
+	if _, err := store.Claim(other, "another-clusters-store"); err != nil {
+		t.Fatal(err)
+	}
+	mountPoint := filepath.Join(tmp, "mnt")
+	if err := os.Mkdir(mountPoint, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range []struct{ name, store, want string }{
+		{"missing directory", filepath.Join(tmp, "lustre", "basalt"), "mounted"},
+		{"empty mount point", mountPoint, "mounted"},
+		// Its marker is checked after the join, against the cluster's id.
+		{"another store", other, "not this cluster's store"},
+	} {
+		before, _ := os.ReadDir(c.store)
+		cfg := nodeConfig(t, fmt.Sprintf("b%d", i), filepath.Join(tmp, fmt.Sprintf("b%d", i)), c.store)
+		cfg.Join, cfg.JoinIdentity = "https://"+a.APIAddr(), a.AdminDir
+		n, err := startNode(t, cfg)
+		if err == nil {
+			n.Close()
+			t.Fatalf("%s: the node started", c.name)
+		}
+		if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want it to say %q", c.name, err, c.want)
+		}
+		if after, _ := os.ReadDir(c.store); len(after) != len(before) {
+			t.Errorf("%s: the refused start changed %s: %d entries, then %d", c.name, c.store, len(before), len(after))
+		}
+	}
+	b := joinNode(t, a, "b", tmp, shared)
+	b.Close()
 }

@@ -169,9 +169,14 @@ func (n *Node) start(ctx context.Context) error {
 	if err := n.checkNotRemoved(ctx, joined); err != nil {
 		return err
 	}
+	storeID, err := n.identifyStore(ctx)
+	if err != nil {
+		return err
+	}
 	if n.store, err = store.Open(n.cfg.Store); err != nil {
 		return err
 	}
+	n.store.ID = storeID
 	mctx, stop := context.WithCancel(context.Background())
 	n.stopMirror, n.usersByName = stop, n.meta.MirrorUsersByName(mctx)
 	n.users = user.New(n.meta, ca)

@@ -28,6 +28,9 @@ import (
 // Store is a data root.
 type Store struct {
 	Root string
+	// ID is the store's id (MarkerFile), once the node has checked it
+	// against the cluster's; Check then finds the marker still there.
+	ID string
 }
 
 // Open creates the layout under root if needed.
@@ -87,13 +90,25 @@ func (s *Store) Capacity() (Capacity, error) {
 	}, nil
 }
 
-// Check proves the store is usable: it exists, is a directory and accepts a
-// synced write.
+// Check proves the store is usable: it exists, is a directory, still
+// holds its marker (a shared file system unmounted under a running node
+// leaves the mount point, without it) and accepts a synced write.
 //
 // The probe file is one of this check's own: every node checks the one
 // shared store (and a node may run several checks at once), and with one
 // fixed name a check removed another's file under it and failed.
 func (s *Store) Check() error {
+	if s.ID != "" {
+		id, ok, err := ReadID(s.Root)
+		switch {
+		case err != nil:
+			return err
+		case !ok:
+			return fmt.Errorf("store %s: its marker %s is gone: is the store's file system still mounted?", s.Root, MarkerFile)
+		case id != s.ID:
+			return fmt.Errorf("store %s: its marker names store %s, not %s, the one this node opened", s.Root, id, s.ID)
+		}
+	}
 	f, err := os.CreateTemp(filepath.Join(s.Root, "tmp"), ".health-*")
 	if err != nil {
 		return fmt.Errorf("store %s not writable: %w", s.Root, err)
