@@ -67,6 +67,7 @@ type conn struct {
 	stopped atomic.Bool
 
 	budget   *budget
+	total    *serverBudget // the server's budget (nil: none)
 	inflight sync.WaitGroup
 	// Replies are written by the goroutine that produced them, under wmu.
 	// waiting counts goroutines queued for wmu: the last one of a convoy
@@ -120,6 +121,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		// Set before the connection is tracked (Server.track, under its
 		// lock), so whoever finds it there sees it.
 		budget: newBudget(s.MaxInFlight, s.MaxInFlightBytes),
+		total:  s.total,
 		log:    s.Log.With("remote", nc.RemoteAddr().String()),
 		done:   make(chan struct{}),
 	}
@@ -358,12 +360,16 @@ func (c *conn) readRequests(ended chan<- error) {
 			continue
 		case wp != nil:
 			cost = int64(req.length)
-			c.acquire(cost)
+			if !c.acquire(cost) {
+				putPipe(wp)
+				ended <- errStopped
+				return
+			}
 			c.flushBeforeWait(int(req.length))
 			w := &splicedWrite{p: wp, off: int64(req.offset)}
 			if err := c.receiveSpliced(req, w); err != nil {
 				wp.close()
-				c.budget.release(cost)
+				c.release(cost)
 				ended <- err
 				return
 			}
@@ -373,12 +379,15 @@ func (c *conn) readRequests(ended chan<- error) {
 			return
 		case req.typ == cmdWrite:
 			cost = int64(req.length)
-			c.acquire(cost)
+			if !c.acquire(cost) {
+				ended <- errStopped
+				return
+			}
 			payload = getBuf(int(req.length))
 			c.flushBeforeWait(len(payload))
 			if err := c.readPayload(payload); err != nil {
 				putBuf(payload)
-				c.budget.release(cost)
+				c.release(cost)
 				ended <- err
 				return
 			}
@@ -394,7 +403,10 @@ func (c *conn) readRequests(ended chan<- error) {
 			return
 		case req.typ == cmdRead && req.length <= MaxPayload:
 			cost = int64(req.length)
-			c.acquire(cost)
+			if !c.acquire(cost) {
+				ended <- errStopped
+				return
+			}
 			if c.readNow(req, cost) {
 				continue
 			}
@@ -446,18 +458,39 @@ func (c *conn) flushBeforeWait(need int) {
 	c.flushPending()
 }
 
-// acquire takes a request's place in the budget. If it has to wait for
-// requests in flight to finish, the replies already queued go out first:
-// a reply the reader queued must not wait for a slow request it has
-// nothing to do with.
-func (c *conn) acquire(cost int64) {
-	if c.budget.tryAcquire(cost) {
-		return
+// acquire takes a request's place in the connection's budget, then
+// charges its payload to the server's (serverbudget.go). If it has to
+// wait for requests in flight to finish, the replies already queued go
+// out first: a reply the reader queued must not wait for a slow request
+// it has nothing to do with. It returns false, holding nothing, if the
+// connection was shut down while it waited for the server's budget.
+func (c *conn) acquire(cost int64) bool {
+	if !c.budget.tryAcquire(cost) {
+		if c.pending {
+			c.flushPending()
+		}
+		c.budget.acquire(cost)
+	}
+	if cost == 0 || c.total == nil || c.total.tryAcquire(cost) {
+		return true
 	}
 	if c.pending {
 		c.flushPending()
 	}
-	c.budget.acquire(cost)
+	if c.total.acquire(cost, c.done) {
+		return true
+	}
+	c.budget.release(cost)
+	return false
+}
+
+// release gives back what acquire took for a request of cost bytes: the
+// server's charge first, then the connection's place.
+func (c *conn) release(cost int64) {
+	if cost != 0 && c.total != nil {
+		c.total.release(cost)
+	}
+	c.budget.release(cost)
 }
 
 // flushPending flushes the replies readNow (or a writer that left the
@@ -775,7 +808,7 @@ func (c *conn) answer(r *reply, flush bool) {
 		putBuf(r.data)
 	}
 	r.releasePipe()
-	c.budget.release(r.cost)
+	c.release(r.cost)
 	c.inflight.Done()
 	if failed {
 		c.shutdown() // unblock the reader; the session is over

@@ -30,6 +30,9 @@
 //   - memory per connection is bounded: at most MaxInFlight requests and
 //     MaxInFlightBytes of payload are held at once; the reader stops
 //     reading until earlier requests finish;
+//   - so is payload memory across connections: at most
+//     MaxInFlightBytesTotal is held at once, connections waiting their
+//     turn first come, first served (serverbudget.go);
 //   - malformed input on one connection ends at most that connection;
 //   - a reply to FLUSH is sent only after every write replied to before the
 //     FLUSH arrived is durable; a FUA write is durable before its reply;

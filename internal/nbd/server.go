@@ -62,6 +62,14 @@ type Server struct {
 	// requests and their payload memory (defaults 128 and 64 MiB).
 	MaxInFlight      int
 	MaxInFlightBytes int64
+	// MaxInFlightBytesTotal bounds the payload memory in flight across
+	// all connections: write payloads read and not yet written to the
+	// device, read data not yet sent (default 256 MiB; negative: no
+	// server-wide bound). A connection that would exceed it stops reading
+	// from its client until there is room, connections taking their turns
+	// first come, first served; a request bigger than the whole bound is
+	// charged all of it, and runs alone (serverbudget.go).
+	MaxInFlightBytesTotal int64
 	// HandshakeTimeout bounds option haggling (default 30 s).
 	HandshakeTimeout time.Duration
 	// CloseTimeout bounds how long Close waits for requests still running
@@ -69,6 +77,9 @@ type Server struct {
 	// hung backing file must not hold it for ever. Such a request's
 	// connection ends, and releases its export, when the device returns.
 	CloseTimeout time.Duration
+
+	// total is the server-wide budget (nil: none), made by defaults.
+	total *serverBudget
 
 	// spliceLocal (tests) serves clients on this host as remote ones:
 	// their big reads are spliced.
@@ -91,6 +102,12 @@ func (s *Server) defaults() {
 	}
 	if s.MaxInFlightBytes == 0 {
 		s.MaxInFlightBytes = 64 << 20
+	}
+	if s.MaxInFlightBytesTotal == 0 {
+		s.MaxInFlightBytesTotal = defaultMaxInFlightBytesTotal
+	}
+	if s.total == nil && s.MaxInFlightBytesTotal > 0 {
+		s.total = newServerBudget(s.MaxInFlightBytesTotal)
 	}
 	if s.HandshakeTimeout == 0 {
 		s.HandshakeTimeout = 30 * time.Second
@@ -170,6 +187,19 @@ func (s *Server) untrack(c *conn) {
 		s.gone = nil
 	}
 	s.mu.Unlock()
+}
+
+// InFlightBytes returns the payload bytes in flight across all
+// connections, as charged to MaxInFlightBytesTotal (0 without that
+// bound).
+func (s *Server) InFlightBytes() int64 {
+	s.mu.Lock()
+	t := s.total
+	s.mu.Unlock()
+	if t == nil {
+		return 0
+	}
+	return t.inFlight()
 }
 
 // Connections returns the number of open connections.
