@@ -24,7 +24,7 @@ import (
 
 func serverCmd(g *globals) *cobra.Command {
 	var cfg server.Config
-	var configFile, logLevel, metaQuota string
+	var configFile, logLevel, metaQuota, nbdInFlight string
 	var endpoints []string
 	cmd := &cobra.Command{
 		Use:   "server",
@@ -48,6 +48,11 @@ command line wins over the environment, which wins over the file.`,
 			if metaQuota != "" {
 				if cfg.MetaQuota, err = size.Parse(metaQuota); err != nil {
 					return usageErr("--meta-quota: %v", err)
+				}
+			}
+			if nbdInFlight != "" {
+				if cfg.NBDMaxInFlight, err = size.Parse(nbdInFlight); err != nil || cfg.NBDMaxInFlight <= 0 {
+					return usageErr("--nbd-max-inflight: want a size greater than 0 (e.g. 512MiB), got %q", nbdInFlight)
 				}
 			}
 			if cfg.Overcommit <= 0 {
@@ -96,6 +101,7 @@ command line wins over the environment, which wins over the file.`,
 	f.StringVar(&cfg.S3TrustFile, "s3-trust-file", objects.DefaultTrustFile, "where a uid vouches for the S3 user mapped to it ({home}: its home directory, {uid}: its number); see docs/objects.md")
 	f.StringVar(&cfg.NBD, "nbd", "127.0.0.1:10809", "NBD listen address; beyond loopback, clients must use TLS (nbds://) unless --nbd-insecure")
 	f.BoolVar(&cfg.NBDInsecure, "nbd-insecure", false, "allow NBD without TLS on a non-loopback --nbd address")
+	f.StringVar(&nbdInFlight, "nbd-max-inflight", "", "NBD payload in flight across all connections, a size (default 256MiB); readers wait their turn beyond it")
 	f.StringVar(&cfg.EtcdClient, "etcd-client", "127.0.0.1:2379", "embedded etcd client listen address")
 	f.StringVar(&cfg.EtcdPeer, "etcd-peer", "127.0.0.1:2380", "embedded etcd peer listen address")
 	f.StringVar(&cfg.EtcdHTTP, "etcd-http", "", "embedded etcd's /metrics and /health listen address, TLS like --etcd-client (default: a free loopback port, logged at start)")

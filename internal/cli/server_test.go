@@ -3,6 +3,7 @@ package cli
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -43,5 +44,25 @@ func TestConfigFileRefusesClientGlobals(t *testing.T) {
 		if err := applyConfigFile(fs, file); err == nil {
 			t.Errorf("config file %q accepted", yaml)
 		}
+	}
+}
+
+// TestServerRefusesBadLimits: server flags out of range are usage errors,
+// before anything starts.
+func TestServerRefusesBadLimits(t *testing.T) {
+	dir := t.TempDir()
+	for _, args := range [][]string{
+		{"--nbd-max-inflight", "0"},
+		{"--nbd-max-inflight", "lots"},
+		{"--overcommit", "0"},
+		{"--voters", "2"},
+	} {
+		r := run("", "", append([]string{"server", "--data", dir}, args...)...)
+		if r.code != 1 || !strings.Contains(r.stderr, "(UsageError)") || !strings.Contains(r.stderr, strings.TrimPrefix(args[0], "--")) {
+			t.Errorf("basalt server %q: %+v; want a UsageError naming the flag", args, r)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("refused starts wrote %d entries into --data", len(entries))
 	}
 }

@@ -59,17 +59,20 @@ type Config struct {
 	S3TLSConfig // HTTPS of the S3 gateway (s3_tls.go)
 	NBD         string
 	// NBDInsecure allows NBD without TLS on a non-loopback address.
-	NBDInsecure   bool
-	EtcdClient    string
-	EtcdPeer      string
-	EtcdHTTP      string // the embedded member's /metrics and /health ("": a free loopback port)
-	Metrics       string // basalt's /metrics, plain HTTP ("": not served, nothing counted)
-	Name          string
-	Advertise     string
-	MetaEndpoints []string
-	Overcommit    float64
-	ImageGrace    time.Duration
-	MetaQuota     int64
+	NBDInsecure bool
+	// NBDMaxInFlight bounds the NBD payload in flight across all
+	// connections (0: nbd's default).
+	NBDMaxInFlight int64
+	EtcdClient     string
+	EtcdPeer       string
+	EtcdHTTP       string // the embedded member's /metrics and /health ("": a free loopback port)
+	Metrics        string // basalt's /metrics, plain HTTP ("": not served, nothing counted)
+	Name           string
+	Advertise      string
+	MetaEndpoints  []string
+	Overcommit     float64
+	ImageGrace     time.Duration
+	MetaQuota      int64
 	// Join is a running node's API URL: join its cluster (membership.go),
 	// authenticated by the admin identity in JoinIdentity or by JoinToken.
 	Join, JoinIdentity, JoinToken string
@@ -284,8 +287,9 @@ func (n *Node) startNBD(ca *pki.CA, cert tls.Certificate) error {
 			ClientCAs:    ca.Pool(),
 			MinVersion:   tls.VersionTLS12,
 		},
-		RequireTLS: requireTLS,
-		Log:        n.log.With("component", "nbd"),
+		RequireTLS:            requireTLS,
+		MaxInFlightBytesTotal: n.cfg.NBDMaxInFlight,
+		Log:                   n.log.With("component", "nbd"),
 	}
 	go func() {
 		if err := n.nbd.Serve(ln); err != nil {
