@@ -72,6 +72,16 @@ type Server struct {
 	MaxInFlightBytesTotal int64
 	// HandshakeTimeout bounds option haggling (default 30 s).
 	HandshakeTimeout time.Duration
+	// UserTimeout is how long data the server sent may stay unacknowledged
+	// — the client's host gone or cut off, or the client not reading so
+	// that its window stays shut — before the kernel ends the connection
+	// (TCP_USER_TIMEOUT; default 60 s, negative: the kernel's default,
+	// retransmissions backed off for about 15 minutes). What such a
+	// connection holds — its replies' data and payloads, counted against
+	// MaxInFlightBytesTotal, and its export — is released then, not a
+	// quarter of an hour later: a few hypervisor hosts lost at once must
+	// not stall every other client of the node for that long.
+	UserTimeout time.Duration
 	// CloseTimeout bounds how long Close waits for requests still running
 	// in a device once it has closed their connections (default 5 s): a
 	// hung backing file must not hold it for ever. Such a request's
@@ -111,6 +121,9 @@ func (s *Server) defaults() {
 	}
 	if s.HandshakeTimeout == 0 {
 		s.HandshakeTimeout = 30 * time.Second
+	}
+	if s.UserTimeout == 0 {
+		s.UserTimeout = 60 * time.Second
 	}
 	if s.Log == nil {
 		s.Log = slog.New(slog.DiscardHandler)
@@ -154,6 +167,9 @@ func (s *Server) Serve(ln net.Listener) error {
 		delay = 0
 		if tc, ok := nc.(*net.TCPConn); ok {
 			tc.SetNoDelay(true)
+			if s.UserTimeout > 0 {
+				setUserTimeout(tc, s.UserTimeout)
+			}
 		}
 		c := newConn(s, nc)
 		if !s.track(c) {

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -154,6 +155,17 @@ func (s *socket) setLowat(n int) bool {
 	}
 	s.lowat = n
 	return true
+}
+
+// setUserTimeout sets tc's TCP_USER_TIMEOUT (Server.UserTimeout). A
+// kernel that refuses leaves the connection as it was: only the release
+// of a dead client's connection is later.
+func setUserTimeout(tc *net.TCPConn, d time.Duration) {
+	if rc, err := tc.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) {
+			unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(d.Milliseconds()))
+		})
+	}
 }
 
 // readPayload reads a write's payload. A big one is read with the
