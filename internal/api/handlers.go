@@ -119,9 +119,12 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request, c volume.Ca
 	for _, a := range as {
 		byVolume[a.VolumeID] = append(byVolume[a.VolumeID], a)
 	}
+	// Every attachment's URI names its serving node: one read of the
+	// write leases for them all, not one each.
+	ctx := volume.WithServingNodes(r.Context())
 	out := make([]Volume, 0, len(vs))
 	for _, v := range vs {
-		out = append(out, s.volumeOut(r.Context(), v, byVolume[v.ID]))
+		out = append(out, s.volumeOut(ctx, v, byVolume[v.ID]))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -306,9 +309,10 @@ func (s *Server) listAttachments(w http.ResponseWriter, r *http.Request, c volum
 	if as, err = page(w, r, as, func(a *meta.Attachment) position { return position{a.CreatedAt, a.ID} }); err != nil {
 		return err
 	}
+	ctx := volume.WithServingNodes(r.Context()) // one read of the write leases (listVolumes)
 	out := make([]Attachment, 0, len(as))
 	for _, a := range as {
-		out = append(out, s.attachmentOut(r.Context(), a))
+		out = append(out, s.attachmentOut(ctx, a))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -166,6 +166,24 @@ func (s *Store) VolumeLeaseHolder(ctx context.Context, vol string) (*VolumeLease
 	return decodeVolumeLease(resp.Kvs[0])
 }
 
+// VolumeLeaseHolders returns the holder of every volume lease there is,
+// by volume id, in one read.
+func (s *Store) VolumeLeaseHolders(ctx context.Context) (map[string]*VolumeLease, error) {
+	resp, err := s.read(ctx, prefixVolumeLeases, clientv3.WithPrefix())
+	if err != nil {
+		return nil, wrap("volume leases", err)
+	}
+	out := make(map[string]*VolumeLease, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		l, err := decodeVolumeLease(kv)
+		if err != nil {
+			return nil, err
+		}
+		out[strings.TrimPrefix(string(kv.Key), prefixVolumeLeases)] = l
+	}
+	return out, nil
+}
+
 func decodeVolumeLease(kv *mvccpb.KeyValue) (*VolumeLease, error) {
 	l := &VolumeLease{}
 	if err := decode(string(kv.Key), kv.Value, l); err != nil {

@@ -36,6 +36,9 @@ func TestVolumeLeaseReleasedElsewhere(t *testing.T) {
 	if held.Node != "a" || held.Released {
 		t.Fatalf("first acquisition: %+v", held)
 	}
+	if all, err := s.VolumeLeaseHolders(ctx); err != nil || all[vol] == nil || *all[vol] != *held {
+		t.Fatalf("VolumeLeaseHolders: %+v, %v; want %s held as %+v", all[vol], err, vol, held)
+	}
 
 	if err := s.ReleaseVolumeLease(ctx, vol, "b", idB); err != nil {
 		t.Fatal(err)

@@ -97,7 +97,7 @@ func (s *Service) ServingNode(ctx context.Context, a *meta.Attachment) (string, 
 	if err != nil || !v.Multiattach {
 		return s.cfg.Node, err
 	}
-	h, err := s.meta.VolumeLeaseHolder(ctx, a.VolumeID)
+	h, err := s.leases.holder(ctx, a.VolumeID)
 	if err != nil {
 		return "", err
 	}

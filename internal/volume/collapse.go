@@ -52,6 +52,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
@@ -65,6 +66,10 @@ type CollapseReport struct {
 	Collapsed string `json:"collapsed,omitempty"` // the image that became the top
 	Skipped   string `json:"skipped,omitempty"`   // why nothing was done
 }
+
+// readImage reads an image's superblock (cow.ReadImage; tests count the
+// reads).
+var readImage = cow.ReadImage
 
 // errCollapsing: the volume runs a collapse job; the caller waits for it.
 var errCollapsing = errors.New("volume is running a collapse job")
@@ -101,12 +106,17 @@ func (s *Service) collapseCandidates(tops map[string]string, roots []string, ima
 		}
 	}
 	for vol, p := range parentOf {
-		if children[p] != 1 {
+		// A volume that runs a job here, or whose job an earlier
+		// collection is still starting, is left to the next collection:
+		// its job would only be refused, after taking the volume's
+		// workflow lock and reading its record for nothing.
+		if children[p] != 1 || s.claimed("job/"+vol) || !s.claim("propose/"+vol) {
 			continue
 		}
 		s.jobs.Add(1)
 		go func() {
 			defer s.jobs.Done()
+			defer s.unclaim("propose/" + vol)
 			_, err := s.StartJob(s.ctx, systemCaller, vol, meta.JobCollapse)
 			switch {
 			case err == nil:
@@ -153,7 +163,11 @@ func (s *Service) collapseJob(ctx context.Context, vol string, l block.Layer, p 
 }
 
 // needed says why image parent is needed by something besides volume
-// vol's top ("": it is not), by steps 2 to 4 of the file comment.
+// vol's top ("": it is not), by steps 2 to 4 of the file comment. Steps 3
+// and 4 read the whole store — every snapshot record, every image's
+// superblock — so the jobs deciding at the same time (a burst of
+// snapshot deletes proposes one per volume) share those reads: each
+// joins the next collapseScan to begin, which reads after its step 2.
 func (s *Service) needed(ctx context.Context, vol, parent, top string) (string, error) {
 	rctx, ri := meta.WithReadInfo(ctx)
 	v, err := s.meta.Volume(rctx, vol)
@@ -166,29 +180,21 @@ func (s *Service) needed(ctx context.Context, vol, parent, top string) (string, 
 	if len(v.Snapshotting) > 0 {
 		return "snapshot " + v.Snapshotting[0] + " of the volume is being taken", nil
 	}
-	snaps, err := s.meta.Snapshots(rctx)
-	if err == nil && ri.Local {
-		err = errors.New("no quorum: the snapshot records read may be stale")
-	}
+	sc, err := s.collapseScans.get(ctx)
 	if err != nil {
 		return "", err
 	}
-	for _, sn := range snaps {
-		if sn.Image == parent {
-			return "snapshot " + sn.ID + " holds the image", nil
-		}
+	if sc.local {
+		return "", errors.New("no quorum: the snapshot records read may be stale")
 	}
-	images := s.store.ImagesDir()
-	listed, err := cow.ListImages(images)
-	if err != nil {
-		return "", err
+	if sn, ok := sc.named[parent]; ok {
+		return "snapshot " + sn + " holds the image", nil
 	}
-	for _, im := range listed {
+	for _, im := range sc.images {
 		if im.ID == top || im.ID == parent {
 			continue
 		}
-		r, err := cow.ReadImage(images, im.ID)
-		if err != nil {
+		if im.err != nil {
 			if time.Since(im.Modified) < s.cfg.ImageGrace {
 				return "image " + im.ID + " is being created", nil
 			}
@@ -198,13 +204,132 @@ func (s *Service) needed(ctx context.Context, vol, parent, top string) (string, 
 			// As for the collector (cow.Sweep), what it names is
 			// unknown: decide once it reads, or once the collector
 			// has removed it as a leftover.
-			return "image " + im.ID + " cannot be read (" + err.Error() + ")", nil
+			return "image " + im.ID + " cannot be read (" + im.err.Error() + ")", nil
 		}
-		if r.Parent == parent {
+		if im.parent == parent {
 			return "image " + im.ID + " is built on it (a clone)", nil
 		}
 	}
 	return "", nil
+}
+
+// collapseScan is what steps 3 and 4 of a collapse decision read: the
+// snapshot records (linearizably; local if only a possibly stale copy
+// answered), then every image of the store with its parent, in the
+// store's listing order.
+type collapseScan struct {
+	local  bool
+	named  map[string]string // image -> the first snapshot (by id) that names it
+	images []scannedImage
+}
+
+type scannedImage struct {
+	cow.Listed
+	parent string
+	err    error // its superblock could not be read
+}
+
+// scanForCollapse reads a collapseScan: the snapshot records first, the
+// images after (the order of steps 3 and 4).
+func (s *Service) scanForCollapse(ctx context.Context) (*collapseScan, error) {
+	rctx, ri := meta.WithReadInfo(ctx)
+	snaps, err := s.meta.Snapshots(rctx)
+	if err != nil {
+		return nil, err
+	}
+	sc := &collapseScan{local: ri.Local, named: map[string]string{}}
+	if sc.local {
+		return sc, nil
+	}
+	for _, sn := range snaps {
+		if _, ok := sc.named[sn.Image]; !ok && sn.Image != "" {
+			sc.named[sn.Image] = sn.ID
+		}
+	}
+	images := s.store.ImagesDir()
+	listed, err := cow.ListImages(images)
+	if err != nil {
+		return nil, err
+	}
+	sc.images = make([]scannedImage, 0, len(listed))
+	for _, im := range listed {
+		r, err := readImage(images, im.ID)
+		sc.images = append(sc.images, scannedImage{Listed: im, parent: r.Parent, err: err})
+	}
+	return sc, nil
+}
+
+// sharedScan shares a read of the whole store among the callers that
+// want one at about the same time. A caller gets the result of a run
+// that began after it asked — never of one already under way, which may
+// have read before the caller's own earlier reads — so it may wait for
+// the run under way and then the next; every caller that asked during
+// one run shares the next. Runs go one at a time, with ctx (the
+// service's: a caller that gives up does not fail the others).
+type sharedScan[T any] struct {
+	ctx   context.Context
+	fn    func(context.Context) (T, error)
+	spawn func(func()) // runs the runner in the background
+
+	mu      sync.Mutex
+	running bool
+	next    *scanRun[T] // the run the callers asking now join; not begun
+}
+
+type scanRun[T any] struct {
+	done    chan struct{}
+	waiters int
+	val     T
+	err     error
+}
+
+func newSharedScan[T any](ctx context.Context, fn func(context.Context) (T, error), spawn func(func())) *sharedScan[T] {
+	return &sharedScan[T]{ctx: ctx, fn: fn, spawn: spawn}
+}
+
+// get returns the result of a run that begins after the call.
+func (sc *sharedScan[T]) get(ctx context.Context) (T, error) {
+	sc.mu.Lock()
+	r := sc.next
+	if r == nil {
+		r = &scanRun[T]{done: make(chan struct{})}
+		sc.next = r
+	}
+	r.waiters++
+	if !sc.running {
+		sc.running, sc.next = true, nil
+		sc.spawn(func() { sc.run(r) })
+	}
+	sc.mu.Unlock()
+	select {
+	case <-r.done:
+		return r.val, r.err
+	case <-ctx.Done():
+		var zero T
+		return zero, ctx.Err()
+	}
+}
+
+// run performs r, then every run callers joined meanwhile, one at a time.
+func (sc *sharedScan[T]) run(r *scanRun[T]) {
+	for r != nil {
+		r.val, r.err = sc.fn(sc.ctx)
+		close(r.done)
+		sc.mu.Lock()
+		r, sc.next = sc.next, nil
+		sc.running = r != nil
+		sc.mu.Unlock()
+	}
+}
+
+// pending is how many callers wait for a run not begun yet (tests).
+func (sc *sharedScan[T]) pending() int {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.next == nil {
+		return 0
+	}
+	return sc.next.waiters
 }
 
 // pastCollapse runs op until it no longer fails with errCollapsing,

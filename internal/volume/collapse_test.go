@@ -1,11 +1,17 @@
 package volume
 
 import (
+	"context"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/block/cow"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
 )
@@ -214,4 +220,108 @@ func TestDeleteWaitsOutCollapses(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkProvisioned(t)
+}
+
+// TestCollapseDecisionsShareScans: collapse jobs started together (a
+// burst of snapshot deletes proposes one per volume) decide on shared
+// reads of the snapshot records and the image superblocks, not one whole
+// read each: with a 2000-volume store, 500 jobs reading 2500 superblocks
+// apiece took the node's CPU and memory (660 MB) for tens of seconds and
+// starved the metadata store until it was taken for lost. Each decision
+// still sees everything as it was after it asked.
+func TestCollapseDecisionsShareScans(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	const k = 24
+	var vols, tops []string
+	for range k {
+		v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		vols, tops = append(vols, v.ID), append(tops, e.top(v.ID))
+	}
+	var reads atomic.Int64
+	first := make(chan struct{})
+	var once sync.Once
+	old := readImage
+	readImage = func(images, id string) (cow.Image, error) {
+		reads.Add(1)
+		// The first scan is slow: every other decision asks meanwhile.
+		once.Do(func() { time.Sleep(300 * time.Millisecond); close(first) })
+		<-first
+		return old(images, id)
+	}
+	t.Cleanup(func() { readImage = old })
+	var wg sync.WaitGroup
+	whys := make([]string, k)
+	errs := make([]error, k)
+	for i := range k {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// An image nothing is built on and no snapshot names: the
+			// decision reads every image to be sure.
+			whys[i], errs[i] = s.needed(ctx, vols[i], "img-"+strings.Repeat("0", 15)+strconv.Itoa(i%10), tops[i])
+		}()
+	}
+	wg.Wait()
+	for i := range k {
+		if errs[i] != nil || whys[i] != "" {
+			t.Errorf("volume %s: needed = %q, %v; want nothing needs it", vols[i], whys[i], errs[i])
+		}
+	}
+	if n := reads.Load(); n > 4*k {
+		t.Errorf("%d decisions read %d image superblocks (%d images): want the scans shared (at most %d reads)", k, n, k, 4*k)
+	}
+	cleanupAll(t, s, alice)
+}
+
+// TestSharedScanStartsAfterCaller: a caller of a shared scan gets the
+// result of a run that began after it asked, never of one already under
+// way (its reads must come after its own earlier ones), and callers that
+// ask during one run share the next.
+func TestSharedScanStartsAfterCaller(t *testing.T) {
+	var runs atomic.Int64
+	release := make(chan struct{})
+	started := make(chan int64, 10)
+	sc := newSharedScan(context.Background(), func(ctx context.Context) (int64, error) {
+		n := runs.Add(1)
+		started <- n
+		if n == 1 {
+			<-release
+		}
+		return n, nil
+	}, func(fn func()) { go fn() })
+	ctx := ctxT(t)
+	res := make(chan int64, 10)
+	get := func() {
+		n, err := sc.get(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		res <- n
+	}
+	go get()
+	if n := <-started; n != 1 {
+		t.Fatalf("first run is %d", n)
+	}
+	// Run 1 is under way: these three must wait for run 2.
+	for range 3 {
+		go get()
+	}
+	for sc.pending() != 3 {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	got := []int64{<-res, <-res, <-res, <-res}
+	slices.Sort(got)
+	if !slices.Equal(got, []int64{1, 2, 2, 2}) {
+		t.Fatalf("callers got runs %v, want [1 2 2 2]: the first its own run, the others one run begun after they asked", got)
+	}
+	if n := runs.Load(); n != 2 {
+		t.Fatalf("%d runs, want 2", n)
+	}
 }

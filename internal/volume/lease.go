@@ -668,10 +668,49 @@ func hasRW(ctx context.Context, s *Service, v *meta.Volume) bool {
 	return false
 }
 
+// leaseHolder reads a volume's lease holder (tests count the reads).
+var leaseHolder = (*meta.Store).VolumeLeaseHolder
+
+// servingNodes is a request's one read of every volume's write-lease
+// holder (WithServingNodes).
+type servingNodes struct {
+	once    sync.Once
+	holders map[string]*meta.VolumeLease // nil: the read failed; ask per volume
+}
+
+type servingNodesKey struct{}
+
+// WithServingNodes returns a context in which ServingNode finds the
+// volumes' write-lease holders in one read of them all, made at its
+// first call, instead of one read per attachment: for a request that
+// renders the URIs of many attachments (a list), whose reads are then
+// O(1) instead of O(attachments). The holders are as of that read, a
+// moment within the request like each of the reads it replaces; a lease
+// nobody held then is taken as ServingNode takes it.
+func WithServingNodes(ctx context.Context) context.Context {
+	return context.WithValue(ctx, servingNodesKey{}, &servingNodes{})
+}
+
+// holder returns vol's lease holder, nil if none: from ctx's shared read
+// (WithServingNodes), else read now.
+func (l *leases) holder(ctx context.Context, vol string) (*meta.VolumeLease, error) {
+	if sn, ok := ctx.Value(servingNodesKey{}).(*servingNodes); ok {
+		sn.once.Do(func() {
+			if hs, err := l.s.meta.VolumeLeaseHolders(ctx); err == nil {
+				sn.holders = hs
+			}
+		})
+		if sn.holders != nil {
+			return sn.holders[vol], nil
+		}
+	}
+	return leaseHolder(l.s.meta, ctx, vol)
+}
+
 // servingNode returns the node that serves vol's rw attachments, taking
 // the lease here when nobody holds it (or this node holds it released).
 func (l *leases) servingNode(ctx context.Context, vol string) (string, error) {
-	h, err := l.s.meta.VolumeLeaseHolder(ctx, vol)
+	h, err := l.holder(ctx, vol)
 	if err != nil {
 		return "", err
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -304,4 +305,61 @@ func TestWriterOpenedAfterLeaseLost(t *testing.T) {
 	} else if !errors.Is(err, errLeaseLost) {
 		t.Fatalf("a's open: %v, want %v", err, errLeaseLost)
 	}
+}
+
+// TestServingNodesOneRead: the nodes serving many attachments, as a list
+// of them renders their URIs, come from one read of the write leases,
+// not one read per attachment (500 attachments took 500 reads, most of a
+// list's time); each answer is what ServingNode alone says.
+func TestServingNodesOneRead(t *testing.T) {
+	ctx := ctxT(t)
+	e := newEnv(t)
+	s := e.started(Config{})
+	alice := caller("alice")
+	const k = 12
+	var as []*meta.Attachment
+	for i := range k {
+		v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mode := meta.ModeRW
+		if i%3 == 2 {
+			mode = meta.ModeRO
+		}
+		a, err := s.Attach(ctx, alice, v.ID, "hv1", mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		as = append(as, a)
+	}
+	// One rw attachment whose volume's lease nobody holds now: asking
+	// takes it, as before.
+	s.leases.release(ctx, as[0].VolumeID)
+	var reads atomic.Int64
+	old := leaseHolder
+	leaseHolder = func(m *meta.Store, ctx context.Context, vol string) (*meta.VolumeLease, error) {
+		reads.Add(1)
+		return old(m, ctx, vol)
+	}
+	t.Cleanup(func() { leaseHolder = old })
+	lctx := WithServingNodes(ctx)
+	for _, a := range as {
+		node, err := s.ServingNode(lctx, a)
+		if err != nil || node != s.cfg.Node {
+			t.Errorf("attachment %s (%s): served by %q, %v; want %s", a.ID, a.Mode, node, err, s.cfg.Node)
+		}
+	}
+	if n := reads.Load(); n > 1 {
+		t.Errorf("%d attachments: %d reads of a volume's lease holder, want the leases read once for all", k, n)
+	}
+	if h, err := s.meta.VolumeLeaseHolder(ctx, as[0].VolumeID); err != nil || h == nil || h.Node != s.cfg.Node {
+		t.Errorf("the unheld lease was not taken: %+v, %v", h, err)
+	}
+	for _, a := range as {
+		if err := s.Detach(ctx, alice, a.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cleanupAll(t, s, alice)
 }

@@ -140,6 +140,9 @@ type Service struct {
 	// while it lists (stacks.go, collect).
 	gcMu sync.RWMutex
 	gc   *collector // background image collection (collector.go)
+	// collapseScans shares the whole-store reads of the collapse jobs
+	// deciding at the same time (collapse.go, needed).
+	collapseScans *sharedScan[*collapseScan]
 
 	leases *leases  // write leases of volumes (lease.go)
 	claims sync.Map // workflows running on this node (delegate.go)
@@ -168,6 +171,7 @@ func New(m *meta.Store, st *store.Store, cfg Config, log *slog.Logger) *Service 
 	s.leases = newLeases(s)
 	s.leases.onLost(s.dropLive)
 	s.gc = newCollector()
+	s.collapseScans = newSharedScan(ctx, s.scanForCollapse, s.background)
 	s.jobs.Add(2)
 	go func() {
 		defer s.jobs.Done()
