@@ -46,7 +46,9 @@ import (
 // its replies slowly (or not at all), holds its requests' charge as long
 // as that takes, as it held their memory before; connections behind it
 // then wait. The bound turns a node running out of memory into clients
-// waiting; it bounds no client's share.
+// waiting; it bounds no client's share. (A client whose host is gone, or
+// that reads nothing, is cut off by the kernel after Server.UserTimeout
+// once its replies wait unacknowledged, releasing what it held.)
 //
 // Fairness: readers that must wait are queued first come, first served,
 // and while any waits nobody takes budget without queueing, so a busy

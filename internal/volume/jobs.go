@@ -126,8 +126,14 @@ func (s *Service) startJob(id string) {
 // outcome could not be recorded).
 func (s *Service) runJob(ctx context.Context, id string) bool {
 	v, err := s.meta.Volume(ctx, id)
-	if err != nil || v.Job == nil {
+	if err != nil {
 		s.logFor("volume", id).Error("job: cannot read record", "err", err)
+		return false
+	}
+	if v.Job == nil {
+		// It ended (or was handed on) between its start and this read:
+		// nothing to run.
+		s.logFor("volume", id).Debug("job: none recorded any more; not run")
 		return false
 	}
 	// node is who the record names as the job's node: this one, or one
