@@ -209,11 +209,11 @@ func TestStoreNotMountedRefused(t *testing.T) {
 	shared := filepath.Join(tmp, "store")
 	a := firstNode(t, tmp, shared, 1)
 	defer a.Close()
-	if id, ok, err := store.ReadID(shared); err != nil || !ok || id != a.store.ID {
-		t.Fatalf("the first node's store: marker %q %v %v, node's id %q", id, ok, err, a.store.ID)
+	if m, ok, err := store.ReadMarker(shared); err != nil || !ok || m.ID != a.store.ID || m.Cluster != a.clusterID {
+		t.Fatalf("the first node's store: marker %+v %v %v, node's id %q of cluster %s", m, ok, err, a.store.ID, a.clusterID)
 	}
 	other := filepath.Join(tmp, "other")
-	if _, err := store.Claim(other, "another-clusters-store"); err != nil {
+	if _, err := store.Claim(other, store.Marker{ID: "another-clusters-store", Cluster: "another-cluster"}); err != nil {
 		t.Fatal(err)
 	}
 	mountPoint := filepath.Join(tmp, "mnt")
@@ -243,4 +243,47 @@ func TestStoreNotMountedRefused(t *testing.T) {
 	}
 	b := joinNode(t, a, "b", tmp, shared)
 	b.Close()
+}
+
+// TestStoreOfAnotherCluster: a new cluster started on a store another
+// cluster made is refused (its marker names that cluster); a cluster whose
+// first start wrote the marker but stopped before recording the store's
+// id accepts its own store at the next start and records it.
+func TestStoreOfAnotherCluster(t *testing.T) {
+	tmp := t.TempDir()
+	shared := filepath.Join(tmp, "store")
+	cfg := nodeConfig(t, "a", filepath.Join(tmp, "a"), shared)
+	cfg.Voters = 1
+	a, err := startNode(t, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := a.store.ID
+
+	other := nodeConfig(t, "z", filepath.Join(tmp, "z"), shared)
+	other.Voters = 1
+	if z, err := startNode(t, other); err == nil {
+		z.Close()
+		a.Close()
+		t.Fatal("a new cluster started on another cluster's store")
+	} else if !strings.Contains(err.Error(), "another cluster's store") {
+		t.Errorf("refusal: %v, want it to name another cluster's store", err)
+	}
+
+	// The first start's window: marker written, id not recorded.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := a.meta.Client().Delete(ctx, "/basalt/store-id"); err != nil {
+		a.Close()
+		t.Fatal(err)
+	}
+	a.Close()
+	a, err = startNode(t, cfg)
+	if err != nil {
+		t.Fatalf("restart on its own store with the id not recorded: %v", err)
+	}
+	defer a.Close()
+	if got, err := a.meta.StoreID(ctx, ""); err != nil || got != id || a.store.ID != id {
+		t.Fatalf("recorded %q (%v), node's %q, want %q", got, err, a.store.ID, id)
+	}
 }

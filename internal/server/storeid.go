@@ -11,11 +11,13 @@ import (
 // identifyStore checks that --store is the cluster's store before anything
 // uses it: its marker (store.MarkerFile) must name the store the metadata
 // records. The cluster's first start records the store it finds, or makes
-// one — a store without a marker is accepted only then (or from a build
-// that wrote none: the first start of this one records it). A node whose
-// shared file system is not mounted thus refuses to start, instead of
-// serving an empty directory as the store (store.MarkerFile says why that
-// loses data). It returns the store's id.
+// one: a store without a marker is accepted only then (or from a build
+// that wrote none: the first start of this one records it), and a store
+// with a marker whose id is not recorded yet only if this cluster made it
+// (its first start stopped before recording the id) — not another
+// cluster's. A node whose shared file system is not mounted thus refuses
+// to start, instead of serving an empty directory as the store
+// (store.MarkerFile says why that loses data). It returns the store's id.
 func (n *Node) identifyStore(ctx context.Context) (string, error) {
 	root, err := filepath.Abs(n.cfg.Store)
 	if err != nil {
@@ -25,7 +27,7 @@ func (n *Node) identifyStore(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("store id: %w", err)
 	}
-	id, ok, err := store.ReadID(root)
+	m, ok, err := store.ReadMarker(root)
 	if err != nil {
 		return "", err
 	}
@@ -33,23 +35,27 @@ func (n *Node) identifyStore(ctx context.Context) (string, error) {
 		if recorded != "" {
 			return "", fmt.Errorf("store %s has no %s marker, but this cluster's store, %s, has one: "+
 				"is the file system that holds the store mounted here? If this really is the cluster's store "+
-				"and its marker was lost, write {\"store_id\":%q} to %s",
-				root, store.MarkerFile, recorded, recorded, filepath.Join(root, store.MarkerFile))
+				"and its marker was lost, write {\"store_id\":%q,\"cluster_id\":%q} to %s",
+				root, store.MarkerFile, recorded, recorded, n.clusterID, filepath.Join(root, store.MarkerFile))
 		}
-		if id, err = store.Claim(root, randomID()); err != nil {
+		if m, err = store.Claim(root, store.Marker{ID: randomID(), Cluster: n.clusterID}); err != nil {
 			return "", err
 		}
 	}
 	if recorded == "" {
-		if recorded, err = n.meta.StoreID(ctx, id); err != nil {
+		if m.Cluster != n.clusterID {
+			return "", fmt.Errorf("store %s is store %s of cluster %s, not of this cluster (%s): --store names another cluster's store",
+				root, m.ID, m.Cluster, n.clusterID)
+		}
+		if recorded, err = n.meta.StoreID(ctx, m.ID); err != nil {
 			return "", fmt.Errorf("store id: %w", err)
 		}
 	}
-	if id != recorded {
+	if m.ID != recorded {
 		return "", fmt.Errorf("store %s is store %s, not this cluster's store %s: --store names another cluster's store (or another file system)",
-			root, id, recorded)
+			root, m.ID, recorded)
 	}
-	return id, nil
+	return m.ID, nil
 }
 
 // storeBeforeJoin refuses to join with a --store that has no marker: the
@@ -61,7 +67,7 @@ func (n *Node) storeBeforeJoin() error {
 	if err != nil {
 		return err
 	}
-	if _, ok, err := store.ReadID(root); err != nil || ok {
+	if _, ok, err := store.ReadMarker(root); err != nil || ok {
 		return err
 	}
 	return fmt.Errorf("store %s has no %s marker, but the cluster this node joins has started on its store: "+

@@ -25,40 +25,44 @@ import (
 // first start; afterwards it is refused.
 const MarkerFile = ".basalt-store"
 
-// marker is MarkerFile's content.
-type marker struct {
+// Marker is MarkerFile's content: the store's id and the cluster that
+// made it. The cluster tells a store whose id this cluster has yet to
+// record — its first start stopped between writing the marker and
+// recording the id — from another cluster's store.
+type Marker struct {
 	ID        string    `json:"store_id"`
+	Cluster   string    `json:"cluster_id,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 }
 
-// ReadID returns the id in root's marker; ok is false when root has none
-// (or does not exist).
-func ReadID(root string) (id string, ok bool, err error) {
+// ReadMarker returns root's marker; ok is false when root has none (or
+// does not exist).
+func ReadMarker(root string) (m Marker, ok bool, err error) {
 	b, err := os.ReadFile(filepath.Join(root, MarkerFile))
 	if errors.Is(err, fs.ErrNotExist) {
-		return "", false, nil
+		return m, false, nil
 	}
 	if err != nil {
-		return "", false, fmt.Errorf("store %s: %w", root, err)
+		return m, false, fmt.Errorf("store %s: %w", root, err)
 	}
-	var m marker
 	if err := json.Unmarshal(b, &m); err != nil || m.ID == "" {
-		return "", false, fmt.Errorf("store %s: %s is not a store marker (%d bytes): %v", root, MarkerFile, len(b), err)
+		return m, false, fmt.Errorf("store %s: %s is not a store marker (%d bytes): %v", root, MarkerFile, len(b), err)
 	}
-	return m.ID, true, nil
+	return m, true, nil
 }
 
-// Claim makes root a store named id: it creates root if needed and writes
-// its marker, durably, unless root has one already. It returns the id the
-// marker holds: id, or the one another node wrote first.
-func Claim(root, id string) (string, error) {
+// Claim makes root a store named by m: it creates root if needed and
+// writes m as its marker, durably, unless root has one already. It
+// returns the marker root holds: m, or the one another node wrote first.
+func Claim(root string, m Marker) (Marker, error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
-		return "", fmt.Errorf("store %s: %w", root, err)
+		return m, fmt.Errorf("store %s: %w", root, err)
 	}
-	b, _ := json.Marshal(marker{ID: id, CreatedAt: time.Now().UTC()})
+	m.CreatedAt = time.Now().UTC()
+	b, _ := json.Marshal(m)
 	tmp, err := os.CreateTemp(root, MarkerFile+".*")
 	if err != nil {
-		return "", fmt.Errorf("store %s: %w", root, err)
+		return m, fmt.Errorf("store %s: %w", root, err)
 	}
 	defer os.Remove(tmp.Name())
 	_, err = tmp.Write(append(b, '\n'))
@@ -69,26 +73,26 @@ func Claim(root, id string) (string, error) {
 		err = cerr
 	}
 	if err != nil {
-		return "", fmt.Errorf("store %s: marker: %w", root, err)
+		return m, fmt.Errorf("store %s: marker: %w", root, err)
 	}
 	// A link, not a rename: it fails if a marker exists, so of two nodes
-	// claiming one store at once the second takes the first one's id.
+	// claiming one store at once the second takes the first one's.
 	err = os.Link(tmp.Name(), filepath.Join(root, MarkerFile))
 	if errors.Is(err, fs.ErrExist) {
-		got, ok, err := ReadID(root)
+		got, ok, err := ReadMarker(root)
 		if err == nil && !ok {
 			err = fmt.Errorf("store %s: %s vanished while claimed", root, MarkerFile)
 		}
 		return got, err
 	}
 	if err != nil {
-		return "", fmt.Errorf("store %s: marker: %w", root, err)
+		return m, fmt.Errorf("store %s: marker: %w", root, err)
 	}
 	// The marker named in root, and root in its parent (it may be new).
 	for _, d := range []string{root, filepath.Dir(root)} {
 		if err := block.SyncDir(d); err != nil {
-			return "", fmt.Errorf("store %s: %w", root, err)
+			return m, fmt.Errorf("store %s: %w", root, err)
 		}
 	}
-	return id, nil
+	return m, nil
 }

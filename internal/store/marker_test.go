@@ -14,18 +14,18 @@ import (
 // marker that is not one.
 func TestClaim(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "nested", "store")
-	if _, ok, err := ReadID(root); ok || err != nil {
-		t.Fatalf("ReadID of a missing root: ok %v, %v", ok, err)
+	if _, ok, err := ReadMarker(root); ok || err != nil {
+		t.Fatalf("ReadMarker of a missing root: ok %v, %v", ok, err)
 	}
 	var wg sync.WaitGroup
 	ids := make([]string, 8)
 	for i := range ids {
 		wg.Go(func() {
-			id, err := Claim(root, strings.Repeat(string(rune('a'+i)), 4))
+			m, err := Claim(root, Marker{ID: strings.Repeat(string(rune('a'+i)), 4), Cluster: "c1"})
 			if err != nil {
 				t.Error(err)
 			}
-			ids[i] = id
+			ids[i] = m.ID
 		})
 	}
 	wg.Wait()
@@ -34,11 +34,11 @@ func TestClaim(t *testing.T) {
 			t.Fatalf("concurrent claims got ids %v: want one", ids)
 		}
 	}
-	if id, ok, err := ReadID(root); err != nil || !ok || id != ids[0] {
-		t.Fatalf("ReadID: %q %v %v, want %q", id, ok, err, ids[0])
+	if m, ok, err := ReadMarker(root); err != nil || !ok || m.ID != ids[0] || m.Cluster != "c1" {
+		t.Fatalf("ReadMarker: %+v %v %v, want %q of c1", m, ok, err, ids[0])
 	}
-	if again, err := Claim(root, "other"); err != nil || again != ids[0] {
-		t.Fatalf("a claim of a claimed store: %q, %v", again, err)
+	if again, err := Claim(root, Marker{ID: "other", Cluster: "c2"}); err != nil || again.ID != ids[0] || again.Cluster != "c1" {
+		t.Fatalf("a claim of a claimed store: %+v, %v", again, err)
 	}
 	if left, _ := filepath.Glob(filepath.Join(root, MarkerFile+".*")); len(left) != 0 {
 		t.Errorf("claims left %v behind", left)
@@ -46,7 +46,7 @@ func TestClaim(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, MarkerFile), []byte("not json"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := ReadID(root); err == nil {
+	if _, _, err := ReadMarker(root); err == nil {
 		t.Fatal("a marker that is not one was read")
 	}
 }
@@ -56,7 +56,7 @@ func TestClaim(t *testing.T) {
 // store is not healthy.
 func TestCheckFindsMarkerGone(t *testing.T) {
 	root := t.TempDir()
-	id, err := Claim(root, "s1")
+	m, err := Claim(root, Marker{ID: "s1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestCheckFindsMarkerGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.ID = id
+	s.ID = m.ID
 	if err := s.Check(); err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestCheckFindsMarkerGone(t *testing.T) {
 	if err := s.Check(); err == nil || !strings.Contains(err.Error(), "mounted") {
 		t.Fatalf("check without the marker: %v", err)
 	}
-	if _, err := Claim(root, "s2"); err != nil {
+	if _, err := Claim(root, Marker{ID: "s2"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Check(); err == nil || !strings.Contains(err.Error(), "s2") {

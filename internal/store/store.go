@@ -99,14 +99,14 @@ func (s *Store) Capacity() (Capacity, error) {
 // fixed name a check removed another's file under it and failed.
 func (s *Store) Check() error {
 	if s.ID != "" {
-		id, ok, err := ReadID(s.Root)
+		m, ok, err := ReadMarker(s.Root)
 		switch {
 		case err != nil:
 			return err
 		case !ok:
 			return fmt.Errorf("store %s: its marker %s is gone: is the store's file system still mounted?", s.Root, MarkerFile)
-		case id != s.ID:
-			return fmt.Errorf("store %s: its marker names store %s, not %s, the one this node opened", s.Root, id, s.ID)
+		case m.ID != s.ID:
+			return fmt.Errorf("store %s: its marker names store %s, not %s, the one this node opened", s.Root, m.ID, s.ID)
 		}
 	}
 	f, err := os.CreateTemp(filepath.Join(s.Root, "tmp"), ".health-*")
