@@ -80,6 +80,9 @@ var (
 	ErrOutOfRange   = errors.New("range beyond the end of the device")
 	ErrClosed       = errors.New("device is closed")
 	ErrUnlinked     = errors.New("backing file was removed while open; nothing written since is durable")
+	// ErrStoreReadOnly marks an EROFS that the whole file system gives,
+	// not one file of it (File finds which: StoreRefused).
+	ErrStoreReadOnly = errors.New("the file system is read-only")
 	// ErrFenced: this node may no longer write the device (it lost the
 	// volume's write lease to another node); see Env.Fence.
 	ErrFenced = errors.New("write fenced: this node no longer holds the volume's write lease")
@@ -87,14 +90,16 @@ var (
 
 // StoreRefused reports whether err is the refusal of the file system under
 // a device as a whole rather than a fault of the device: no space or
-// quota left (ENOSPC, EDQUOT), or a file system turned read-only (EROFS:
-// ext4 remounts itself so after an error, a parallel file system client
-// may after an eviction). Redundant layers do not fail a leg for it: their
-// legs share that file system, nothing is wrong with the leg, and failing
-// it would leave every redundant volume on the store degraded (and a
-// parity volume, with two legs failed, unreadable) until repaired.
+// quota left (ENOSPC, EDQUOT), or a file system turned read-only
+// (ErrStoreReadOnly: ext4 remounts itself so after an error). Redundant
+// layers do not fail a leg for it: their legs share that file system,
+// nothing is wrong with the leg, and failing it would leave every
+// redundant volume on the store degraded (and a parity volume, with two
+// legs failed, unreadable) until repaired. A bare EROFS — one storage
+// target of a parallel file system refusing its files' writes — is the
+// leg's failure.
 func StoreRefused(err error) bool {
-	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, syscall.EROFS)
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, ErrStoreReadOnly)
 }
 
 // NoWaitReader is implemented by devices that can sometimes serve a read

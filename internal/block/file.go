@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync/atomic"
 	"unsafe"
@@ -31,6 +32,7 @@ type File struct {
 	spliceIn atomic.Bool // splice(2) into this file works
 	cstat    atomic.Bool // cachestat(2) works here
 	fence    func() error
+	dir      string // the file's directory (storeReadOnly's probe)
 }
 
 // SetFence makes every later write, zeroing, trim and flush ask fence
@@ -66,7 +68,7 @@ func OpenFile(path string, readOnly bool) (*File, error) {
 		f.Close()
 		return nil, err
 	}
-	d := &File{f: f, fd: int(f.Fd()), readOnly: readOnly}
+	d := &File{f: f, fd: int(f.Fd()), readOnly: readOnly, dir: filepath.Dir(path)}
 	d.size.Store(st.Size())
 	d.dsync.Store(true)
 	d.noWait.Store(true)
@@ -277,9 +279,30 @@ func (d *File) pwrite(bufs [][]byte, off int64, flags int) error {
 		err = io.ErrShortWrite // no byte written and no error: never from a file
 	}
 	if err != nil {
-		return fmt.Errorf("write at %d: %w", off, err)
+		return d.refused(fmt.Errorf("write at %d: %w", off, err))
 	}
 	return nil
+}
+
+// refused marks err, from a write to the file, with ErrStoreReadOnly when
+// it is EROFS and the file system as a whole refuses writes: a file cannot
+// be created beside this one either. A parallel file system can refuse the
+// files of one storage target with EROFS while the rest of it takes
+// writes; that is this file's failure, not the store's (StoreRefused).
+func (d *File) refused(err error) error {
+	if !errors.Is(err, unix.EROFS) {
+		return err
+	}
+	f, perr := os.CreateTemp(d.dir, ".rocheck-*")
+	if perr == nil {
+		f.Close()
+		os.Remove(f.Name())
+		return err
+	}
+	if errors.Is(perr, unix.EROFS) {
+		return fmt.Errorf("%w: %w", ErrStoreReadOnly, err)
+	}
+	return err
 }
 
 // transfer runs op (one pread- or pwrite-like call) over bufs from off,
@@ -342,7 +365,7 @@ func (d *File) WriteZeroes(off, length int64, f ZeroFlags) error {
 		}
 		err = d.writeZeroBuffers(off, length)
 	} else if err != nil {
-		err = fmt.Errorf("zero %d+%d: %w", off, length, err)
+		err = d.refused(fmt.Errorf("zero %d+%d: %w", off, length, err))
 	}
 	if err == nil && f.FUA {
 		err = d.Flush()
@@ -372,7 +395,7 @@ func (d *File) Trim(off, length int64, fua bool) error {
 		return nil // trim is advisory
 	}
 	if err != nil {
-		return fmt.Errorf("trim %d+%d: %w", off, length, err)
+		return d.refused(fmt.Errorf("trim %d+%d: %w", off, length, err))
 	}
 	if fua {
 		return d.Flush()
@@ -394,7 +417,7 @@ func (d *File) Flush() error {
 		}
 	}
 	if err := unix.Fdatasync(d.fd); err != nil {
-		return fmt.Errorf("flush: %w", err)
+		return d.refused(fmt.Errorf("flush: %w", err))
 	}
 	return d.linked()
 }

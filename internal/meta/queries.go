@@ -355,6 +355,22 @@ func (s *Store) StoreID(ctx context.Context, proposal string) (string, error) {
 	return got.ID, nil
 }
 
+// HoldsData reports whether any volume, snapshot or bucket record exists:
+// whether the cluster's store should hold something (server: a store
+// found empty for a cluster that does is not mounted).
+func (s *Store) HoldsData(ctx context.Context) (bool, error) {
+	for _, prefix := range []string{prefixVolumes, prefixSnaps, prefixBuckets} {
+		resp, err := s.read(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return false, wrap("records", err)
+		}
+		if resp.Count > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 type storeIDRecord struct {
 	Schema int    `json:"schema"`
 	ID     string `json:"id"`

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/cluster"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/store"
+	"github.com/basalt-storage/basalt/internal/volume"
 )
 
 func freeAddr(t *testing.T) string {
@@ -285,5 +287,57 @@ func TestStoreOfAnotherCluster(t *testing.T) {
 	defer a.Close()
 	if got, err := a.meta.StoreID(ctx, ""); err != nil || got != id || a.store.ID != id {
 		t.Fatalf("recorded %q (%v), node's %q, want %q", got, err, a.store.ID, id)
+	}
+}
+
+// TestStoreUpgradeWithoutMarker: a cluster whose store predates markers
+// (none written, no id recorded) claims its store at the first start of
+// this build — but not an empty directory in its place (its file system
+// not mounted) while the cluster has volumes: that start is refused, and
+// the start on the real store, laid out by an earlier build, records it.
+func TestStoreUpgradeWithoutMarker(t *testing.T) {
+	tmp := t.TempDir()
+	shared := filepath.Join(tmp, "store")
+	cfg := nodeConfig(t, "a", filepath.Join(tmp, "a"), shared)
+	cfg.Voters = 1
+	a, err := startNode(t, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := a.volumes.CreateVolume(ctx, volume.Caller{Name: "admin", ID: "u-test", Admin: true}, volume.CreateVolume{Name: "kept", SizeBytes: 1 << 20}); err != nil {
+		a.Close()
+		t.Fatal(err)
+	}
+	// As an earlier build left it: no marker, no id recorded.
+	if _, err := a.meta.Client().Delete(ctx, "/basalt/store-id"); err != nil {
+		a.Close()
+		t.Fatal(err)
+	}
+	a.Close()
+	if err := os.Remove(filepath.Join(shared, store.MarkerFile)); err != nil {
+		t.Fatal(err)
+	}
+
+	unmounted := cfg
+	unmounted.Store = filepath.Join(tmp, "mnt")
+	if n, err := startNode(t, unmounted); err == nil {
+		n.Close()
+		t.Fatal("a node of a cluster with volumes claimed an empty directory as its store")
+	} else if !strings.Contains(err.Error(), "mounted") {
+		t.Errorf("refusal: %v, want it to ask whether the file system is mounted", err)
+	}
+	if _, err := os.Stat(unmounted.Store); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused start created %s (%v)", unmounted.Store, err)
+	}
+
+	a, err = startNode(t, cfg)
+	if err != nil {
+		t.Fatalf("start on the store an earlier build laid out: %v", err)
+	}
+	defer a.Close()
+	if m, ok, err := store.ReadMarker(shared); err != nil || !ok || m.ID != a.store.ID {
+		t.Fatalf("marker %+v %v %v, node's store %q", m, ok, err, a.store.ID)
 	}
 }

@@ -458,6 +458,12 @@ func (s *Service) acquireWriter(v *meta.Volume, token int64) (block.Layer, func(
 	}
 	if l.Capabilities().ReadOnly {
 		release()
+		if s.store.Check() == nil {
+			// Opened while the store was read-only, it stays so while
+			// anything uses it (docs/nbd.md).
+			return nil, nil, errs.New(errs.KindUnavailable, errs.CodeStoreReadOnly,
+				"volume %s is open read-only on this node: it was opened while the store's file system was read-only, and stays so until its current users (NBD connections, jobs) let go; the store is writable again", v.ID)
+		}
 		return nil, nil, errs.New(errs.KindUnavailable, errs.CodeStoreReadOnly,
 			"volume %s is open read-only on this node, the store's file system being read-only (remounted read-only after an error?); nothing can write it until the file system is writable again", v.ID)
 	}

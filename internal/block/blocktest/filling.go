@@ -2,6 +2,7 @@ package blocktest
 
 import (
 	"encoding/json"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -16,8 +17,9 @@ import (
 // allocation's ENOSPC at fsync). Nothing is wrong with the child. Params:
 // {"id": NAME}, the switch's name (FullSwitch); with "readonly": true it
 // stands for a file system turned read-only instead: while the switch is
-// on, writes land nothing and they, writes of zeroes and flushes fail
-// with EROFS.
+// on, writes land nothing and they, writes of zeroes, trims and flushes
+// fail with EROFS marked block.ErrStoreReadOnly (as block.File marks it
+// when the whole file system refuses).
 const FillingType = "test-filling"
 
 var fullSwitches sync.Map // id -> *atomic.Bool
@@ -44,7 +46,7 @@ func ReadOnlySpec(id, child string) string {
 type filling struct {
 	block.Layer
 	full  *atomic.Bool
-	errno syscall.Errno // ENOSPC, or EROFS (readonly)
+	errno error // ENOSPC, or EROFS marked ErrStoreReadOnly (readonly)
 	raw   json.RawMessage
 }
 
@@ -60,7 +62,7 @@ func init() {
 			}
 			f := &filling{Layer: ch[0], full: FullSwitch(p.ID), errno: syscall.ENOSPC, raw: raw}
 			if p.ReadOnly {
-				f.errno = syscall.EROFS
+				f.errno = fmt.Errorf("%w: %w", block.ErrStoreReadOnly, syscall.EROFS)
 			}
 			return f, nil
 		}})
@@ -68,7 +70,7 @@ func init() {
 
 func (f *filling) WriteAt(p []byte, off int64, fua bool) error {
 	if f.full.Load() {
-		if f.errno == syscall.ENOSPC {
+		if f.errno == error(syscall.ENOSPC) {
 			f.Layer.WriteAt(p[:len(p)/2], off, false)
 		}
 		return f.errno
@@ -85,7 +87,7 @@ func (f *filling) WriteZeroes(off, n int64, z block.ZeroFlags) error {
 
 // Trim frees space on a full file system; a read-only one refuses it.
 func (f *filling) Trim(off, n int64, fua bool) error {
-	if f.full.Load() && f.errno == syscall.EROFS {
+	if f.full.Load() && f.errno != error(syscall.ENOSPC) {
 		return f.errno
 	}
 	return f.Layer.Trim(off, n, fua)

@@ -416,3 +416,41 @@ func TestRebuildRefusedForSpace(t *testing.T) {
 	}
 	checkCopies(t, l, model)
 }
+
+// targetReadOnly is a leg whose storage target refuses writes with a bare
+// EROFS (one object storage target of a parallel file system gone
+// read-only) while the rest of the file system takes them.
+type targetReadOnly struct{ block.Layer }
+
+func (targetReadOnly) WriteAt([]byte, int64, bool) error {
+	return &os.PathError{Op: "write", Path: "leg", Err: syscall.EROFS}
+}
+func (targetReadOnly) WriteZeroes(int64, int64, block.ZeroFlags) error { return syscall.EROFS }
+func (targetReadOnly) Flush() error                                    { return syscall.EROFS }
+
+// TestOneTargetReadOnlyFailsTheLeg: an EROFS that only one leg gives — its
+// storage target read-only, not the store (block.StoreRefused) — is that
+// leg's failure: the leg is failed and the mirror goes on, degraded, with
+// the write acknowledged by the other leg, as redundancy is for.
+func TestOneTargetReadOnlyFailsTheLeg(t *testing.T) {
+	spec, _ := fillingSpec(t, `{"region":65536}`, "a.img", "b.img")
+	env := block.Env{Dir: t.TempDir(), Size: 1 << 20, Create: true}
+	l := openMirror(t, env, spec)
+	defer func() { l.Close() }()
+	model := fillAll(t, l, 5)
+	l.mu.Lock()
+	l.legs[1].dev = targetReadOnly{l.legs[1].dev}
+	l.mu.Unlock()
+	p := randBytes(rand.New(rand.NewPCG(5, 1)), 4096)
+	if err := l.WriteAt(p, 8192, false); err != nil {
+		t.Fatalf("write with one leg's target read-only: %v", err)
+	}
+	copy(model[8192:], p)
+	if s := legStates(l); s[0] != legOK || s[1] != legFailed {
+		t.Fatalf("legs %v, want leg b failed", s)
+	}
+	if err := l.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	checkAll(t, l, model)
+}

@@ -88,11 +88,12 @@
 // before any write is acknowledged (invariant 3), the stale maps of legs
 // recorded as not ok before their states.
 //
-// A store whose file system has turned read-only (EROFS; ext4 remounts
-// itself so after an error) is a refusal of the same kind
-// (block.StoreRefused): no leg is failed, writes fail with EROFS, reads go
-// on, and what a refused write touched is resynchronised once writes
-// succeed again.
+// A store whose file system has turned read-only (EROFS from the whole
+// file system, block.ErrStoreReadOnly; ext4 remounts itself so after an
+// error) is a refusal of the same kind (block.StoreRefused): no leg is
+// failed, writes fail with EROFS, reads go on, and what a refused write
+// touched is resynchronised once writes succeed again. An EROFS from one
+// storage target of a parallel file system fails the leg.
 //
 // Trim is implemented as WriteZeroes on every leg (holes allowed): a trim a
 // leg may ignore could leave legs with different contents.

@@ -150,9 +150,9 @@
 // refuses stops, its leg still rebuilding, and starts again at the next
 // Flush that succeeds.
 //
-// A store whose file system has turned read-only (EROFS; ext4 remounts
-// itself so after an error) is a refusal of the same kind
-// (block.StoreRefused): without it, the first refused write would fail
+// A store whose file system has turned read-only (EROFS from the whole
+// file system, block.ErrStoreReadOnly; ext4 remounts itself so after an
+// error) is a refusal of the same kind (block.StoreRefused): without it, the first refused write would fail
 // one leg and the first refused flush a second, and the volume would stop
 // serving reads its legs hold intact. Writes fail with EROFS instead;
 // reads go on.
