@@ -9,7 +9,7 @@ import (
 )
 
 // TestClaim: a store without a marker is claimed once; a second claim,
-// even concurrent, gets the first one's id; ReadID reads it back, says
+// even concurrent, gets the first one's id; ReadMarker reads it back, says
 // "none" for a directory without one (or none at all), and refuses a
 // marker that is not one.
 func TestClaim(t *testing.T) {
