@@ -47,11 +47,35 @@ func testLog(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-func startNode(t *testing.T, cfg Config) (*Node, error) {
+// startNodeOnce starts a node, once.
+func startNodeOnce(t *testing.T, cfg Config) (*Node, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	return Start(ctx, cfg, testLog(t))
+}
+
+// startNode starts a node. A first start (no data directory yet) that
+// finds one of its ports taken — picked free, then grabbed by another
+// test process before the node bound it — is tried again on fresh ports
+// with a fresh data directory; the node's cfg has the ports it got.
+func startNode(t *testing.T, cfg Config) (*Node, error) {
+	t.Helper()
+	_, err := os.Stat(cfg.Data)
+	fresh := errors.Is(err, os.ErrNotExist)
+	for attempt := 1; ; attempt++ {
+		n, err := startNodeOnce(t, cfg)
+		if err == nil || !fresh || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return n, err
+		}
+		t.Logf("start %s: %v; again on fresh ports", cfg.Name, err)
+		os.RemoveAll(cfg.Data)
+		for _, a := range []*string{&cfg.API, &cfg.NBD, &cfg.EtcdClient, &cfg.EtcdPeer, &cfg.S3} {
+			if !strings.HasSuffix(*a, ":0") {
+				*a = freeAddr(t)
+			}
+		}
+	}
 }
 
 // firstNode starts the first node of a cluster of voters voters, its
@@ -260,6 +284,7 @@ func TestStoreOfAnotherCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg = a.cfg // the ports it got
 	id := a.store.ID
 
 	other := nodeConfig(t, "z", filepath.Join(tmp, "z"), shared)
@@ -304,6 +329,7 @@ func TestStoreUpgradeWithoutMarker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg = a.cfg // the ports it got
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if _, err := a.volumes.CreateVolume(ctx, volume.Caller{Name: "admin", ID: "u-test", Admin: true}, volume.CreateVolume{Name: "kept", SizeBytes: 1 << 20}); err != nil {
