@@ -3,6 +3,7 @@ package blocktest
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -41,6 +42,38 @@ func FillingSpec(id, child string) string {
 func ReadOnlySpec(id, child string) string {
 	p, _ := json.Marshal(map[string]any{"id": id, "readonly": true})
 	return `{"type":"` + FillingType + `","params":` + string(p) + `,"children":[` + child + `]}`
+}
+
+// RefusingSpec is FillingSpec (errno ENOSPC) or ReadOnlySpec (EROFS).
+func RefusingSpec(id string, errno syscall.Errno, child string) string {
+	if errno == syscall.EROFS {
+		return ReadOnlySpec(id, child)
+	}
+	return FillingSpec(id, child)
+}
+
+// RandomOp runs one random operation on l over [off, off+n), as the full
+// store tests drive their layers: a write of fill(n) (FUA one time in
+// four), a write of zeroes, or a flush, each keeping model in step when it
+// succeeds. It returns the operation's error and the bytes it covered (0
+// for a flush).
+func RandomOp(rng *rand.Rand, l block.Device, model []byte, off, n int64, fill func(int64) []byte) (int64, error) {
+	var err error
+	switch rng.IntN(5) {
+	case 0, 1, 2:
+		p := fill(n)
+		if err = l.WriteAt(p, off, rng.IntN(4) == 0); err == nil {
+			copy(model[off:], p)
+		}
+	case 3:
+		if err = l.WriteZeroes(off, n, block.ZeroFlags{}); err == nil {
+			clear(model[off : off+n])
+		}
+	case 4:
+		err = l.Flush()
+		n = 0
+	}
+	return n, err
 }
 
 type filling struct {

@@ -29,11 +29,7 @@ func refusingSpec(t *testing.T, errno syscall.Errno, params string, legs ...stri
 		id := t.Name() + "/" + p
 		sw = append(sw, blocktest.FullSwitch(id))
 		child := `{"type":"file","params":{"path":"` + p + `"}}`
-		if errno == syscall.EROFS {
-			kids = append(kids, blocktest.ReadOnlySpec(id, child))
-		} else {
-			kids = append(kids, blocktest.FillingSpec(id, child))
-		}
+		kids = append(kids, blocktest.RefusingSpec(id, errno, child))
 	}
 	spec := `{"type":"mirror","params":` + params + `,"children":[` + kids[0]
 	for _, k := range kids[1:] {
@@ -310,21 +306,7 @@ func refusingStoreRandomOps(t *testing.T, errno syscall.Errno) {
 			}
 			off := rng.Int64N(env.Size)
 			n := min(rng.Int64N(50000)+1, env.Size-off)
-			var err error
-			switch rng.IntN(5) {
-			case 0, 1, 2:
-				p := randBytes(rng, n)
-				if err = l.WriteAt(p, off, rng.IntN(4) == 0); err == nil {
-					copy(model[off:], p)
-				}
-			case 3:
-				if err = l.WriteZeroes(off, n, block.ZeroFlags{}); err == nil {
-					clear(model[off : off+n])
-				}
-			case 4:
-				err = l.Flush()
-				n = 0
-			}
+			n, err := blocktest.RandomOp(rng, l, model, off, n, func(n int64) []byte { return randBytes(rng, n) })
 			if err != nil {
 				if !errors.Is(err, errno) {
 					t.Fatalf("seed %d op %d: %v, want success or %v", seed, op, err, errno)

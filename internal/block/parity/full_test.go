@@ -31,11 +31,7 @@ func refusingSpec(t *testing.T, n int, chunk int64, errno syscall.Errno) (string
 		id := fmt.Sprintf("%s/%d", t.Name(), i)
 		sw = append(sw, blocktest.FullSwitch(id))
 		child := fmt.Sprintf(`{"type":"file","params":{"path":"leg%d.img"}}`, i)
-		if errno == syscall.EROFS {
-			kids = append(kids, blocktest.ReadOnlySpec(id, child))
-		} else {
-			kids = append(kids, blocktest.FillingSpec(id, child))
-		}
+		kids = append(kids, blocktest.RefusingSpec(id, errno, child))
 	}
 	return fmt.Sprintf(`{"type":"parity","params":{"chunk":%d},"children":[%s]}`, chunk, strings.Join(kids, ",")), sw
 }
@@ -327,21 +323,7 @@ func refusingStoreRandomOps(t *testing.T, errno syscall.Errno) {
 			}
 			off := rng.Int64N(env.Size)
 			n := min(rng.Int64N(3*dsz)+1, env.Size-off)
-			var err error
-			switch rng.IntN(5) {
-			case 0, 1, 2:
-				p := randBytes(rng, n)
-				if err = l.WriteAt(p, off, rng.IntN(4) == 0); err == nil {
-					copy(model[off:], p)
-				}
-			case 3:
-				if err = l.WriteZeroes(off, n, block.ZeroFlags{}); err == nil {
-					clear(model[off : off+n])
-				}
-			case 4:
-				err = l.Flush()
-				n = 0
-			}
+			n, err := blocktest.RandomOp(rng, l, model, off, n, func(n int64) []byte { return randBytes(rng, n) })
 			if err != nil {
 				if !errors.Is(err, errno) {
 					t.Fatalf("seed %d op %d: %v, want success or %v", seed, op, err, errno)
