@@ -43,7 +43,7 @@ func (w *stallingWatcher) Watch(ctx context.Context, key string, opts ...clientv
 // changes under its prefix) is not taken for stalled.
 func TestMirrorStalledWatchRelists(t *testing.T) {
 	beat, stall := mirrorHeartbeat, mirrorStall
-	mirrorHeartbeat, mirrorStall = 50*time.Millisecond, 400*time.Millisecond
+	mirrorHeartbeat, mirrorStall = 50*time.Millisecond, 1500*time.Millisecond // 30 beats: a loaded host delays some
 	defer func() { mirrorHeartbeat, mirrorStall = beat, stall }()
 	other := openTestStore(t)
 	ctx := ctxT(t)

@@ -3,10 +3,13 @@ package meta
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/basalt-storage/basalt/internal/pki"
 )
 
 // stalledGets makes every Get wait until gate closes or its context ends,
@@ -70,4 +73,53 @@ func TestNoQuorum(t *testing.T) {
 	}
 	close(kv.gate)
 	eventually(t, "the probe to find the quorum back", func() bool { return !s.QuorumLost() })
+}
+
+// stalledLinearGets makes every linearizable Get wait until its context
+// ends, as a leader too loaded to answer in time does; serializable Gets
+// (the member's own copy) are answered.
+type stalledLinearGets struct{ clientv3.KV }
+
+func (k stalledLinearGets) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	if clientv3.OpGet(key, opts...).IsSerializable() {
+		return k.KV.Get(ctx, key, opts...)
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestSlowIsNotLost: a voter whose linearizable reads time out while it
+// follows a leader is slow, not without quorum. The read is answered from
+// its copy, but the node does not record the quorum lost, which would turn
+// every other request here stale (reads) or short (writes, locks) until a
+// probe cleared it: under a burst of load that once marked a healthy
+// single node's quorum lost four times.
+func TestSlowIsNotLost(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	base := t.TempDir()
+	ca, err := pki.LoadOrCreateCA(filepath.Join(base, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := (&memberOpener{t: t, base: base, ca: ca}).open("m1", freeAddr(t), nil, "")
+	id := uniq("vol")
+	if err := s.Update(ctx, func(tx *Tx) error {
+		tx.PutVolume(&Volume{ID: id, SizeBytes: 7, Status: StatusAvailable})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	m, _, _ := s.ownMember()
+	m.local.KV = stalledLinearGets{m.local.KV}
+
+	if _, err := s.Volume(ctx, id); err != nil {
+		t.Fatalf("a read the leader does not answer in time: %v", err)
+	}
+	if s.QuorumLost() {
+		t.Fatal("a read that timed out while this voter follows a leader recorded the quorum lost")
+	}
+	if s.NoQuorum(ctx, context.DeadlineExceeded) {
+		t.Fatal("NoQuorum counts a timeout under a live leader as no quorum")
+	}
 }

@@ -299,8 +299,9 @@ const linearTimeout = 3 * time.Second
 
 // read is a linearizable Get — it sees every write acknowledged anywhere
 // before it, so a record created through one node is visible through
-// every other at once — unless no quorum answers in time or ctx asks for
-// a stale read (Stale): then it is answered from the local member's copy
+// every other at once — unless no quorum answers in time (or, under load,
+// the leader does not: this read only, see quorumLost) or ctx asks for a
+// stale read (Stale): then it is answered from the local member's copy
 // (serializable; a client node without a member asks a voter), which may
 // miss the latest writes but needs no leader and keeps reads working
 // while writes cannot. ReadInfo records that it happened.
