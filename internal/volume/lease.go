@@ -692,7 +692,7 @@ type servingNodesKey struct{}
 // renders the URIs of many attachments (a list), whose reads are then
 // O(1) instead of O(attachments). The holders are as of that read, a
 // moment within the request like each of the reads it replaces; a lease
-// nobody held then is taken as ServingNode takes it.
+// nobody held then is not taken (servingNode).
 func WithServingNodes(ctx context.Context) context.Context {
 	return context.WithValue(ctx, servingNodesKey{}, &servingNodes{})
 }
@@ -714,7 +714,13 @@ func (l *leases) holder(ctx context.Context, vol string) (*meta.VolumeLease, err
 }
 
 // servingNode returns the node that serves vol's rw attachments, taking
-// the lease here when nobody holds it (or this node holds it released).
+// the lease here when nobody holds it (or this node holds it released),
+// so that the URI a client is shown keeps working: it connects where the
+// lease is. Within a list (WithServingNodes) an unheld lease is not taken:
+// the URI names this node, which takes the lease when a client connects
+// (export.go). Otherwise the first list after a restart — whose stop gave
+// every lease up — would write one lease per rw attachment, and gather
+// them all on the node that happened to be asked.
 func (l *leases) servingNode(ctx context.Context, vol string) (string, error) {
 	h, err := l.holder(ctx, vol)
 	if err != nil {
@@ -722,6 +728,9 @@ func (l *leases) servingNode(ctx context.Context, vol string) (string, error) {
 	}
 	if h != nil && !h.Released {
 		return h.Node, nil
+	}
+	if _, listing := ctx.Value(servingNodesKey{}).(*servingNodes); listing {
+		return l.s.cfg.Node, nil
 	}
 	holder, _, err := l.acquire(ctx, vol)
 	return holder, err

@@ -333,8 +333,8 @@ func TestServingNodesOneRead(t *testing.T) {
 		}
 		as = append(as, a)
 	}
-	// One rw attachment whose volume's lease nobody holds now: asking
-	// takes it, as before.
+	// One rw attachment whose volume's lease nobody holds now (as after
+	// a restart): a list names this node for it and takes nothing.
 	s.leases.release(ctx, as[0].VolumeID)
 	var reads atomic.Int64
 	old := leaseHolder
@@ -353,8 +353,16 @@ func TestServingNodesOneRead(t *testing.T) {
 	if n := reads.Load(); n > 1 {
 		t.Errorf("%d attachments: %d reads of a volume's lease holder, want the leases read once for all", k, n)
 	}
+	if h, err := s.meta.VolumeLeaseHolder(ctx, as[0].VolumeID); err != nil || h != nil {
+		t.Errorf("a list took the unheld lease (a read that writes): %+v, %v", h, err)
+	}
+	// Asked alone (attachment show), the lease is taken: the URI shown
+	// is where the lease is.
+	if node, err := s.ServingNode(ctx, as[0]); err != nil || node != s.cfg.Node {
+		t.Errorf("attachment %s alone: served by %q, %v; want %s", as[0].ID, node, err, s.cfg.Node)
+	}
 	if h, err := s.meta.VolumeLeaseHolder(ctx, as[0].VolumeID); err != nil || h == nil || h.Node != s.cfg.Node {
-		t.Errorf("the unheld lease was not taken: %+v, %v", h, err)
+		t.Errorf("the unheld lease was not taken by a show: %+v, %v", h, err)
 	}
 	for _, a := range as {
 		if err := s.Detach(ctx, alice, a.ID); err != nil {
