@@ -133,8 +133,6 @@ func (s *Service) asSnapshotWriter(ctx context.Context, sn *meta.Snapshot, fn fu
 		return
 	}
 	defer done()
-	gate := s.Gate(sn.VolumeID)
-	gate.Lock()
-	defer gate.Unlock()
+	defer s.closeGate(sn.VolumeID)()
 	fn(token)
 }

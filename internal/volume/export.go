@@ -303,7 +303,8 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 	done := func() { release(); unregister(); dropStats() }
 	var d block.Device = &shared{Device: stack, release: done}
 	if !ro {
-		d = &shared{Device: &gated{Device: stack, gate: e.s.Gate(a.VolumeID)}, release: done}
+		gate, dropGate := e.s.gate(a.VolumeID)
+		d = &shared{Device: &gated{Device: stack, gate: gate}, release: func() { done(); dropGate() }}
 	}
 	return &nbd.Export{
 		Name:        name,

@@ -88,7 +88,7 @@ type leases struct {
 	// changing serialises, per volume, this node's changes of the
 	// volume's lease key (acquire, release, handOver): a handover must
 	// not delete a key an acquisition here has just made its own again.
-	changing map[string]*sync.Mutex
+	changing keyed[sync.Mutex]
 	// fences of the stacks open on this node, by volume: a lost lease
 	// fences them for good.
 	fences map[string][]*stackFence
@@ -131,20 +131,13 @@ func (l *leases) watchLoss(vol string, cancel context.CancelCauseFunc) (stop fun
 }
 
 func newLeases(s *Service) *leases {
-	return &leases{s: s, held: map[string]int64{}, changing: map[string]*sync.Mutex{}, fences: map[string][]*stackFence{}, users: map[string]int{}}
+	return &leases{s: s, held: map[string]int64{}, fences: map[string][]*stackFence{}, users: map[string]int{}}
 }
 
-// changeLock returns the mutex that serialises this node's changes of
-// vol's lease key.
-func (l *leases) changeLock(vol string) *sync.Mutex {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	mu := l.changing[vol]
-	if mu == nil {
-		mu = &sync.Mutex{}
-		l.changing[vol] = mu
-	}
-	return mu
+// lockChange locks the mutex that serialises this node's changes of vol's
+// lease key, and returns its unlock.
+func (l *leases) lockChange(vol string) (unlock func()) {
+	return lockKey(&l.changing, vol)
 }
 
 // onLost registers fn, called (without locks held) when a lease is lost.
@@ -276,12 +269,10 @@ func (l *leases) lose(vol, why string) {
 // close the volume's rw connections), so the writes that waited fail.
 // Without the wait, a write stalled in the file system (an NFS server that
 // does not answer for a while) could land after the next holder's first
-// write. The caller holds vol's changeLock; no one holding the gate waits
+// write. The caller holds vol's lockChange; no one holding the gate waits
 // for that lock (workflows take use before the gate).
 func (l *leases) giveUp(vol string) {
-	g := l.s.Gate(vol)
-	g.Lock()
-	defer g.Unlock()
+	defer l.s.closeGate(vol)()
 	l.s.flushLive(vol)
 	l.fenceAll(vol)
 }
@@ -349,13 +340,11 @@ func (l *leases) forget(vol string, f *stackFence) {
 // lease another node holds but was released through a third is refused
 // with CodeWriteLeaseHandover: its holder may still write.
 func (l *leases) acquire(ctx context.Context, vol string) (string, int64, error) {
-	mu := l.changeLock(vol)
-	mu.Lock()
-	defer mu.Unlock()
+	defer l.lockChange(vol)()
 	return l.acquireLocked(ctx, vol)
 }
 
-// acquireLocked is acquire with vol's changeLock held.
+// acquireLocked is acquire with vol's lockChange held.
 func (l *leases) acquireLocked(ctx context.Context, vol string) (string, int64, error) {
 	l.mu.Lock()
 	id := l.id
@@ -480,9 +469,7 @@ func (s *Service) acquireWriter(v *meta.Volume, token int64) (block.Layer, func(
 // only as its lease holder: without the lease, another node could take it
 // for an rw attachment and write the volume's files at the same time.
 func (l *leases) use(ctx context.Context, vol string) (string, int64, error) {
-	mu := l.changeLock(vol)
-	mu.Lock()
-	defer mu.Unlock()
+	defer l.lockChange(vol)()
 	holder, token, err := l.acquireLocked(ctx, vol)
 	if err == nil && holder == l.s.cfg.Node {
 		l.mu.Lock()
@@ -513,9 +500,7 @@ func (s *Service) asWriter(ctx context.Context, vol string) (func(), int64, erro
 // unuse ends a job's use of vol's lease; with no job left on it, the lease
 // is given up unless the volume has an rw attachment.
 func (l *leases) unuse(ctx context.Context, vol string) {
-	mu := l.changeLock(vol)
-	mu.Lock()
-	defer mu.Unlock()
+	defer l.lockChange(vol)()
 	l.mu.Lock()
 	l.users[vol]--
 	left := l.users[vol]
@@ -547,9 +532,7 @@ func (l *leases) inUse(vol string) bool {
 // node, it is only marked released, and that node hands it over
 // (handOver) or loses it with its etcd lease.
 func (l *leases) release(ctx context.Context, vol string) {
-	mu := l.changeLock(vol)
-	mu.Lock()
-	defer mu.Unlock()
+	defer l.lockChange(vol)()
 	l.mu.Lock()
 	_, held := l.held[vol]
 	busy := held && l.users[vol] > 0
@@ -560,7 +543,7 @@ func (l *leases) release(ctx context.Context, vol string) {
 	l.releaseLocked(ctx, vol)
 }
 
-// releaseLocked is release with vol's changeLock held.
+// releaseLocked is release with vol's lockChange held.
 func (l *leases) releaseLocked(ctx context.Context, vol string) {
 	l.mu.Lock()
 	_, held := l.held[vol]
@@ -595,9 +578,7 @@ func (l *leases) handOver(ctx context.Context, vol string) {
 }
 
 func (l *leases) handOverOnce(ctx context.Context, vol string) error {
-	mu := l.changeLock(vol)
-	mu.Lock()
-	defer mu.Unlock()
+	defer l.lockChange(vol)()
 	h, err := l.s.meta.VolumeLeaseHolder(ctx, vol)
 	if err != nil {
 		return err

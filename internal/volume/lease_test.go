@@ -166,7 +166,8 @@ func TestReleaseStopsWritingFirst(t *testing.T) {
 	check, forget := s.leases.fence(v.ID)
 	defer forget()
 	// A write in flight: past the fence, holding the gate's read side.
-	gate := s.Gate(v.ID)
+	gate, drop := s.gate(v.ID)
+	defer drop()
 	gate.RLock()
 	detached := make(chan error, 1)
 	go func() { detached <- s.Detach(ctx, alice, att.ID) }()

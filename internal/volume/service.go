@@ -123,16 +123,15 @@ type Service struct {
 	// snapshot holds the write side while it freezes the top image, so it
 	// holds exactly the writes acknowledged before it. The NBD data path
 	// takes the read side.
-	gatesMu sync.Mutex
-	gates   map[string]*sync.RWMutex
+	gates keyed[sync.RWMutex]
 
 	// liveMu guards live, briefly: a stack is built, flushed and closed
-	// under its volume's openMu only (openMus), so a slow open or close
-	// of one volume (a file system that stalls, a long chain) holds up no
-	// other. Order: openMu before liveMu.
+	// under its volume's lock in openMus only (lockOpen), so a slow open
+	// or close of one volume (a file system that stalls, a long chain)
+	// holds up no other. Order: that lock before liveMu.
 	liveMu  sync.Mutex
 	live    map[string]*liveStack // volume id -> open stack
-	openMus map[string]*sync.Mutex
+	openMus keyed[sync.Mutex]
 
 	// gcMu keeps this node's image collection apart from its own creation
 	// of images (volumes, clones, snapshots), which hold it for reading:
@@ -166,7 +165,7 @@ func New(m *meta.Store, st *store.Store, cfg Config, log *slog.Logger) *Service 
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Service{meta: m, store: st, cfg: cfg, log: log, ctx: ctx, cancel: cancel,
-		gates: map[string]*sync.RWMutex{}, live: map[string]*liveStack{}, openMus: map[string]*sync.Mutex{},
+		live:       map[string]*liveStack{},
 		orphanKick: make(chan struct{}, 1)}
 	s.leases = newLeases(s)
 	s.leases.onLost(s.dropLive)
@@ -207,16 +206,21 @@ func (s *Service) Stop() {
 	s.lockMu.Unlock()
 }
 
-// Gate returns the write gate of a volume (see Service.gates).
-func (s *Service) Gate(volumeID string) *sync.RWMutex {
-	s.gatesMu.Lock()
-	defer s.gatesMu.Unlock()
-	g := s.gates[volumeID]
-	if g == nil {
-		g = &sync.RWMutex{}
-		s.gates[volumeID] = g
+// gate returns the write gate of a volume (see Service.gates) and drop,
+// to be called once the gate is no longer used.
+func (s *Service) gate(volumeID string) (g *sync.RWMutex, drop func()) {
+	return s.gates.get(volumeID)
+}
+
+// closeGate takes volume vol's write gate for writing — its writers wait
+// until reopen is called.
+func (s *Service) closeGate(vol string) (reopen func()) {
+	g, drop := s.gate(vol)
+	g.Lock()
+	return func() {
+		g.Unlock()
+		drop()
 	}
-	return g
 }
 
 // Limit is the provisioning limit in bytes.

@@ -88,9 +88,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 		// Stop the volume's writers until the snapshot exists: writes
 		// acknowledged after this call returns must not reach it. (After
 		// use: see asWriter.)
-		gate := s.Gate(v.ID)
-		gate.Lock()
-		defer gate.Unlock()
+		defer s.closeGate(v.ID)()
 	}
 	// From the recording on, the snapshot is this node's to take (or the
 	// writer's, delegated) whatever becomes of the caller: recorded for

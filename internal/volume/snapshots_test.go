@@ -401,7 +401,9 @@ func testPointInTime(t *testing.T, e *env, s *Service, typ string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &gated{Device: l, gate: s.Gate(v.ID)}
+	gate, drop := s.gate(v.ID)
+	defer drop()
+	d := &gated{Device: l, gate: gate}
 	var issued, acked atomic.Uint64 // generation last started, last returned
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

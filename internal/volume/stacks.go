@@ -92,9 +92,7 @@ func (s *Service) createStack(v *meta.Volume, base string, fence func() error) e
 // must be called when done. The stack is read-write, or read-only when
 // the store's file system is (its Capabilities say which).
 func (s *Service) acquire(v *meta.Volume) (block.Layer, func(), error) {
-	mu := s.openMu(v.ID)
-	mu.Lock()
-	defer mu.Unlock()
+	defer s.lockOpen(v.ID)()
 	s.liveMu.Lock()
 	ls := s.live[v.ID]
 	if ls != nil && ls.l.Size() < v.SizeBytes {
@@ -160,9 +158,7 @@ func (s *Service) acquire(v *meta.Volume) (block.Layer, func(), error) {
 // releaseLive drops one reference to volume vol's live stack ls; the last
 // one flushes and closes it.
 func (s *Service) releaseLive(vol string, ls *liveStack) {
-	mu := s.openMu(vol) // the next open of vol waits for this close
-	mu.Lock()
-	defer mu.Unlock()
+	defer s.lockOpen(vol)() // the next open of vol waits for this close
 	s.liveMu.Lock()
 	ls.refs--
 	last := ls.refs == 0
@@ -182,27 +178,18 @@ func (s *Service) releaseLive(vol string, ls *liveStack) {
 	ls.forget()
 }
 
-// openMu returns the mutex under which volume vol's stack is opened and
-// closed (see Service.liveMu).
-func (s *Service) openMu(vol string) *sync.Mutex {
-	s.liveMu.Lock()
-	defer s.liveMu.Unlock()
-	mu := s.openMus[vol]
-	if mu == nil {
-		mu = &sync.Mutex{}
-		s.openMus[vol] = mu
-	}
-	return mu
+// lockOpen locks the mutex under which volume vol's stack is opened and
+// closed (see Service.liveMu), and returns its unlock.
+func (s *Service) lockOpen(vol string) (unlock func()) {
+	return lockKey(&s.openMus, vol)
 }
 
 // flushLive flushes volume vol's live stack, if one is open here. Under
-// the volume's openMu: a stack being closed (its last reference gone, its
-// final flush under way) is waited for, and one being opened is flushed
-// once it is.
+// the volume's open lock (lockOpen): a stack being closed (its last
+// reference gone, its final flush under way) is waited for, and one being
+// opened is flushed once it is.
 func (s *Service) flushLive(vol string) {
-	mu := s.openMu(vol)
-	mu.Lock()
-	defer mu.Unlock()
+	defer s.lockOpen(vol)()
 	ls := s.liveOf(vol)
 	if ls == nil {
 		return
@@ -224,9 +211,7 @@ func (s *Service) liveOf(vol string) *liveStack {
 // still holding it finish on the old (fenced) stack; the next acquire
 // opens a fresh one.
 func (s *Service) dropLive(vol string) {
-	mu := s.openMu(vol) // an open under way is dropped once it is done
-	mu.Lock()
-	defer mu.Unlock()
+	defer s.lockOpen(vol)() // an open under way is dropped once it is done
 	s.liveMu.Lock()
 	delete(s.live, vol)
 	s.liveMu.Unlock()
@@ -237,11 +222,10 @@ func (s *Service) dropLive(vol string) {
 // images (top first) or size is not the one the volume's directory and
 // the images' superblocks record — a snapshot, a collapse or a flatten, or
 // an extend, made through another node (see leases.dropStale). Under the
-// volume's openMu, so that a stack being opened is looked at once it is.
+// volume's open lock (lockOpen), so that a stack being opened is looked
+// at once it is.
 func (s *Service) liveStale(vol string) bool {
-	mu := s.openMu(vol)
-	mu.Lock()
-	defer mu.Unlock()
+	defer s.lockOpen(vol)()
 	ls := s.liveOf(vol)
 	if ls == nil {
 		return false
