@@ -61,6 +61,7 @@ const (
 	CodeNodeIsSelf      = "NodeIsSelf"       // 409: a node cannot remove itself
 	CodeLastVoter       = "LastVoter"        // 409: removing the only voter
 	CodeWouldLoseQuorum = "WouldLoseQuorum"  // 409: removing that voter leaves too few live voters for a quorum
+	CodeStoreMismatch   = "StoreMismatch"    // 409: the joining node's --store is not the cluster's store
 	CodeJoinInProgress  = meta.CodeJoinInProgress
 	DefaultJoinTokenTTL = 24 * time.Hour
 )
@@ -74,6 +75,11 @@ type JoinRequest struct {
 	API    string `json:"api"`
 	S3     string `json:"s3,omitempty"`
 	NBD    string `json:"nbd,omitempty"`
+	// StoreID and StoreCluster are what the marker of the joining node's
+	// --store says (store.Marker), empty when it has none: a store of
+	// another cluster is refused before this one counts the node in.
+	StoreID      string `json:"store_id,omitempty"`
+	StoreCluster string `json:"store_cluster,omitempty"`
 }
 
 // JoinResponse is what a joining node needs to start.
@@ -141,6 +147,9 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (*JoinResponse, err
 	}
 	if cl.External {
 		return nil, errs.Conflict(CodeExternalMeta, "this cluster keeps its metadata in an external etcd: start the node with --meta-endpoints instead of --join")
+	}
+	if err := s.checkStore(ctx, cl.ID, req); err != nil {
+		return nil, err
 	}
 	resp := &JoinResponse{ClusterID: cl.ID, CACert: string(s.ca.CertPEM), CAKey: string(s.ca.KeyPEM)}
 	err = s.withJoinLock(ctx, func() error {
@@ -293,6 +302,30 @@ func checkRequest(req JoinRequest) error {
 		if !strings.HasPrefix(u, "https://") {
 			return errs.Invalid(errs.CodeInvalidRequest, "%s URL %q: an https:// URL is required", what, u)
 		}
+	}
+	return nil
+}
+
+// checkStore refuses a joining node whose --store is marked as another
+// store than the cluster's (of cluster clusterID): the node would refuse
+// to start once joined (its own check, server.identifyStore), after the
+// cluster had added its member and record — a half-joined node to remove
+// by hand. A store without a marker is the joining node's to check.
+func (s *Service) checkStore(ctx context.Context, clusterID string, req JoinRequest) error {
+	if req.StoreID == "" {
+		return nil
+	}
+	if req.StoreCluster != "" && req.StoreCluster != clusterID {
+		return errs.Conflict(CodeStoreMismatch, "node %s's --store is store %s of cluster %s, not of this cluster (%s): it names another cluster's store",
+			req.Name, req.StoreID, req.StoreCluster, clusterID)
+	}
+	recorded, err := s.meta.StoreID(ctx, "")
+	if err != nil {
+		return err
+	}
+	if recorded != "" && recorded != req.StoreID {
+		return errs.Conflict(CodeStoreMismatch, "node %s's --store is store %s, not this cluster's store %s: it names another store (or another file system)",
+			req.Name, req.StoreID, recorded)
 	}
 	return nil
 }

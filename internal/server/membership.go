@@ -98,16 +98,20 @@ func (n *Node) join(ctx context.Context, pkiDir string) (*joinState, error) {
 	if _, err := os.Stat(filepath.Join(n.cfg.Data, "meta")); err == nil {
 		return nil, errs.Conflict("AlreadyInCluster", "%s already holds the metadata of a cluster of its own; give a new --data directory to join another", n.cfg.Data)
 	}
-	// Before the cluster counts this node in: its --store must be the
-	// cluster's store already (identifyStore checks which once the
-	// metadata can be read).
-	if err := n.storeBeforeJoin(); err != nil {
+	// Before the cluster counts this node in: its --store must be a
+	// store already, and the cluster checks that its marker names the
+	// cluster's (identifyStore checks again once the metadata can be
+	// read: a store laid out before markers has none to send).
+	marker, err := n.storeBeforeJoin()
+	if err != nil {
 		return nil, err
 	}
+	req := n.joinRequest(n.advertisedURL(n.cfg.API))
+	req.StoreID, req.StoreCluster = marker.ID, marker.Cluster
 	n.log.Info("joining", "via", n.cfg.Join)
 	resp, err := cluster.Enter(ctx, cluster.EnterParams{
 		Via: n.cfg.Join, Identity: n.cfg.JoinIdentity, Token: n.cfg.JoinToken,
-		Request: n.joinRequest(n.advertisedURL(n.cfg.API)),
+		Request: req,
 	})
 	if err != nil {
 		return nil, err

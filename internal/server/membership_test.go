@@ -242,6 +242,12 @@ func TestStoreNotMountedRefused(t *testing.T) {
 	if _, err := store.Claim(other, store.Marker{ID: "another-clusters-store", Cluster: "another-cluster"}); err != nil {
 		t.Fatal(err)
 	}
+	// Marked for this cluster, but not the store it runs on (a copy of
+	// the marker, another file system).
+	copied := filepath.Join(tmp, "copied")
+	if _, err := store.Claim(copied, store.Marker{ID: "not-the-store", Cluster: a.clusterID}); err != nil {
+		t.Fatal(err)
+	}
 	mountPoint := filepath.Join(tmp, "mnt")
 	if err := os.Mkdir(mountPoint, 0o755); err != nil {
 		t.Fatal(err)
@@ -249,8 +255,9 @@ func TestStoreNotMountedRefused(t *testing.T) {
 	for i, c := range []struct{ name, store, want string }{
 		{"missing directory", filepath.Join(tmp, "lustre", "basalt"), "mounted"},
 		{"empty mount point", mountPoint, "mounted"},
-		// Its marker is checked after the join, against the cluster's id.
-		{"another store", other, "not this cluster's store"},
+		// Its marker is checked by the cluster before it counts the node in.
+		{"another cluster's store", other, "StoreMismatch"},
+		{"another store of this cluster", copied, "StoreMismatch"},
 	} {
 		before, _ := os.ReadDir(c.store)
 		cfg := nodeConfig(t, fmt.Sprintf("b%d", i), filepath.Join(tmp, fmt.Sprintf("b%d", i)), c.store)
@@ -265,6 +272,14 @@ func TestStoreNotMountedRefused(t *testing.T) {
 		}
 		if after, _ := os.ReadDir(c.store); len(after) != len(before) {
 			t.Errorf("%s: the refused start changed %s: %d entries, then %d", c.name, c.store, len(before), len(after))
+		}
+		// Not half joined: no member, no record to remove by hand.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		members, err := a.meta.Members(ctx)
+		nodes, nerr := a.meta.Nodes(ctx)
+		cancel()
+		if err != nil || nerr != nil || len(members) != 1 || len(nodes) != 1 {
+			t.Errorf("%s: after the refusal the cluster has %d members (%v), %d nodes (%v); want only a", c.name, len(members), err, len(nodes), nerr)
 		}
 	}
 	b := joinNode(t, a, "b", tmp, shared)

@@ -87,22 +87,24 @@ func laidOut(root string) bool {
 // marker and no store layout. The cluster has started on its store, so
 // this node's shared file system is not mounted (or --store is wrong).
 // Checked before the join, which a later refusal (identifyStore) would
-// leave half done.
-func (n *Node) storeBeforeJoin() error {
+// leave half done. It returns the store's marker (zero without one),
+// which the join request carries for the cluster to check against its
+// own (cluster.Service.checkStore).
+func (n *Node) storeBeforeJoin() (store.Marker, error) {
 	root, err := filepath.Abs(n.cfg.Store)
 	if err != nil {
-		return err
+		return store.Marker{}, err
 	}
-	if _, ok, err := store.ReadMarker(root); err != nil || ok {
-		return err
+	if m, ok, err := store.ReadMarker(root); err != nil || ok {
+		return m, err
 	}
 	if laidOut(root) {
-		return nil // a store of a cluster that has yet to write its marker
+		return store.Marker{}, nil // a store of a cluster that has yet to write its marker
 	}
 	if _, err := os.Stat(root); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("store %s: %w", root, err)
+		return store.Marker{}, fmt.Errorf("store %s: %w", root, err)
 	}
-	return fmt.Errorf("store %s has no %s marker, but the cluster this node joins has started on its store: "+
+	return store.Marker{}, fmt.Errorf("store %s has no %s marker, but the cluster this node joins has started on its store: "+
 		"is the file system that holds the store mounted here, and does --store name the directory the other nodes use?",
 		root, store.MarkerFile)
 }
