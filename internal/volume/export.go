@@ -26,7 +26,8 @@ import (
 // taken stock (the revision it watches from), the watch resumes where it
 // broke, and when it cannot (compacted history) Run takes stock again,
 // revoking what is gone. Detach also revokes at once on the node that
-// served it.
+// served it. A TLS connection is also closed once its client certificate
+// no longer authenticates (sessions.go).
 type Exports struct {
 	s *Service
 	// Authenticate checks a TLS client certificate chain (user.Service).
@@ -49,6 +50,9 @@ type Exports struct {
 	// stats holds the request counts of the volumes open here, while
 	// counting is on (exportstats.go; nil: off).
 	stats map[string]*volumeStats
+	// sessions are the TLS connections open here, whose client
+	// certificates are checked again while they last (sessions.go).
+	sessions map[*session]struct{}
 }
 
 // openSet holds, per volume, the exports of a kind open here.
@@ -120,6 +124,9 @@ func (e *Exports) drop(set openSet, vol string, o *opened) {
 // it takes stock (reconcile), then follows deletions from there; when the
 // watch cannot resume where it broke, it takes stock again.
 func (e *Exports) Run(ctx context.Context) {
+	if e.Authenticate != nil {
+		go e.recheck(ctx)
+	}
 	for ctx.Err() == nil {
 		rev, err := e.reconcile(ctx)
 		if err != nil {
@@ -207,7 +214,8 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 		}
 		return nil, err
 	}
-	if cs != nil && len(cs.PeerCertificates) > 0 && e.Authenticate != nil {
+	authed := cs != nil && len(cs.PeerCertificates) > 0 && e.Authenticate != nil
+	if authed {
 		c, err := e.Authenticate(ctx, cs.PeerCertificates)
 		if err != nil {
 			return nil, fmt.Errorf("export %s: %w", a.ID, err)
@@ -300,7 +308,11 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 		return nil, err
 	}
 	stats, dropStats := e.holdStats(v.ID)
-	done := func() { release(); unregister(); dropStats() }
+	expRevoked, untrack := (<-chan struct{})(revoked), func() {}
+	if authed {
+		expRevoked, untrack = e.track(cs.PeerCertificates, a.ID, revoked)
+	}
+	done := func() { release(); unregister(); dropStats(); untrack() }
 	var d block.Device = &shared{Device: stack, release: done}
 	if !ro {
 		gate, dropGate := e.s.gate(a.VolumeID)
@@ -312,7 +324,7 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 		Description: fmt.Sprintf("basalt volume %s (attachment %s, %s, host %s)", a.VolumeID, a.ID, a.Mode, a.Host),
 		Device:      d,
 		ReadOnly:    ro,
-		Revoked:     revoked,
+		Revoked:     expRevoked,
 		Release:     func() { d.Close() },
 		Stats:       stats,
 	}, nil

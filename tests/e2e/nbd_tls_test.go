@@ -197,3 +197,43 @@ func TestNBDTLSRequiredBeyondLoopback(t *testing.T) {
 		nbdinfo(t, a.NBDURI+"?tls-certificates="+n.AdminDir())
 	}
 }
+
+// TestNBDTLSCredentialsRevoked: a live TLS connection ends once its
+// client certificate is revoked — here by new credentials for its user:
+// a qemu-io session connected with the old certificate reads until then,
+// and its reads fail within the recheck bound (5 s) after. The new
+// identity connects and reads what the old connection wrote.
+func TestNBDTLSCredentialsRevoked(t *testing.T) {
+	t.Parallel()
+	requireTools(t, "qemu-io")
+	n := StartNode(t, NodeOptions{})
+	admin := n.Admin()
+	alice := admin.CreateUser("alice")
+	alice.CreateVolume("--size", "16MiB", "--name", "rv")
+	a := alice.Attach("rv", "hv1", "rw")
+	obj, img := qemuTLSOpts(n.NBD, a.Export, alice.Identity)
+	sess := startQemuSession(t, "--object", obj, "--image-opts", img)
+	if out := sess.Do("write -P 0x11 0 64k"); strings.Contains(out, "error") || strings.Contains(out, "failed") {
+		t.Fatalf("write over TLS: %s", out)
+	}
+	sess.Do("flush")
+	renewed := filepath.Join(t.TempDir(), "alice-renewed")
+	admin.OK(nil, "user", "credentials", "alice", "--out", renewed)
+	revoked := time.Now()
+	for {
+		out := sess.Do("read -P 0x11 0 64k")
+		if strings.Contains(out, "error") || strings.Contains(out, "failed") {
+			t.Logf("%v after the revocation the session's read failed: %s", time.Since(revoked).Round(time.Millisecond), strings.TrimSpace(out))
+			break
+		}
+		if time.Since(revoked) > 15*time.Second {
+			t.Fatalf("the connection of a revoked certificate still reads %v later: %s", time.Since(revoked).Round(time.Second), out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	obj, img = qemuTLSOpts(n.NBD, a.Export, renewed)
+	r := tool(t, time.Minute, "qemu-io", "--object", obj, "--image-opts", img, "-c", "read -P 0x11 0 64k")
+	if qemuIOFailed(r) || strings.Contains(r.Stdout, "Pattern verification failed") {
+		t.Fatalf("the renewed identity: %s\n%s%s", r, r.Stdout, r.Stderr)
+	}
+}
