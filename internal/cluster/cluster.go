@@ -360,7 +360,7 @@ func nodeRecord(req JoinRequest, role string) *meta.Node {
 // Register records this node (at every start: its URLs may change).
 func (s *Service) Register(ctx context.Context, n *meta.Node) error {
 	if old, err := s.meta.Node(ctx, n.Name); err == nil {
-		n.JoinedAt = old.JoinedAt
+		n.JoinedAt, n.Removing = old.JoinedAt, old.Removing
 	} else {
 		n.JoinedAt = time.Now().UTC()
 	}
@@ -496,6 +496,15 @@ func (s *Service) Remove(ctx context.Context, name string) error {
 			}
 		}
 		if s.revoke != nil {
+			// Marked first, so that the node, if it runs, cannot give
+			// itself a new identity between the revocation and the
+			// record's deletion (user.Service.RenewNodeIdentity).
+			if n != nil && !n.Removing {
+				n.Removing = true
+				if err := s.meta.PutNode(ctx, n); err != nil {
+					return err
+				}
+			}
 			if err := s.revoke(ctx, name); err != nil {
 				return err
 			}

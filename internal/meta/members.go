@@ -49,6 +49,9 @@ type Node struct {
 	Peer     string    `json:"peer,omitempty"`
 	Client   string    `json:"client,omitempty"`
 	JoinedAt time.Time `json:"joined_at"`
+	// Removing: `node remove` is taking the node out (its record goes
+	// last); it is not to be given credentials again (Tx.Registered).
+	Removing bool `json:"removing,omitempty"`
 }
 
 // Member is an etcd member as the member list shows it.
@@ -170,6 +173,14 @@ func (s *Store) PutNode(ctx context.Context, n *Node) error {
 	n.Schema = SchemaVersion
 	_, err := s.cli.Put(ctx, prefixNodes+n.Name, encode(n))
 	return wrap("register node", err)
+}
+
+// Registered reports whether node name has a record (nodes/<name>) that
+// is not being removed; the commit requires the record still as read.
+func (tx *Tx) Registered(name string) (bool, error) {
+	n := &Node{}
+	ok, err := txGet(tx, prefixNodes+name, n)
+	return ok && !n.Removing, err
 }
 
 // Node returns a node, or a NotFound error.

@@ -41,6 +41,9 @@ func leafOf(t *testing.T, dir string) *x509.Certificate {
 // certificate, valid for a year, no longer authenticates anywhere; the
 // other nodes' stay valid.
 func TestRemovedNodeAdminRevoked(t *testing.T) {
+	checkEvery := adminCheckEvery
+	adminCheckEvery = 50 * time.Millisecond // b would renew a revoked identity at once
+	t.Cleanup(func() { adminCheckEvery = checkEvery })
 	tmp := t.TempDir()
 	store := filepath.Join(tmp, "store")
 	a := firstNode(t, tmp, store, 1)
@@ -75,6 +78,62 @@ func TestRemovedNodeAdminRevoked(t *testing.T) {
 	}
 	if _, err := a.users.Authenticate(ctx, []*x509.Certificate{aCert}); err != nil {
 		t.Fatalf("a's admin certificate after b's removal: %v", err)
+	}
+	// b, removed, is not given an identity again — neither by its own
+	// renewal while it still ran nor later.
+	time.Sleep(10 * adminCheckEvery)
+	if rec, err = a.meta.User(ctx, user.Admin); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range rec.Certs {
+		if c.IssuedFor == meta.CertForNode("b") {
+			t.Fatalf("the removed node b has a listed admin certificate again: %+v", c)
+		}
+	}
+	if _, err := a.users.RenewNodeIdentity(ctx, "b"); !errs.IsCode(err, errs.CodeNotFound) {
+		t.Fatalf("renewing the removed node's identity: %v, want NotFound", err)
+	}
+	// A node marked as being removed (its record not yet gone) neither.
+	if err := a.meta.PutNode(ctx, &meta.Node{Name: "c", API: "https://c:8443", Removing: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.users.RenewNodeIdentity(ctx, "c"); !errs.IsCode(err, errs.CodeNotFound) {
+		t.Fatalf("renewing the identity of a node being removed: %v, want NotFound", err)
+	}
+}
+
+// TestRunningNodeRenewsRevokedAdminIdentity: a running node whose local
+// admin identity was revoked (admin's credentials rotated) writes itself
+// a new one without a restart.
+func TestRunningNodeRenewsRevokedAdminIdentity(t *testing.T) {
+	checkEvery := adminCheckEvery
+	adminCheckEvery = 50 * time.Millisecond
+	t.Cleanup(func() { adminCheckEvery = checkEvery })
+	tmp := t.TempDir()
+	a := firstNode(t, tmp, filepath.Join(tmp, "store"), 1)
+	defer a.Close()
+	first := leafOf(t, a.AdminDir)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	time.Sleep(5 * adminCheckEvery)
+	if again := leafOf(t, a.AdminDir); again.SerialNumber.Cmp(first.SerialNumber) != 0 {
+		t.Fatal("a valid admin identity was replaced")
+	}
+	if _, _, err := a.users.RotateCredentials(ctx, user.Admin); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		renewed := leafOf(t, a.AdminDir)
+		if renewed.SerialNumber.Cmp(first.SerialNumber) != 0 {
+			if _, err := a.users.Authenticate(ctx, []*x509.Certificate{renewed}); err != nil {
+				t.Fatalf("the renewed identity: %v", err)
+			}
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the revoked admin identity was not renewed while the node ran")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

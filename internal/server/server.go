@@ -190,7 +190,7 @@ func (n *Node) start(ctx context.Context) error {
 	if n.AdminDir, err = filepath.Abs(filepath.Join(cfg.Data, "identities", user.Admin)); err != nil {
 		return err
 	}
-	if err := n.bootstrapAdmin(ctx, ca); err != nil {
+	if err := n.bootstrapAdmin(ctx); err != nil {
 		return fmt.Errorf("admin identity: %w", err)
 	}
 	dataKey, err := n.meta.DataKey(ctx, keys.Generate())
@@ -251,6 +251,7 @@ func (n *Node) start(ctx context.Context) error {
 	if err := n.belong(bg, joined); err != nil {
 		return err
 	}
+	go n.keepAdminIdentity(bg)
 	n.api.SetReady(true)
 	log.Info("node ready", "name", n.cfg.Name, "api", "https://"+n.apiAddr, "store", n.store.Root,
 		"admin_identity", n.AdminDir, "cluster", n.clusterID)
@@ -397,11 +398,11 @@ func (n *Node) certNames() []string {
 // a valid admin identity in DATA/identities/admin, whose certificate the
 // admin record lists as this node's (meta.CertForNode): removing the node
 // revokes it (cluster.Service.Remove), and a new one replaces it.
-func (n *Node) bootstrapAdmin(ctx context.Context, ca *pki.CA) error {
+func (n *Node) bootstrapAdmin(ctx context.Context) error {
 	issuedFor := meta.CertForNode(n.cfg.Name)
 	_, id, err := n.users.Create(ctx, user.Spec{Name: user.Admin, Admin: true, IssuedFor: issuedFor})
 	if errs.IsCode(err, errs.CodeUserExists) {
-		if c := n.localAdmin(ctx, ca); c != nil {
+		if c, _ := n.localAdmin(ctx); c != nil {
 			// An admin record of a version before certificate lists
 			// accepts the certificate by id; recorded, it stays
 			// valid once the record lists its certificates.
@@ -416,20 +417,60 @@ func (n *Node) bootstrapAdmin(ctx context.Context, ca *pki.CA) error {
 }
 
 // localAdmin returns the certificate of this node's admin identity if it
-// authenticates and is valid for 30 more days, else nil.
-func (n *Node) localAdmin(ctx context.Context, ca *pki.CA) *x509.Certificate {
+// authenticates and is valid for 30 more days. Else it returns nil, and
+// renew says whether a new identity is due — none or a broken one, its
+// certificate revoked, expired or about to — rather than the check unable
+// to tell (the metadata unavailable).
+func (n *Node) localAdmin(ctx context.Context) (c *x509.Certificate, renew bool) {
 	id, err := pki.LoadIdentity(n.AdminDir)
 	if err != nil {
-		return nil
+		return nil, true
 	}
-	c, err := pki.ParseCertPEM(id.CertPEM)
-	if err != nil {
-		return nil
+	if c, err = pki.ParseCertPEM(id.CertPEM); err != nil {
+		return nil, true
 	}
-	if _, err = n.users.Authenticate(ctx, []*x509.Certificate{c}); err != nil || time.Until(c.NotAfter) <= 30*24*time.Hour {
-		return nil
+	if _, err = n.users.Authenticate(ctx, []*x509.Certificate{c}); err != nil {
+		e, ok := errs.As(err)
+		return nil, ok && e.Kind == errs.KindUnauthenticated
 	}
-	return c
+	if time.Until(c.NotAfter) <= 30*24*time.Hour {
+		return nil, true
+	}
+	return c, false
+}
+
+// adminCheckEvery is how often a running node checks its local admin
+// identity (keepAdminIdentity).
+var adminCheckEvery = time.Minute
+
+// keepAdminIdentity renews this node's local admin identity while the
+// node runs, as its start does (bootstrapAdmin): once admin's credentials
+// were renewed — which revokes every earlier certificate of admin, this
+// node's too — or when it comes within 30 days of expiry. Without it the
+// identity the node's CLI uses stays refused until the next restart. A
+// node being removed is not given one again (RenewNodeIdentity).
+func (n *Node) keepAdminIdentity(ctx context.Context) {
+	t := time.NewTicker(adminCheckEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if c, renew := n.localAdmin(ctx); c != nil || !renew {
+			continue
+		}
+		id, err := n.users.RenewNodeIdentity(ctx, n.cfg.Name)
+		if err == nil {
+			err = id.Write(n.AdminDir)
+		}
+		if err != nil {
+			n.log.Warn("local admin identity revoked or about to expire; renewing it failed", "dir", n.AdminDir, "err", err)
+			continue
+		}
+		n.log.Info("local admin identity renewed: it was revoked (new credentials for admin) or about to expire", "dir", n.AdminDir)
+	}
 }
 
 // Name is the node's name.

@@ -143,6 +143,27 @@ func certOf(is *pki.Issued, issuedFor string) meta.UserCert {
 // certificate lists, it starts the list: of the earlier certificates, only
 // those recorded (RecordCertificate) stay valid.
 func (s *Service) IssueIdentity(ctx context.Context, name, issuedFor string) (*pki.Identity, error) {
+	return s.issueIdentity(ctx, name, issuedFor, nil)
+}
+
+// RenewNodeIdentity issues node's local admin identity anew, as
+// IssueIdentity(Admin, CertForNode(node)) does — but only while the node
+// is registered: a node being removed (its identity revoked, its record
+// about to go) must not list itself a certificate again. NotFound when
+// it is not.
+func (s *Service) RenewNodeIdentity(ctx context.Context, node string) (*pki.Identity, error) {
+	return s.issueIdentity(ctx, Admin, meta.CertForNode(node), func(tx *meta.Tx) error {
+		ok, err := tx.Registered(node)
+		if err == nil && !ok {
+			err = errs.NotFound("node", node)
+		}
+		return err
+	})
+}
+
+// issueIdentity is IssueIdentity, committed only if check (when given)
+// passes in the same transaction.
+func (s *Service) issueIdentity(ctx context.Context, name, issuedFor string, check func(*meta.Tx) error) (*pki.Identity, error) {
 	u, err := s.meta.User(ctx, name)
 	if err != nil {
 		return nil, err
@@ -153,6 +174,11 @@ func (s *Service) IssueIdentity(ctx context.Context, name, issuedFor string) (*p
 	}
 	c := certOf(is, issuedFor)
 	if err := s.meta.Update(ctx, func(tx *meta.Tx) error {
+		if check != nil {
+			if err := check(tx); err != nil {
+				return err
+			}
+		}
 		cur, err := tx.User(name)
 		if err != nil {
 			return err
