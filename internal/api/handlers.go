@@ -104,20 +104,17 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request, c volume.C
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
-	vs, err := s.d.Volumes.Volumes(r.Context(), c)
+	vs, err := s.d.Volumes.VolumesPage(r.Context(), c, wanted(r))
 	if err != nil {
 		return err
 	}
-	if vs, err = page(w, r, vs, func(v *meta.Volume) position { return position{v.CreatedAt, v.ID} }); err != nil {
+	if vs, err = page(w, r, vs); err != nil {
 		return err
 	}
-	as, err := s.d.Volumes.Attachments(r.Context(), c, "")
+	// The attachments of the page's volumes, by the ids they name.
+	byVolume, err := s.d.Volumes.VolumeAttachments(r.Context(), c, vs...)
 	if err != nil {
 		return err
-	}
-	byVolume := map[string][]*meta.Attachment{}
-	for _, a := range as {
-		byVolume[a.VolumeID] = append(byVolume[a.VolumeID], a)
 	}
 	// Every attachment's URI names its serving node: one read of the
 	// write leases for them all, not one each.
@@ -159,10 +156,11 @@ func (s *Server) writeVolume(w http.ResponseWriter, r *http.Request, c volume.Ca
 func (s *Server) volumeWithAttachments(r *http.Request, c volume.Caller, v *meta.Volume) (Volume, error) {
 	var as []*meta.Attachment
 	if len(v.Attachments) > 0 {
-		var err error
-		if as, err = s.d.Volumes.Attachments(r.Context(), c, v.ID); err != nil {
+		byVolume, err := s.d.Volumes.VolumeAttachments(r.Context(), c, v)
+		if err != nil {
 			return Volume{}, err
 		}
+		as = byVolume[v.ID]
 	}
 	return s.volumeOut(r.Context(), v, as), nil
 }
@@ -213,11 +211,11 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, c volume
 }
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
-	ss, err := s.d.Volumes.Snapshots(r.Context(), c, r.URL.Query().Get("volume"))
+	ss, err := s.d.Volumes.SnapshotsPage(r.Context(), c, r.URL.Query().Get("volume"), wanted(r))
 	if err != nil {
 		return err
 	}
-	if ss, err = page(w, r, ss, func(sn *meta.Snapshot) position { return position{sn.CreatedAt, sn.ID} }); err != nil {
+	if ss, err = page(w, r, ss); err != nil {
 		return err
 	}
 	out := make([]Snapshot, 0, len(ss))
@@ -302,11 +300,11 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request, c volume.Caller)
 }
 
 func (s *Server) listAttachments(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
-	as, err := s.d.Volumes.Attachments(r.Context(), c, r.URL.Query().Get("volume"))
+	as, err := s.d.Volumes.AttachmentsPage(r.Context(), c, r.URL.Query().Get("volume"), wanted(r))
 	if err != nil {
 		return err
 	}
-	if as, err = page(w, r, as, func(a *meta.Attachment) position { return position{a.CreatedAt, a.ID} }); err != nil {
+	if as, err = page(w, r, as); err != nil {
 		return err
 	}
 	ctx := volume.WithServingNodes(r.Context()) // one read of the write leases (listVolumes)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
 )
 
 // Paging of list answers. Lists are ordered oldest first, ties by id.
@@ -26,61 +27,79 @@ const maxPageLimit = 1000
 // pageParams are the query parameters of paged lists.
 var pageParams = []string{"limit", "after"}
 
-// position is where an item sits in a list's order.
-type position struct {
-	created time.Time
-	id      string
-}
-
-func (p position) before(q position) bool {
-	if !p.created.Equal(q.created) {
-		return p.created.Before(q.created)
-	}
-	return p.id < q.id
-}
-
 // token renders p for ?after.
-func (p position) token() string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(p.created.UnixNano(), 10) + "." + p.id))
+func pageToken(p meta.Position) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(p.Created.UnixNano(), 10) + "." + p.ID))
 }
 
-func parseToken(s string) (position, bool) {
+func parseToken(s string) (meta.Position, bool) {
 	b, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil {
-		return position{}, false
+		return meta.Position{}, false
 	}
 	ns, id, ok := strings.Cut(string(b), ".")
 	n, err := strconv.ParseInt(ns, 10, 64)
 	if !ok || err != nil || id == "" {
-		return position{}, false
+		return meta.Position{}, false
 	}
-	return position{time.Unix(0, n).UTC(), id}, true
+	return meta.Position{Created: time.Unix(0, n).UTC(), ID: id}, true
+}
+
+// parsePageParams parses ?after (nil: none) and ?limit (0: none).
+func parsePageParams(q url.Values) (*meta.Position, int, error) {
+	var after *meta.Position
+	if a := q.Get("after"); a != "" {
+		p, ok := parseToken(a)
+		if !ok {
+			return nil, 0, errs.Invalid(errs.CodeInvalidRequest, "after=%q is not a page token: use the one in the Link header of the page before", a)
+		}
+		after = &p
+	}
+	l := q.Get("limit")
+	if l == "" {
+		return after, 0, nil
+	}
+	n, err := strconv.Atoi(l)
+	if err != nil || n < 1 || n > maxPageLimit {
+		return nil, 0, errs.Invalid(errs.CodeInvalidRequest, "limit=%q must be a whole number from 1 to %d", l, maxPageLimit)
+	}
+	return after, n, nil
+}
+
+// wanted is what to ask the service for to answer r: the items after
+// ?after, one more than ?limit — so that page sees whether more follow —
+// and so a page costs its limit in reads, not the whole list. Parameters
+// page refuses ask for one item: the list's own errors (a volume filter
+// not found) come first, as they did when page cut whole lists.
+func wanted(r *http.Request) meta.Page {
+	after, n, err := parsePageParams(r.URL.Query())
+	if err != nil {
+		return meta.Page{Limit: 1}
+	}
+	p := meta.Page{After: after}
+	if n > 0 {
+		p.Limit = n + 1
+	}
+	return p
 }
 
 // page returns the items of list (in its order) that r's ?limit and
-// ?after ask for, and sets w's Link header when more follow.
-func page[T any](w http.ResponseWriter, r *http.Request, list []T, pos func(T) position) ([]T, error) {
+// ?after ask for, and sets w's Link header when more follow. list may
+// hold only what wanted(r) asked for.
+func page[T interface{ Position() meta.Position }](w http.ResponseWriter, r *http.Request, list []T) ([]T, error) {
 	q := r.URL.Query()
-	if a := q.Get("after"); a != "" {
-		after, ok := parseToken(a)
-		if !ok {
-			return nil, errs.Invalid(errs.CodeInvalidRequest, "after=%q is not a page token: use the one in the Link header of the page before", a)
-		}
+	after, n, err := parsePageParams(q)
+	if err != nil {
+		return nil, err
+	}
+	if after != nil {
 		i := 0
-		for i < len(list) && !after.before(pos(list[i])) {
+		for i < len(list) && !after.Before(list[i].Position()) {
 			i++
 		}
 		list = list[i:]
 	}
-	l := q.Get("limit")
-	if l == "" {
-		return list, nil
-	}
-	n, err := strconv.Atoi(l)
-	if err != nil || n < 1 || n > maxPageLimit {
-		return nil, errs.Invalid(errs.CodeInvalidRequest, "limit=%q must be a whole number from 1 to %d", l, maxPageLimit)
-	}
-	if len(list) <= n {
+	if n == 0 || len(list) <= n {
 		return list, nil
 	}
 	list = list[:n]
@@ -88,7 +107,7 @@ func page[T any](w http.ResponseWriter, r *http.Request, list []T, pos func(T) p
 	for k, v := range q {
 		next[k] = v
 	}
-	next.Set("after", pos(list[n-1]).token())
+	next.Set("after", pageToken(list[n-1].Position()))
 	w.Header().Set("Link", "<"+r.URL.Path+"?"+next.Encode()+`>; rel="next"`)
 	return list, nil
 }

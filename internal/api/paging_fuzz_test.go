@@ -10,7 +10,13 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
 )
+
+// item is a list item that is its own position.
+type item meta.Position
+
+func (i item) Position() meta.Position { return meta.Position(i) }
 
 // FuzzParseToken: a page token either does not parse or names a
 // position (an id, a time) that renders back to a token naming the same
@@ -18,7 +24,7 @@ import (
 func FuzzParseToken(f *testing.F) {
 	f.Add("", int64(0), "vol-0123456789abcdef")
 	f.Add("bW9v", int64(-1), "a.b")
-	f.Add(position{time.Unix(1700000000, 5).UTC(), "snap-0123456789abcdef"}.token(), int64(1)<<62, "x")
+	f.Add(pageToken(meta.Position{Created: time.Unix(1700000000, 5).UTC(), ID: "snap-0123456789abcdef"}), int64(1)<<62, "x")
 	f.Add("MTcwMC4", int64(-1)<<63, "\x00\xff")
 	f.Add("KzEuYQ", int64(1), ".")     // "+1.a"
 	f.Add("MS4", int64(1), "att-0")    // "1." (no id)
@@ -26,21 +32,21 @@ func FuzzParseToken(f *testing.F) {
 	f.Add("MQ==", int64(1), "padding") // padded base64
 	f.Fuzz(func(t *testing.T, s string, ns int64, id string) {
 		if p, ok := parseToken(s); ok {
-			if p.id == "" {
+			if p.ID == "" {
 				t.Fatalf("%q: a position without an id", s)
 			}
-			q, ok := parseToken(p.token())
-			if !ok || !q.created.Equal(p.created) || q.id != p.id {
-				t.Fatalf("%q: %v renders as %q, which parses to %v %v", s, p, p.token(), q, ok)
+			q, ok := parseToken(pageToken(p))
+			if !ok || !q.Created.Equal(p.Created) || q.ID != p.ID {
+				t.Fatalf("%q: %v renders as %q, which parses to %v %v", s, p, pageToken(p), q, ok)
 			}
 		}
 		if id == "" {
 			return
 		}
-		p := position{time.Unix(0, ns).UTC(), id}
-		q, ok := parseToken(p.token())
-		if !ok || !q.created.Equal(p.created) || q.id != p.id {
-			t.Fatalf("%v: token %q parses to %v %v", p, p.token(), q, ok)
+		p := meta.Position{Created: time.Unix(0, ns).UTC(), ID: id}
+		q, ok := parseToken(pageToken(p))
+		if !ok || !q.Created.Equal(p.Created) || q.ID != p.ID {
+			t.Fatalf("%v: token %q parses to %v %v", p, pageToken(p), q, ok)
 		}
 	})
 }
@@ -57,13 +63,13 @@ func FuzzPage(f *testing.F) {
 	f.Add("0", "", uint8(3))
 	f.Add("-1", "", uint8(3))
 	f.Add("+2", "", uint8(3))
-	f.Add("2", position{time.Unix(0, 2).UTC(), "i2"}.token(), uint8(6))
+	f.Add("2", pageToken(meta.Position{Created: time.Unix(0, 2).UTC(), ID: "i2"}), uint8(6))
 	f.Add("", "nope", uint8(2))
 	f.Add("99999999999999999999", "", uint8(2))
 	f.Fuzz(func(t *testing.T, limit, after string, n uint8) {
-		var list []position
+		var list []item
 		for i := range int(n) {
-			list = append(list, position{time.Unix(0, int64(i/2)).UTC(), "i" + strconv.Itoa(i)})
+			list = append(list, item{Created: time.Unix(0, int64(i/2)).UTC(), ID: "i" + strconv.Itoa(i)})
 		}
 		q := url.Values{}
 		if limit != "" {
@@ -74,7 +80,7 @@ func FuzzPage(f *testing.F) {
 		}
 		w := httptest.NewRecorder()
 		r := httptest.NewRequest("GET", "/v1/volumes?"+q.Encode(), nil)
-		got, err := page(w, r, list, func(p position) position { return p })
+		got, err := page(w, r, list)
 		if err != nil {
 			var e *errs.Error
 			if !errors.As(err, &e) || e.Code != errs.CodeInvalidRequest || e.Kind != errs.KindInvalid {
@@ -87,7 +93,7 @@ func FuzzPage(f *testing.F) {
 			if !ok {
 				t.Fatalf("after %q is no token, yet it was taken", after)
 			}
-			for start < len(list) && !a.before(list[start]) {
+			for start < len(list) && !a.Before(list[start].Position()) {
 				start++
 			}
 		}
@@ -118,7 +124,7 @@ func FuzzPage(f *testing.F) {
 		if err != nil || next.Get("limit") != limit {
 			t.Fatalf("Link %q: %v, limit %q", link, err, next.Get("limit"))
 		}
-		if p, ok := parseToken(next.Get("after")); !ok || p != got[len(got)-1] {
+		if p, ok := parseToken(next.Get("after")); !ok || p != got[len(got)-1].Position() {
 			t.Fatalf("Link %q: after names %v %v, want %v", link, p, ok, got[len(got)-1])
 		}
 	})

@@ -21,6 +21,9 @@ const (
 	prefixExports  = Prefix + "exports/"
 	prefixTypes    = Prefix + "types/"
 	prefixBuckets  = Prefix + "buckets/"
+	prefixOwned    = Prefix + "owned/"
+	// keyOwnedIndexVersion marks the owned index built (owned.go).
+	keyOwnedIndexVersion = Prefix + "owned-index-version"
 )
 
 func userKey(name string) string     { return prefixUsers + name }

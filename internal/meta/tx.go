@@ -126,14 +126,18 @@ func (tx *Tx) DeleteUser(u *User) {
 	}
 }
 
-// PutVolume writes a volume record.
+// PutVolume writes a volume record and its owned-index key (owned.go).
 func (tx *Tx) PutVolume(v *Volume) {
 	v.Schema = SchemaVersion
+	tx.index(ownedVolumes, v.ID, v.OwnerID, v.CreatedAt)
 	tx.stm.Put(volumeKey(v.ID), encode(v))
 }
 
-// DeleteVolume removes a volume record.
-func (tx *Tx) DeleteVolume(id string) { tx.stm.Del(volumeKey(id)) }
+// DeleteVolume removes a volume record and its owned-index key.
+func (tx *Tx) DeleteVolume(id string) {
+	tx.unindex(ownedVolumes, id)
+	tx.stm.Del(volumeKey(id))
+}
 
 // Attachment reads an attachment; nil when absent.
 func (tx *Tx) Attachment(id string) (*Attachment, error) {
@@ -145,27 +149,35 @@ func (tx *Tx) Attachment(id string) (*Attachment, error) {
 	return a, nil
 }
 
-// PutAttachment writes an attachment and its export index.
+// PutAttachment writes an attachment, its export index and its
+// owned-index key.
 func (tx *Tx) PutAttachment(a *Attachment) {
 	a.Schema = SchemaVersion
+	tx.index(ownedAttachments, a.ID, a.OwnerID, a.CreatedAt)
 	tx.stm.Put(attachmentKey(a.ID), encode(a))
 	tx.stm.Put(exportKey(a.Export), a.ID)
 }
 
-// DeleteAttachment removes an attachment and its export index.
+// DeleteAttachment removes an attachment, its export index and its
+// owned-index key.
 func (tx *Tx) DeleteAttachment(a *Attachment) {
+	tx.unindex(ownedAttachments, a.ID)
 	tx.stm.Del(attachmentKey(a.ID))
 	tx.stm.Del(exportKey(a.Export))
 }
 
-// PutSnapshot writes a snapshot record.
+// PutSnapshot writes a snapshot record and its owned-index key.
 func (tx *Tx) PutSnapshot(s *Snapshot) {
 	s.Schema = SchemaVersion
+	tx.index(ownedSnapshots, s.ID, s.OwnerID, s.CreatedAt)
 	tx.stm.Put(snapshotKey(s.ID), encode(s))
 }
 
-// DeleteSnapshot removes a snapshot record.
-func (tx *Tx) DeleteSnapshot(id string) { tx.stm.Del(snapshotKey(id)) }
+// DeleteSnapshot removes a snapshot record and its owned-index key.
+func (tx *Tx) DeleteSnapshot(id string) {
+	tx.unindex(ownedSnapshots, id)
+	tx.stm.Del(snapshotKey(id))
+}
 
 // VolumeType reads an admin-created volume type; nil when absent.
 func (tx *Tx) VolumeType(name string) (*VolumeType, error) {
@@ -306,11 +318,26 @@ const linearTimeout = 3 * time.Second
 // miss the latest writes but needs no leader and keeps reads working
 // while writes cannot. ReadInfo records that it happened.
 func (s *Store) read(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	return readEither(ctx, s,
+		func(ctx context.Context, c *clientv3.Client) (*clientv3.GetResponse, error) {
+			return c.Get(ctx, key, opts...)
+		},
+		func(ctx context.Context, c *clientv3.Client) (*clientv3.GetResponse, error) {
+			return c.Get(ctx, key, append(opts, clientv3.WithSerializable())...)
+		})
+}
+
+// readEither answers a read as read describes: linear, on the client
+// transactions run on within linearTimeout, unless the quorum is known
+// lost or ctx asks for a stale read; then, or when no quorum answers in
+// time, local (serializable) on the local copy, recorded in ctx's
+// ReadInfo.
+func readEither[R any](ctx context.Context, s *Store, linear, local func(context.Context, *clientv3.Client) (R, error)) (R, error) {
 	var err error
 	if !s.q.lost.Load() && !wantsStale(ctx) {
 		lctx, cancel := context.WithTimeout(ctx, linearTimeout)
-		var resp *clientv3.GetResponse
-		resp, err = s.txnClient().Get(lctx, key, opts...)
+		var resp R
+		resp, err = linear(lctx, s.txnClient())
 		cancel()
 		if err == nil || ctx.Err() != nil || !unavailable(err) {
 			return resp, err
@@ -319,12 +346,13 @@ func (s *Store) read(ctx context.Context, key string, opts ...clientv3.OpOption)
 	}
 	sctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, serr := s.localCopy().Get(sctx, key, append(opts, clientv3.WithSerializable())...)
+	resp, serr := local(sctx, s.localCopy())
 	if serr != nil {
 		if err == nil {
 			err = serr
 		}
-		return nil, err
+		var none R
+		return none, err
 	}
 	markLocal(ctx)
 	return resp, nil

@@ -7,6 +7,7 @@
 //
 //	data dir → service ports bound (ports.go) → CA + node certificate → metadata (etcd, TLS with those certs)
 //	→ cluster bootstrap (one CA for the cluster) → store → admin identity
+//	→ owned index (built once for records of older versions)
 //	→ volume service (resumes interrupted workflows) → API listener → ready
 //
 // Callers: cmd/basalt's `server` command and nothing else.
@@ -200,6 +201,11 @@ func (n *Node) start(ctx context.Context) error {
 	wrapper, err := keys.New(dataKey)
 	if err != nil {
 		return err
+	}
+	// Users' lists read the metadata's owned index: a cluster that ran a
+	// version without it gets it built here, once (meta.BuildOwnedIndex).
+	if _, err := n.meta.BuildOwnedIndex(ctx); err != nil {
+		return fmt.Errorf("owned index: %w", err)
 	}
 	grace := cfg.ImageGrace
 	if grace == 0 {

@@ -155,17 +155,9 @@ func (s *Service) Attachment(ctx context.Context, c Caller, id string) (*meta.At
 }
 
 // Attachments lists the attachments the caller may see, optionally of one
-// volume, oldest first.
+// volume, oldest first (lists.go).
 func (s *Service) Attachments(ctx context.Context, c Caller, volumeRef string) ([]*meta.Attachment, error) {
-	volID, err := s.volumeFilter(ctx, c, volumeRef)
-	if err != nil {
-		return nil, err
-	}
-	all, err := s.meta.Attachments(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return visible(c, all, func(a *meta.Attachment) bool { return volID == "" || a.VolumeID == volID }), nil
+	return s.AttachmentsPage(ctx, c, volumeRef, meta.Page{})
 }
 
 // exportSecret is an unguessable NBD export name (160 random bits).

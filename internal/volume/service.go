@@ -68,18 +68,6 @@ func fetchVisible[T owned](c Caller, what, ref string, get func() (T, error)) (T
 	return r, nil
 }
 
-// volumeFilter resolves an optional volume reference of a list request.
-func (s *Service) volumeFilter(ctx context.Context, c Caller, ref string) (string, error) {
-	if ref == "" {
-		return "", nil
-	}
-	v, err := s.resolveVolume(ctx, c, ref)
-	if err != nil {
-		return "", err
-	}
-	return v.ID, nil
-}
-
 // Config tunes a Service.
 type Config struct {
 	// Node is this node's name; it is recorded on workflows it drives.

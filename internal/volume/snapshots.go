@@ -273,17 +273,10 @@ func (s *Service) resolveSnapshot(ctx context.Context, c Caller, ref string) (*m
 	return fetchVisible(c, "snapshot", ref, func() (*meta.Snapshot, error) { return s.meta.Snapshot(ctx, id) })
 }
 
-// Snapshots lists the snapshots the caller may see, optionally of one volume.
+// Snapshots lists the snapshots the caller may see, optionally of one
+// volume, oldest first (lists.go).
 func (s *Service) Snapshots(ctx context.Context, c Caller, volumeRef string) ([]*meta.Snapshot, error) {
-	volID, err := s.volumeFilter(ctx, c, volumeRef)
-	if err != nil {
-		return nil, err
-	}
-	all, err := s.meta.Snapshots(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return visible(c, all, func(sn *meta.Snapshot) bool { return volID == "" || sn.VolumeID == volID }), nil
+	return s.SnapshotsPage(ctx, c, volumeRef, meta.Page{})
 }
 
 // DeleteSnapshot deletes a snapshot. Clones made from it keep the data they

@@ -512,10 +512,15 @@ func (e *env) dataFiles() []string {
 // whole shared store: capacity/provisioned equals the bytes of every volume
 // and snapshot record not finished deleting (extends in flight count their
 // target size). Call it only when no workflow of any test is running.
+// It checks the owned index against the records too (at any time: both
+// are read at one revision).
 func checkProvisioned(t *testing.T) {
 	t.Helper()
 	m, _ := openTestStore(t)
 	ctx := context.Background()
+	if problems, err := m.CheckOwnedIndex(ctx); err != nil || len(problems) > 0 {
+		t.Fatalf("the owned index disagrees with the records: %v %v", err, problems)
+	}
 	var sum int64
 	vols, err := m.Volumes(ctx)
 	if err != nil {

@@ -378,13 +378,9 @@ func (s *Service) resolveVolume(ctx context.Context, c Caller, ref string) (*met
 	return fetchVisible(c, "volume", ref, func() (*meta.Volume, error) { return s.meta.Volume(ctx, id) })
 }
 
-// Volumes lists the volumes the caller may see, oldest first.
+// Volumes lists the volumes the caller may see, oldest first (lists.go).
 func (s *Service) Volumes(ctx context.Context, c Caller) ([]*meta.Volume, error) {
-	all, err := s.meta.Volumes(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return visible(c, all, nil), nil
+	return s.VolumesPage(ctx, c, meta.Page{})
 }
 
 // ExtendVolume grows a volume to newSize bytes.

@@ -1,0 +1,556 @@
+package meta
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// The owned index. Every volume, snapshot and attachment record has a key
+//
+//	owned/<kind>/<owner id, path-escaped>/<created_at>/<id>   → the id
+//
+// (kind: volumes, snapshots, attachments; created_at in createdLayout),
+// written and deleted by the transaction that writes or deletes the record
+// (Tx.PutVolume … Tx.DeleteAttachment, through index and unindex), so that
+// no caller can forget it. One owner's records are then listed in the
+// API's order — created_at, then id — by a range read of that owner's keys
+// and Gets of the records they name (owned), at a cost that depends on
+// the owner's records (or a page's limit), not on the cluster's.
+//
+// Layout:
+//   - kind before owner: one prefix per kind, whose keys the build
+//     (BuildOwnedIndex) counts against the kind's records.
+//   - created_at as UTC "20060102T150405.000000000Z", not unix nanoseconds:
+//     fixed width, so that key order is time order for every time a record
+//     can hold — JSON encodes years 0 to 9999, the zero time of records
+//     that never set one included, while unix nanoseconds (an int64) only
+//     cover 1678 to 2262 — and readable.
+//   - the owner path-escaped, since it sits between separators (user ids
+//     are hex: escaping leaves them alone); the id raw and last, so that
+//     ids sort as the strings they are, as in the API's order.
+//   - the value is the id, not a copy of the record: a list reads the
+//     index range, then the records it names, in etcd Txns of at most
+//     MaxTxnOps Gets (getMany) — two round trips for a page instead of one,
+//     but each record is stored and written once: a copy would double
+//     every record write (a volume is rewritten at every step of a job's
+//     progress) and its history against etcd's space quota. Not empty: a
+//     Tx reads an empty value as an absent key.
+//
+// The owner is OwnedBy (owner_id), what Caller.sees in package volume
+// checks: snapshots and attachments are given their volume's owner when
+// made. Neither owner nor created_at changes after creation; a write that
+// changed one would move the key (index deletes the record's old key).
+
+// ownedKind is a kind of record the owned index lists.
+type ownedKind struct {
+	name    string // its segment in the index keys
+	records string // the prefix of its records
+}
+
+var (
+	ownedVolumes     = ownedKind{"volumes", prefixVolumes}
+	ownedSnapshots   = ownedKind{"snapshots", prefixSnaps}
+	ownedAttachments = ownedKind{"attachments", prefixAttach}
+	ownedKinds       = []ownedKind{ownedVolumes, ownedSnapshots, ownedAttachments}
+)
+
+// createdLayout renders created_at in index keys (see above).
+const createdLayout = "20060102T150405.000000000Z"
+
+// all is the prefix of every index key of the kind.
+func (k ownedKind) all() string { return prefixOwned + k.name + "/" }
+
+// prefix is the prefix of owner's index keys of the kind.
+func (k ownedKind) prefix(owner string) string { return k.all() + url.PathEscape(owner) + "/" }
+
+// key is the index key of record id.
+func (k ownedKind) key(owner string, created time.Time, id string) string {
+	return k.prefix(owner) + created.UTC().Format(createdLayout) + "/" + id
+}
+
+// ownedFields are what the index needs of a record; every indexed kind
+// has them under these names.
+type ownedFields struct {
+	OwnerID   string    `json:"owner_id"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// keyOf is the index key of record id stored as val; false when val is
+// "" (no record) or names no owner and creation time (corrupt). It does
+// not check the schema: a record a newer binary wrote is listed to its
+// owner, whose list then says to upgrade, as every list did before.
+func (k ownedKind) keyOf(id, val string) (string, bool) {
+	var f ownedFields
+	if val == "" || json.Unmarshal([]byte(val), &f) != nil {
+		return "", false
+	}
+	return k.key(f.OwnerID, f.CreatedAt, id), true
+}
+
+// index keeps the index in step with a write of record id, made before
+// the record's own write is buffered: it writes the record's key and
+// deletes the key of the record as it stood before, if that is another.
+// The record is read (usually already read by the transaction) and so
+// becomes part of what the commit requires unchanged.
+func (tx *Tx) index(k ownedKind, id, owner string, created time.Time) {
+	key := k.key(owner, created, id)
+	if old, ok := k.keyOf(id, tx.stm.Get(k.records+id)); ok && old != key {
+		tx.stm.Del(old)
+	}
+	tx.stm.Put(key, id)
+}
+
+// unindex deletes the index key of record id, about to be deleted.
+func (tx *Tx) unindex(k ownedKind, id string) {
+	if old, ok := k.keyOf(id, tx.stm.Get(k.records+id)); ok {
+		tx.stm.Del(old)
+	}
+}
+
+// Position is a record's place in the order lists are in: oldest first,
+// ties by id.
+type Position struct {
+	Created time.Time
+	ID      string
+}
+
+// Before reports whether p comes before q.
+func (p Position) Before(q Position) bool {
+	if !p.Created.Equal(q.Created) {
+		return p.Created.Before(q.Created)
+	}
+	return p.ID < q.ID
+}
+
+// Page asks for part of a list: the records after After (nil: from the
+// first; a position, not a record: it need not exist), at most Limit of
+// them (0 or less: all).
+type Page struct {
+	After *Position
+	Limit int
+}
+
+// Position is where the record sits in lists.
+func (v *Volume) Position() Position     { return Position{v.CreatedAt, v.ID} }
+func (s *Snapshot) Position() Position   { return Position{s.CreatedAt, s.ID} }
+func (a *Attachment) Position() Position { return Position{a.CreatedAt, a.ID} }
+
+// indexed is what owned needs of a record.
+type indexed interface {
+	versioned
+	OwnedBy() string
+	Position() Position
+}
+
+// OwnedVolumes lists the volumes of owner (a user's ID) that p asks for,
+// in Position order. It reads the owner's index keys and the records
+// they name, nothing else.
+func (s *Store) OwnedVolumes(ctx context.Context, owner string, p Page) ([]*Volume, error) {
+	return owned(ctx, s, ownedVolumes, owner, p, func() *Volume { return &Volume{} }, nil)
+}
+
+// OwnedSnapshots lists the snapshots of owner that keep accepts (nil:
+// all) and p asks for, as OwnedVolumes does; the limit counts accepted
+// snapshots, and the owner's others are read to find them.
+func (s *Store) OwnedSnapshots(ctx context.Context, owner string, p Page, keep func(*Snapshot) bool) ([]*Snapshot, error) {
+	return owned(ctx, s, ownedSnapshots, owner, p, func() *Snapshot { return &Snapshot{} }, keep)
+}
+
+// OwnedAttachments lists the attachments of owner that p asks for, as
+// OwnedVolumes does.
+func (s *Store) OwnedAttachments(ctx context.Context, owner string, p Page) ([]*Attachment, error) {
+	return owned(ctx, s, ownedAttachments, owner, p, func() *Attachment { return &Attachment{} }, nil)
+}
+
+// ownedScan is how many index keys a filtered list reads at least at a
+// time: a filter may drop most of them.
+const ownedScan = 64
+
+// owned lists owner's records of kind k through the index: a range read
+// of the index keys from p's position (as many as the page still needs,
+// at most MaxTxnOps), then the records they name, until the page is full
+// or the keys run out. Both reads are linearizable as Store.read's are
+// (and fall back to the local copy as they do). An index key whose record
+// is gone, or is no longer the owner's at that key, is skipped: one
+// transaction writes both, so none should be.
+func owned[T indexed](ctx context.Context, s *Store, k ownedKind, owner string, p Page, mk func() T, keep func(T) bool) ([]T, error) {
+	prefix := k.prefix(owner)
+	from, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
+	if p.After != nil {
+		// The first key after the position's own (which need not exist).
+		from = k.key(owner, p.After.Created, p.After.ID) + "\x00"
+	}
+	out := []T{}
+	for p.Limit <= 0 || len(out) < p.Limit {
+		n := MaxTxnOps
+		if p.Limit > 0 {
+			need := p.Limit - len(out)
+			if keep != nil {
+				need = max(need, ownedScan)
+			}
+			n = min(n, need)
+		}
+		resp, err := s.read(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(n)))
+		if err != nil {
+			return nil, wrap("list", err)
+		}
+		if len(resp.Kvs) == 0 {
+			break
+		}
+		keys := make([]string, len(resp.Kvs))
+		for i, kv := range resp.Kvs {
+			keys[i] = k.records + string(kv.Value)
+		}
+		recs, err := s.getMany(ctx, keys)
+		if err != nil {
+			return nil, err
+		}
+		for i, kv := range recs {
+			if kv == nil {
+				continue
+			}
+			r := mk()
+			if err := decode(keys[i], kv.Value, r); err != nil {
+				return nil, err
+			}
+			pos := r.Position()
+			if r.OwnedBy() != owner || k.key(owner, pos.Created, pos.ID) != string(resp.Kvs[i].Key) {
+				continue
+			}
+			if keep != nil && !keep(r) {
+				continue
+			}
+			out = append(out, r)
+			if len(out) == p.Limit {
+				break
+			}
+		}
+		if !resp.More {
+			break
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	return out, nil
+}
+
+// AttachmentsByID reads the attachments ids name (a volume's
+// Attachments), in that order, in batched Gets; those that do not exist
+// are left out.
+func (s *Store) AttachmentsByID(ctx context.Context, ids []string) ([]*Attachment, error) {
+	keys := make([]string, len(ids))
+	for i, id := range ids {
+		keys[i] = attachmentKey(id)
+	}
+	kvs, err := s.getMany(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*Attachment, 0, len(ids))
+	for i, kv := range kvs {
+		if kv == nil {
+			continue
+		}
+		a := &Attachment{}
+		if err := decode(keys[i], kv.Value, a); err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+// getMany reads keys in etcd Txns of at most MaxTxnOps Gets (readTxn);
+// keys[i]'s value is at [i], nil when absent.
+func (s *Store) getMany(ctx context.Context, keys []string) ([]*mvccpb.KeyValue, error) {
+	out := make([]*mvccpb.KeyValue, len(keys))
+	for i := 0; i < len(keys); i += MaxTxnOps {
+		resp, err := s.readTxn(ctx, keys[i:min(i+MaxTxnOps, len(keys))])
+		if err != nil {
+			return nil, wrap("get", err)
+		}
+		for j, r := range resp.Responses {
+			if rr := r.GetResponseRange(); rr != nil && len(rr.Kvs) > 0 {
+				out[i+j] = rr.Kvs[0]
+			}
+		}
+	}
+	return out, nil
+}
+
+// readTxn is Store.read for several keys at once: one etcd Txn of a Get
+// of each (with opts), at one revision — linearizable, as etcd serves a
+// Txn of Gets unless every Get is serializable, with read's fallback to
+// the local copy (readEither).
+func (s *Store) readTxn(ctx context.Context, keys []string, opts ...clientv3.OpOption) (*clientv3.TxnResponse, error) {
+	ops := func(extra ...clientv3.OpOption) []clientv3.Op {
+		out := make([]clientv3.Op, len(keys))
+		for i, k := range keys {
+			out[i] = clientv3.OpGet(k, append(slices.Clone(opts), extra...)...)
+		}
+		return out
+	}
+	return readEither(ctx, s,
+		func(ctx context.Context, c *clientv3.Client) (*clientv3.TxnResponse, error) {
+			return c.Txn(ctx).Then(ops()...).Commit()
+		},
+		func(ctx context.Context, c *clientv3.Client) (*clientv3.TxnResponse, error) {
+			return c.Txn(ctx).Then(ops(clientv3.WithSerializable())...).Commit()
+		})
+}
+
+// ownedIndexVersion is the index's layout, recorded in the marker once the
+// index is built. A layout change bumps it: every node builds anew.
+const ownedIndexVersion = "1"
+
+var (
+	// ownedIndexBatch is how many records, or index keys, one transaction
+	// of the build handles: at most MaxTxnOps comparisons (two for each
+	// key pruned) and writes.
+	ownedIndexBatch = 256
+	// ownedIndexHook, when set (tests), runs between the read of a batch
+	// and its commit.
+	ownedIndexHook func()
+)
+
+// BuildOwnedIndex builds the owned index for records that versions
+// without it wrote, and reports whether it did. Nodes call it at start.
+//
+// It builds unless the marker (owned-index-version) says the index was
+// built and, read at the same revision, every kind has as many index keys
+// as records. Every write of this version keeps the two in step, so the
+// counts differ only when a node of an older version — still running in a
+// rolling upgrade — wrote or deleted records after the index was built;
+// the next start of a node builds again, and a rolling upgrade restarts
+// every node, the last one after no older node runs. (An older node that
+// both created and deleted records in that time could leave the counts
+// equal and the index off by a record until the marker is deleted; a
+// corrupt record, which names no owner and creation time, cannot be
+// indexed: every start builds again, and logs it.)
+//
+// The build writes, for every record, its index key, in transactions of a
+// batch that commit only if each record read is still as read (a record
+// deleted or changed meanwhile is read again: its deletion took its key,
+// which must not come back); then it deletes every index key whose record
+// is gone or is indexed under another key, each only if neither key nor
+// record changed since read; then it writes the marker. Records this
+// version writes meanwhile are indexed by their own transactions, so none
+// is missed. Every step is idempotent: nodes starting at once may build
+// side by side, and one that stops half way leaves no marker, so the next
+// start builds again.
+func (s *Store) BuildOwnedIndex(ctx context.Context) (bool, error) {
+	stale, why, err := s.ownedIndexStale(ctx)
+	if err != nil || !stale {
+		return false, err
+	}
+	s.log.Info("building the owned index (lists by owner)", "why", why)
+	var written, pruned int
+	for _, k := range ownedKinds {
+		n, err := s.indexRecords(ctx, k)
+		written += n
+		if err != nil {
+			return false, fmt.Errorf("build the owned index of %s: %w", k.name, err)
+		}
+		if n, err = s.pruneOwned(ctx, k); err != nil {
+			return false, fmt.Errorf("prune the owned index of %s: %w", k.name, err)
+		}
+		pruned += n
+	}
+	pctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	if _, err := s.cli.Put(pctx, keyOwnedIndexVersion, ownedIndexVersion); err != nil {
+		return false, wrap("owned index marker", err)
+	}
+	s.log.Info("owned index built", "keys_written", written, "stale_keys_deleted", pruned)
+	return true, nil
+}
+
+// ownedIndexStale reports whether the index needs building, and why: in
+// one read, the marker and the counts of records and index keys per kind.
+func (s *Store) ownedIndexStale(ctx context.Context) (bool, string, error) {
+	ops := []clientv3.Op{clientv3.OpGet(keyOwnedIndexVersion)}
+	for _, k := range ownedKinds {
+		ops = append(ops, clientv3.OpGet(k.records, clientv3.WithPrefix(), clientv3.WithCountOnly()),
+			clientv3.OpGet(k.all(), clientv3.WithPrefix(), clientv3.WithCountOnly()))
+	}
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, err := s.cli.Txn(rctx).Then(ops...).Commit()
+	if err != nil {
+		return false, "", wrap("owned index marker", err)
+	}
+	if m := resp.Responses[0].GetResponseRange(); len(m.Kvs) == 0 || string(m.Kvs[0].Value) != ownedIndexVersion {
+		return true, "not built yet", nil
+	}
+	for i, k := range ownedKinds {
+		recs := resp.Responses[1+2*i].GetResponseRange().Count
+		keys := resp.Responses[2+2*i].GetResponseRange().Count
+		if recs != keys {
+			return true, fmt.Sprintf("%d %s records but %d index keys (written by an older version?)", recs, k.name, keys), nil
+		}
+	}
+	return false, "", nil
+}
+
+// indexRecords writes the index key of every record of kind k; it
+// returns how many it wrote.
+func (s *Store) indexRecords(ctx context.Context, k ownedKind) (int, error) {
+	from, end := k.records, clientv3.GetPrefixRangeEnd(k.records)
+	written := 0
+	for {
+		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		resp, err := s.cli.Get(rctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(ownedIndexBatch)))
+		cancel()
+		if err != nil {
+			return written, wrap("read records", err)
+		}
+		var cmps []clientv3.Cmp
+		var puts []clientv3.Op
+		for _, kv := range resp.Kvs {
+			id := strings.TrimPrefix(string(kv.Key), k.records)
+			key, ok := k.keyOf(id, string(kv.Value))
+			if !ok {
+				s.log.Warn("a record names no owner and creation time: its owner's lists leave it out", "key", string(kv.Key))
+				continue
+			}
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision))
+			puts = append(puts, clientv3.OpPut(key, id))
+		}
+		if ownedIndexHook != nil {
+			ownedIndexHook()
+		}
+		if len(puts) > 0 {
+			ok, err := s.commitIf(ctx, cmps, puts)
+			if err != nil {
+				return written, err
+			}
+			if !ok {
+				continue // a record of the batch changed: read it again
+			}
+			written += len(puts)
+		}
+		if !resp.More {
+			return written, nil
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// pruneOwned deletes the index keys of kind k whose record is gone or is
+// indexed under another key; it returns how many it deleted.
+func (s *Store) pruneOwned(ctx context.Context, k ownedKind) (int, error) {
+	from, end := k.all(), clientv3.GetPrefixRangeEnd(k.all())
+	pruned := 0
+	for {
+		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		resp, err := s.cli.Get(rctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(ownedIndexBatch)))
+		cancel()
+		if err != nil {
+			return pruned, wrap("read the owned index", err)
+		}
+		keys := make([]string, len(resp.Kvs))
+		for i, kv := range resp.Kvs {
+			keys[i] = k.records + string(kv.Value)
+		}
+		recs, err := s.getMany(ctx, keys)
+		if err != nil {
+			return pruned, err
+		}
+		var cmps []clientv3.Cmp
+		var dels []clientv3.Op
+		for i, kv := range resp.Kvs {
+			var recRev int64
+			if rec := recs[i]; rec != nil {
+				if key, ok := k.keyOf(string(kv.Value), string(rec.Value)); ok && key == string(kv.Key) {
+					continue
+				}
+				recRev = rec.ModRevision
+			}
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision),
+				clientv3.Compare(clientv3.ModRevision(keys[i]), "=", recRev))
+			dels = append(dels, clientv3.OpDelete(string(kv.Key)))
+		}
+		if ownedIndexHook != nil {
+			ownedIndexHook()
+		}
+		if len(dels) > 0 {
+			ok, err := s.commitIf(ctx, cmps, dels)
+			if err != nil {
+				return pruned, err
+			}
+			if !ok {
+				continue
+			}
+			pruned += len(dels)
+		}
+		if !resp.More {
+			return pruned, nil
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// commitIf commits ops if every comparison holds; false when one did not.
+func (s *Store) commitIf(ctx context.Context, cmps []clientv3.Cmp, ops []clientv3.Op) (bool, error) {
+	tctx, cancel := context.WithTimeout(ctx, s.writeTimeout())
+	defer cancel()
+	resp, err := s.cli.Txn(tctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		if ctx.Err() == nil && unavailable(err) {
+			s.quorumLost()
+		}
+		return false, wrap("build the owned index", err)
+	}
+	return resp.Succeeded, nil
+}
+
+// CheckOwnedIndex compares the owned index with the records, both read at
+// one revision, and returns a line for each disagreement — a record
+// without its index key, an index key without its record — or none (the
+// invariant of the package doc).
+func (s *Store) CheckOwnedIndex(ctx context.Context) ([]string, error) {
+	var prefixes []string
+	for _, k := range ownedKinds {
+		prefixes = append(prefixes, k.records, k.all())
+	}
+	resp, err := s.readTxn(ctx, prefixes, clientv3.WithPrefix())
+	if err != nil {
+		return nil, wrap("check the owned index", err)
+	}
+	var problems []string
+	for i, k := range ownedKinds {
+		want := map[string]string{} // index key → id
+		for _, kv := range resp.Responses[2*i].GetResponseRange().Kvs {
+			id := strings.TrimPrefix(string(kv.Key), k.records)
+			key, ok := k.keyOf(id, string(kv.Value))
+			if !ok {
+				problems = append(problems, fmt.Sprintf("record %s names no owner and creation time", kv.Key))
+				continue
+			}
+			want[key] = id
+		}
+		have := map[string]string{}
+		for _, kv := range resp.Responses[2*i+1].GetResponseRange().Kvs {
+			have[string(kv.Key)] = string(kv.Value)
+		}
+		for key, id := range want {
+			if got, ok := have[key]; !ok || got != id {
+				problems = append(problems, fmt.Sprintf("record %s%s has no index key %s", k.records, id, key))
+			}
+		}
+		for key, id := range have {
+			if want[key] != id {
+				problems = append(problems, fmt.Sprintf("index key %s names no record (%q)", key, id))
+			}
+		}
+	}
+	slices.Sort(problems)
+	return problems, nil
+}

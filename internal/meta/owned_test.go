@@ -1,0 +1,538 @@
+package meta
+
+import (
+	"context"
+	"crypto/tls"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/pki"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// ownedKeys lists the owned-index keys of owner's records of kind k.
+func ownedKeys(t *testing.T, s *Store, k ownedKind, owner string) []string {
+	t.Helper()
+	resp, err := s.cli.Get(ctxT(t), k.prefix(owner), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, kv := range resp.Kvs {
+		out = append(out, string(kv.Key))
+	}
+	return out
+}
+
+func update(t *testing.T, s *Store, fn func(tx *Tx)) {
+	t.Helper()
+	if err := s.Update(ctxT(t), func(tx *Tx) error { fn(tx); return nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func idsOf[T interface{ Position() Position }](rs []T) []string {
+	out := []string{}
+	for _, r := range rs {
+		out = append(out, r.Position().ID)
+	}
+	return out
+}
+
+// TestOwnedIndexMaintained: the Tx methods that write and delete volumes,
+// snapshots and attachments keep exactly one owned-index key per record,
+// named by its owner and creation time; a record rewritten with another
+// creation time or owner (nothing does that, but nothing forbids it)
+// moves its key.
+func TestOwnedIndexMaintained(t *testing.T) {
+	s := openTestStore(t)
+	ctx := ctxT(t)
+	owner, other := uniq("owner"), uniq("owner")
+	t0 := time.Date(2025, 3, 1, 12, 0, 0, 5, time.UTC)
+	v := &Volume{ID: uniq("vol"), OwnerID: owner, Status: StatusAvailable, CreatedAt: t0}
+	sn := &Snapshot{ID: uniq("snap"), OwnerID: owner, VolumeID: v.ID, Status: StatusAvailable, CreatedAt: t0.Add(time.Second)}
+	a := &Attachment{ID: uniq("att"), OwnerID: owner, VolumeID: v.ID, Export: uniq("exp"), CreatedAt: t0.Add(2 * time.Second)}
+	update(t, s, func(tx *Tx) { tx.PutVolume(v); tx.PutSnapshot(sn); tx.PutAttachment(a) })
+	for _, c := range []struct {
+		k    ownedKind
+		id   string
+		when time.Time
+	}{{ownedVolumes, v.ID, v.CreatedAt}, {ownedSnapshots, sn.ID, sn.CreatedAt}, {ownedAttachments, a.ID, a.CreatedAt}} {
+		if got, want := ownedKeys(t, s, c.k, owner), []string{c.k.key(owner, c.when, c.id)}; !slices.Equal(got, want) {
+			t.Errorf("%s index after create: %v, want %v", c.k.name, got, want)
+		}
+	}
+
+	// An update keeps the one key.
+	v.Status, v.SizeBytes = StatusInUse, 4096
+	sn.Status = StatusDeleting
+	update(t, s, func(tx *Tx) { tx.PutVolume(v); tx.PutSnapshot(sn); tx.PutAttachment(a) })
+	if n := len(ownedKeys(t, s, ownedVolumes, owner)) + len(ownedKeys(t, s, ownedSnapshots, owner)) + len(ownedKeys(t, s, ownedAttachments, owner)); n != 3 {
+		t.Errorf("%d index keys after an update, want 3", n)
+	}
+	vs, err := s.OwnedVolumes(ctx, owner, Page{})
+	if err != nil || len(vs) != 1 || vs[0].Status != StatusInUse {
+		t.Fatalf("OwnedVolumes after update: %+v, %v", vs, err)
+	}
+
+	// A changed creation time or owner moves the key.
+	v.CreatedAt = t0.Add(time.Hour)
+	update(t, s, func(tx *Tx) { tx.PutVolume(v) })
+	if got, want := ownedKeys(t, s, ownedVolumes, owner), []string{ownedVolumes.key(owner, v.CreatedAt, v.ID)}; !slices.Equal(got, want) {
+		t.Errorf("volume index after a new created_at: %v, want %v", got, want)
+	}
+	sn.OwnerID = other
+	update(t, s, func(tx *Tx) { tx.PutSnapshot(sn) })
+	if got := ownedKeys(t, s, ownedSnapshots, owner); len(got) != 0 {
+		t.Errorf("the old owner keeps snapshot keys %v", got)
+	}
+	if got, err := s.OwnedSnapshots(ctx, other, Page{}, nil); err != nil || !slices.Equal(idsOf(got), []string{sn.ID}) {
+		t.Errorf("the new owner's snapshots: %v, %v", idsOf(got), err)
+	}
+	// Two writes of one record in one transaction leave the last one's key.
+	update(t, s, func(tx *Tx) {
+		a.CreatedAt = t0.Add(3 * time.Second)
+		tx.PutAttachment(a)
+		a.CreatedAt = t0.Add(4 * time.Second)
+		tx.PutAttachment(a)
+	})
+	if got, want := ownedKeys(t, s, ownedAttachments, owner), []string{ownedAttachments.key(owner, a.CreatedAt, a.ID)}; !slices.Equal(got, want) {
+		t.Errorf("attachment index after two writes in one transaction: %v, want %v", got, want)
+	}
+
+	update(t, s, func(tx *Tx) { tx.DeleteAttachment(a); tx.DeleteSnapshot(sn.ID); tx.DeleteVolume(v.ID) })
+	for _, o := range []string{owner, other} {
+		for _, k := range ownedKinds {
+			if got := ownedKeys(t, s, k, o); len(got) != 0 {
+				t.Errorf("%s index keys left after delete: %v", k.name, got)
+			}
+		}
+	}
+	// Deleting what is not there is harmless.
+	update(t, s, func(tx *Tx) { tx.DeleteVolume(v.ID); tx.DeleteSnapshot(sn.ID) })
+}
+
+// TestOwnedPage: an owner's list through the index is in (created, id)
+// order, holds only the owner's records, and pages with after and limit:
+// a page goes on after its position even when that record is gone.
+func TestOwnedPage(t *testing.T) {
+	s := openTestStore(t)
+	ctx := ctxT(t)
+	owner, other := uniq("owner"), uniq("owner")
+	base := time.Now().UTC().Truncate(time.Second)
+	var mine []*Volume
+	update(t, s, func(tx *Tx) {
+		for i, d := range []int{3, 1, 2, 2, 2, 0, 5} { // ties at 2 are ordered by id
+			v := &Volume{ID: "vol-" + string(rune('g'-i)) + uniq(""), OwnerID: owner, Status: StatusAvailable,
+				CreatedAt: base.Add(time.Duration(d) * time.Millisecond)}
+			tx.PutVolume(v)
+			mine = append(mine, v)
+			tx.PutVolume(&Volume{ID: uniq("vol"), OwnerID: other, Status: StatusAvailable, CreatedAt: v.CreatedAt})
+		}
+	})
+	t.Cleanup(func() {
+		s.Update(context.Background(), func(tx *Tx) error {
+			for _, v := range mine {
+				tx.DeleteVolume(v.ID)
+			}
+			for _, v := range errOf2(s.OwnedVolumes(context.Background(), other, Page{})) {
+				tx.DeleteVolume(v.ID)
+			}
+			return nil
+		})
+	})
+	slices.SortFunc(mine, func(a, b *Volume) int {
+		if a.Position().Before(b.Position()) {
+			return -1
+		}
+		return 1
+	})
+	want := idsOf(mine)
+	all, err := s.OwnedVolumes(ctx, owner, Page{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(idsOf(all), want) {
+		t.Fatalf("OwnedVolumes: %v, want %v", idsOf(all), want)
+	}
+	for limit := 1; limit <= 8; limit++ {
+		var paged []string
+		p := Page{Limit: limit}
+		for {
+			got, err := s.OwnedVolumes(ctx, owner, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) > limit {
+				t.Fatalf("limit %d: a page of %d", limit, len(got))
+			}
+			paged = append(paged, idsOf(got)...)
+			if len(got) < limit {
+				break
+			}
+			after := got[len(got)-1].Position()
+			p.After = &after
+		}
+		if !slices.Equal(paged, want) {
+			t.Errorf("paged by %d: %v, want %v", limit, paged, want)
+		}
+	}
+	// After a position whose record is gone.
+	gone := mine[2].Position()
+	update(t, s, func(tx *Tx) { tx.DeleteVolume(gone.ID) })
+	got, err := s.OwnedVolumes(ctx, owner, Page{After: &gone, Limit: 2})
+	if err != nil || !slices.Equal(idsOf(got), want[3:5]) {
+		t.Errorf("after a deleted record: %v, %v; want %v", idsOf(got), err, want[3:5])
+	}
+	// A position between records, and one past the end.
+	mid := Position{Created: mine[0].CreatedAt.Add(time.Microsecond)}
+	if got, _ := s.OwnedVolumes(ctx, owner, Page{After: &mid}); !slices.Equal(idsOf(got), slices.Delete(slices.Clone(want[1:]), 1, 2)) {
+		t.Errorf("after %v: %v", mid, idsOf(got))
+	}
+	end := Position{Created: base.Add(time.Hour)}
+	if got, err := s.OwnedVolumes(ctx, owner, Page{After: &end}); err != nil || len(got) != 0 {
+		t.Errorf("after the end: %v, %v", idsOf(got), err)
+	}
+	if got, err := s.OwnedVolumes(ctx, uniq("nobody"), Page{}); err != nil || len(got) != 0 {
+		t.Errorf("an owner without volumes: %v, %v", idsOf(got), err)
+	}
+}
+
+// TestOwnedSnapshotsKeep: a filtered list pages over the kept records
+// only, however few of the owner's records are kept.
+func TestOwnedSnapshotsKeep(t *testing.T) {
+	s := openTestStore(t)
+	ctx := ctxT(t)
+	owner := uniq("owner")
+	vol := uniq("vol")
+	base := time.Now().UTC()
+	var want []string
+	var made []string
+	update(t, s, func(tx *Tx) {
+		for i := range 150 {
+			sn := &Snapshot{ID: uniq("snap"), OwnerID: owner, VolumeID: uniq("vol"), Status: StatusAvailable, CreatedAt: base.Add(time.Duration(i) * time.Millisecond)}
+			if i%70 == 3 {
+				sn.VolumeID = vol
+				want = append(want, sn.ID)
+			}
+			tx.PutSnapshot(sn)
+			made = append(made, sn.ID)
+		}
+	})
+	t.Cleanup(func() {
+		s.Update(context.Background(), func(tx *Tx) error {
+			for _, id := range made {
+				tx.DeleteSnapshot(id)
+			}
+			return nil
+		})
+	})
+	keep := func(sn *Snapshot) bool { return sn.VolumeID == vol }
+	var paged []string
+	p := Page{Limit: 1}
+	for {
+		got, err := s.OwnedSnapshots(ctx, owner, p, keep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		paged = append(paged, idsOf(got)...)
+		if len(got) < 1 {
+			break
+		}
+		after := got[0].Position()
+		p.After = &after
+	}
+	if !slices.Equal(paged, want) {
+		t.Errorf("kept snapshots paged by 1: %v, want %v", paged, want)
+	}
+	if got, err := s.OwnedSnapshots(ctx, owner, Page{}, keep); err != nil || !slices.Equal(idsOf(got), want) {
+		t.Errorf("kept snapshots: %v, %v", idsOf(got), err)
+	}
+}
+
+func errOf2[T any](v T, _ error) T { return v }
+
+// countingKV counts the keys etcd answers with under prefix, in Gets and
+// in the Gets of transactions.
+type countingKV struct {
+	clientv3.KV
+	prefix string
+	n      atomic.Int64
+}
+
+func (k *countingKV) count(kvs int, key func(int) string) {
+	for i := range kvs {
+		if strings.HasPrefix(key(i), k.prefix) {
+			k.n.Add(1)
+		}
+	}
+}
+
+func (k *countingKV) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	resp, err := k.KV.Get(ctx, key, opts...)
+	if err == nil {
+		k.count(len(resp.Kvs), func(i int) string { return string(resp.Kvs[i].Key) })
+	}
+	return resp, err
+}
+
+func (k *countingKV) Txn(ctx context.Context) clientv3.Txn {
+	return &countingTxn{Txn: k.KV.Txn(ctx), k: k}
+}
+
+type countingTxn struct {
+	clientv3.Txn
+	k *countingKV
+}
+
+func (t *countingTxn) If(cs ...clientv3.Cmp) clientv3.Txn   { t.Txn = t.Txn.If(cs...); return t }
+func (t *countingTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
+func (t *countingTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+func (t *countingTxn) Commit() (*clientv3.TxnResponse, error) {
+	resp, err := t.Txn.Commit()
+	if err == nil {
+		for _, r := range resp.Responses {
+			if rr := r.GetResponseRange(); rr != nil {
+				t.k.count(len(rr.Kvs), func(i int) string { return string(rr.Kvs[i].Key) })
+			}
+		}
+	}
+	return resp, err
+}
+
+// TestOwnedReadsOwnRecords is the scale property: an owner's list reads
+// the owner's records only — 3, not the 500 others' — and a page reads
+// about its limit.
+func TestOwnedReadsOwnRecords(t *testing.T) {
+	openTestStore(t)
+	ctx := ctxT(t)
+	// A store of its own on the member, without a member of its own:
+	// every read goes through its client, where it is counted.
+	s, err := Open(ctx, Config{Endpoints: []string{testEnv.clientURL}, ExternalTLS: testEnv.clientTLS}, testStore.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	owner := uniq("owner")
+	var made []string
+	for range 5 {
+		update(t, s, func(tx *Tx) {
+			for range 100 {
+				v := &Volume{ID: uniq("vol"), OwnerID: uniq("crowd"), Status: StatusAvailable, CreatedAt: time.Now().UTC()}
+				tx.PutVolume(v)
+				made = append(made, v.ID)
+			}
+		})
+	}
+	update(t, s, func(tx *Tx) {
+		for range 3 {
+			v := &Volume{ID: uniq("vol"), OwnerID: owner, Status: StatusAvailable, CreatedAt: time.Now().UTC()}
+			tx.PutVolume(v)
+			made = append(made, v.ID)
+		}
+	})
+	t.Cleanup(func() {
+		for ids := range slices.Chunk(made, 200) {
+			s.Update(context.Background(), func(tx *Tx) error {
+				for _, id := range ids {
+					tx.DeleteVolume(id)
+				}
+				return nil
+			})
+		}
+	})
+	records := &countingKV{KV: s.cli.KV, prefix: prefixVolumes}
+	s.cli.KV = records
+	vs, err := s.OwnedVolumes(ctx, owner, Page{})
+	if err != nil || len(vs) != 3 {
+		t.Fatalf("OwnedVolumes: %d volumes, %v", len(vs), err)
+	}
+	if n := records.n.Swap(0); n != 3 {
+		t.Errorf("an owner's list of 3 among 503 read %d volume records, want 3", n)
+	}
+	if vs, err := s.OwnedVolumes(ctx, owner, Page{Limit: 2}); err != nil || len(vs) != 2 {
+		t.Fatalf("OwnedVolumes limit 2: %d volumes, %v", len(vs), err)
+	}
+	if n := records.n.Swap(0); n != 2 {
+		t.Errorf("a page of 2 read %d volume records, want 2", n)
+	}
+	if _, err := s.Volumes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := records.n.Swap(0); n < 503 {
+		t.Errorf("the whole list read %d volume records (the counter misses reads?)", n)
+	}
+}
+
+// rawRecord writes a record behind the Store's back, as a version
+// without the owned index did.
+func rawRecord(t *testing.T, cli *clientv3.Client, key string, r any) {
+	t.Helper()
+	if _, err := cli.Put(ctxT(t), key, encode(r)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBuildOwnedIndex: the migration indexes the records a version
+// without the index wrote, once (the marker), and again only when the
+// counts show records an older node wrote or deleted since; it is
+// idempotent, safe to run twice at once, and misses no record written
+// while it runs.
+func TestBuildOwnedIndex(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	base := t.TempDir()
+	ca, err := pki.LoadOrCreateCA(filepath.Join(base, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, url := (&memberOpener{t: t, base: base, ca: ca}).open("m1", freeAddr(t), nil, "")
+	cli := s.cli
+	check := func(what string) {
+		t.Helper()
+		problems, err := s.CheckOwnedIndex(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(problems) != 0 {
+			t.Fatalf("%s: %v", what, problems)
+		}
+	}
+	t0 := time.Date(2024, 1, 2, 3, 4, 5, 6, time.UTC)
+	var alice, bob []string // volume ids, in order
+	for i := range 7 {
+		v := &Volume{Schema: 1, ID: "vol-" + string(rune('z'-i)), OwnerID: "alice", Status: StatusAvailable, CreatedAt: t0.Add(time.Duration(i) * time.Second)}
+		rawRecord(t, cli, volumeKey(v.ID), v)
+		alice = append(alice, v.ID)
+	}
+	for i := range 3 {
+		v := &Volume{Schema: 1, ID: "vol-b" + string(rune('a'+i)), OwnerID: "bob", Status: StatusAvailable}
+		rawRecord(t, cli, volumeKey(v.ID), v) // zero created_at
+		bob = append(bob, v.ID)
+	}
+	rawRecord(t, cli, snapshotKey("snap-1"), &Snapshot{Schema: 1, ID: "snap-1", OwnerID: "alice", VolumeID: alice[0], CreatedAt: t0})
+	rawRecord(t, cli, attachmentKey("att-1"), &Attachment{Schema: 1, ID: "att-1", OwnerID: "bob", VolumeID: bob[0], Export: "x", CreatedAt: t0})
+	// An entry of a half-done run: the rest must follow.
+	if _, err := cli.Put(ctx, ownedVolumes.key("alice", t0, alice[0]), alice[0]); err != nil {
+		t.Fatal(err)
+	}
+	if problems, err := s.CheckOwnedIndex(ctx); err != nil || len(problems) != 11 {
+		t.Fatalf("the check before the index is built: %d problems %v, %v; want 11", len(problems), problems, err)
+	}
+
+	// Records written and deleted while it runs are not missed, nor
+	// their keys left behind: the hook runs between the read of the
+	// first batch (bob's first two volumes) and its commit, and creates
+	// a volume behind the scan, deletes one of the batch and one ahead.
+	ownedIndexBatch = 2
+	defer func() { ownedIndexBatch, ownedIndexHook = 256, nil }()
+	var during []string
+	var hookOnce sync.Once
+	ownedIndexHook = func() {
+		hookOnce.Do(func() {
+			v := &Volume{ID: "vol-0during", OwnerID: "alice", Status: StatusAvailable, CreatedAt: t0.Add(time.Minute)}
+			if err := s.Update(ctx, func(tx *Tx) error {
+				tx.PutVolume(v)
+				tx.DeleteVolume(alice[6])
+				tx.DeleteVolume(bob[1])
+				return nil
+			}); err != nil {
+				t.Error(err)
+			}
+			during = append(during, v.ID)
+		})
+	}
+	// The records' pass alone leaves no key of a record deleted between
+	// its read and its commit (the prune pass that follows would hide it).
+	if _, err := s.indexRecords(ctx, ownedVolumes); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ownedKeys(t, s, ownedVolumes, "bob"), []string{ownedVolumes.key("bob", time.Time{}, bob[0]), ownedVolumes.key("bob", time.Time{}, bob[2])}; !slices.Equal(got, want) {
+		t.Fatalf("bob's keys after the records' pass: %v, want %v", got, want)
+	}
+	built, err := s.BuildOwnedIndex(ctx)
+	if err != nil || !built {
+		t.Fatalf("BuildOwnedIndex: %v, %v", built, err)
+	}
+	check("after the build")
+	wantAlice := append(slices.Clone(alice[:6]), during...)
+	if vs, err := s.OwnedVolumes(ctx, "alice", Page{}); err != nil || !slices.Equal(idsOf(vs), wantAlice) {
+		t.Errorf("alice's volumes: %v, %v; want %v", idsOf(vs), err, wantAlice)
+	}
+	if vs, err := s.OwnedVolumes(ctx, "bob", Page{}); err != nil || !slices.Equal(idsOf(vs), []string{bob[0], bob[2]}) {
+		t.Errorf("bob's volumes: %v, %v; want %v", idsOf(vs), err, []string{bob[0], bob[2]})
+	}
+	if ss, err := s.OwnedSnapshots(ctx, "alice", Page{}, nil); err != nil || !slices.Equal(idsOf(ss), []string{"snap-1"}) {
+		t.Errorf("alice's snapshots: %v, %v", idsOf(ss), err)
+	}
+	if as, err := s.OwnedAttachments(ctx, "bob", Page{}); err != nil || !slices.Equal(idsOf(as), []string{"att-1"}) {
+		t.Errorf("bob's attachments: %v, %v", idsOf(as), err)
+	}
+
+	// Once: the marker stands and the counts agree.
+	ownedIndexHook = nil
+	rev := func() int64 {
+		r, err := cli.Get(ctx, keyCluster)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Header.Revision
+	}
+	before := rev()
+	if built, err := s.BuildOwnedIndex(ctx); err != nil || built {
+		t.Fatalf("a second BuildOwnedIndex: %v, %v; want nothing to do", built, err)
+	}
+	if after := rev(); after != before {
+		t.Errorf("a second BuildOwnedIndex wrote (revision %d to %d)", before, after)
+	}
+
+	// An older node still running writes a record and deletes another
+	// behind the index's back: the counts tell the next start.
+	rawRecord(t, cli, volumeKey("vol-old"), &Volume{Schema: 1, ID: "vol-old", OwnerID: "bob", CreatedAt: t0})
+	if _, err := cli.Delete(ctx, volumeKey(bob[2])); err != nil {
+		t.Fatal(err)
+	}
+	rawRecord(t, cli, volumeKey("vol-old2"), &Volume{Schema: 1, ID: "vol-old2", OwnerID: "bob", CreatedAt: t0})
+	if built, err := s.BuildOwnedIndex(ctx); err != nil || !built {
+		t.Fatalf("BuildOwnedIndex after an older node's writes: %v, %v", built, err)
+	}
+	check("after the rebuild")
+
+	// Idempotent, and safe on two nodes at once.
+	if _, err := cli.Delete(ctx, keyOwnedIndexVersion); err != nil {
+		t.Fatal(err)
+	}
+	other, err := Open(ctx, Config{Endpoints: []string{url}, ExternalTLS: testEnvTLS(t, base, ca)}, s.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	var wg sync.WaitGroup
+	for _, st := range []*Store{s, other} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := st.BuildOwnedIndex(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	check("after two builds at once")
+	if vs, err := s.OwnedVolumes(ctx, "bob", Page{}); err != nil || !slices.Equal(idsOf(vs), []string{bob[0], "vol-old", "vol-old2"}) {
+		t.Errorf("bob's volumes: %v, %v", idsOf(vs), err)
+	}
+}
+
+// testEnvTLS is a client TLS configuration for a member memberOpener
+// started under base.
+func testEnvTLS(t *testing.T, base string, ca *pki.CA) *tls.Config {
+	t.Helper()
+	c, _ := (&memberOpener{t: t, base: base, ca: ca}).config("client", freeAddr(t), nil, "")
+	return c.ClientTLS
+}
