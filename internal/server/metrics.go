@@ -34,7 +34,7 @@ func (n *Node) serveMetrics() {
 }
 
 // registerNodeMetrics registers the node-wide series: what the node is,
-// and whether its metadata store has a quorum.
+// whether its metadata store has a quorum, and whether its store answers.
 func (n *Node) registerNodeMetrics() {
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: metrics.Namespace, Name: "node_info",
@@ -48,6 +48,15 @@ func (n *Node) registerNodeMetrics() {
 			Help: "1 while this node finds no quorum of the metadata cluster answering (writes fail, reads come from the local copy).",
 		}, func() float64 {
 			if n.meta != nil && n.meta.QuorumLost() {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: metrics.Namespace, Subsystem: "store", Name: "healthy",
+			Help: "1 while the store passes its check (marker in place, a file written and synced) within 2 s; 0 when it fails or stalls.",
+		}, func() float64 {
+			if n.store != nil && n.store.Probe(2*time.Second) == nil {
 				return 1
 			}
 			return 0

@@ -533,6 +533,10 @@ func (n *Node) Close() {
 	}
 }
 
+// storeProbeTimeout bounds the store's check in a status answer: a
+// stalled file system is reported, not waited for.
+const storeProbeTimeout = 5 * time.Second
+
 func (n *Node) status(ctx context.Context) api.Status {
 	st := api.Status{Node: api.NodeStatus{Name: n.cfg.Name, Version: Version, ClusterID: n.clusterID,
 		StartedAt: n.started, API: "https://" + n.apiAddr, NBD: n.nbdURI}}
@@ -549,7 +553,7 @@ func (n *Node) status(ctx context.Context) api.Status {
 		st.Metadata.DBSize, st.Metadata.Alarms = ms.DBSize, ms.Alarms
 	}
 	st.Store.Path = n.store.Root
-	err = n.store.Check()
+	err = n.store.Probe(storeProbeTimeout)
 	if err == nil {
 		var c *volume.Capacity
 		if c, err = n.volumes.Capacity(ctx); err == nil {

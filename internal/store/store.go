@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/basalt-storage/basalt/internal/block"
 	"golang.org/x/sys/unix"
@@ -31,6 +32,9 @@ type Store struct {
 	// ID is the store's id (MarkerFile), once the node has checked it
 	// against the cluster's; Check then finds the marker still there.
 	ID string
+
+	probeMu sync.Mutex
+	probing *probe // the Check under way for Probe, if any
 }
 
 // Open creates the layout under root if needed.

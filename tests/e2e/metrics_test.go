@@ -51,6 +51,9 @@ func TestMetrics(t *testing.T) {
 	if v, ok := seriesValue(body, "basalt_meta_quorum_lost"); !ok || v != 0 {
 		t.Errorf("basalt_meta_quorum_lost: %v (found %v), want 0", v, ok)
 	}
+	if v, ok := seriesValue(body, "basalt_store_healthy"); !ok || v != 1 {
+		t.Errorf("basalt_store_healthy: %v (found %v), want 1", v, ok)
+	}
 	if t.Failed() {
 		t.Logf("metrics:\n%s", grepLines(body, "basalt_"))
 	}
