@@ -3,13 +3,11 @@ package meta
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
-	"github.com/basalt-storage/basalt/internal/pki"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -48,11 +46,7 @@ func (w *slowWatcher) Watch(ctx context.Context, key string, opts ...clientv3.Op
 func TestMirrorReadsOwnWrites(t *testing.T) {
 	openTestStore(t)
 	ctx := ctxT(t)
-	s, err := Open(ctx, Config{Endpoints: []string{testEnv.clientURL}, ExternalTLS: testEnv.clientTLS}, testStore.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := clientStore(t)
 	s.cli.Watcher = &slowWatcher{Watcher: s.cli.Watcher, delay: 300 * time.Millisecond}
 	m := s.MirrorBuckets(ctx)
 	name := uniq("ryw-bucket")
@@ -92,12 +86,7 @@ func TestMirrorReadsOwnWrites(t *testing.T) {
 // stopping either one leaves the other without a quorum.
 func twoVoters(t *testing.T, ctx context.Context) (*Store, *Store) {
 	t.Helper()
-	base := t.TempDir()
-	ca, err := pki.LoadOrCreateCA(filepath.Join(base, "ca"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := &memberOpener{t: t, base: base, ca: ca}
+	o := newOpener(t)
 	peer1, peer2 := freeAddr(t), freeAddr(t)
 	s1, url1 := o.open("m1", peer1, nil, "")
 	id2, err := s1.AddLearner(ctx, "https://"+peer2)

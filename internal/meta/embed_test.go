@@ -88,12 +88,7 @@ func promote(t *testing.T, ctx context.Context, s *Store, id uint64) {
 func TestClientStartsMember(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	base := t.TempDir()
-	ca, err := pki.LoadOrCreateCA(filepath.Join(base, "ca"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := &memberOpener{t: t, base: base, ca: ca}
+	o := newOpener(t)
 	peer1, peer2 := freeAddr(t), freeAddr(t)
 	s1, url1 := o.open("m1", peer1, nil, "")
 	cfg, _ := o.config("m2", peer2, []string{url1}, "")
@@ -166,12 +161,7 @@ func TestClientStartsMember(t *testing.T) {
 func TestRemovedVoterStops(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	base := t.TempDir()
-	ca, err := pki.LoadOrCreateCA(filepath.Join(base, "ca"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := &memberOpener{t: t, base: base, ca: ca}
+	o := newOpener(t)
 	peer1, peer2 := freeAddr(t), freeAddr(t)
 	s1, url1 := o.open("m1", peer1, nil, "")
 	id2, err := s1.AddLearner(ctx, "https://"+peer2)
@@ -269,12 +259,7 @@ func TestRemovedVoterStops(t *testing.T) {
 // their own address, with the client port's TLS, and the client port
 // serves gRPC alone (sharing it, every gRPC call went through net/http).
 func TestMemberHTTPEndpoints(t *testing.T) {
-	base := t.TempDir()
-	ca, err := pki.LoadOrCreateCA(filepath.Join(base, "ca"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := &memberOpener{t: t, base: base, ca: ca}
+	o := newOpener(t)
 	cfg, clientURL := o.config("m1", freeAddr(t), nil, "")
 	httpAddr := freeAddr(t)
 	cfg.Embed.HTTPAddr = httpAddr
@@ -304,7 +289,7 @@ func TestMemberHTTPEndpoints(t *testing.T) {
 		t.Error("the client port still answers HTTP")
 	}
 	// Without a certificate from the CA, nothing.
-	plain := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}}}
+	plain := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: o.ca.Pool()}}}
 	if resp, err := plain.Get("https://" + httpAddr + "/metrics"); err == nil {
 		resp.Body.Close()
 		t.Errorf("/metrics answered %d to a client without a certificate", resp.StatusCode)
@@ -316,12 +301,7 @@ func TestMemberHTTPEndpoints(t *testing.T) {
 // only a node's (pki.MemberName), or any user could read the CA key and
 // every S3 secret from etcd.
 func TestMemberRefusesUserCertificates(t *testing.T) {
-	base := t.TempDir()
-	ca, err := pki.LoadOrCreateCA(filepath.Join(base, "ca"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := &memberOpener{t: t, base: base, ca: ca}
+	o := newOpener(t)
 	cfg, clientURL := o.config("m1", freeAddr(t), nil, "")
 	s, err := Open(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -342,7 +322,7 @@ func TestMemberRefusesUserCertificates(t *testing.T) {
 	if err := get(cfg.ClientTLS); err != nil {
 		t.Fatalf("the node's own certificate: %v", err)
 	}
-	is, err := ca.IssueClient("alice", "u-1", time.Hour)
+	is, err := o.ca.IssueClient("alice", "u-1", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,7 +330,7 @@ func TestMemberRefusesUserCertificates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := get(&tls.Config{Certificates: []tls.Certificate{user}, RootCAs: ca.Pool()}); err == nil {
+	if err := get(&tls.Config{Certificates: []tls.Certificate{user}, RootCAs: o.ca.Pool()}); err == nil {
 		t.Fatal("a user's certificate reads the metadata store")
 	}
 }

@@ -98,6 +98,32 @@ func openTestStore(t testing.TB) *Store {
 	return testStore
 }
 
+// clientStore opens a store of its own on the test member, without a
+// member of its own (as a client node's): for a test that changes how its
+// store answers or counts what it reads. Closed at the test's end.
+func clientStore(t *testing.T) *Store {
+	t.Helper()
+	openTestStore(t)
+	s, err := Open(ctxT(t), Config{Endpoints: []string{testEnv.clientURL}, ExternalTLS: testEnv.clientTLS}, testStore.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// newOpener is a memberOpener for members of a new cluster, with a CA of
+// its own.
+func newOpener(t *testing.T) *memberOpener {
+	t.Helper()
+	base := t.TempDir()
+	ca, err := pki.LoadOrCreateCA(filepath.Join(base, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &memberOpener{t: t, base: base, ca: ca}
+}
+
 // rawClient is a plain etcd client to the test member, for writing keys
 // behind the Store's back.
 func rawClient(t *testing.T) *clientv3.Client {

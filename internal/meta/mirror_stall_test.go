@@ -2,8 +2,6 @@ package meta
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -47,11 +45,7 @@ func TestMirrorStalledWatchRelists(t *testing.T) {
 	defer func() { mirrorHeartbeat, mirrorStall = beat, stall }()
 	other := openTestStore(t)
 	ctx := ctxT(t)
-	s, err := Open(ctx, Config{Endpoints: []string{testEnv.clientURL}, ExternalTLS: testEnv.clientTLS}, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := clientStore(t)
 	w := &stallingWatcher{Watcher: s.cli.Watcher}
 	s.cli.Watcher = w
 	m := s.MirrorUsersByName(ctx)

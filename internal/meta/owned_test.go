@@ -313,11 +313,7 @@ func TestOwnedReadsOwnRecords(t *testing.T) {
 	ctx := ctxT(t)
 	// A store of its own on the member, without a member of its own:
 	// every read goes through its client, where it is counted.
-	s, err := Open(ctx, Config{Endpoints: []string{testEnv.clientURL}, ExternalTLS: testEnv.clientTLS}, testStore.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := clientStore(t)
 	owner := uniq("owner")
 	var made []string
 	for range 5 {

@@ -3,13 +3,10 @@ package meta
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/basalt-storage/basalt/internal/pki"
 )
 
 // stalledGets makes every Get wait until gate closes or its context ends,
@@ -35,11 +32,7 @@ func TestNoQuorum(t *testing.T) {
 	openTestStore(t)
 	ctx := ctxT(t)
 	// A store of its own: the flag changes how the shared one answers.
-	s, err := Open(ctx, Config{Endpoints: []string{testEnv.clientURL}, ExternalTLS: testEnv.clientTLS}, testStore.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := clientStore(t)
 	kv := &stalledGets{KV: s.cli.KV, gate: make(chan struct{})}
 	s.cli.KV = kv
 
@@ -61,7 +54,7 @@ func TestNoQuorum(t *testing.T) {
 	}
 
 	gctx, gcancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	_, err = s.Client().Get(gctx, keyCluster)
+	_, err := s.Client().Get(gctx, keyCluster)
 	gcancel()
 	if !s.NoQuorum(ctx, err) {
 		t.Fatalf("a read that etcd did not answer in time (%v) does not count as no quorum", err)
@@ -97,12 +90,7 @@ func (k stalledLinearGets) Get(ctx context.Context, key string, opts ...clientv3
 func TestSlowIsNotLost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	base := t.TempDir()
-	ca, err := pki.LoadOrCreateCA(filepath.Join(base, "ca"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, _ := (&memberOpener{t: t, base: base, ca: ca}).open("m1", freeAddr(t), nil, "")
+	s, _ := newOpener(t).open("m1", freeAddr(t), nil, "")
 	id := uniq("vol")
 	if err := s.Update(ctx, func(tx *Tx) error {
 		tx.PutVolume(&Volume{ID: id, SizeBytes: 7, Status: StatusAvailable})
