@@ -117,8 +117,14 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request, c volume.Ca
 		return err
 	}
 	// Every attachment's URI names its serving node: one read of the
-	// write leases for them all, not one each.
-	ctx := volume.WithServingNodes(r.Context())
+	// page's write leases for them all, not one each.
+	ids := make([]string, 0, len(vs))
+	for _, v := range vs {
+		if len(byVolume[v.ID]) > 0 {
+			ids = append(ids, v.ID)
+		}
+	}
+	ctx := volume.WithServingNodes(r.Context(), ids)
 	out := make([]Volume, 0, len(vs))
 	for _, v := range vs {
 		out = append(out, s.volumeOut(ctx, v, byVolume[v.ID]))
@@ -307,7 +313,11 @@ func (s *Server) listAttachments(w http.ResponseWriter, r *http.Request, c volum
 	if as, err = page(w, r, as); err != nil {
 		return err
 	}
-	ctx := volume.WithServingNodes(r.Context()) // one read of the write leases (listVolumes)
+	ids := make([]string, 0, len(as))
+	for _, a := range as {
+		ids = append(ids, a.VolumeID)
+	}
+	ctx := volume.WithServingNodes(r.Context(), ids) // one read of the page's write leases (listVolumes)
 	out := make([]Attachment, 0, len(as))
 	for _, a := range as {
 		out = append(out, s.attachmentOut(ctx, a))

@@ -166,20 +166,29 @@ func (s *Store) VolumeLeaseHolder(ctx context.Context, vol string) (*VolumeLease
 	return decodeVolumeLease(resp.Kvs[0])
 }
 
-// VolumeLeaseHolders returns the holder of every volume lease there is,
-// by volume id, in one read.
-func (s *Store) VolumeLeaseHolders(ctx context.Context) (map[string]*VolumeLease, error) {
-	resp, err := s.read(ctx, prefixVolumeLeases, clientv3.WithPrefix())
+// VolumeLeaseHolders returns the lease holders of volumes vols, by
+// volume id — every one of them, nil for a volume whose lease nobody
+// holds — read at one revision, in batched Gets (getMany).
+func (s *Store) VolumeLeaseHolders(ctx context.Context, vols []string) (map[string]*VolumeLease, error) {
+	keys := make([]string, len(vols))
+	for i, vol := range vols {
+		keys[i] = prefixVolumeLeases + vol
+	}
+	kvs, err := s.getMany(ctx, keys)
 	if err != nil {
 		return nil, wrap("volume leases", err)
 	}
-	out := make(map[string]*VolumeLease, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
+	out := make(map[string]*VolumeLease, len(vols))
+	for i, kv := range kvs {
+		out[vols[i]] = nil
+		if kv == nil {
+			continue
+		}
 		l, err := decodeVolumeLease(kv)
 		if err != nil {
 			return nil, err
 		}
-		out[strings.TrimPrefix(string(kv.Key), prefixVolumeLeases)] = l
+		out[vols[i]] = l
 	}
 	return out, nil
 }

@@ -36,8 +36,9 @@ func TestVolumeLeaseReleasedElsewhere(t *testing.T) {
 	if held.Node != "a" || held.Released {
 		t.Fatalf("first acquisition: %+v", held)
 	}
-	if all, err := s.VolumeLeaseHolders(ctx); err != nil || all[vol] == nil || *all[vol] != *held {
-		t.Fatalf("VolumeLeaseHolders: %+v, %v; want %s held as %+v", all[vol], err, vol, held)
+	none := uniq("vol")
+	if hs, err := s.VolumeLeaseHolders(ctx, []string{vol, none}); err != nil || len(hs) != 2 || hs[vol] == nil || *hs[vol] != *held || hs[none] != nil {
+		t.Fatalf("VolumeLeaseHolders: %+v, %v; want %s held as %+v, %s held by nobody", hs, err, vol, held, none)
 	}
 
 	if err := s.ReleaseVolumeLease(ctx, vol, "b", idB); err != nil {

@@ -658,24 +658,25 @@ func hasRW(ctx context.Context, s *Service, v *meta.Volume) bool {
 // leaseHolder reads a volume's lease holder (tests count the reads).
 var leaseHolder = (*meta.Store).VolumeLeaseHolder
 
-// servingNodes is a request's one read of every volume's write-lease
-// holder (WithServingNodes).
+// servingNodes is a request's one read of its volumes' write-lease
+// holders (WithServingNodes).
 type servingNodes struct {
+	vols    []string
 	once    sync.Once
-	holders map[string]*meta.VolumeLease // nil: the read failed; ask per volume
+	holders map[string]*meta.VolumeLease // by volume of vols; nil: the read failed, ask per volume
 }
 
 type servingNodesKey struct{}
 
 // WithServingNodes returns a context in which ServingNode finds the
-// volumes' write-lease holders in one read of them all, made at its
-// first call, instead of one read per attachment: for a request that
-// renders the URIs of many attachments (a list), whose reads are then
-// O(1) instead of O(attachments). The holders are as of that read, a
-// moment within the request like each of the reads it replaces; a lease
-// nobody held then is not taken (servingNode).
-func WithServingNodes(ctx context.Context) context.Context {
-	return context.WithValue(ctx, servingNodesKey{}, &servingNodes{})
+// write-lease holders of volumes vols in one read of them all, made at
+// its first call, instead of one read per attachment: for a request that
+// renders the URIs of many attachments (a list, or a page of one). The
+// holders are as of that read, a moment within the request like each of
+// the reads it replaces; a lease nobody held then is not taken
+// (servingNode). A volume not in vols is read on its own.
+func WithServingNodes(ctx context.Context, vols []string) context.Context {
+	return context.WithValue(ctx, servingNodesKey{}, &servingNodes{vols: vols})
 }
 
 // holder returns vol's lease holder, nil if none: from ctx's shared read
@@ -683,12 +684,12 @@ func WithServingNodes(ctx context.Context) context.Context {
 func (l *leases) holder(ctx context.Context, vol string) (*meta.VolumeLease, error) {
 	if sn, ok := ctx.Value(servingNodesKey{}).(*servingNodes); ok {
 		sn.once.Do(func() {
-			if hs, err := l.s.meta.VolumeLeaseHolders(ctx); err == nil {
+			if hs, err := l.s.meta.VolumeLeaseHolders(ctx, sn.vols); err == nil {
 				sn.holders = hs
 			}
 		})
-		if sn.holders != nil {
-			return sn.holders[vol], nil
+		if h, ok := sn.holders[vol]; ok {
+			return h, nil
 		}
 	}
 	return leaseHolder(l.s.meta, ctx, vol)
