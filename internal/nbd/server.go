@@ -7,10 +7,29 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
 )
+
+// acceptAgain reports whether an accept error passes: a timeout, or the
+// process or system out of file descriptors or memory for a moment, or a
+// connection aborted before it was accepted. Serve would otherwise stop
+// serving for good — every attachment of the node unreachable until a
+// restart — because a burst of connections or open files hit a limit.
+func acceptAgain(err error) bool {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true
+	}
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
 
 // Export is what a client connects to.
 type Export struct {
@@ -156,8 +175,10 @@ func (s *Server) Serve(ln net.Listener) error {
 			if closed {
 				return nil
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
+			if acceptAgain(err) {
+				if delay == 0 {
+					s.Log.Warn("nbd accept failed; trying again, backing off up to 1s", "err", err)
+				}
 				delay = min(max(delay*2, 5*time.Millisecond), time.Second)
 				time.Sleep(delay)
 				continue
