@@ -69,7 +69,6 @@ func (n *Node) startS3() error {
 	// versitygw's root account bypasses every check; basalt admins are S3
 	// admins through IAM instead, so root gets a key nobody knows.
 	root := middlewares.RootUserConfig{Access: "basalt-root-" + randomID(), Secret: randomID() + randomID() + randomID()}
-	listening := make(chan struct{})
 	opts := []s3api.Option{
 		s3api.WithConcurrencyLimiter(65536, 4096),
 		s3api.WithKeepAlive(),
@@ -79,7 +78,6 @@ func (n *Node) startS3() error {
 		// Clear answers for keys s3api refuses itself, and the version id
 		// of a delete marker's answers (objects.Middleware).
 		s3api.WithMiddleware("/", objects.Middleware()),
-		s3api.WithOnListen(func() { close(listening) }),
 	}
 	if n.metrics != nil {
 		opts = append(opts, s3api.WithMiddleware("/", newS3Metrics(n.metrics).middleware()))
@@ -87,28 +85,75 @@ func (n *Node) startS3() error {
 	if tlsOpt != nil {
 		opts = append(opts, tlsOpt)
 	}
-	srv, err := s3api.New(be, root, s3Region, &objects.IAM{Meta: n.meta, Users: n.meta.MirrorUsersByAccessKey(ctx)}, nil, nil, nil, nil, opts...)
-	if err != nil {
-		return fmt.Errorf("s3 server: %w", err)
+	iam := &objects.IAM{Meta: n.meta, Users: n.meta.MirrorUsersByAccessKey(ctx)}
+	build := func(onListen s3api.Option) (*s3api.S3ApiServer, error) {
+		return s3api.New(be, root, s3Region, iam, nil, nil, nil, nil, append(opts[:len(opts):len(opts)], onListen)...)
 	}
-	failed := make(chan error, 1)
 	n.releaseS3()
-	go func() { failed <- srv.ServeMultiPort([]string{n.cfg.S3}) }()
+	srv, failed, err := n.serveS3(build)
+	if err != nil {
+		return err
+	}
+	n.s3.Store(srv)
+	n.log.Info("s3 serving", "addr", n.cfg.S3, "url", url, "tls", useTLS, "cluster_ca_cert", caBundle)
+	go n.superviseS3(srv, failed, build)
+	return nil
+}
+
+// s3Builder makes a gateway, with an option that tells when it listens.
+type s3Builder func(onListen s3api.Option) (*s3api.S3ApiServer, error)
+
+// serveS3 starts a gateway that build makes on cfg.S3 and returns once it
+// listens; failed receives the end of its serving.
+func (n *Node) serveS3(build s3Builder) (srv *s3api.S3ApiServer, failed <-chan error, err error) {
+	listening := make(chan struct{})
+	if srv, err = build(s3api.WithOnListen(func() { close(listening) })); err != nil {
+		return nil, nil, fmt.Errorf("s3 server: %w", err)
+	}
+	ended := make(chan error, 1)
+	go func() { ended <- srv.ServeMultiPort([]string{n.cfg.S3}) }()
 	select {
 	case <-listening:
-	case err := <-failed:
-		return fmt.Errorf("s3 listen %s: %w", n.cfg.S3, err)
+		return srv, ended, nil
+	case err := <-ended:
+		return nil, nil, fmt.Errorf("s3 listen %s: %w", n.cfg.S3, err)
 	case <-time.After(30 * time.Second):
-		return errors.New("s3 server did not start listening within 30s")
+		srv.ShutDown()
+		return nil, nil, errors.New("s3 server did not start listening within 30s")
 	}
-	n.s3 = srv
-	n.log.Info("s3 serving", "addr", n.cfg.S3, "url", url, "tls", useTLS, "cluster_ca_cert", caBundle)
-	go func() {
-		// Shutting the server down ends its serving with an error too
-		// ("listener closed"): only an end nobody asked for is one.
-		if err := <-failed; err != nil && !n.s3Closing.Load() {
-			n.log.Error("s3 server stopped", "err", err)
+}
+
+// superviseS3 starts the gateway again when its serving ends unasked: the
+// HTTP server under it (fasthttp) stops on any accept error but a
+// timeout — EMFILE among them — so running out of file descriptors for a
+// moment would otherwise end S3 on this node until a restart. Shutting
+// the server down ends its serving too (s3Closing says it was asked).
+// Close sets s3Closing before it loads the server to shut down, and this
+// stores a new one before it looks at s3Closing: one of the two shuts a
+// gateway started during a Close down.
+func (n *Node) superviseS3(srv *s3api.S3ApiServer, failed <-chan error, build s3Builder) {
+	for {
+		err := <-failed
+		if n.s3Closing.Load() {
+			return
 		}
-	}()
-	return nil
+		n.log.Error("s3 server stopped; starting it again", "addr", n.cfg.S3, "err", err)
+		srv.ShutDown() // what is left of its listeners goes, freeing the port
+		for {
+			time.Sleep(time.Second)
+			if n.s3Closing.Load() {
+				return
+			}
+			if srv, failed, err = n.serveS3(build); err == nil {
+				break
+			}
+			n.log.Error("s3 server did not start again; retrying", "addr", n.cfg.S3, "err", err)
+		}
+		n.s3.Store(srv)
+		if n.s3Closing.Load() {
+			srv.ShutDown()
+			return
+		}
+		n.log.Info("s3 serving again", "addr", n.cfg.S3)
+	}
 }

@@ -99,8 +99,8 @@ type Node struct {
 	store     *store.Store
 	ports     ports // bound first, until each service takes its own (ports.go)
 	nbd       *nbd.Server
-	nbdURI    string // scheme://host:port/ without the export name
-	s3        *s3api.S3ApiServer
+	nbdURI    string                            // scheme://host:port/ without the export name
+	s3        atomic.Pointer[s3api.S3ApiServer] // the gateway serving now (superviseS3 may start another)
 	objects   *objects.Backend
 	s3Stop    context.CancelFunc // ends the S3 gateway's metadata mirrors
 	s3Closing atomic.Bool        // set before the S3 server is shut down: its serving then ends as asked
@@ -510,9 +510,9 @@ func (n *Node) Close() {
 	if n.metricsHTTP != nil {
 		n.metricsHTTP.Close()
 	}
-	if n.s3 != nil {
-		n.s3Closing.Store(true)
-		if err := n.s3.ShutDown(); err != nil {
+	n.s3Closing.Store(true) // before the load: see superviseS3
+	if srv := n.s3.Load(); srv != nil {
+		if err := srv.ShutDown(); err != nil {
 			n.log.Warn("s3 server shutdown", "err", err)
 		}
 	}
