@@ -17,15 +17,21 @@ const lostWriteTimeout = 3 * time.Second
 
 type quorum struct {
 	lost atomic.Bool
+	// answered is when a request that needs the quorum (a linearizable
+	// read, a transaction) last succeeded here, in Unix nanoseconds.
+	answered atomic.Int64
 }
 
+// quorumAnswered records that a request that needs the quorum succeeded.
+func (s *Store) quorumAnswered() { s.q.answered.Store(time.Now().UnixNano()) }
+
 // quorumLost records that a request found no quorum, and starts the probe
-// that clears it — unless this node's own voting member follows a leader
-// (leaderSeen): then the request was slow, not unanswered, and the flag
-// would only turn every other request on this node stale or short for
-// nothing. It reports whether the quorum counts as lost.
+// that clears it — unless the quorum is seen to work (quorumSeen): then
+// the request was slow, not unanswered, and the flag would only turn
+// every other request on this node stale or short for nothing. It
+// reports whether the quorum counts as lost.
 func (s *Store) quorumLost() bool {
-	if s.leaderSeen() {
+	if s.quorumSeen() {
 		s.log.Debug("a metadata request ran out of time while a leader serves: slow, not without quorum")
 		return false
 	}
@@ -36,19 +42,25 @@ func (s *Store) quorumLost() bool {
 	return true
 }
 
-// leaderSeen reports whether this node's own member is a voter that knows
-// a leader now. etcd runs Raft with CheckQuorum (a leader that has not
-// heard from a quorum for an election timeout steps down) and PreVote (a
-// follower that has not heard from its leader for an election timeout
-// forgets it), so a voter that knows a leader at the end of a request that
-// waited longer than an election timeout (linearTimeout, writeTimeout) is
-// in a cluster whose quorum stands: under load — a burst of deletes, a
-// slow disk — requests time out with the quorum intact. A learner never
+// quorumSeen reports whether the quorum is seen to work although a
+// request timed out: this node's own member is a voter that knows a
+// leader, and another request that needed the quorum succeeded here
+// within linearTimeout. Under load — a burst of deletes — some requests
+// time out while others go through; the quorum stands. Both signs are
+// needed. A leader known alone is not enough: etcd updates it in the
+// member's Raft loop, which a hung disk stops (the old leader stays
+// known, nothing commits), and a follower cut off with its leader forgets
+// that leader only an election timeout or two after the leader stepped
+// down (CheckQuorum), up to about 4 s. Answers alone are not enough either:
+// they come from before the request that timed out. A learner never
 // forgets its leader and a client node has no member: for them a timeout
-// still counts as no quorum.
-func (s *Store) leaderSeen() bool {
+// counts as no quorum.
+func (s *Store) quorumSeen() bool {
 	m, serves, learner := s.ownMember()
-	return serves && !learner && m.e.Server.Leader() != 0
+	if !serves || learner || m.e.Server.Leader() == 0 {
+		return false
+	}
+	return time.Since(time.Unix(0, s.q.answered.Load())) < linearTimeout
 }
 
 // probeQuorum asks this node's own member when there is one: the shared
@@ -81,9 +93,10 @@ func (s *Store) QuorumLost() bool { return s.q.lost.Load() }
 // NoQuorum is quorum tracking for calls made on Client() directly (the
 // workflow locks): it reports whether err, from such a call made under
 // ctx, says that no quorum answered — the call ran out of time while ctx
-// itself was live, lost its connection, or etcd said Unavailable, and this
-// node's member sees no leader (leaderSeen) — and if so records the quorum lost as the store's own calls do, so that the
-// next requests say so at once. The call must have been bounded only by
+// itself was live, lost its connection, or etcd said Unavailable, and the
+// quorum is not seen to work (quorumSeen) — and if so records the quorum
+// lost as the store's own calls do, so that the next requests say so at
+// once. The call must have been bounded only by
 // how long etcd may take to answer, not by a wait for something else (a
 // lock's holder): its deadline would read as no quorum.
 func (s *Store) NoQuorum(ctx context.Context, err error) bool {

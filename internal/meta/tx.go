@@ -32,6 +32,7 @@ func (s *Store) Update(ctx context.Context, fn func(*Tx) error) error {
 		s.quorumLost()
 	}
 	if err == nil {
+		s.quorumAnswered()
 		s.mirrorsWrote(last.committed, last.changed)
 	}
 	return wrap("update", err)
@@ -339,6 +340,9 @@ func readEither[R any](ctx context.Context, s *Store, linear, local func(context
 		var resp R
 		resp, err = linear(lctx, s.txnClient())
 		cancel()
+		if err == nil {
+			s.quorumAnswered()
+		}
 		if err == nil || ctx.Err() != nil || !unavailable(err) {
 			return resp, err
 		}
