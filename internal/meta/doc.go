@@ -21,7 +21,6 @@
 //	attachments/<id>             Attachment
 //	exports/<export name>        attachment id (index; NBD export lookup)
 //	owned/<kind>/<owner id>/<created_at>/<id>  id (index; a user's lists, owned.go)
-//	owned-index-version          marks the owned index built (BuildOwnedIndex)
 //	capacity/provisioned         bytes promised to volumes and snapshots
 //	nodes/<name>                 Node (members.go); alive/<name> while its lease lives
 //	jointokens/<sha256>          a join token, on a lease (its expiry)

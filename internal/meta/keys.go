@@ -22,8 +22,6 @@ const (
 	prefixTypes    = Prefix + "types/"
 	prefixBuckets  = Prefix + "buckets/"
 	prefixOwned    = Prefix + "owned/"
-	// keyOwnedIndexVersion marks the owned index built (owned.go).
-	keyOwnedIndexVersion = Prefix + "owned-index-version"
 )
 
 func userKey(name string) string     { return prefixUsers + name }

@@ -26,8 +26,8 @@ import (
 // the owner's records (or a page's limit), not on the cluster's.
 //
 // Layout:
-//   - kind before owner: one prefix per kind, whose keys the build
-//     (BuildOwnedIndex) counts against the kind's records.
+//   - kind before owner: one prefix per kind, whose keys
+//     ReconcileOwnedIndex compares with the kind's records.
 //   - created_at as UTC "20060102T150405.000000000Z", not unix nanoseconds:
 //     fixed width, so that key order is time order for every time a record
 //     can hold — JSON encodes years 0 to 9999, the zero time of records
@@ -306,118 +306,86 @@ func (s *Store) readTxn(ctx context.Context, keys []string, opts ...clientv3.OpO
 		})
 }
 
-// ownedIndexVersion is the index's layout, recorded in the marker once the
-// index is built. A layout change bumps it: every node builds anew.
-const ownedIndexVersion = "1"
-
 var (
 	// ownedIndexBatch is how many records, or index keys, one transaction
-	// of the build handles: at most MaxTxnOps comparisons (two for each
-	// key pruned) and writes.
+	// of ReconcileOwnedIndex handles: at most MaxTxnOps comparisons (two
+	// for each key deleted) and writes.
 	ownedIndexBatch = 256
 	// ownedIndexHook, when set (tests), runs between the read of a batch
-	// and its commit.
+	// of records and its commit.
 	ownedIndexHook func()
 )
 
-// BuildOwnedIndex builds the owned index for records that versions
-// without it wrote, and reports whether it did. Nodes call it at start.
+// ReconcileOwnedIndex brings the owned index in step with the records and
+// reports whether it wrote anything. Nodes call it at every start.
 //
-// It builds unless the marker (owned-index-version) says the index was
-// built and, read at the same revision, every kind has as many index keys
-// as records. Every write of this version keeps the two in step, so the
-// counts differ only when a node of an older version — still running in a
-// rolling upgrade — wrote or deleted records after the index was built;
-// the next start of a node builds again, and a rolling upgrade restarts
-// every node, the last one after no older node runs. (An older node that
-// both created and deleted records in that time could leave the counts
-// equal and the index off by a record until the marker is deleted; a
-// corrupt record, which names no owner and creation time, cannot be
-// indexed: every start builds again, and logs it.)
+// Every write of this version keeps the two in step, in one transaction;
+// they differ only where a version without the index wrote or deleted
+// records — before the upgrade to it, or during a rolling upgrade, on a
+// node not upgraded yet. Each start repairs what such nodes did before
+// it, and the last start of a rolling upgrade all of it, whatever they
+// did (a count of records against keys would miss a create and a delete).
+// It reads every record and every index key (keys only) of each kind,
+// and writes only the differences:
+//   - a record without its key gets it, in a transaction of a batch that
+//     commits only if every record of the batch is still as read (a record
+//     changed or deleted meanwhile is read again: its deletion took its
+//     key, which must not come back);
+//   - an index key whose record is gone, or is indexed under another key,
+//     is deleted, only if neither the key nor the record changed since
+//     read (if one did, a transaction of this version kept the index in
+//     step, or the next start will).
 //
-// The build writes, for every record, its index key, in transactions of a
-// batch that commit only if each record read is still as read (a record
-// deleted or changed meanwhile is read again: its deletion took its key,
-// which must not come back); then it deletes every index key whose record
-// is gone or is indexed under another key, each only if neither key nor
-// record changed since read; then it writes the marker. Records this
-// version writes meanwhile are indexed by their own transactions, so none
-// is missed. Every step is idempotent: nodes starting at once may build
-// side by side, and one that stops half way leaves no marker, so the next
-// start builds again.
-func (s *Store) BuildOwnedIndex(ctx context.Context) (bool, error) {
-	stale, why, err := s.ownedIndexStale(ctx)
-	if err != nil || !stale {
-		return false, err
-	}
-	s.log.Info("building the owned index (lists by owner)", "why", why)
-	var written, pruned int
+// Records this version writes meanwhile are indexed by their own
+// transactions, so none is missed. It is idempotent: nodes starting at
+// once may reconcile side by side, and one that stops half way leaves the
+// rest to the next start. A corrupt record, which names no owner and
+// creation time, cannot be indexed: every start logs it.
+func (s *Store) ReconcileOwnedIndex(ctx context.Context) (bool, error) {
+	var written, deleted int
 	for _, k := range ownedKinds {
-		n, err := s.indexRecords(ctx, k)
-		written += n
+		w, d, err := s.reconcileOwned(ctx, k)
+		written, deleted = written+w, deleted+d
 		if err != nil {
-			return false, fmt.Errorf("build the owned index of %s: %w", k.name, err)
+			return false, fmt.Errorf("reconcile the owned index of %s: %w", k.name, err)
 		}
-		if n, err = s.pruneOwned(ctx, k); err != nil {
-			return false, fmt.Errorf("prune the owned index of %s: %w", k.name, err)
-		}
-		pruned += n
 	}
-	pctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	if _, err := s.cli.Put(pctx, keyOwnedIndexVersion, ownedIndexVersion); err != nil {
-		return false, wrap("owned index marker", err)
+	if written+deleted > 0 {
+		s.log.Info("owned index (lists by owner) brought in step with the records: records written or deleted by a version without it",
+			"keys_written", written, "stale_keys_deleted", deleted)
 	}
-	s.log.Info("owned index built", "keys_written", written, "stale_keys_deleted", pruned)
-	return true, nil
+	return written+deleted > 0, nil
 }
 
-// ownedIndexStale reports whether the index needs building, and why: in
-// one read, the marker and the counts of records and index keys per kind.
-func (s *Store) ownedIndexStale(ctx context.Context) (bool, string, error) {
-	ops := []clientv3.Op{clientv3.OpGet(keyOwnedIndexVersion)}
-	for _, k := range ownedKinds {
-		ops = append(ops, clientv3.OpGet(k.records, clientv3.WithPrefix(), clientv3.WithCountOnly()),
-			clientv3.OpGet(k.all(), clientv3.WithPrefix(), clientv3.WithCountOnly()))
-	}
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	resp, err := s.cli.Txn(rctx).Then(ops...).Commit()
+// reconcileOwned is ReconcileOwnedIndex for kind k.
+func (s *Store) reconcileOwned(ctx context.Context, k ownedKind) (written, deleted int, err error) {
+	have, err := s.ownedKeyRevisions(ctx, k)
 	if err != nil {
-		return false, "", wrap("owned index marker", err)
+		return 0, 0, err
 	}
-	if m := resp.Responses[0].GetResponseRange(); len(m.Kvs) == 0 || string(m.Kvs[0].Value) != ownedIndexVersion {
-		return true, "not built yet", nil
-	}
-	for i, k := range ownedKinds {
-		recs := resp.Responses[1+2*i].GetResponseRange().Count
-		keys := resp.Responses[2+2*i].GetResponseRange().Count
-		if recs != keys {
-			return true, fmt.Sprintf("%d %s records but %d index keys (written by an older version?)", recs, k.name, keys), nil
-		}
-	}
-	return false, "", nil
-}
-
-// indexRecords writes the index key of every record of kind k; it
-// returns how many it wrote.
-func (s *Store) indexRecords(ctx context.Context, k ownedKind) (int, error) {
+	want := map[string]bool{}    // index keys the records call for
+	recRev := map[string]int64{} // record id -> mod revision, as read
 	from, end := k.records, clientv3.GetPrefixRangeEnd(k.records)
-	written := 0
 	for {
 		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 		resp, err := s.cli.Get(rctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(ownedIndexBatch)))
 		cancel()
 		if err != nil {
-			return written, wrap("read records", err)
+			return written, deleted, wrap("read records", err)
 		}
 		var cmps []clientv3.Cmp
 		var puts []clientv3.Op
+		var batch []string // index keys of the batch's records
 		for _, kv := range resp.Kvs {
 			id := strings.TrimPrefix(string(kv.Key), k.records)
 			key, ok := k.keyOf(id, string(kv.Value))
 			if !ok {
 				s.log.Warn("a record names no owner and creation time: its owner's lists leave it out", "key", string(kv.Key))
+				continue
+			}
+			recRev[id], want[key] = kv.ModRevision, true
+			batch = append(batch, key)
+			if _, ok := have[key]; ok {
 				continue
 			}
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision))
@@ -429,69 +397,69 @@ func (s *Store) indexRecords(ctx context.Context, k ownedKind) (int, error) {
 		if len(puts) > 0 {
 			ok, err := s.commitIf(ctx, cmps, puts)
 			if err != nil {
-				return written, err
+				return written, deleted, err
 			}
 			if !ok {
-				continue // a record of the batch changed: read it again
+				// A record of the batch changed: read the batch again.
+				for _, key := range batch {
+					delete(want, key)
+				}
+				continue
 			}
 			written += len(puts)
 		}
 		if !resp.More {
-			return written, nil
+			break
 		}
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
+	var cmps []clientv3.Cmp
+	var dels []clientv3.Op
+	flush := func() error {
+		if len(dels) == 0 {
+			return nil
+		}
+		ok, err := s.commitIf(ctx, cmps, dels)
+		if ok {
+			deleted += len(dels)
+		}
+		cmps, dels = nil, nil
+		return err
+	}
+	for key, rev := range have {
+		if want[key] {
+			continue
+		}
+		id := key[strings.LastIndex(key, "/")+1:]
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", rev),
+			clientv3.Compare(clientv3.ModRevision(k.records+id), "=", recRev[id])) // 0: absent
+		dels = append(dels, clientv3.OpDelete(key))
+		if len(dels) == ownedIndexBatch {
+			if err := flush(); err != nil {
+				return written, deleted, err
+			}
+		}
+	}
+	return written, deleted, flush()
 }
 
-// pruneOwned deletes the index keys of kind k whose record is gone or is
-// indexed under another key; it returns how many it deleted.
-func (s *Store) pruneOwned(ctx context.Context, k ownedKind) (int, error) {
+// ownedKeyRevisions reads every index key of kind k (keys only) with its
+// mod revision.
+func (s *Store) ownedKeyRevisions(ctx context.Context, k ownedKind) (map[string]int64, error) {
+	out := map[string]int64{}
 	from, end := k.all(), clientv3.GetPrefixRangeEnd(k.all())
-	pruned := 0
 	for {
 		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		resp, err := s.cli.Get(rctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(ownedIndexBatch)))
+		resp, err := s.cli.Get(rctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(ownedIndexBatch)), clientv3.WithKeysOnly())
 		cancel()
 		if err != nil {
-			return pruned, wrap("read the owned index", err)
+			return nil, wrap("read the owned index", err)
 		}
-		keys := make([]string, len(resp.Kvs))
-		for i, kv := range resp.Kvs {
-			keys[i] = k.records + string(kv.Value)
-		}
-		recs, err := s.getMany(ctx, keys)
-		if err != nil {
-			return pruned, err
-		}
-		var cmps []clientv3.Cmp
-		var dels []clientv3.Op
-		for i, kv := range resp.Kvs {
-			var recRev int64
-			if rec := recs[i]; rec != nil {
-				if key, ok := k.keyOf(string(kv.Value), string(rec.Value)); ok && key == string(kv.Key) {
-					continue
-				}
-				recRev = rec.ModRevision
-			}
-			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision),
-				clientv3.Compare(clientv3.ModRevision(keys[i]), "=", recRev))
-			dels = append(dels, clientv3.OpDelete(string(kv.Key)))
-		}
-		if ownedIndexHook != nil {
-			ownedIndexHook()
-		}
-		if len(dels) > 0 {
-			ok, err := s.commitIf(ctx, cmps, dels)
-			if err != nil {
-				return pruned, err
-			}
-			if !ok {
-				continue
-			}
-			pruned += len(dels)
+		for _, kv := range resp.Kvs {
+			out[string(kv.Key)] = kv.ModRevision
 		}
 		if !resp.More {
-			return pruned, nil
+			return out, nil
 		}
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
@@ -506,7 +474,7 @@ func (s *Store) commitIf(ctx context.Context, cmps []clientv3.Cmp, ops []clientv
 		if ctx.Err() == nil && unavailable(err) {
 			s.quorumLost()
 		}
-		return false, wrap("build the owned index", err)
+		return false, wrap("reconcile the owned index", err)
 	}
 	return resp.Succeeded, nil
 }

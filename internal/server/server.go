@@ -7,7 +7,7 @@
 //
 //	data dir → service ports bound (ports.go) → CA + node certificate → metadata (etcd, TLS with those certs)
 //	→ cluster bootstrap (one CA for the cluster) → store → admin identity
-//	→ owned index (built once for records of older versions)
+//	→ owned index (what versions without it wrote, indexed)
 //	→ volume service (resumes interrupted workflows) → API listener → ready
 //
 // Callers: cmd/basalt's `server` command and nothing else.
@@ -202,9 +202,9 @@ func (n *Node) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Users' lists read the metadata's owned index: a cluster that ran a
-	// version without it gets it built here, once (meta.BuildOwnedIndex).
-	if _, err := n.meta.BuildOwnedIndex(ctx); err != nil {
+	// Users' lists read the metadata's owned index: what versions
+	// without it wrote is indexed here (meta.ReconcileOwnedIndex).
+	if _, err := n.meta.ReconcileOwnedIndex(ctx); err != nil {
 		return fmt.Errorf("owned index: %w", err)
 	}
 	grace := cfg.ImageGrace
