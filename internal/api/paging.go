@@ -29,13 +29,19 @@ var pageParams = []string{"limit", "after"}
 
 // token renders p for ?after.
 func pageToken(p meta.Position) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(p.Created.UnixNano(), 10) + "." + p.ID))
+	return base64.RawURLEncoding.EncodeToString([]byte(p.Key()))
 }
 
+// parseToken parses a token pageToken made, or one of the form before it
+// (Unix nanoseconds, ".", the id: it held times from 1678 to 2262 only),
+// which a client paging through an upgrade may still send.
 func parseToken(s string) (meta.Position, bool) {
 	b, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil {
 		return meta.Position{}, false
+	}
+	if p, ok := meta.ParsePosition(string(b)); ok {
+		return p, true
 	}
 	ns, id, ok := strings.Cut(string(b), ".")
 	n, err := strconv.ParseInt(ns, 10, 64)

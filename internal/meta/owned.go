@@ -73,7 +73,7 @@ func (k ownedKind) prefix(owner string) string { return k.all() + url.PathEscape
 
 // key is the index key of record id.
 func (k ownedKind) key(owner string, created time.Time, id string) string {
-	return k.prefix(owner) + created.UTC().Format(createdLayout) + "/" + id
+	return k.prefix(owner) + Position{created, id}.Key()
 }
 
 // ownedFields are what the index needs of a record; every indexed kind
@@ -120,6 +120,25 @@ func (tx *Tx) unindex(k ownedKind, id string) {
 type Position struct {
 	Created time.Time
 	ID      string
+}
+
+// Key renders p as the index keys end: created_at in createdLayout, "/",
+// the id. Fixed width up to the id, so two keys sort as their positions
+// do, for every time a record can hold (years 0 to 9999).
+func (p Position) Key() string { return p.Created.UTC().Format(createdLayout) + "/" + p.ID }
+
+// ParsePosition parses what Key renders; false if s is not such a
+// rendering.
+func ParsePosition(s string) (Position, bool) {
+	ts, id, ok := strings.Cut(s, "/")
+	if !ok || id == "" || len(ts) != len(createdLayout) {
+		return Position{}, false
+	}
+	t, err := time.Parse(createdLayout, ts)
+	if err != nil {
+		return Position{}, false
+	}
+	return Position{t, id}, true
 }
 
 // Before reports whether p comes before q.
