@@ -34,8 +34,9 @@ const (
 	serverValidity = 365 * 24 * time.Hour
 	// ClientValidity is the default lifetime of a user certificate.
 	ClientValidity = 365 * 24 * time.Hour
-	// renewBefore: a server certificate this close to expiry is reissued at start.
-	renewBefore = 30 * 24 * time.Hour
+	// RenewBefore: a certificate this close to expiry is reissued (a
+	// node's server certificate at start, its local admin identity).
+	RenewBefore = 30 * 24 * time.Hour
 )
 
 // CA is a loaded certificate authority.
@@ -261,7 +262,7 @@ func (ca *CA) ServerCertificate(dir string, names []string) (tls.Certificate, er
 
 func (ca *CA) serverCertFits(c tls.Certificate, names []string) bool {
 	leaf, err := x509.ParseCertificate(c.Certificate[0])
-	if err != nil || time.Until(leaf.NotAfter) < renewBefore {
+	if err != nil || time.Until(leaf.NotAfter) < RenewBefore {
 		return false
 	}
 	if leaf.CheckSignatureFrom(ca.Cert) != nil {

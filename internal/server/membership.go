@@ -144,8 +144,8 @@ func (n *Node) checkNotRemoved(ctx context.Context, st *joinState) error {
 		return nil
 	}
 	rctx, ri := meta.WithReadInfo(ctx)
-	_, err := n.meta.Node(rctx, n.cfg.Name)
-	if errs.IsCode(err, errs.CodeNotFound) && !ri.Local {
+	rec, err := n.meta.Node(rctx, n.cfg.Name)
+	if (errs.IsCode(err, errs.CodeNotFound) || err == nil && rec.Removing) && !ri.Local {
 		return errs.Conflict("NodeRemoved", "node %s was removed from cluster %s (basalt node remove); to join it again, start it with a new --data directory and --join", n.cfg.Name, st.ClusterID)
 	}
 	return nil // other errors: registering the node reports them

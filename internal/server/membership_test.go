@@ -15,7 +15,9 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/cluster"
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/meta"
 	"github.com/basalt-storage/basalt/internal/store"
+	"github.com/basalt-storage/basalt/internal/user"
 	"github.com/basalt-storage/basalt/internal/volume"
 )
 
@@ -137,6 +139,48 @@ func TestRemovedClientStaysOut(t *testing.T) {
 	t.Logf("restart refused: %v", err)
 	if _, err := a.meta.Node(ctx, "b"); err == nil {
 		t.Fatal("the removed node b is registered again")
+	}
+}
+
+// TestNodeBeingRemovedStaysOut: a joined node that starts while its
+// removal runs — its record marked removing, its identity revoked, the
+// record not deleted yet — refuses to start, and is given no admin
+// certificate: otherwise the removal would leave it a listed one.
+func TestNodeBeingRemovedStaysOut(t *testing.T) {
+	tmp := t.TempDir()
+	store := filepath.Join(tmp, "store")
+	a := firstNode(t, tmp, store, 1)
+	defer a.Close()
+	b := joinNode(t, a, "b", tmp, store)
+	bcfg := b.cfg
+	b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rec, err := a.meta.Node(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Removing = true
+	if err := a.meta.PutNode(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.users.RevokeNode(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := startNode(t, bcfg); err == nil {
+		b.Close()
+		t.Fatal("a node being removed started")
+	} else if !strings.Contains(err.Error(), "NodeRemoved") {
+		t.Errorf("refusal: %v, want NodeRemoved", err)
+	}
+	adm, err := a.meta.User(ctx, user.Admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range adm.Certs {
+		if c.IssuedFor == meta.CertForNode("b") {
+			t.Fatalf("the node being removed was given an admin certificate: %+v", c)
+		}
 	}
 }
 

@@ -191,7 +191,7 @@ func (n *Node) start(ctx context.Context) error {
 	if n.AdminDir, err = filepath.Abs(filepath.Join(cfg.Data, "identities", user.Admin)); err != nil {
 		return err
 	}
-	if err := n.bootstrapAdmin(ctx); err != nil {
+	if err := n.bootstrapAdmin(ctx, joined != nil); err != nil {
 		return fmt.Errorf("admin identity: %w", err)
 	}
 	dataKey, err := n.meta.DataKey(ctx, keys.Generate())
@@ -403,8 +403,11 @@ func (n *Node) certNames() []string {
 // bootstrapAdmin makes sure the admin user exists and that this node holds
 // a valid admin identity in DATA/identities/admin, whose certificate the
 // admin record lists as this node's (meta.CertForNode): removing the node
-// revokes it (cluster.Service.Remove), and a new one replaces it.
-func (n *Node) bootstrapAdmin(ctx context.Context) error {
+// revokes it (cluster.Service.Remove), and a new one replaces it. A node
+// that joined is given one only while it is registered and not being
+// removed (RenewNodeIdentity): a removal running while it starts cannot
+// leave it a listed certificate.
+func (n *Node) bootstrapAdmin(ctx context.Context, joined bool) error {
 	issuedFor := meta.CertForNode(n.cfg.Name)
 	_, id, err := n.users.Create(ctx, user.Spec{Name: user.Admin, Admin: true, IssuedFor: issuedFor})
 	if errs.IsCode(err, errs.CodeUserExists) {
@@ -414,7 +417,11 @@ func (n *Node) bootstrapAdmin(ctx context.Context) error {
 			// valid once the record lists its certificates.
 			return n.users.RecordCertificate(ctx, user.Admin, c, issuedFor)
 		}
-		id, err = n.users.IssueIdentity(ctx, user.Admin, issuedFor)
+		if joined {
+			id, err = n.users.RenewNodeIdentity(ctx, n.cfg.Name)
+		} else {
+			id, err = n.users.IssueIdentity(ctx, user.Admin, issuedFor)
+		}
 	}
 	if err != nil {
 		return err
@@ -439,7 +446,7 @@ func (n *Node) localAdmin(ctx context.Context) (c *x509.Certificate, renew bool)
 		e, ok := errs.As(err)
 		return nil, ok && e.Kind == errs.KindUnauthenticated
 	}
-	if time.Until(c.NotAfter) <= 30*24*time.Hour {
+	if time.Until(c.NotAfter) <= pki.RenewBefore {
 		return nil, true
 	}
 	return c, false

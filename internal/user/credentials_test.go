@@ -328,3 +328,51 @@ func TestRevocationSeenAtOnce(t *testing.T) {
 	_, err = s.Authenticate(ctx, chain(t, id.CertPEM))
 	wantAuthError(t, err, errs.CodeCertificateRevoked)
 }
+
+// TestNodeIdentityDueForRenewalStays: a node's new identity replaces an
+// earlier one far from expiry, but not one due for renewal (within
+// pki.RenewBefore of it): that one stays valid until it expires, so a
+// client that loaded it — its connections checked again while they last
+// — is not cut off the moment the node renews.
+func TestNodeIdentityDueForRenewalStays(t *testing.T) {
+	s, m, _ := mirrored(t)
+	ctx := ctxT(t)
+	name := uniq("adm")
+	node := meta.CertForNode(uniq("n"))
+	_, old, err := s.Create(ctx, Spec{Name: name, Admin: true, IssuedFor: node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial := pki.SerialHex(chain(t, old.CertPEM)[0].SerialNumber)
+	// Its record as it stands 20 days before the certificate expires.
+	if err := m.Update(ctx, func(tx *meta.Tx) error {
+		u, err := tx.User(name)
+		if err != nil {
+			return err
+		}
+		for i := range u.Certs {
+			if u.Certs[i].Serial == serial {
+				u.Certs[i].NotAfter = time.Now().Add(20 * 24 * time.Hour)
+			}
+		}
+		tx.PutUser(u)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	renewed, err := s.IssueIdentity(ctx, name, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, id := range map[string]*pki.Identity{"the renewed identity": renewed, "the one due for renewal": old} {
+		if _, err := s.Authenticate(ctx, chain(t, id.CertPEM)); err != nil {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	// Another identity for the node replaces the renewed one, not yet due.
+	if _, err := s.IssueIdentity(ctx, name, node); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Authenticate(ctx, chain(t, renewed.CertPEM))
+	wantAuthError(t, err, errs.CodeCertificateRevoked)
+}

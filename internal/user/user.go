@@ -138,8 +138,11 @@ func certOf(is *pki.Issued, issuedFor string) meta.UserCert {
 // user's S3 keys, and records it as issued for issuedFor (the server gives
 // each node a local admin identity this way: meta.CertForNode). It
 // replaces, and so revokes, the certificates earlier issued for the same
-// issuedFor other than meta.CertForUser: a node holds one local identity.
-// The user's other certificates stay valid. On a record written before
+// issuedFor other than meta.CertForUser: a node holds one local identity —
+// except those due for renewal (within pki.RenewBefore of expiry), which
+// stay valid until they expire: a client that loaded the node's identity
+// (its connections are checked again while they last) keeps working
+// until then. The user's other certificates stay valid. On a record written before
 // certificate lists, it starts the list: of the earlier certificates, only
 // those recorded (RecordCertificate) stay valid.
 func (s *Service) IssueIdentity(ctx context.Context, name, issuedFor string) (*pki.Identity, error) {
@@ -190,7 +193,10 @@ func (s *Service) issueIdentity(ctx context.Context, name, issuedFor string, che
 		}
 		cur.PruneCerts(time.Now())
 		if c.IssuedFor != meta.CertForUser {
-			cur.Certs = slices.DeleteFunc(cur.Certs, func(x meta.UserCert) bool { return x.IssuedFor == c.IssuedFor })
+			renewed := time.Now().Add(pki.RenewBefore)
+			cur.Certs = slices.DeleteFunc(cur.Certs, func(x meta.UserCert) bool {
+				return x.IssuedFor == c.IssuedFor && x.NotAfter.After(renewed)
+			})
 		}
 		cur.Certs, cur.CertsListed = append(cur.Certs, c), true
 		u = cur
