@@ -308,22 +308,24 @@ func checkRequest(req JoinRequest) error {
 
 // checkStore refuses a joining node whose --store is marked as another
 // store than the cluster's (of cluster clusterID): the node would refuse
-// to start once joined (its own check, server.identifyStore), after the
-// cluster had added its member and record — a half-joined node to remove
-// by hand. A store without a marker is the joining node's to check.
+// to start once joined (its own check, server.identifyStore, which this
+// one follows), after the cluster had added its member and record — a
+// half-joined node to remove by hand. With the cluster's store id
+// recorded, the marker must name that id; before, the cluster. A store
+// without a marker is the joining node's to check.
 func (s *Service) checkStore(ctx context.Context, clusterID string, req JoinRequest) error {
 	if req.StoreID == "" {
 		return nil
-	}
-	if req.StoreCluster != "" && req.StoreCluster != clusterID {
-		return errs.Conflict(CodeStoreMismatch, "node %s's --store is store %s of cluster %s, not of this cluster (%s): it names another cluster's store",
-			req.Name, req.StoreID, req.StoreCluster, clusterID)
 	}
 	recorded, err := s.meta.StoreID(ctx, "")
 	if err != nil {
 		return err
 	}
-	if recorded != "" && recorded != req.StoreID {
+	switch {
+	case recorded == "" && req.StoreCluster != clusterID:
+		return errs.Conflict(CodeStoreMismatch, "node %s's --store is store %s of cluster %q, not of this cluster (%s): it names another cluster's store",
+			req.Name, req.StoreID, req.StoreCluster, clusterID)
+	case recorded != "" && req.StoreID != recorded:
 		return errs.Conflict(CodeStoreMismatch, "node %s's --store is store %s, not this cluster's store %s: it names another store (or another file system)",
 			req.Name, req.StoreID, recorded)
 	}
