@@ -54,9 +54,9 @@ func (n *Node) registerNodeMetrics() {
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: metrics.Namespace, Subsystem: "store", Name: "healthy",
-			Help: "1 while the store passes its check (marker in place, a file written and synced) within 2 s; 0 when it fails or stalls.",
+			Help: "1 while the store passes its check (marker in place, a file written and synced) within 5 s (as `basalt status`); 0 when it fails or stalls.",
 		}, func() float64 {
-			if n.store != nil && n.store.Probe(2*time.Second) == nil {
+			if n.store != nil && n.store.Probe(storeProbeTimeout) == nil {
 				return 1
 			}
 			return 0
