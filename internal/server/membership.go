@@ -37,6 +37,11 @@ type joinState struct {
 
 func (n *Node) joinStatePath() string { return filepath.Join(n.cfg.Data, "cluster.json") }
 
+// registeredPath marks that a node without a join state — the cluster's
+// first, or one started on --meta-endpoints — has registered once: its
+// record missing at a later start means it was removed (checkNotRemoved).
+func (n *Node) registeredPath() string { return filepath.Join(n.cfg.Data, "registered") }
+
 func (n *Node) loadJoinState() (*joinState, error) {
 	b, err := os.ReadFile(n.joinStatePath())
 	if errors.Is(err, os.ErrNotExist) {
@@ -132,21 +137,25 @@ func (n *Node) join(ctx context.Context, pkiDir string) (*joinState, error) {
 }
 
 // checkNotRemoved refuses to start a node that joined (st, its join
-// state) and has been taken out with `basalt node remove` since: the
-// serving node records a joining node before it answers, so a joined
-// node without a record was removed. Without this check a removed client
+// state), or registered once without joining (registeredPath), and has
+// been taken out with `basalt node remove` since, or is being taken out:
+// the serving node records a joining node before it answers, so a joined
+// node without a record (or with one marked removing) was removed. Without this check a removed client
 // node restarted on its data directory (by a supervisor, say) would
 // register itself again and serve — and keep its liveness key, resume
 // and adopt workflows — as if it had never been removed. Only a
 // linearizable answer counts: a local copy may lag behind the join.
 func (n *Node) checkNotRemoved(ctx context.Context, st *joinState) error {
-	if st == nil {
-		return nil
+	cluster := n.clusterID
+	if st != nil {
+		cluster = st.ClusterID
+	} else if _, err := os.Stat(n.registeredPath()); err != nil {
+		return nil // never registered: its first start
 	}
 	rctx, ri := meta.WithReadInfo(ctx)
 	rec, err := n.meta.Node(rctx, n.cfg.Name)
 	if (errs.IsCode(err, errs.CodeNotFound) || err == nil && rec.Removing) && !ri.Local {
-		return errs.Conflict("NodeRemoved", "node %s was removed from cluster %s (basalt node remove); to join it again, start it with a new --data directory and --join", n.cfg.Name, st.ClusterID)
+		return errs.Conflict("NodeRemoved", "node %s was removed from cluster %s (basalt node remove); to join it again, start it with a new --data directory and --join (or --meta-endpoints)", n.cfg.Name, cluster)
 	}
 	return nil // other errors: registering the node reports them
 }
@@ -320,6 +329,11 @@ func (n *Node) belong(ctx context.Context, st *joinState) error {
 	}
 	if err := n.cluster.Register(ctx, rec); err != nil {
 		return fmt.Errorf("register node: %w", err)
+	}
+	if st == nil {
+		if err := pki.WriteFileAtomic(n.registeredPath(), []byte(n.clusterID+"\n"), 0o600); err != nil {
+			return fmt.Errorf("register node: %w", err)
+		}
 	}
 	switch {
 	case st != nil && st.Role == meta.RoleLearner:

@@ -142,6 +142,35 @@ func TestRemovedClientStaysOut(t *testing.T) {
 	}
 }
 
+// TestUnjoinedNodeRemovedStaysOut: a node that never joined — the
+// cluster's first, or one started on --meta-endpoints — and whose
+// registration was taken away (`node remove` through another node)
+// refuses to start again on its data directory, as a joined node does,
+// instead of registering itself anew.
+func TestUnjoinedNodeRemovedStaysOut(t *testing.T) {
+	tmp := t.TempDir()
+	a := firstNode(t, tmp, filepath.Join(tmp, "store"), 1)
+	cfg := a.cfg
+	a.Close()
+	a, err := startNode(t, cfg) // registered before: its record is there
+	if err != nil {
+		t.Fatalf("restart of a registered node: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := a.meta.DeleteNode(ctx, "a"); err != nil {
+		a.Close()
+		t.Fatal(err)
+	}
+	a.Close()
+	if a, err := startNode(t, cfg); err == nil {
+		a.Close()
+		t.Fatal("a node whose registration was removed started again")
+	} else if !strings.Contains(err.Error(), "NodeRemoved") {
+		t.Errorf("refusal: %v, want NodeRemoved", err)
+	}
+}
+
 // TestNodeBeingRemovedStaysOut: a joined node that starts while its
 // removal runs — its record marked removing, its identity revoked, the
 // record not deleted yet — refuses to start, and is given no admin
