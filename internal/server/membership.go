@@ -17,6 +17,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/cluster"
@@ -149,8 +150,8 @@ func (n *Node) checkNotRemoved(ctx context.Context, st *joinState) error {
 	cluster := n.clusterID
 	if st != nil {
 		cluster = st.ClusterID
-	} else if _, err := os.Stat(n.registeredPath()); err != nil {
-		return nil // never registered: its first start
+	} else if b, err := os.ReadFile(n.registeredPath()); err != nil || strings.TrimSpace(string(b)) != n.clusterID {
+		return nil // never registered in this cluster: its first start here
 	}
 	rctx, ri := meta.WithReadInfo(ctx)
 	rec, err := n.meta.Node(rctx, n.cfg.Name)
