@@ -96,7 +96,7 @@ func (m *mirrored) legsEqual(t *testing.T) bool {
 func TestRepairOnReadFromCopy(t *testing.T) {
 	size := int64(GroupData + 40000)
 	m := newMirrored(t, size)
-	l, tc := m.open(t, true, 1)
+	l, _ := m.open(t, true, 1)
 	data := random(20, size)
 	must(t, l.WriteAt(data, 0, false))
 	must(t, l.Flush())
@@ -121,7 +121,7 @@ func TestRepairOnReadFromCopy(t *testing.T) {
 	must(t, l.Close())
 	flip(t, m.legs[0], tableOff(1)+4*6+1)
 	flip(t, m.legs[1], dataOff(1030*BlockSize)+4000)
-	l, tc = m.open(t, false, 0)
+	l, tc := m.open(t, false, 0)
 	got = make([]byte, 3*BlockSize)
 	must(t, l.ReadAt(got, 1029*BlockSize))
 	if !bytes.Equal(got, data[1029*BlockSize:1032*BlockSize]) {
