@@ -435,8 +435,17 @@ func newLaggingNode(t *testing.T, prefix string) *laggingNode {
 	if l.user, _, err = l.a.Create(ctx, Spec{Name: l.name}); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.mirror.Await(ctx, l.name, func(u *meta.User, ok bool) bool { return ok }); err != nil {
-		t.Fatal(err)
+	// Await returns at once while the mirror has not listed yet; Get
+	// answers only once it has, and has seen the user (else a first
+	// list made before the create, its watch then held, would never).
+	for {
+		if _, ok := l.mirror.Get(l.name); ok {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the mirror never had the user")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	var held <-chan struct{}
 	l.release, held = watches.BreakAndHold()
