@@ -163,11 +163,20 @@ func TestUnjoinedNodeRemovedStaysOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Close()
-	if a, err := startNode(t, cfg); err == nil {
-		a.Close()
-		t.Fatal("a node whose registration was removed started again")
-	} else if !strings.Contains(err.Error(), "NodeRemoved") {
-		t.Errorf("refusal: %v, want NodeRemoved", err)
+	refusedAsRemoved(t, cfg, "a node whose registration was removed")
+}
+
+// refusedAsRemoved starts a node on cfg and requires it refused with
+// NodeRemoved.
+func refusedAsRemoved(t *testing.T, cfg Config, what string) {
+	t.Helper()
+	n, err := startNode(t, cfg)
+	if err == nil {
+		n.Close()
+		t.Fatalf("%s started", what)
+	}
+	if !strings.Contains(err.Error(), "NodeRemoved") {
+		t.Errorf("%s: refused with %v, want NodeRemoved", what, err)
 	}
 }
 
@@ -196,12 +205,7 @@ func TestNodeBeingRemovedStaysOut(t *testing.T) {
 	if err := a.users.RevokeNode(ctx, "b"); err != nil {
 		t.Fatal(err)
 	}
-	if b, err := startNode(t, bcfg); err == nil {
-		b.Close()
-		t.Fatal("a node being removed started")
-	} else if !strings.Contains(err.Error(), "NodeRemoved") {
-		t.Errorf("refusal: %v, want NodeRemoved", err)
-	}
+	refusedAsRemoved(t, bcfg, "a node being removed")
 	adm, err := a.meta.User(ctx, user.Admin)
 	if err != nil {
 		t.Fatal(err)
