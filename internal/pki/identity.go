@@ -61,21 +61,26 @@ func (id *Identity) Write(dir string) error {
 	if err != nil {
 		return err
 	}
+	// Each file is replaced atomically, the set is not: key.pem and
+	// cert.pem go last, so that a pair that matches (ClientTLS) was
+	// written after every other file, and a write cut short between them
+	// leaves a pair that does not — which is how a reader (the node's
+	// identity check, server.localAdmin) tells a torn identity.
 	for _, f := range []struct {
 		name string
 		data []byte
 		mode os.FileMode
 	}{
 		{"ca.pem", id.CAPEM, 0o644},
-		{"cert.pem", id.CertPEM, 0o644},
-		{"key.pem", id.KeyPEM, 0o600},
 		{"s3.env", []byte(env), 0o600},
 		// The same certificates under the names GnuTLS clients look for,
 		// so the directory is also a libnbd tls-certificates directory and
 		// a qemu tls-creds-x509 dir (endpoint=client).
 		{"ca-cert.pem", id.CAPEM, 0o644},
-		{"client-cert.pem", id.CertPEM, 0o644},
 		{"client-key.pem", id.KeyPEM, 0o600},
+		{"client-cert.pem", id.CertPEM, 0o644},
+		{"key.pem", id.KeyPEM, 0o600},
+		{"cert.pem", id.CertPEM, 0o644},
 	} {
 		if err := WriteFileAtomic(filepath.Join(dir, f.name), f.data, f.mode); err != nil {
 			return err

@@ -137,6 +137,49 @@ func TestRunningNodeRenewsRevokedAdminIdentity(t *testing.T) {
 	}
 }
 
+// TestTornAdminIdentityRenewed: a local admin identity whose write was
+// cut short — key.pem of a new identity beside cert.pem of the old one —
+// authenticates by its certificate but cannot be used; the running node
+// sees that and writes itself a whole one.
+func TestTornAdminIdentityRenewed(t *testing.T) {
+	checkEvery := adminCheckEvery
+	adminCheckEvery = 50 * time.Millisecond
+	t.Cleanup(func() { adminCheckEvery = checkEvery })
+	tmp := t.TempDir()
+	a := firstNode(t, tmp, filepath.Join(tmp, "store"), 1)
+	defer a.Close()
+	first := leafOf(t, a.AdminDir)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	other, err := a.users.IssueIdentity(ctx, user.Admin, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pki.WriteFileAtomic(filepath.Join(a.AdminDir, "key.pem"), other.KeyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		id, err := pki.LoadIdentity(a.AdminDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := id.ClientTLS(); err == nil {
+			renewed := leafOf(t, a.AdminDir)
+			if renewed.SerialNumber.Cmp(first.SerialNumber) == 0 {
+				t.Fatal("key.pem matches the old certificate again")
+			}
+			if _, err := a.users.Authenticate(ctx, []*x509.Certificate{renewed}); err != nil {
+				t.Fatalf("the renewed identity: %v", err)
+			}
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the torn admin identity was not renewed while the node ran")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // TestRestartRenewsRevokedAdminIdentity: a node restarted on its data
 // keeps its local admin identity (still listed), and one whose identity
 // was revoked (admin's credentials rotated) writes itself a new one.

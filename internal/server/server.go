@@ -439,6 +439,9 @@ func (n *Node) localAdmin(ctx context.Context) (c *x509.Certificate, renew bool)
 	if err != nil {
 		return nil, true
 	}
+	if _, err = id.ClientTLS(); err != nil { // cert.pem and key.pem of two writes: one cut short
+		return nil, true
+	}
 	if c, err = pki.ParseCertPEM(id.CertPEM); err != nil {
 		return nil, true
 	}
