@@ -183,7 +183,7 @@ func (d *File) SpliceFrom(pipe int, off int64, n int) int {
 		return 0
 	}
 	return spliceAll(&d.spliceIn, off, n, func(o *int64, m int) (int64, error) {
-		return unix.Splice(pipe, nil, d.fd, o, m, unix.SPLICE_F_MOVE)
+		return unix.Splice(pipe, nil, d.fd, o, int(pieceEnd(*o, int64(m))-*o), unix.SPLICE_F_MOVE)
 	})
 }
 
@@ -270,9 +270,10 @@ func (d *File) pwrite(bufs [][]byte, off int64, flags int) error {
 		case flags != 0:
 			return unix.Pwritev2(d.fd, batch, off, flags)
 		case len(batch) == 1:
-			return unix.Pwrite(d.fd, batch[0], off)
+			b := batch[0]
+			return unix.Pwrite(d.fd, b[:pieceEnd(off, int64(len(b)))-off], off)
 		default:
-			return unix.Pwritev(d.fd, batch, off)
+			return unix.Pwritev(d.fd, piece(batch, off), off)
 		}
 	})
 	if err == nil && len(rest) > 0 {
@@ -282,6 +283,48 @@ func (d *File) pwrite(bufs [][]byte, off int64, flags int) error {
 		return d.refused(fmt.Errorf("write at %d: %w", off, err))
 	}
 	return nil
+}
+
+// writePiece bounds a buffered write system call: every write (and
+// splice) into the file is issued in pieces that end at multiples of
+// writePiece in the file. The kernel sizes the page-cache folio a write
+// creates by the write's length, and ext4 (large folios since Linux 6.16,
+// through buffer heads) then walks every block of that folio for each
+// later small write into it: measured here, a 4 KiB write into a file
+// filled by 1 MiB writes cost 17–27 µs of kernel time, 8 µs when filled
+// by 256 KiB writes, 2.4 µs by 4 KiB ones; sequential 1 MiB overwrites
+// and reads ran as fast over 256 KiB folios as over 1 MiB ones, 10–30 %
+// slower over 64 KiB. Guests write images sequentially (installs,
+// imports, copies) and then at random, so the random writes pay for the
+// fill's folios for as long as the pages stay cached. Four system calls
+// per MiB cost nothing against that; other file systems (iomap-based XFS,
+// network file systems that gather pages at write-back) do not mind.
+// FUA writes (RWF_DSYNC) are not cut: each piece would be synced alone.
+const writePiece = 256 << 10
+
+// pieceEnd is where a write of n bytes at off stops: at off+n or the next
+// multiple of writePiece, whichever comes first.
+func pieceEnd(off, n int64) int64 {
+	return min(off+n, (off/writePiece+1)*writePiece)
+}
+
+// piece returns the start of batch that a write at off stops after
+// (pieceEnd). It copies the slice only to cut a buffer in it.
+func piece(batch [][]byte, off int64) [][]byte {
+	room := pieceEnd(off, writePiece) - off
+	for i, b := range batch {
+		if int64(len(b)) < room {
+			room -= int64(len(b))
+			continue
+		}
+		if int64(len(b)) == room {
+			return batch[:i+1]
+		}
+		out := slices.Clone(batch[:i+1])
+		out[i] = b[:room]
+		return out
+	}
+	return batch
 }
 
 // refused marks err, from a write to the file, with ErrStoreReadOnly when

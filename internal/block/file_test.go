@@ -3,6 +3,7 @@ package block
 import (
 	"bytes"
 	"errors"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -124,4 +125,38 @@ func sumLen(bufs [][]byte) (n int) {
 		n += len(b)
 	}
 	return n
+}
+
+// piece cuts a write's buffers at the first writePiece boundary after its
+// offset, and nowhere else: what it returns is a prefix of the buffers'
+// concatenation exactly that long, and the caller's slice is unchanged.
+func TestWritePieces(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		var batch [][]byte
+		var all []byte
+		for range 1 + rng.IntN(6) {
+			b := make([]byte, rng.IntN(3*writePiece/2))
+			for i := range b {
+				b[i] = byte(rng.Uint32())
+			}
+			batch = append(batch, b)
+			all = append(all, b...)
+		}
+		kept := slices.Clone(batch)
+		off := rng.Int64N(4 * writePiece)
+		if rng.IntN(4) == 0 {
+			off = off / writePiece * writePiece // on a boundary
+		}
+		want := min(int64(len(all)), (off/writePiece+1)*writePiece-off)
+		got := slices.Concat(piece(batch, off)...)
+		if int64(len(got)) != want || !bytes.Equal(got, all[:want]) {
+			t.Fatalf("piece at %d of %d bytes: %d bytes, want the first %d", off, len(all), len(got), want)
+		}
+		for i := range batch {
+			if len(batch[i]) != len(kept[i]) {
+				t.Fatalf("piece changed the caller's buffer %d", i)
+			}
+		}
+	}
 }
