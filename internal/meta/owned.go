@@ -13,21 +13,26 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// The owned index. Every volume, snapshot and attachment record has a key
+// The owned index. Every volume, snapshot and attachment record has two
+// keys, both naming it (the value is the id):
 //
-//	owned/<kind>/<owner id, path-escaped>/<created_at>/<id>   → the id
+//	owned/<kind>/<owner id, path-escaped>/<created_at>/<id>   its owner's key
+//	owned/<kind>/*/<created_at>/<id>                          its all-owners key
 //
 // (kind: volumes, snapshots, attachments; created_at in createdLayout),
 // written and deleted by the transaction that writes or deletes the record
 // (Tx.PutVolume … Tx.DeleteAttachment, through index and unindex), so that
-// no caller can forget it. One owner's records are then listed in the
+// no caller can forget them. One owner's records are then listed in the
 // API's order — created_at, then id — by a range read of that owner's keys
-// and Gets of the records they name (owned), at a cost that depends on
-// the owner's records (or a page's limit), not on the cluster's.
+// and Gets of the records they name (owned, OwnedVolumes…); every owner's
+// records, an admin's lists, the same way from the all-owners keys
+// (AllVolumes…). Either costs what the page (or the owner's records)
+// holds, not what the cluster does.
 //
 // Layout:
-//   - kind before owner: one prefix per kind, whose keys
-//     ReconcileOwnedIndex compares with the kind's records.
+//   - kind before owner: one prefix per kind, under which
+//     ReconcileOwnedIndex and CheckOwnedIndex compare both forms of key
+//     with the kind's records.
 //   - created_at as UTC "20060102T150405.000000000Z", not unix nanoseconds:
 //     fixed width, so that key order is time order for every time a record
 //     can hold — JSON encodes years 0 to 9999, the zero time of records
@@ -36,6 +41,13 @@ import (
 //   - the owner path-escaped, since it sits between separators (user ids
 //     are hex: escaping leaves them alone); the id raw and last, so that
 //     ids sort as the strings they are, as in the API's order.
+//   - the all-owners keys under the owner segment "*" (allOwners), which
+//     no owner's segment can be, nor begin with: url.PathEscape escapes
+//     every byte but ASCII letters, digits and "-_.~$&+:=@" — "*" becomes
+//     "%2A" — and escapes byte by byte, so no escaped owner holds a "*"
+//     at all (the empty owner's segment is empty, not "*"). Nor a "/":
+//     each segment's keys are a range of their own, which a read of one
+//     owner's never leaves.
 //   - the value is the id, not a copy of the record: a list reads the
 //     index range, then the records it names, in etcd Txns of at most
 //     MaxTxnOps Gets (getMany) — two round trips for a page instead of one,
@@ -44,10 +56,14 @@ import (
 //     progress) and its history against etcd's space quota. Not empty: a
 //     Tx reads an empty value as an absent key.
 //
+// A record's write thus writes three keys (the record and its two index
+// keys, rewritten with their value unchanged) — a Tx's MaxTxnOps writes
+// hold about 340 records.
+//
 // The owner is OwnedBy (owner_id), what Caller.sees in package volume
 // checks: snapshots and attachments are given their volume's owner when
 // made. Neither owner nor created_at changes after creation; a write that
-// changed one would move the key (index deletes the record's old key).
+// changed one would move the keys (index deletes the record's old ones).
 
 // ownedKind is a kind of record the owned index lists.
 type ownedKind struct {
@@ -65,15 +81,38 @@ var (
 // createdLayout renders created_at in index keys (see above).
 const createdLayout = "20060102T150405.000000000Z"
 
-// all is the prefix of every index key of the kind.
-func (k ownedKind) all() string { return prefixOwned + k.name + "/" }
+// allOwners is the owner segment of the all-owners keys, one no owner's
+// segment (ownerSegment) can be (see above).
+const allOwners = "*"
+
+// ownerSegment is owner's segment in its index keys.
+func ownerSegment(owner string) string { return url.PathEscape(owner) }
+
+// root is the prefix of every index key of the kind, of both forms.
+func (k ownedKind) root() string { return prefixOwned + k.name + "/" }
+
+// under is the prefix of the kind's index keys of owner segment seg.
+func (k ownedKind) under(seg string) string { return k.root() + seg + "/" }
 
 // prefix is the prefix of owner's index keys of the kind.
-func (k ownedKind) prefix(owner string) string { return k.all() + url.PathEscape(owner) + "/" }
+func (k ownedKind) prefix(owner string) string { return k.under(ownerSegment(owner)) }
 
-// key is the index key of record id.
+// allPrefix is the prefix of the kind's all-owners keys.
+func (k ownedKind) allPrefix() string { return k.under(allOwners) }
+
+// key is the owner's index key of record id.
 func (k ownedKind) key(owner string, created time.Time, id string) string {
 	return k.prefix(owner) + Position{created, id}.Key()
+}
+
+// allKey is the all-owners key of record id.
+func (k ownedKind) allKey(created time.Time, id string) string {
+	return k.allPrefix() + Position{created, id}.Key()
+}
+
+// keys are both index keys of record id: its owner's, its all-owners.
+func (k ownedKind) keys(owner string, created time.Time, id string) [2]string {
+	return [2]string{k.key(owner, created, id), k.allKey(created, id)}
 }
 
 // ownedFields are what the index needs of a record; every indexed kind
@@ -83,35 +122,46 @@ type ownedFields struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-// keyOf is the index key of record id stored as val; false when val is
+// keysOf are the index keys of record id stored as val; false when val is
 // "" (no record) or names no owner and creation time (corrupt). It does
 // not check the schema: a record a newer binary wrote is listed to its
-// owner, whose list then says to upgrade, as every list did before.
-func (k ownedKind) keyOf(id, val string) (string, bool) {
+// owner (and admins), whose list then says to upgrade, as every list did
+// before.
+func (k ownedKind) keysOf(id, val string) ([2]string, bool) {
 	var f ownedFields
 	if val == "" || json.Unmarshal([]byte(val), &f) != nil {
-		return "", false
+		return [2]string{}, false
 	}
-	return k.key(f.OwnerID, f.CreatedAt, id), true
+	return k.keys(f.OwnerID, f.CreatedAt, id), true
 }
 
 // index keeps the index in step with a write of record id, made before
-// the record's own write is buffered: it writes the record's key and
-// deletes the key of the record as it stood before, if that is another.
-// The record is read (usually already read by the transaction) and so
-// becomes part of what the commit requires unchanged.
+// the record's own write is buffered: it writes the record's keys and
+// deletes the keys of the record as it stood before, where those are
+// others. The record is read (usually already read by the transaction)
+// and so becomes part of what the commit requires unchanged. A record
+// the previous version wrote, with its owner's key only, gets its
+// all-owners key here (or at ReconcileOwnedIndex).
 func (tx *Tx) index(k ownedKind, id, owner string, created time.Time) {
-	key := k.key(owner, created, id)
-	if old, ok := k.keyOf(id, tx.stm.Get(k.records+id)); ok && old != key {
-		tx.stm.Del(old)
+	keys := k.keys(owner, created, id)
+	if old, ok := k.keysOf(id, tx.stm.Get(k.records+id)); ok {
+		for i := range old {
+			if old[i] != keys[i] { // never one of keys: the forms differ in segment
+				tx.stm.Del(old[i])
+			}
+		}
 	}
-	tx.stm.Put(key, id)
+	for _, key := range keys {
+		tx.stm.Put(key, id)
+	}
 }
 
-// unindex deletes the index key of record id, about to be deleted.
+// unindex deletes the index keys of record id, about to be deleted.
 func (tx *Tx) unindex(k ownedKind, id string) {
-	if old, ok := k.keyOf(id, tx.stm.Get(k.records+id)); ok {
-		tx.stm.Del(old)
+	if old, ok := k.keysOf(id, tx.stm.Get(k.records+id)); ok {
+		for _, key := range old {
+			tx.stm.Del(key)
+		}
 	}
 }
 
@@ -173,39 +223,61 @@ type indexed interface {
 // in Position order. It reads the owner's index keys and the records
 // they name, nothing else.
 func (s *Store) OwnedVolumes(ctx context.Context, owner string, p Page) ([]*Volume, error) {
-	return owned(ctx, s, ownedVolumes, owner, p, func() *Volume { return &Volume{} }, nil)
+	return owned(ctx, s, ownedVolumes, ownerSegment(owner), p, func() *Volume { return &Volume{} }, nil)
 }
 
 // OwnedSnapshots lists the snapshots of owner that keep accepts (nil:
 // all) and p asks for, as OwnedVolumes does; the limit counts accepted
 // snapshots, and the owner's others are read to find them.
 func (s *Store) OwnedSnapshots(ctx context.Context, owner string, p Page, keep func(*Snapshot) bool) ([]*Snapshot, error) {
-	return owned(ctx, s, ownedSnapshots, owner, p, func() *Snapshot { return &Snapshot{} }, keep)
+	return owned(ctx, s, ownedSnapshots, ownerSegment(owner), p, func() *Snapshot { return &Snapshot{} }, keep)
 }
 
 // OwnedAttachments lists the attachments of owner that p asks for, as
 // OwnedVolumes does.
 func (s *Store) OwnedAttachments(ctx context.Context, owner string, p Page) ([]*Attachment, error) {
-	return owned(ctx, s, ownedAttachments, owner, p, func() *Attachment { return &Attachment{} }, nil)
+	return owned(ctx, s, ownedAttachments, ownerSegment(owner), p, func() *Attachment { return &Attachment{} }, nil)
+}
+
+// AllVolumes lists the volumes of every owner that p asks for, in
+// Position order (an admin's list). It reads the all-owners index keys
+// from p's position and the records they name, nothing else: a page
+// costs its limit, not the cluster's volumes.
+func (s *Store) AllVolumes(ctx context.Context, p Page) ([]*Volume, error) {
+	return owned(ctx, s, ownedVolumes, allOwners, p, func() *Volume { return &Volume{} }, nil)
+}
+
+// AllSnapshots lists the snapshots of every owner that p asks for, as
+// AllVolumes does.
+func (s *Store) AllSnapshots(ctx context.Context, p Page) ([]*Snapshot, error) {
+	return owned(ctx, s, ownedSnapshots, allOwners, p, func() *Snapshot { return &Snapshot{} }, nil)
+}
+
+// AllAttachments lists the attachments of every owner that p asks for,
+// as AllVolumes does.
+func (s *Store) AllAttachments(ctx context.Context, p Page) ([]*Attachment, error) {
+	return owned(ctx, s, ownedAttachments, allOwners, p, func() *Attachment { return &Attachment{} }, nil)
 }
 
 // ownedScan is how many index keys a filtered list reads at least at a
 // time: a filter may drop most of them.
 const ownedScan = 64
 
-// owned lists owner's records of kind k through the index: a range read
-// of the index keys from p's position (as many as the page still needs,
-// at most MaxTxnOps), then the records they name, until the page is full
-// or the keys run out. Both reads are linearizable as Store.read's are
-// (and fall back to the local copy as they do). An index key whose record
-// is gone, or is no longer the owner's at that key, is skipped: one
-// transaction writes both, so none should be.
-func owned[T indexed](ctx context.Context, s *Store, k ownedKind, owner string, p Page, mk func() T, keep func(T) bool) ([]T, error) {
-	prefix := k.prefix(owner)
+// owned lists the records of kind k under owner segment seg — one
+// owner's (ownerSegment), or everyone's (allOwners) — through the index:
+// a range read of the index keys from p's position (as many as the page
+// still needs, at most MaxTxnOps), then the records they name, until the
+// page is full or the keys run out. Both reads are linearizable as
+// Store.read's are (and fall back to the local copy as they do). An index
+// key whose record is gone, or is no longer at that key (another owner,
+// another creation time), is skipped: one transaction writes both, so
+// none should be.
+func owned[T indexed](ctx context.Context, s *Store, k ownedKind, seg string, p Page, mk func() T, keep func(T) bool) ([]T, error) {
+	prefix := k.under(seg)
 	from, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
 	if p.After != nil {
 		// The first key after the position's own (which need not exist).
-		from = k.key(owner, p.After.Created, p.After.ID) + "\x00"
+		from = prefix + p.After.Key() + "\x00"
 	}
 	out := []T{}
 	for p.Limit <= 0 || len(out) < p.Limit {
@@ -240,8 +312,11 @@ func owned[T indexed](ctx context.Context, s *Store, k ownedKind, owner string, 
 			if err := decode(keys[i], kv.Value, r); err != nil {
 				return nil, err
 			}
-			pos := r.Position()
-			if r.OwnedBy() != owner || k.key(owner, pos.Created, pos.ID) != string(resp.Kvs[i].Key) {
+			at := allOwners
+			if seg != allOwners {
+				at = ownerSegment(r.OwnedBy())
+			}
+			if k.under(at)+r.Position().Key() != string(resp.Kvs[i].Key) {
 				continue
 			}
 			if keep != nil && !keep(r) {
@@ -327,9 +402,10 @@ func (s *Store) readTxn(ctx context.Context, keys []string, opts ...clientv3.OpO
 
 var (
 	// ownedIndexBatch is how many records, or index keys, one transaction
-	// of ReconcileOwnedIndex handles: at most MaxTxnOps comparisons (two
-	// for each key deleted) and writes.
-	ownedIndexBatch = 256
+	// of ReconcileOwnedIndex handles: at most MaxTxnOps comparisons (one
+	// for each record indexed, two for each key deleted) and writes (two
+	// for each record: both its keys).
+	ownedIndexBatch = MaxTxnOps / 4
 	// ownedIndexHook, when set (tests), runs between the read of a batch
 	// of records and its commit.
 	ownedIndexHook func()
@@ -339,21 +415,24 @@ var (
 // reports whether it wrote anything. Nodes call it at every start.
 //
 // Every write of this version keeps the two in step, in one transaction;
-// they differ only where a version without the index wrote or deleted
-// records — before the upgrade to it, or during a rolling upgrade, on a
-// node not upgraded yet. Each start repairs what such nodes did before
-// it, and the last start of a rolling upgrade all of it, whatever they
-// did (a count of records against keys would miss a create and a delete).
-// It reads every record and every index key (keys only) of each kind,
-// and writes only the differences:
-//   - a record without its key gets it, in a transaction of a batch that
-//     commits only if every record of the batch is still as read (a record
-//     changed or deleted meanwhile is read again: its deletion took its
-//     key, which must not come back);
-//   - an index key whose record is gone, or is indexed under another key,
-//     is deleted, only if neither the key nor the record changed since
-//     read (if one did, a transaction of this version kept the index in
-//     step, or the next start will).
+// they differ only where an older version wrote or deleted records —
+// before the upgrade to this one, or during a rolling upgrade, on a node
+// not upgraded yet: a version without the index (no keys), or one with
+// the owners' keys only (no all-owners keys: records it writes lack
+// theirs, records it deletes leave theirs behind). Each start repairs
+// what such nodes did before it, and the last start of a rolling upgrade
+// all of it, whatever they did (a count of records against keys would
+// miss a create and a delete). It reads every record and every index key
+// of both forms (keys only) of each kind, and writes only the
+// differences:
+//   - a record without one of its keys gets it, in a transaction of a
+//     batch that commits only if every record of the batch is still as
+//     read (a record changed or deleted meanwhile is read again: its
+//     deletion took its keys, which must not come back);
+//   - an index key, of either form, whose record is gone, or is indexed
+//     under another key, is deleted, only if neither the key nor the
+//     record changed since read (if one did, a transaction of this
+//     version kept the index in step, or the next start will).
 //
 // Records this version writes meanwhile are indexed by their own
 // transactions, so none is missed. It is idempotent: nodes starting at
@@ -370,7 +449,7 @@ func (s *Store) ReconcileOwnedIndex(ctx context.Context) (bool, error) {
 		}
 	}
 	if written+deleted > 0 {
-		s.log.Info("owned index (lists by owner) brought in step with the records: records written or deleted by a version without it",
+		s.log.Info("owned index (lists by owner and of everything) brought in step with the records: records written or deleted by an older version",
 			"keys_written", written, "stale_keys_deleted", deleted)
 	}
 	return written+deleted > 0, nil
@@ -382,7 +461,7 @@ func (s *Store) reconcileOwned(ctx context.Context, k ownedKind) (written, delet
 	if err != nil {
 		return 0, 0, err
 	}
-	want := map[string]bool{}    // index keys the records call for
+	want := map[string]bool{}    // index keys (both forms) the records call for
 	recRev := map[string]int64{} // record id -> mod revision, as read
 	from, end := k.records, clientv3.GetPrefixRangeEnd(k.records)
 	for {
@@ -397,18 +476,24 @@ func (s *Store) reconcileOwned(ctx context.Context, k ownedKind) (written, delet
 		var batch []string // index keys of the batch's records
 		for _, kv := range resp.Kvs {
 			id := strings.TrimPrefix(string(kv.Key), k.records)
-			key, ok := k.keyOf(id, string(kv.Value))
+			keys, ok := k.keysOf(id, string(kv.Value))
 			if !ok {
-				s.log.Warn("a record names no owner and creation time: its owner's lists leave it out", "key", string(kv.Key))
+				s.log.Warn("a record names no owner and creation time: lists leave it out", "key", string(kv.Key))
 				continue
 			}
-			recRev[id], want[key] = kv.ModRevision, true
-			batch = append(batch, key)
-			if _, ok := have[key]; ok {
-				continue
+			recRev[id] = kv.ModRevision
+			missing := false
+			for _, key := range keys {
+				want[key] = true
+				batch = append(batch, key)
+				if _, ok := have[key]; !ok {
+					missing = true
+					puts = append(puts, clientv3.OpPut(key, id))
+				}
 			}
-			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision))
-			puts = append(puts, clientv3.OpPut(key, id))
+			if missing {
+				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision))
+			}
 		}
 		if ownedIndexHook != nil {
 			ownedIndexHook()
@@ -462,11 +547,11 @@ func (s *Store) reconcileOwned(ctx context.Context, k ownedKind) (written, delet
 	return written, deleted, flush()
 }
 
-// ownedKeyRevisions reads every index key of kind k (keys only) with its
-// mod revision.
+// ownedKeyRevisions reads every index key of kind k, of both forms (keys
+// only), with its mod revision.
 func (s *Store) ownedKeyRevisions(ctx context.Context, k ownedKind) (map[string]int64, error) {
 	out := map[string]int64{}
-	from, end := k.all(), clientv3.GetPrefixRangeEnd(k.all())
+	from, end := k.root(), clientv3.GetPrefixRangeEnd(k.root())
 	for {
 		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 		resp, err := s.cli.Get(rctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(ownedIndexBatch)), clientv3.WithKeysOnly())
@@ -500,12 +585,13 @@ func (s *Store) commitIf(ctx context.Context, cmps []clientv3.Cmp, ops []clientv
 
 // CheckOwnedIndex compares the owned index with the records, both read at
 // one revision, and returns a line for each disagreement — a record
-// without its index key, an index key without its record — or none (the
-// invariant of the package doc).
+// without one of its index keys (its owner's, its all-owners), an index
+// key of either form without its record — or none (the invariant of the
+// package doc).
 func (s *Store) CheckOwnedIndex(ctx context.Context) ([]string, error) {
 	var prefixes []string
 	for _, k := range ownedKinds {
-		prefixes = append(prefixes, k.records, k.all())
+		prefixes = append(prefixes, k.records, k.root())
 	}
 	resp, err := s.readTxn(ctx, prefixes, clientv3.WithPrefix())
 	if err != nil {
@@ -516,12 +602,14 @@ func (s *Store) CheckOwnedIndex(ctx context.Context) ([]string, error) {
 		want := map[string]string{} // index key → id
 		for _, kv := range resp.Responses[2*i].GetResponseRange().Kvs {
 			id := strings.TrimPrefix(string(kv.Key), k.records)
-			key, ok := k.keyOf(id, string(kv.Value))
+			keys, ok := k.keysOf(id, string(kv.Value))
 			if !ok {
 				problems = append(problems, fmt.Sprintf("record %s names no owner and creation time", kv.Key))
 				continue
 			}
-			want[key] = id
+			for _, key := range keys {
+				want[key] = id
+			}
 		}
 		have := map[string]string{}
 		for _, kv := range resp.Responses[2*i+1].GetResponseRange().Kvs {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +25,22 @@ func ownedKeys(t *testing.T, s *Store, k ownedKind, owner string) []string {
 	var out []string
 	for _, kv := range resp.Kvs {
 		out = append(out, string(kv.Key))
+	}
+	return out
+}
+
+// allKeysOf lists the all-owners index keys of record id of kind k.
+func allKeysOf(t *testing.T, s *Store, k ownedKind, id string) []string {
+	t.Helper()
+	resp, err := s.cli.Get(ctxT(t), k.allPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, kv := range resp.Kvs {
+		if strings.HasSuffix(string(kv.Key), "/"+id) {
+			out = append(out, string(kv.Key))
+		}
 	}
 	return out
 }
@@ -65,6 +82,9 @@ func TestOwnedIndexMaintained(t *testing.T) {
 		if got, want := ownedKeys(t, s, c.k, owner), []string{c.k.key(owner, c.when, c.id)}; !slices.Equal(got, want) {
 			t.Errorf("%s index after create: %v, want %v", c.k.name, got, want)
 		}
+		if got, want := allKeysOf(t, s, c.k, c.id), []string{c.k.allKey(c.when, c.id)}; !slices.Equal(got, want) {
+			t.Errorf("%s all-owners index after create: %v, want %v", c.k.name, got, want)
+		}
 	}
 
 	// An update keeps the one key.
@@ -85,6 +105,9 @@ func TestOwnedIndexMaintained(t *testing.T) {
 	if got, want := ownedKeys(t, s, ownedVolumes, owner), []string{ownedVolumes.key(owner, v.CreatedAt, v.ID)}; !slices.Equal(got, want) {
 		t.Errorf("volume index after a new created_at: %v, want %v", got, want)
 	}
+	if got, want := allKeysOf(t, s, ownedVolumes, v.ID), []string{ownedVolumes.allKey(v.CreatedAt, v.ID)}; !slices.Equal(got, want) {
+		t.Errorf("volume all-owners index after a new created_at: %v, want %v", got, want)
+	}
 	sn.OwnerID = other
 	update(t, s, func(tx *Tx) { tx.PutSnapshot(sn) })
 	if got := ownedKeys(t, s, ownedSnapshots, owner); len(got) != 0 {
@@ -92,6 +115,9 @@ func TestOwnedIndexMaintained(t *testing.T) {
 	}
 	if got, err := s.OwnedSnapshots(ctx, other, Page{}, nil); err != nil || !slices.Equal(idsOf(got), []string{sn.ID}) {
 		t.Errorf("the new owner's snapshots: %v, %v", idsOf(got), err)
+	}
+	if got, want := allKeysOf(t, s, ownedSnapshots, sn.ID), []string{ownedSnapshots.allKey(sn.CreatedAt, sn.ID)}; !slices.Equal(got, want) {
+		t.Errorf("snapshot all-owners index after a new owner: %v, want %v", got, want)
 	}
 	// Two writes of one record in one transaction leave the last one's key.
 	update(t, s, func(tx *Tx) {
@@ -103,6 +129,9 @@ func TestOwnedIndexMaintained(t *testing.T) {
 	if got, want := ownedKeys(t, s, ownedAttachments, owner), []string{ownedAttachments.key(owner, a.CreatedAt, a.ID)}; !slices.Equal(got, want) {
 		t.Errorf("attachment index after two writes in one transaction: %v, want %v", got, want)
 	}
+	if got, want := allKeysOf(t, s, ownedAttachments, a.ID), []string{ownedAttachments.allKey(a.CreatedAt, a.ID)}; !slices.Equal(got, want) {
+		t.Errorf("attachment all-owners index after two writes in one transaction: %v, want %v", got, want)
+	}
 
 	update(t, s, func(tx *Tx) { tx.DeleteAttachment(a); tx.DeleteSnapshot(sn.ID); tx.DeleteVolume(v.ID) })
 	for _, o := range []string{owner, other} {
@@ -110,6 +139,14 @@ func TestOwnedIndexMaintained(t *testing.T) {
 			if got := ownedKeys(t, s, k, o); len(got) != 0 {
 				t.Errorf("%s index keys left after delete: %v", k.name, got)
 			}
+		}
+	}
+	for _, c := range []struct {
+		k  ownedKind
+		id string
+	}{{ownedVolumes, v.ID}, {ownedSnapshots, sn.ID}, {ownedAttachments, a.ID}} {
+		if got := allKeysOf(t, s, c.k, c.id); len(got) != 0 {
+			t.Errorf("%s all-owners index keys left after delete: %v", c.k.name, got)
 		}
 	}
 	// Deleting what is not there is harmless.
@@ -356,11 +393,232 @@ func TestOwnedReadsOwnRecords(t *testing.T) {
 	if n := records.n.Swap(0); n != 2 {
 		t.Errorf("a page of 2 read %d volume records, want 2", n)
 	}
+	// A page of everyone's reads about its limit too: from the first,
+	// and from the middle (after the crowd's 251st).
+	mid, err := s.Volume(ctx, made[250])
+	if err != nil {
+		t.Fatal(err)
+	}
+	records.n.Swap(0)
+	midPos := mid.Position()
+	for _, p := range []Page{{Limit: 2}, {After: &midPos, Limit: 2}} {
+		vs, err := s.AllVolumes(ctx, p)
+		if err != nil || len(vs) != 2 || p.After != nil && !p.After.Before(vs[0].Position()) {
+			t.Fatalf("AllVolumes %+v: %d volumes, %v", p, len(vs), err)
+		}
+		if n := records.n.Swap(0); n != 2 {
+			t.Errorf("a page of 2 of everyone's (after %v) read %d volume records, want 2", p.After, n)
+		}
+	}
 	if _, err := s.Volumes(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n := records.n.Swap(0); n < 503 {
 		t.Errorf("the whole list read %d volume records (the counter misses reads?)", n)
+	}
+}
+
+// TestAllPage: the list of everyone's records through the all-owners
+// index is in (created, id) order — ties by id, the zero time of records
+// that never set one first — pages with after and limit, every record
+// exactly once, and holds exactly the records a read of every record
+// finds.
+func TestAllPage(t *testing.T) {
+	s := openTestStore(t)
+	ctx := ctxT(t)
+	base := time.Now().UTC().Truncate(time.Second)
+	var made []*Volume
+	var snaps []string
+	update(t, s, func(tx *Tx) {
+		for i, d := range []int{3, 1, 2, 2, 2, -1, 5, -1, 2} { // ties at 2; -1: zero created_at
+			v := &Volume{ID: "vol-" + string(rune('p'-i)) + uniq(""), OwnerID: uniq("owner"), Status: StatusAvailable}
+			if d >= 0 {
+				v.CreatedAt = base.Add(time.Duration(d) * time.Millisecond)
+			}
+			tx.PutVolume(v)
+			made = append(made, v)
+			sn := &Snapshot{ID: uniq("snap"), OwnerID: v.OwnerID, VolumeID: v.ID, Status: StatusAvailable, CreatedAt: v.CreatedAt}
+			tx.PutSnapshot(sn)
+			snaps = append(snaps, sn.ID)
+		}
+	})
+	t.Cleanup(func() {
+		s.Update(context.Background(), func(tx *Tx) error {
+			for i, v := range made {
+				tx.DeleteVolume(v.ID)
+				tx.DeleteSnapshot(snaps[i])
+			}
+			return nil
+		})
+	})
+	byPos := func(a, b *Volume) int {
+		if a.Position().Before(b.Position()) {
+			return -1
+		}
+		return 1
+	}
+	// Everything, as a read of every record finds it.
+	every, err := s.Volumes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(every, byPos)
+	want := idsOf(every)
+	all, err := s.AllVolumes(ctx, Page{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(idsOf(all), want) {
+		t.Fatalf("AllVolumes: %v, want %v", idsOf(all), want)
+	}
+	// This test's in order among them.
+	slices.SortFunc(made, byPos)
+	var ours []string
+	for _, id := range want {
+		if slices.ContainsFunc(made, func(v *Volume) bool { return v.ID == id }) {
+			ours = append(ours, id)
+		}
+	}
+	if !slices.Equal(ours, idsOf(made)) {
+		t.Errorf("this test's volumes in AllVolumes: %v, want %v", ours, idsOf(made))
+	}
+	for limit := 1; limit <= 8; limit++ {
+		var paged []string
+		p := Page{Limit: limit}
+		for {
+			got, err := s.AllVolumes(ctx, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) > limit {
+				t.Fatalf("limit %d: a page of %d", limit, len(got))
+			}
+			paged = append(paged, idsOf(got)...)
+			if len(got) < limit {
+				break
+			}
+			after := got[len(got)-1].Position()
+			p.After = &after
+		}
+		if !slices.Equal(paged, want) {
+			t.Errorf("paged by %d: %v, want %v", limit, paged, want)
+		}
+	}
+	// Snapshots, and attachments (none of this test's), the same way.
+	everySnap, err := s.Snapshots(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(everySnap, func(a, b *Snapshot) int {
+		if a.Position().Before(b.Position()) {
+			return -1
+		}
+		return 1
+	})
+	if got, err := s.AllSnapshots(ctx, Page{}); err != nil || !slices.Equal(idsOf(got), idsOf(everySnap)) {
+		t.Errorf("AllSnapshots: %v, %v; want %v", idsOf(got), err, idsOf(everySnap))
+	}
+	if got, err := s.AllAttachments(ctx, Page{Limit: 3}); err != nil || len(got) > 3 {
+		t.Errorf("AllAttachments: %v, %v", idsOf(got), err)
+	}
+
+	// After a position whose record is gone, and one between records.
+	i := slices.Index(want, made[3].ID)
+	gone := made[3].Position()
+	update(t, s, func(tx *Tx) { tx.DeleteVolume(gone.ID) })
+	if got, err := s.AllVolumes(ctx, Page{After: &gone, Limit: 2}); err != nil || !slices.Equal(idsOf(got), want[i+1:min(i+3, len(want))]) {
+		t.Errorf("after a deleted record: %v, %v; want %v", idsOf(got), err, want[i+1:min(i+3, len(want))])
+	}
+	zero := Position{ID: "~"} // after every zero-time record (ids are ASCII)
+	got, err := s.AllVolumes(ctx, Page{After: &zero, Limit: 1})
+	if err != nil || len(got) != 1 || got[0].CreatedAt.IsZero() {
+		t.Errorf("after the zero-time records: %v, %v", idsOf(got), err)
+	}
+}
+
+// TestOwnedIndexChurn: after creates, updates (new owners and creation
+// times among them) and deletes in many transactions, the index agrees
+// with the records, and everyone's list and each owner's hold exactly
+// the records left.
+func TestOwnedIndexChurn(t *testing.T) {
+	s := openTestStore(t)
+	ctx := ctxT(t)
+	owners := []string{uniq("churn"), uniq("churn"), uniq("churn")}
+	base := time.Now().UTC()
+	live := map[string]*Volume{}
+	var ids []string
+	t.Cleanup(func() {
+		s.Update(context.Background(), func(tx *Tx) error {
+			for _, id := range ids {
+				tx.DeleteVolume(id)
+				tx.DeleteSnapshot("s" + id)
+			}
+			return nil
+		})
+	})
+	for round := range 12 {
+		update(t, s, func(tx *Tx) {
+			for j := range 10 {
+				n := round*10 + j
+				switch {
+				case n%7 == 3 && len(ids) > 0: // delete one
+					id := ids[n%len(ids)]
+					tx.DeleteVolume(id)
+					tx.DeleteSnapshot("s" + id)
+					delete(live, id)
+				case n%5 == 1 && len(ids) > 0: // update one: a new owner or creation time
+					if v := live[ids[(n*3)%len(ids)]]; v != nil {
+						v.OwnerID = owners[n%len(owners)]
+						v.CreatedAt = base.Add(time.Duration(n) * time.Millisecond)
+						v.SizeBytes = int64(n) * 512
+						tx.PutVolume(v)
+					}
+				default: // create
+					v := &Volume{ID: uniq("vol"), OwnerID: owners[n%len(owners)], Status: StatusAvailable, CreatedAt: base.Add(time.Duration(n%4) * time.Second)}
+					tx.PutVolume(v)
+					tx.PutSnapshot(&Snapshot{ID: "s" + v.ID, OwnerID: v.OwnerID, VolumeID: v.ID, CreatedAt: v.CreatedAt})
+					live[v.ID] = v
+					ids = append(ids, v.ID)
+				}
+			}
+		})
+	}
+	if problems, err := s.CheckOwnedIndex(ctx); err != nil || len(problems) != 0 {
+		t.Fatalf("CheckOwnedIndex after churn: %v, %v", problems, err)
+	}
+	all, err := s.AllVolumes(ctx, Page{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, v := range all {
+		if live[v.ID] != nil {
+			n++
+			if !v.CreatedAt.Equal(live[v.ID].CreatedAt) || v.OwnerID != live[v.ID].OwnerID {
+				t.Errorf("everyone's list has %s as %v, %s; want %v, %s", v.ID, v.CreatedAt, v.OwnerID, live[v.ID].CreatedAt, live[v.ID].OwnerID)
+			}
+		} else if slices.Contains(ids, v.ID) {
+			t.Errorf("everyone's list has deleted %s", v.ID)
+		}
+	}
+	if n != len(live) {
+		t.Errorf("everyone's list holds %d of the %d volumes left", n, len(live))
+	}
+	m := 0
+	for _, o := range owners {
+		vs, err := s.OwnedVolumes(ctx, o, Page{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vs {
+			if live[v.ID] == nil || live[v.ID].OwnerID != o {
+				t.Errorf("%s's list has %s", o, v.ID)
+			}
+		}
+		m += len(vs)
+	}
+	if m != len(live) {
+		t.Errorf("the owners' lists hold %d of the %d volumes left", m, len(live))
 	}
 }
 
@@ -411,16 +669,17 @@ func TestReconcileOwnedIndex(t *testing.T) {
 	if _, err := cli.Put(ctx, ownedVolumes.key("alice", t0, alice[0]), alice[0]); err != nil {
 		t.Fatal(err)
 	}
-	if problems, err := s.CheckOwnedIndex(ctx); err != nil || len(problems) != 11 {
-		t.Fatalf("the check before the index is built: %d problems %v, %v; want 11", len(problems), problems, err)
+	// 12 records, two keys each, one there.
+	if problems, err := s.CheckOwnedIndex(ctx); err != nil || len(problems) != 23 {
+		t.Fatalf("the check before the index is built: %d problems %v, %v; want 23", len(problems), problems, err)
 	}
 
 	// Records written and deleted while it runs are not missed, nor
 	// their keys left behind: the hook runs between the read of the
 	// first batch (bob's first two volumes) and its commit, and creates
 	// a volume behind the scan, deletes one of the batch and one ahead.
+	defer func(n int) { ownedIndexBatch, ownedIndexHook = n, nil }(ownedIndexBatch)
 	ownedIndexBatch = 2
-	defer func() { ownedIndexBatch, ownedIndexHook = 256, nil }()
 	var during []string
 	var hookOnce sync.Once
 	ownedIndexHook = func() {
@@ -454,6 +713,14 @@ func TestReconcileOwnedIndex(t *testing.T) {
 	}
 	if as, err := s.OwnedAttachments(ctx, "bob", Page{}); err != nil || !slices.Equal(idsOf(as), []string{"att-1"}) {
 		t.Errorf("bob's attachments: %v, %v", idsOf(as), err)
+	}
+	// Everyone's: bob's, of zero created_at, first.
+	wantAll := append([]string{bob[0], bob[2]}, wantAlice...)
+	if vs, err := s.AllVolumes(ctx, Page{}); err != nil || !slices.Equal(idsOf(vs), wantAll) {
+		t.Errorf("everyone's volumes: %v, %v; want %v", idsOf(vs), err, wantAll)
+	}
+	if as, err := s.AllAttachments(ctx, Page{}); err != nil || !slices.Equal(idsOf(as), []string{"att-1"}) {
+		t.Errorf("everyone's attachments: %v, %v", idsOf(as), err)
 	}
 
 	// In step: the next start writes nothing.
@@ -501,6 +768,117 @@ func TestReconcileOwnedIndex(t *testing.T) {
 	if vs, err := s.OwnedVolumes(ctx, "bob", Page{}); err != nil || !slices.Equal(idsOf(vs), []string{bob[0], "vol-old"}) {
 		t.Errorf("bob's volumes: %v, %v; want %v", idsOf(vs), err, []string{bob[0], "vol-old"})
 	}
+	// vol-old, of t0 as alice[0] ("vol-z"), comes before it by id.
+	wantAll = append([]string{bob[0], "vol-old"}, wantAlice...)
+	if vs, err := s.AllVolumes(ctx, Page{}); err != nil || !slices.Equal(idsOf(vs), wantAll) {
+		t.Errorf("everyone's volumes: %v, %v; want %v", idsOf(vs), err, wantAll)
+	}
+}
+
+// TestReconcileAllOwnersKeys: a cluster the previous version ran — each
+// record with its owner's key only, no all-owners key — gets the
+// all-owners keys at the next start, in batches of two writes a record
+// (within MaxTxnOps at the default batch), and loses the all-owners keys
+// of records deleted behind the index's back; everyone's lists then hold
+// every record, in order.
+func TestReconcileAllOwnersKeys(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	o := newOpener(t)
+	s, _ := o.open("m1", freeAddr(t), nil, "")
+	cli := s.cli
+	t0 := time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)
+	// Records as the previous version wrote them: record and owner key
+	// in one transaction; 300 volumes, so that the first batch of 256
+	// needs 512 writes. Then some with no key at all (older still).
+	var want []string
+	for b := range 3 {
+		var ops []clientv3.Op
+		for i := range 100 {
+			n := b*100 + i
+			v := &Volume{Schema: 1, ID: "vol-" + strconv.Itoa(1000+n), OwnerID: "u" + strconv.Itoa(n%7), Status: StatusAvailable,
+				CreatedAt: t0.Add(time.Duration(n%10) * time.Second)} // ties: 30 a second
+			if n%50 == 0 {
+				v.CreatedAt = time.Time{} // zero created_at
+			}
+			ops = append(ops, clientv3.OpPut(volumeKey(v.ID), encode(v)),
+				clientv3.OpPut(ownedVolumes.key(v.OwnerID, v.CreatedAt, v.ID), v.ID))
+			want = append(want, v.ID)
+		}
+		if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"snap-a", "snap-b"} {
+		rawRecord(t, cli, snapshotKey(id), &Snapshot{Schema: 1, ID: id, OwnerID: "u1", VolumeID: "vol-1001", CreatedAt: t0})
+	}
+	rawRecord(t, cli, attachmentKey("att-a"), &Attachment{Schema: 1, ID: "att-a", OwnerID: "u2", VolumeID: "vol-1002", Export: "e", CreatedAt: t0})
+	// An all-owners key whose record a previous-version node deleted
+	// (with its owner key): stale.
+	if _, err := cli.Put(ctx, ownedVolumes.allKey(t0, "vol-gone"), "vol-gone"); err != nil {
+		t.Fatal(err)
+	}
+
+	if vs, err := s.AllVolumes(ctx, Page{}); err != nil || len(vs) != 0 {
+		t.Fatalf("everyone's volumes before the start: %d, %v; want none yet", len(vs), err)
+	}
+	problems, err := s.CheckOwnedIndex(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 300 all-owners keys missing, 3 records with no key (6), 1 stale key.
+	if len(problems) != 307 {
+		t.Fatalf("the check before the start: %d problems, want 307", len(problems))
+	}
+
+	if wrote, err := s.ReconcileOwnedIndex(ctx); err != nil || !wrote {
+		t.Fatalf("ReconcileOwnedIndex: %v, %v", wrote, err)
+	}
+	if problems, err := s.CheckOwnedIndex(ctx); err != nil || len(problems) != 0 {
+		t.Fatalf("the check after the start: %d problems %v…, %v", len(problems), problems[:min(3, len(problems))], err)
+	}
+	every, err := s.Volumes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(every, func(a, b *Volume) int {
+		if a.Position().Before(b.Position()) {
+			return -1
+		}
+		return 1
+	})
+	if len(every) != 300 {
+		t.Fatalf("%d volumes, want 300", len(every))
+	}
+	var paged []string
+	p := Page{Limit: 7}
+	for {
+		vs, err := s.AllVolumes(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		paged = append(paged, idsOf(vs)...)
+		if len(vs) < p.Limit {
+			break
+		}
+		after := vs[len(vs)-1].Position()
+		p.After = &after
+	}
+	if !slices.Equal(paged, idsOf(every)) {
+		t.Errorf("everyone's volumes paged by 7 after the start: %d, want the %d records in order", len(paged), len(every))
+	}
+	if ss, err := s.AllSnapshots(ctx, Page{}); err != nil || !slices.Equal(idsOf(ss), []string{"snap-a", "snap-b"}) {
+		t.Errorf("everyone's snapshots: %v, %v", idsOf(ss), err)
+	}
+	if as, err := s.AllAttachments(ctx, Page{}); err != nil || !slices.Equal(idsOf(as), []string{"att-a"}) {
+		t.Errorf("everyone's attachments: %v, %v", idsOf(as), err)
+	}
+	if vs, err := s.OwnedVolumes(ctx, "u3", Page{}); err != nil || len(vs) != 43 {
+		t.Errorf("u3's volumes: %d, %v; want 43", len(vs), err)
+	}
+	if wrote, err := s.ReconcileOwnedIndex(ctx); err != nil || wrote {
+		t.Fatalf("a second ReconcileOwnedIndex: %v, %v; want nothing to do", wrote, err)
+	}
 }
 
 // testEnvTLS is a client TLS configuration for a member memberOpener
@@ -509,4 +887,21 @@ func testEnvTLS(t *testing.T, base string, ca *pki.CA) *tls.Config {
 	t.Helper()
 	c, _ := (&memberOpener{t: t, base: base, ca: ca}).config("client", freeAddr(t), nil, "")
 	return c.ClientTLS
+}
+
+// TestAllOwnersSegmentReserved: no owner's segment is, or holds, the
+// all-owners segment, nor a separator: url.PathEscape escapes byte by
+// byte, and escapes "*" and "/" (so owners "*", "" and "%2A" are no
+// exception).
+func TestAllOwnersSegmentReserved(t *testing.T) {
+	for b := range 256 {
+		if seg := ownerSegment(string([]byte{byte(b)})); strings.ContainsAny(seg, allOwners+"/") {
+			t.Errorf("the segment of owner %q is %q", []byte{byte(b)}, seg)
+		}
+	}
+	for _, owner := range []string{"*", "", "%2A", "a*b", "u-0123abcd"} {
+		if seg := ownerSegment(owner); seg == allOwners || strings.HasPrefix(ownedVolumes.prefix(owner), ownedVolumes.allPrefix()) {
+			t.Errorf("owner %q: segment %q", owner, seg)
+		}
+	}
 }

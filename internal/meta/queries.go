@@ -96,11 +96,6 @@ func (s *Store) Attachment(ctx context.Context, id string) (*Attachment, error) 
 	return a, nil
 }
 
-// Attachments lists every attachment.
-func (s *Store) Attachments(ctx context.Context) ([]*Attachment, error) {
-	return list(ctx, s, prefixAttach, func() *Attachment { return &Attachment{} })
-}
-
 // AttachmentByExport resolves an NBD export name to its attachment.
 func (s *Store) AttachmentByExport(ctx context.Context, export string) (*Attachment, error) {
 	if !validKeyPart(export) {

@@ -258,13 +258,10 @@ type Cluster struct {
 	External bool `json:"external,omitempty"`
 }
 
-// OwnedBy and Created let callers treat the records users own alike.
-func (v *Volume) OwnedBy() string        { return v.OwnerID }
-func (v *Volume) Created() time.Time     { return v.CreatedAt }
-func (s *Snapshot) OwnedBy() string      { return s.OwnerID }
-func (s *Snapshot) Created() time.Time   { return s.CreatedAt }
-func (a *Attachment) OwnedBy() string    { return a.OwnerID }
-func (a *Attachment) Created() time.Time { return a.CreatedAt }
+// OwnedBy lets callers treat the records users own alike.
+func (v *Volume) OwnedBy() string     { return v.OwnerID }
+func (s *Snapshot) OwnedBy() string   { return s.OwnerID }
+func (a *Attachment) OwnedBy() string { return a.OwnerID }
 
 type versioned interface{ schema() int }
 

@@ -202,8 +202,9 @@ func (n *Node) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Users' lists read the metadata's owned index: what versions
-	// without it wrote is indexed here (meta.ReconcileOwnedIndex).
+	// Lists read the metadata's owned index: what versions without it
+	// (or without its all-owners keys) wrote is indexed here
+	// (meta.ReconcileOwnedIndex).
 	if _, err := n.meta.ReconcileOwnedIndex(ctx); err != nil {
 		return fmt.Errorf("owned index: %w", err)
 	}

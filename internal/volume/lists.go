@@ -10,10 +10,11 @@ import (
 // Lists. A user's lists are read through the metadata's owned index
 // (meta.OwnedVolumes…): the user's records, or a page of them, and
 // nothing else, however many records the cluster holds. An admin's lists
-// of everything read every record, as no index orders all owners'
-// records together, and keep the page asked for; a list of one volume's
-// snapshots or attachments reads that volume's only, for admins too.
-// Every list is in meta.Position order: oldest first, ties by id.
+// of everything are read the same way through its all-owners keys
+// (meta.AllVolumes…), which order every owner's records together: a page
+// of them, nothing else. A list of one volume's snapshots or attachments
+// reads that volume's only, for admins too. Every list is in
+// meta.Position order: oldest first, ties by id.
 
 // VolumesPage lists the part p asks for of the volumes the caller may
 // see.
@@ -21,11 +22,7 @@ func (s *Service) VolumesPage(ctx context.Context, c Caller, p meta.Page) ([]*me
 	if !c.Admin {
 		return s.meta.OwnedVolumes(ctx, c.ID, p)
 	}
-	all, err := s.meta.Volumes(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return cut(visible(c, all, nil), p), nil
+	return s.meta.AllVolumes(ctx, p)
 }
 
 // SnapshotsPage lists the part p asks for of the snapshots the caller may
@@ -43,11 +40,7 @@ func (s *Service) SnapshotsPage(ctx context.Context, c Caller, volumeRef string,
 	if !c.Admin {
 		return s.meta.OwnedSnapshots(ctx, c.ID, p, nil)
 	}
-	all, err := s.meta.Snapshots(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return cut(visible(c, all, nil), p), nil
+	return s.meta.AllSnapshots(ctx, p)
 }
 
 // AttachmentsPage lists the part p asks for of the attachments the caller
@@ -67,11 +60,7 @@ func (s *Service) AttachmentsPage(ctx context.Context, c Caller, volumeRef strin
 	if !c.Admin {
 		return s.meta.OwnedAttachments(ctx, c.ID, p)
 	}
-	all, err := s.meta.Attachments(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return cut(visible(c, all, nil), p), nil
+	return s.meta.AllAttachments(ctx, p)
 }
 
 // VolumeAttachments returns the attachments of volumes vs that the caller

@@ -15,8 +15,10 @@ import (
 // volumes — one attached, one snapshotted — among 500 volumes, 500
 // snapshots and 500 attachments of others; her lists read her records
 // only, and the attachments of one volume are read by the ids its record
-// names. (Before the owned index, each of her lists read every record of
-// its kind in the cluster.)
+// names. An admin's page of 2 of everything reads 2 records of its kind,
+// and paging through everything gives every record once, in order.
+// (Before the owned index, each of these lists read every record of its
+// kind in the cluster.)
 func TestListsReadOwnRecords(t *testing.T) {
 	m := metatest.Shared(t).Connect(t) // its reads all go through its client
 	st, err := store.Open(t.TempDir())
@@ -125,14 +127,94 @@ func TestListsReadOwnRecords(t *testing.T) {
 	}
 	read("an admin's attachment list of one volume", "attachments", 1)
 
-	// An admin still sees everyone's.
-	all, err := s.Volumes(ctx, adminCaller)
-	if err != nil {
-		t.Fatal(err)
+	// An admin's page of everything reads the page's records, not every
+	// record of the cluster (before the all-owners index, all 501 to 503),
+	// from the first and from the middle (after the median of this
+	// test's, all made at once: ties ordered by id).
+	median := func(ids []string) *meta.Position {
+		ids = slices.Sorted(slices.Values(ids))
+		return &meta.Position{Created: now, ID: ids[len(ids)/2]}
 	}
-	for _, v := range mine {
-		if !slices.ContainsFunc(all, func(x *meta.Volume) bool { return x.ID == v.ID }) {
-			t.Errorf("the admin's list misses %s", v.ID)
+	var attIDs []string
+	for _, a := range atts {
+		attIDs = append(attIDs, a.ID)
+	}
+	for _, after := range []bool{false, true} {
+		p := meta.Page{Limit: 2}
+		if after {
+			p.After = median(vols)
+		}
+		vs, err := s.VolumesPage(ctx, adminCaller, p)
+		if err != nil || len(vs) != 2 || after && !p.After.Before(vs[0].Position()) {
+			t.Fatalf("an admin's page %+v of volumes: %d, %v", p, len(vs), err)
+		}
+		read("an admin's page of 2 volumes", "volumes", 2)
+		if after {
+			p.After = median(snaps)
+		}
+		ss, err := s.SnapshotsPage(ctx, adminCaller, "", p)
+		if err != nil || len(ss) != 2 || after && !p.After.Before(ss[0].Position()) {
+			t.Fatalf("an admin's page %+v of snapshots: %d, %v", p, len(ss), err)
+		}
+		read("an admin's page of 2 snapshots", "snapshots", 2)
+		if after {
+			p.After = median(attIDs)
+		}
+		as, err := s.AttachmentsPage(ctx, adminCaller, "", p)
+		if err != nil || len(as) != 2 || after && !p.After.Before(as[0].Position()) {
+			t.Fatalf("an admin's page %+v of attachments: %d, %v", p, len(as), err)
+		}
+		read("an admin's page of 2 attachments", "attachments", 2)
+	}
+
+	// An admin still sees everyone's: paged through, every record once,
+	// in order, this test's among them.
+	allPages := func(what string, page func(meta.Page) ([]positioned, error), want []string) {
+		t.Helper()
+		var seen []meta.Position
+		p := meta.Page{Limit: 7}
+		for {
+			got, err := page(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range got {
+				pos := r.Position()
+				if len(seen) > 0 && !seen[len(seen)-1].Before(pos) {
+					t.Fatalf("an admin's %s: %v after %v", what, pos, seen[len(seen)-1])
+				}
+				seen = append(seen, pos)
+			}
+			if len(got) < p.Limit {
+				break
+			}
+			last := got[len(got)-1].Position()
+			p.After = &last
+		}
+		for _, id := range want {
+			if !slices.ContainsFunc(seen, func(pos meta.Position) bool { return pos.ID == id }) {
+				t.Errorf("an admin's %s miss %s", what, id)
+			}
 		}
 	}
+	allPages("volumes", func(p meta.Page) ([]positioned, error) {
+		rs, err := s.VolumesPage(ctx, adminCaller, p)
+		return asPositioned(rs), err
+	}, vols)
+	allPages("snapshots", func(p meta.Page) ([]positioned, error) {
+		rs, err := s.SnapshotsPage(ctx, adminCaller, "", p)
+		return asPositioned(rs), err
+	}, snaps)
+	allPages("attachments", func(p meta.Page) ([]positioned, error) {
+		rs, err := s.AttachmentsPage(ctx, adminCaller, "", p)
+		return asPositioned(rs), err
+	}, attIDs)
+}
+
+func asPositioned[T positioned](rs []T) []positioned {
+	out := make([]positioned, len(rs))
+	for i, r := range rs {
+		out[i] = r
+	}
+	return out
 }

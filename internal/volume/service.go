@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"log/slog"
 	"regexp"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,24 +30,8 @@ type Caller struct {
 
 func (c Caller) sees(ownerID string) bool { return c.Admin || c.ID == ownerID }
 
-// owned is what listing needs of a record.
-type owned interface {
-	OwnedBy() string
-	Created() time.Time
-}
-
-// visible keeps the records the caller may see and keep accepts (nil: all),
-// oldest first. It reuses all's storage.
-func visible[T owned](c Caller, all []T, keep func(T) bool) []T {
-	out := all[:0]
-	for _, r := range all {
-		if c.sees(r.OwnedBy()) && (keep == nil || keep(r)) {
-			out = append(out, r)
-		}
-	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Created().Before(out[j].Created()) })
-	return out
-}
+// owned is a record a user owns.
+type owned interface{ OwnedBy() string }
 
 // fetchVisible reads a record with get and reports it, missing or not the
 // caller's, as the same NotFound: existence must not leak.
