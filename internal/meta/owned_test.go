@@ -60,6 +60,35 @@ func idsOf[T interface{ Position() Position }](rs []T) []string {
 	return out
 }
 
+// checkPaging pages through list with every limit from 1 to 8, each
+// page after the last one's final position, and checks that each paging
+// returns want, in order, and no page more than its limit.
+func checkPaging(t *testing.T, want []string, list func(Page) ([]*Volume, error)) {
+	t.Helper()
+	for limit := 1; limit <= 8; limit++ {
+		var paged []string
+		p := Page{Limit: limit}
+		for {
+			got, err := list(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) > limit {
+				t.Fatalf("limit %d: a page of %d", limit, len(got))
+			}
+			paged = append(paged, idsOf(got)...)
+			if len(got) < limit {
+				break
+			}
+			after := got[len(got)-1].Position()
+			p.After = &after
+		}
+		if !slices.Equal(paged, want) {
+			t.Errorf("paged by %d: %v, want %v", limit, paged, want)
+		}
+	}
+}
+
 // TestOwnedIndexMaintained: the Tx methods that write and delete volumes,
 // snapshots and attachments keep exactly one owned-index key per record,
 // named by its owner and creation time; a record rewritten with another
@@ -196,28 +225,7 @@ func TestOwnedPage(t *testing.T) {
 	if !slices.Equal(idsOf(all), want) {
 		t.Fatalf("OwnedVolumes: %v, want %v", idsOf(all), want)
 	}
-	for limit := 1; limit <= 8; limit++ {
-		var paged []string
-		p := Page{Limit: limit}
-		for {
-			got, err := s.OwnedVolumes(ctx, owner, p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(got) > limit {
-				t.Fatalf("limit %d: a page of %d", limit, len(got))
-			}
-			paged = append(paged, idsOf(got)...)
-			if len(got) < limit {
-				break
-			}
-			after := got[len(got)-1].Position()
-			p.After = &after
-		}
-		if !slices.Equal(paged, want) {
-			t.Errorf("paged by %d: %v, want %v", limit, paged, want)
-		}
-	}
+	checkPaging(t, want, func(p Page) ([]*Volume, error) { return s.OwnedVolumes(ctx, owner, p) })
 	// After a position whose record is gone.
 	gone := mine[2].Position()
 	update(t, s, func(tx *Tx) { tx.DeleteVolume(gone.ID) })
@@ -482,28 +490,7 @@ func TestAllPage(t *testing.T) {
 	if !slices.Equal(ours, idsOf(made)) {
 		t.Errorf("this test's volumes in AllVolumes: %v, want %v", ours, idsOf(made))
 	}
-	for limit := 1; limit <= 8; limit++ {
-		var paged []string
-		p := Page{Limit: limit}
-		for {
-			got, err := s.AllVolumes(ctx, p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(got) > limit {
-				t.Fatalf("limit %d: a page of %d", limit, len(got))
-			}
-			paged = append(paged, idsOf(got)...)
-			if len(got) < limit {
-				break
-			}
-			after := got[len(got)-1].Position()
-			p.After = &after
-		}
-		if !slices.Equal(paged, want) {
-			t.Errorf("paged by %d: %v, want %v", limit, paged, want)
-		}
-	}
+	checkPaging(t, want, func(p Page) ([]*Volume, error) { return s.AllVolumes(ctx, p) })
 	// Snapshots, and attachments (none of this test's), the same way.
 	everySnap, err := s.Snapshots(ctx)
 	if err != nil {

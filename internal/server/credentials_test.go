@@ -102,19 +102,27 @@ func TestRemovedNodeAdminRevoked(t *testing.T) {
 	}
 }
 
-// TestRunningNodeRenewsRevokedAdminIdentity: a running node whose local
-// admin identity was revoked (admin's credentials rotated) writes itself
-// a new one without a restart.
-func TestRunningNodeRenewsRevokedAdminIdentity(t *testing.T) {
+// renewingNode starts a one-node cluster that checks its local admin
+// identity every 50 ms, closed when the test ends, and a context for the
+// test's requests.
+func renewingNode(t *testing.T) (*Node, context.Context) {
 	checkEvery := adminCheckEvery
 	adminCheckEvery = 50 * time.Millisecond
 	t.Cleanup(func() { adminCheckEvery = checkEvery })
 	tmp := t.TempDir()
 	a := firstNode(t, tmp, filepath.Join(tmp, "store"), 1)
-	defer a.Close()
-	first := leafOf(t, a.AdminDir)
+	t.Cleanup(a.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
+	return a, ctx
+}
+
+// TestRunningNodeRenewsRevokedAdminIdentity: a running node whose local
+// admin identity was revoked (admin's credentials rotated) writes itself
+// a new one without a restart.
+func TestRunningNodeRenewsRevokedAdminIdentity(t *testing.T) {
+	a, ctx := renewingNode(t)
+	first := leafOf(t, a.AdminDir)
 	time.Sleep(5 * adminCheckEvery)
 	if again := leafOf(t, a.AdminDir); again.SerialNumber.Cmp(first.SerialNumber) != 0 {
 		t.Fatal("a valid admin identity was replaced")
@@ -142,15 +150,8 @@ func TestRunningNodeRenewsRevokedAdminIdentity(t *testing.T) {
 // authenticates by its certificate but cannot be used; the running node
 // sees that and writes itself a whole one.
 func TestTornAdminIdentityRenewed(t *testing.T) {
-	checkEvery := adminCheckEvery
-	adminCheckEvery = 50 * time.Millisecond
-	t.Cleanup(func() { adminCheckEvery = checkEvery })
-	tmp := t.TempDir()
-	a := firstNode(t, tmp, filepath.Join(tmp, "store"), 1)
-	defer a.Close()
+	a, ctx := renewingNode(t)
 	first := leafOf(t, a.AdminDir)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	other, err := a.users.IssueIdentity(ctx, user.Admin, "")
 	if err != nil {
 		t.Fatal(err)
