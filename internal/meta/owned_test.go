@@ -90,10 +90,10 @@ func checkPaging(t *testing.T, want []string, list func(Page) ([]*Volume, error)
 }
 
 // TestOwnedIndexMaintained: the Tx methods that write and delete volumes,
-// snapshots and attachments keep exactly one owned-index key per record,
+// snapshots and attachments keep exactly a record's owned-index keys,
 // named by its owner and creation time; a record rewritten with another
 // creation time or owner (nothing does that, but nothing forbids it)
-// moves its key.
+// moves its keys.
 func TestOwnedIndexMaintained(t *testing.T) {
 	s := openTestStore(t)
 	ctx := ctxT(t)

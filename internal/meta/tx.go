@@ -127,14 +127,14 @@ func (tx *Tx) DeleteUser(u *User) {
 	}
 }
 
-// PutVolume writes a volume record and its owned-index key (owned.go).
+// PutVolume writes a volume record and its owned-index keys (owned.go).
 func (tx *Tx) PutVolume(v *Volume) {
 	v.Schema = SchemaVersion
 	tx.index(ownedVolumes, v.ID, v.OwnerID, v.CreatedAt)
 	tx.stm.Put(volumeKey(v.ID), encode(v))
 }
 
-// DeleteVolume removes a volume record and its owned-index key.
+// DeleteVolume removes a volume record and its owned-index keys.
 func (tx *Tx) DeleteVolume(id string) {
 	tx.unindex(ownedVolumes, id)
 	tx.stm.Del(volumeKey(id))
@@ -151,7 +151,7 @@ func (tx *Tx) Attachment(id string) (*Attachment, error) {
 }
 
 // PutAttachment writes an attachment, its export index and its
-// owned-index key.
+// owned-index keys.
 func (tx *Tx) PutAttachment(a *Attachment) {
 	a.Schema = SchemaVersion
 	tx.index(ownedAttachments, a.ID, a.OwnerID, a.CreatedAt)
@@ -160,21 +160,21 @@ func (tx *Tx) PutAttachment(a *Attachment) {
 }
 
 // DeleteAttachment removes an attachment, its export index and its
-// owned-index key.
+// owned-index keys.
 func (tx *Tx) DeleteAttachment(a *Attachment) {
 	tx.unindex(ownedAttachments, a.ID)
 	tx.stm.Del(attachmentKey(a.ID))
 	tx.stm.Del(exportKey(a.Export))
 }
 
-// PutSnapshot writes a snapshot record and its owned-index key.
+// PutSnapshot writes a snapshot record and its owned-index keys.
 func (tx *Tx) PutSnapshot(s *Snapshot) {
 	s.Schema = SchemaVersion
 	tx.index(ownedSnapshots, s.ID, s.OwnerID, s.CreatedAt)
 	tx.stm.Put(snapshotKey(s.ID), encode(s))
 }
 
-// DeleteSnapshot removes a snapshot record and its owned-index key.
+// DeleteSnapshot removes a snapshot record and its owned-index keys.
 func (tx *Tx) DeleteSnapshot(id string) {
 	tx.unindex(ownedSnapshots, id)
 	tx.stm.Del(snapshotKey(id))
