@@ -21,8 +21,8 @@
 //	attachments/<id>             Attachment
 //	exports/<export name>        attachment id (index; NBD export lookup)
 //	owned/<kind>/<owner id>/<created_at>/<id>  id (index; a user's lists, owned.go)
-//	owned/<kind>/*/<created_at>/<id>  id (index; an admin's lists of everything:
-//	                             "*" is no path-escaped owner id, owned.go)
+//	ordered/<kind>/<created_at>/<id>  id (index; an admin's lists of everything,
+//	                             owned.go)
 //	capacity/provisioned         bytes promised to volumes and snapshots
 //	nodes/<name>                 Node (members.go); alive/<name> while its lease lives
 //	jointokens/<sha256>          a join token, on a lease (its expiry)
@@ -37,9 +37,9 @@
 //   - a volume's attachments list holds exactly the ids of the attachment
 //     records naming it, and an exports/ key exists exactly for each
 //     attachment's export;
-//   - two owned/ keys exist exactly for each volume, snapshot and
-//     attachment record, named by its kind, owner_id (or "*" for all
-//     owners), created_at and id (Tx's Put and Delete methods keep them;
+//   - an owned/ key (by kind, owner_id, created_at, id) and an ordered/
+//     key (by kind, created_at, id) exist exactly for each volume,
+//     snapshot and attachment record (Tx's Put and Delete methods keep them;
 //     CheckOwnedIndex checks them);
 //   - every record carries Schema; readers refuse a Schema newer than they
 //     know (a newer binary wrote it) and migrate older ones on read.

@@ -22,6 +22,7 @@ const (
 	prefixTypes    = Prefix + "types/"
 	prefixBuckets  = Prefix + "buckets/"
 	prefixOwned    = Prefix + "owned/"
+	prefixOrdered  = Prefix + "ordered/"
 )
 
 func userKey(name string) string     { return prefixUsers + name }

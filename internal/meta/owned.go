@@ -17,7 +17,7 @@ import (
 // keys, both naming it (the value is the id):
 //
 //	owned/<kind>/<owner id, path-escaped>/<created_at>/<id>   its owner's key
-//	owned/<kind>/*/<created_at>/<id>                          its all-owners key
+//	ordered/<kind>/<created_at>/<id>                          its all-owners key
 //
 // (kind: volumes, snapshots, attachments; created_at in createdLayout),
 // written and deleted by the transaction that writes or deletes the record
@@ -30,24 +30,25 @@ import (
 // holds, not what the cluster does.
 //
 // Layout:
-//   - kind before owner: one prefix per kind, under which
-//     ReconcileOwnedIndex and CheckOwnedIndex compare both forms of key
-//     with the kind's records.
+//   - kind before owner: one prefix per kind and form, under which
+//     ReconcileOwnedIndex and CheckOwnedIndex compare the keys with the
+//     kind's records.
+//   - the all-owners keys under a prefix of their own, not under owned/:
+//     the version before them reconciles everything under owned/<kind>/
+//     against its owners' keys, and would delete any other key there as
+//     stale at its start during a rolling upgrade. (The version that
+//     first wrote them put them at owned/<kind>/*/…; this one's
+//     reconciliation deletes those as stale.)
 //   - created_at as UTC "20060102T150405.000000000Z", not unix nanoseconds:
 //     fixed width, so that key order is time order for every time a record
 //     can hold — JSON encodes years 0 to 9999, the zero time of records
 //     that never set one included, while unix nanoseconds (an int64) only
 //     cover 1678 to 2262 — and readable.
 //   - the owner path-escaped, since it sits between separators (user ids
-//     are hex: escaping leaves them alone); the id raw and last, so that
-//     ids sort as the strings they are, as in the API's order.
-//   - the all-owners keys under the owner segment "*" (allOwners), which
-//     no owner's segment can be, nor begin with: url.PathEscape escapes
-//     every byte but ASCII letters, digits and "-_.~$&+:=@" — "*" becomes
-//     "%2A" — and escapes byte by byte, so no escaped owner holds a "*"
-//     at all (the empty owner's segment is empty, not "*"). Nor a "/":
-//     each segment's keys are a range of their own, which a read of one
-//     owner's never leaves.
+//     are hex: escaping leaves them alone): url.PathEscape escapes "/", so
+//     each owner's keys are a range of their own, which a read of one
+//     owner's never leaves. The id raw and last, so that ids sort as the
+//     strings they are, as in the API's order.
 //   - the value is the id, not a copy of the record: a list reads the
 //     index range, then the records it names, in etcd Txns of at most
 //     MaxTxnOps Gets (getMany) — two round trips for a page instead of one,
@@ -81,24 +82,20 @@ var (
 // createdLayout renders created_at in index keys (see above).
 const createdLayout = "20060102T150405.000000000Z"
 
-// allOwners is the owner segment of the all-owners keys, one no owner's
-// segment (ownerSegment) can be (see above).
-const allOwners = "*"
-
 // ownerSegment is owner's segment in its index keys.
 func ownerSegment(owner string) string { return url.PathEscape(owner) }
 
-// root is the prefix of every index key of the kind, of both forms.
-func (k ownedKind) root() string { return prefixOwned + k.name + "/" }
-
-// under is the prefix of the kind's index keys of owner segment seg.
-func (k ownedKind) under(seg string) string { return k.root() + seg + "/" }
-
-// prefix is the prefix of owner's index keys of the kind.
-func (k ownedKind) prefix(owner string) string { return k.under(ownerSegment(owner)) }
+// ownersRoot is the prefix of every owner's key of the kind.
+func (k ownedKind) ownersRoot() string { return prefixOwned + k.name + "/" }
 
 // allPrefix is the prefix of the kind's all-owners keys.
-func (k ownedKind) allPrefix() string { return k.under(allOwners) }
+func (k ownedKind) allPrefix() string { return prefixOrdered + k.name + "/" }
+
+// roots are the prefixes of the kind's index keys, of each form.
+func (k ownedKind) roots() [2]string { return [2]string{k.ownersRoot(), k.allPrefix()} }
+
+// prefix is the prefix of owner's index keys of the kind.
+func (k ownedKind) prefix(owner string) string { return k.ownersRoot() + ownerSegment(owner) + "/" }
 
 // key is the owner's index key of record id.
 func (k ownedKind) key(owner string, created time.Time, id string) string {
@@ -146,7 +143,7 @@ func (tx *Tx) index(k ownedKind, id, owner string, created time.Time) {
 	keys := k.keys(owner, created, id)
 	if old, ok := k.keysOf(id, tx.stm.Get(k.records+id)); ok {
 		for i := range old {
-			if old[i] != keys[i] { // never one of keys: the forms differ in segment
+			if old[i] != keys[i] { // never one of keys: the forms differ in prefix
 				tx.stm.Del(old[i])
 			}
 		}
@@ -223,20 +220,20 @@ type indexed interface {
 // in Position order. It reads the owner's index keys and the records
 // they name, nothing else.
 func (s *Store) OwnedVolumes(ctx context.Context, owner string, p Page) ([]*Volume, error) {
-	return owned(ctx, s, ownedVolumes, ownerSegment(owner), p, func() *Volume { return &Volume{} }, nil)
+	return owned(ctx, s, ownedVolumes, whose{owner: owner}, p, func() *Volume { return &Volume{} }, nil)
 }
 
 // OwnedSnapshots lists the snapshots of owner that keep accepts (nil:
 // all) and p asks for, as OwnedVolumes does; the limit counts accepted
 // snapshots, and the owner's others are read to find them.
 func (s *Store) OwnedSnapshots(ctx context.Context, owner string, p Page, keep func(*Snapshot) bool) ([]*Snapshot, error) {
-	return owned(ctx, s, ownedSnapshots, ownerSegment(owner), p, func() *Snapshot { return &Snapshot{} }, keep)
+	return owned(ctx, s, ownedSnapshots, whose{owner: owner}, p, func() *Snapshot { return &Snapshot{} }, keep)
 }
 
 // OwnedAttachments lists the attachments of owner that p asks for, as
 // OwnedVolumes does.
 func (s *Store) OwnedAttachments(ctx context.Context, owner string, p Page) ([]*Attachment, error) {
-	return owned(ctx, s, ownedAttachments, ownerSegment(owner), p, func() *Attachment { return &Attachment{} }, nil)
+	return owned(ctx, s, ownedAttachments, whose{owner: owner}, p, func() *Attachment { return &Attachment{} }, nil)
 }
 
 // AllVolumes lists the volumes of every owner that p asks for, in
@@ -244,27 +241,53 @@ func (s *Store) OwnedAttachments(ctx context.Context, owner string, p Page) ([]*
 // from p's position and the records they name, nothing else: a page
 // costs its limit, not the cluster's volumes.
 func (s *Store) AllVolumes(ctx context.Context, p Page) ([]*Volume, error) {
-	return owned(ctx, s, ownedVolumes, allOwners, p, func() *Volume { return &Volume{} }, nil)
+	return owned(ctx, s, ownedVolumes, everyone, p, func() *Volume { return &Volume{} }, nil)
 }
 
 // AllSnapshots lists the snapshots of every owner that p asks for, as
 // AllVolumes does.
 func (s *Store) AllSnapshots(ctx context.Context, p Page) ([]*Snapshot, error) {
-	return owned(ctx, s, ownedSnapshots, allOwners, p, func() *Snapshot { return &Snapshot{} }, nil)
+	return owned(ctx, s, ownedSnapshots, everyone, p, func() *Snapshot { return &Snapshot{} }, nil)
 }
 
 // AllAttachments lists the attachments of every owner that p asks for,
 // as AllVolumes does.
 func (s *Store) AllAttachments(ctx context.Context, p Page) ([]*Attachment, error) {
-	return owned(ctx, s, ownedAttachments, allOwners, p, func() *Attachment { return &Attachment{} }, nil)
+	return owned(ctx, s, ownedAttachments, everyone, p, func() *Attachment { return &Attachment{} }, nil)
+}
+
+// whose names the records owned lists: one owner's, or everyone's.
+type whose struct {
+	all   bool   // everyone's: the all-owners keys
+	owner string // else this owner's: the owner's keys
+}
+
+// everyone is every owner's records.
+var everyone = whose{all: true}
+
+// prefix is the prefix of the index keys of kind k that list w's records.
+func (w whose) prefix(k ownedKind) string {
+	if w.all {
+		return k.allPrefix()
+	}
+	return k.prefix(w.owner)
+}
+
+// key is the index key of kind k at which a record r lists in w's list.
+func (w whose) key(k ownedKind, r indexed) string {
+	pos := r.Position()
+	if w.all {
+		return k.allKey(pos.Created, pos.ID)
+	}
+	return k.key(r.OwnedBy(), pos.Created, pos.ID)
 }
 
 // ownedScan is how many index keys a filtered list reads at least at a
 // time: a filter may drop most of them.
 const ownedScan = 64
 
-// owned lists the records of kind k under owner segment seg — one
-// owner's (ownerSegment), or everyone's (allOwners) — through the index:
+// owned lists the records of kind k of w — one owner's, or everyone's —
+// through the index:
 // a range read of the index keys from p's position (as many as the page
 // still needs, at most MaxTxnOps), then the records they name, until the
 // page is full or the keys run out. Both reads are linearizable as
@@ -272,8 +295,8 @@ const ownedScan = 64
 // key whose record is gone, or is no longer at that key (another owner,
 // another creation time), is skipped: one transaction writes both, so
 // none should be.
-func owned[T indexed](ctx context.Context, s *Store, k ownedKind, seg string, p Page, mk func() T, keep func(T) bool) ([]T, error) {
-	prefix := k.under(seg)
+func owned[T indexed](ctx context.Context, s *Store, k ownedKind, w whose, p Page, mk func() T, keep func(T) bool) ([]T, error) {
+	prefix := w.prefix(k)
 	from, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
 	if p.After != nil {
 		// The first key after the position's own (which need not exist).
@@ -312,11 +335,7 @@ func owned[T indexed](ctx context.Context, s *Store, k ownedKind, seg string, p 
 			if err := decode(keys[i], kv.Value, r); err != nil {
 				return nil, err
 			}
-			at := allOwners
-			if seg != allOwners {
-				at = ownerSegment(r.OwnedBy())
-			}
-			if k.under(at)+r.Position().Key() != string(resp.Kvs[i].Key) {
+			if w.key(k, r) != string(resp.Kvs[i].Key) {
 				continue
 			}
 			if keep != nil && !keep(r) {
@@ -551,22 +570,25 @@ func (s *Store) reconcileOwned(ctx context.Context, k ownedKind) (written, delet
 // only), with its mod revision.
 func (s *Store) ownedKeyRevisions(ctx context.Context, k ownedKind) (map[string]int64, error) {
 	out := map[string]int64{}
-	from, end := k.root(), clientv3.GetPrefixRangeEnd(k.root())
-	for {
-		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		resp, err := s.cli.Get(rctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(ownedIndexBatch)), clientv3.WithKeysOnly())
-		cancel()
-		if err != nil {
-			return nil, wrap("read the owned index", err)
+	for _, root := range k.roots() {
+		from, end := root, clientv3.GetPrefixRangeEnd(root)
+		for {
+			rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+			resp, err := s.cli.Get(rctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(ownedIndexBatch)), clientv3.WithKeysOnly())
+			cancel()
+			if err != nil {
+				return nil, wrap("read the owned index", err)
+			}
+			for _, kv := range resp.Kvs {
+				out[string(kv.Key)] = kv.ModRevision
+			}
+			if !resp.More {
+				break
+			}
+			from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 		}
-		for _, kv := range resp.Kvs {
-			out[string(kv.Key)] = kv.ModRevision
-		}
-		if !resp.More {
-			return out, nil
-		}
-		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
+	return out, nil
 }
 
 // commitIf commits ops if every comparison holds; false when one did not.
@@ -591,7 +613,8 @@ func (s *Store) commitIf(ctx context.Context, cmps []clientv3.Cmp, ops []clientv
 func (s *Store) CheckOwnedIndex(ctx context.Context) ([]string, error) {
 	var prefixes []string
 	for _, k := range ownedKinds {
-		prefixes = append(prefixes, k.records, k.root())
+		r := k.roots()
+		prefixes = append(prefixes, k.records, r[0], r[1])
 	}
 	resp, err := s.readTxn(ctx, prefixes, clientv3.WithPrefix())
 	if err != nil {
@@ -600,7 +623,7 @@ func (s *Store) CheckOwnedIndex(ctx context.Context) ([]string, error) {
 	var problems []string
 	for i, k := range ownedKinds {
 		want := map[string]string{} // index key → id
-		for _, kv := range resp.Responses[2*i].GetResponseRange().Kvs {
+		for _, kv := range resp.Responses[3*i].GetResponseRange().Kvs {
 			id := strings.TrimPrefix(string(kv.Key), k.records)
 			keys, ok := k.keysOf(id, string(kv.Value))
 			if !ok {
@@ -612,8 +635,10 @@ func (s *Store) CheckOwnedIndex(ctx context.Context) ([]string, error) {
 			}
 		}
 		have := map[string]string{}
-		for _, kv := range resp.Responses[2*i+1].GetResponseRange().Kvs {
-			have[string(kv.Key)] = string(kv.Value)
+		for _, r := range resp.Responses[3*i+1 : 3*i+3] {
+			for _, kv := range r.GetResponseRange().Kvs {
+				have[string(kv.Key)] = string(kv.Value)
+			}
 		}
 		for key, id := range want {
 			if got, ok := have[key]; !ok || got != id {

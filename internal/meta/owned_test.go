@@ -3,6 +3,7 @@ package meta
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"slices"
 	"strconv"
 	"strings"
@@ -876,19 +877,104 @@ func testEnvTLS(t *testing.T, base string, ca *pki.CA) *tls.Config {
 	return c.ClientTLS
 }
 
-// TestAllOwnersSegmentReserved: no owner's segment is, or holds, the
-// all-owners segment, nor a separator: url.PathEscape escapes byte by
-// byte, and escapes "*" and "/" (so owners "*", "" and "%2A" are no
-// exception).
-func TestAllOwnersSegmentReserved(t *testing.T) {
-	for b := range 256 {
-		if seg := ownerSegment(string([]byte{byte(b)})); strings.ContainsAny(seg, allOwners+"/") {
-			t.Errorf("the segment of owner %q is %q", []byte{byte(b)}, seg)
+// TestRollingUpgradeKeepsAllOwnersKeys: during a rolling upgrade, a
+// node of the version before the all-owners keys starts and reconciles
+// its owners' index — every key under owned/<kind>/ that is not a
+// record's owner key is deleted as stale (previousReconcile, that
+// version's rule). The all-owners keys live elsewhere, so an admin's
+// lists on upgraded nodes keep every record. And the keys the first
+// version with all-owners keys wrote under owned/<kind>/*/ are stale
+// to this one: its start deletes them.
+func TestRollingUpgradeKeepsAllOwnersKeys(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	o := newOpener(t)
+	s, _ := o.open("m1", freeAddr(t), nil, "")
+	t0 := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	var want []string
+	for i := range 5 {
+		v := &Volume{Schema: 1, ID: "vol-" + strconv.Itoa(i), OwnerID: "u" + strconv.Itoa(i%2), Status: StatusAvailable, CreatedAt: t0.Add(time.Duration(i) * time.Second)}
+		if err := s.Update(ctx, func(tx *Tx) error { tx.PutVolume(v); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, v.ID)
+	}
+	// Keys as the version at owned/<kind>/*/ left them.
+	old := "/basalt/owned/volumes/*/" + Position{t0, "vol-0"}.Key()
+	if _, err := s.cli.Put(ctx, old, "vol-0"); err != nil {
+		t.Fatal(err)
+	}
+
+	if n := previousReconcile(t, s.cli, ownedVolumes); n != 1 {
+		t.Errorf("the previous version's start deleted %d keys, want 1 (the owned/volumes/*/ one)", n)
+	}
+	if vs, err := s.AllVolumes(ctx, Page{}); err != nil || !slices.Equal(idsOf(vs), want) {
+		t.Errorf("everyone's volumes after an older node's start: %v, %v; want %v", idsOf(vs), err, want)
+	}
+	if problems, err := s.CheckOwnedIndex(ctx); err != nil || len(problems) != 0 {
+		t.Errorf("the check after an older node's start: %v, %v", problems, err)
+	}
+
+	// The first all-owners version's key again; this version's start
+	// deletes it.
+	if _, err := s.cli.Put(ctx, old, "vol-0"); err != nil {
+		t.Fatal(err)
+	}
+	if problems, err := s.CheckOwnedIndex(ctx); err != nil || len(problems) != 1 {
+		t.Errorf("the check with an owned/volumes/*/ key: %v, %v; want one problem", problems, err)
+	}
+	if wrote, err := s.ReconcileOwnedIndex(ctx); err != nil || !wrote {
+		t.Fatalf("ReconcileOwnedIndex: %v, %v", wrote, err)
+	}
+	if resp, err := s.cli.Get(ctx, old); err != nil || len(resp.Kvs) != 0 {
+		t.Errorf("%s after the start: %v, %v; want deleted", old, resp.Kvs, err)
+	}
+	if problems, err := s.CheckOwnedIndex(ctx); err != nil || len(problems) != 0 {
+		t.Errorf("the check after the start: %v, %v", problems, err)
+	}
+}
+
+// previousReconcile is the owned index's reconciliation as the version
+// before the all-owners keys ran it at every start, reduced to its
+// deletions: every key under owned/<kind>/ that is not the owner key of
+// a record is stale. It returns how many keys it deleted.
+func previousReconcile(t *testing.T, cli *clientv3.Client, k ownedKind) int {
+	t.Helper()
+	recs, err := cli.Get(ctxT(t), k.records, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	for _, kv := range recs.Kvs {
+		var f ownedFields
+		if err := json.Unmarshal(kv.Value, &f); err != nil {
+			t.Fatal(err)
+		}
+		want[k.key(f.OwnerID, f.CreatedAt, strings.TrimPrefix(string(kv.Key), k.records))] = true
+	}
+	keys, err := cli.Get(ctxT(t), prefixOwned+k.name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, kv := range keys.Kvs {
+		if !want[string(kv.Key)] {
+			if _, err := cli.Delete(ctxT(t), string(kv.Key)); err != nil {
+				t.Fatal(err)
+			}
+			n++
 		}
 	}
-	for _, owner := range []string{"*", "", "%2A", "a*b", "u-0123abcd"} {
-		if seg := ownerSegment(owner); seg == allOwners || strings.HasPrefix(ownedVolumes.prefix(owner), ownedVolumes.allPrefix()) {
-			t.Errorf("owner %q: segment %q", owner, seg)
+	return n
+}
+
+// TestOwnerSegmentSeparate: no owner's segment holds a separator
+// (url.PathEscape escapes byte by byte, "/" included), so a read of
+// one owner's keys never reaches another's.
+func TestOwnerSegmentSeparate(t *testing.T) {
+	for b := range 256 {
+		if seg := ownerSegment(string([]byte{byte(b)})); strings.Contains(seg, "/") {
+			t.Errorf("the segment of owner %q is %q", []byte{byte(b)}, seg)
 		}
 	}
 }
