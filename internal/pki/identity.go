@@ -57,20 +57,42 @@ func (id *Identity) Write(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create identity dir: %w", err)
 	}
-	env, err := id.S3Env(dir)
+	files, err := id.files(dir)
 	if err != nil {
 		return err
 	}
-	// Each file is replaced atomically, the set is not: key.pem and
-	// cert.pem go last, so that a pair that matches (ClientTLS) was
-	// written after every other file, and a write cut short between them
-	// leaves a pair that does not — which is how a reader (the node's
-	// identity check, server.localAdmin) tells a torn identity.
-	for _, f := range []struct {
-		name string
-		data []byte
-		mode os.FileMode
-	}{
+	for _, f := range files {
+		if err := WriteFileAtomic(filepath.Join(dir, f.name), f.data, f.mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// identityFile is one file of an identity directory.
+type identityFile struct {
+	name string
+	data []byte
+	mode os.FileMode
+}
+
+// files are the files Write writes to dir, in the order it writes them.
+//
+// Each file is replaced atomically, the set is not: a write cut short
+// leaves some files of this identity, the rest of the one before.
+// key.pem and cert.pem go last, after their copies under the GnuTLS
+// names, so that CheckWritten tells such a directory by a pair that does
+// not match (cut between key.pem and cert.pem) or by copies that differ
+// from it (cut before). A write cut before the copies leaves ca.pem and
+// s3.env new and the rest old, a whole identity of the same cluster: the
+// owner's check of the certificate (revoked by the new one's issue, or
+// not) decides whether it is still good.
+func (id *Identity) files(dir string) ([]identityFile, error) {
+	env, err := id.S3Env(dir)
+	if err != nil {
+		return nil, err
+	}
+	return []identityFile{
 		{"ca.pem", id.CAPEM, 0o644},
 		{"s3.env", []byte(env), 0o600},
 		// The same certificates under the names GnuTLS clients look for,
@@ -81,12 +103,35 @@ func (id *Identity) Write(dir string) error {
 		{"client-cert.pem", id.CertPEM, 0o644},
 		{"key.pem", id.KeyPEM, 0o600},
 		{"cert.pem", id.CertPEM, 0o644},
-	} {
-		if err := WriteFileAtomic(filepath.Join(dir, f.name), f.data, f.mode); err != nil {
-			return err
+	}, nil
+}
+
+// CheckWritten loads the identity that Write stored in dir and checks that
+// it is whole: its certificate and key a pair, and their copies under the
+// GnuTLS names (which Write also writes) the same bytes. An error means a
+// write cut short (or a directory someone edited): the owner writes a new
+// identity.
+func CheckWritten(dir string) (*Identity, error) {
+	id, err := LoadIdentity(dir)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := id.ClientTLS(); err != nil {
+		return nil, fmt.Errorf("identity %s: %w", dir, err)
+	}
+	for _, c := range []struct {
+		name string
+		want []byte
+	}{{"ca-cert.pem", id.CAPEM}, {"client-key.pem", id.KeyPEM}, {"client-cert.pem", id.CertPEM}} {
+		got, err := os.ReadFile(filepath.Join(dir, c.name))
+		if err != nil {
+			return nil, fmt.Errorf("identity %s: %w", dir, err)
+		}
+		if !bytes.Equal(got, c.want) {
+			return nil, fmt.Errorf("identity %s: %s is not the identity's", dir, c.name)
 		}
 	}
-	return nil
+	return id, nil
 }
 
 // LoadIdentity reads an identity directory. s3.env is optional.

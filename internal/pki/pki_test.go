@@ -506,3 +506,64 @@ func TestServerCertificateNoNames(t *testing.T) {
 		}()
 	}
 }
+
+// TestCheckWrittenCutShort: a Write over an older identity cut short
+// after each of its files leaves a directory that CheckWritten either
+// refuses (a pair of two identities, or copies that differ from it) or
+// accepts as one whole identity whose certificate and key files all
+// match — never a certificate whose copies name another.
+func TestCheckWrittenCutShort(t *testing.T) {
+	ca, _ := NewCA()
+	isA, _ := ca.IssueClient("admin", "id-a", time.Hour)
+	isB, _ := ca.IssueClient("admin", "id-a", time.Hour)
+	a := &Identity{CAPEM: ca.CertPEM, CertPEM: isA.CertPEM, KeyPEM: isA.KeyPEM, AccessKeyID: "A"}
+	b := &Identity{CAPEM: ca.CertPEM, CertPEM: isB.CertPEM, KeyPEM: isB.KeyPEM, AccessKeyID: "B"}
+	files, err := b.files("unused")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for cut := 0; cut <= len(files); cut++ {
+		dir := t.TempDir()
+		if err := a.Write(dir); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files[:cut] {
+			if err := WriteFileAtomic(filepath.Join(dir, f.name), f.data, f.mode); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := CheckWritten(dir)
+		name := "none"
+		if cut > 0 {
+			name = files[cut-1].name
+		}
+		if err != nil {
+			// Refused only where certificate files of both identities are
+			// present.
+			if cut < 4 || cut == len(files) {
+				t.Errorf("cut after %s: refused: %v", name, err)
+			}
+			continue
+		}
+		if cut >= 4 && cut < len(files) {
+			t.Errorf("cut after %s: accepted a directory with files of both identities", name)
+			continue
+		}
+		want := a
+		if cut == len(files) {
+			want = b
+		}
+		if !bytes.Equal(got.CertPEM, want.CertPEM) || !bytes.Equal(got.KeyPEM, want.KeyPEM) {
+			t.Errorf("cut after %s: accepted another identity's pair", name)
+		}
+	}
+	// A directory without the GnuTLS copies (written by hand) is refused.
+	dir := t.TempDir()
+	if err := a.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(dir, "client-cert.pem"))
+	if _, err := CheckWritten(dir); err == nil || !strings.Contains(err.Error(), "client-cert.pem") {
+		t.Errorf("without client-cert.pem: %v", err)
+	}
+}

@@ -146,38 +146,45 @@ func TestRunningNodeRenewsRevokedAdminIdentity(t *testing.T) {
 }
 
 // TestTornAdminIdentityRenewed: a local admin identity whose write was
-// cut short — key.pem of a new identity beside cert.pem of the old one —
-// authenticates by its certificate but cannot be used; the running node
-// sees that and writes itself a whole one.
+// cut short — key.pem, or client-cert.pem (what NBD TLS clients present),
+// of a new identity beside the old one's other files — authenticates by
+// its certificate but cannot be used whole; the running node sees that
+// (pki.CheckWritten) and writes itself a whole one.
 func TestTornAdminIdentityRenewed(t *testing.T) {
-	a, ctx := renewingNode(t)
-	first := leafOf(t, a.AdminDir)
-	other, err := a.users.IssueIdentity(ctx, user.Admin, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pki.WriteFileAtomic(filepath.Join(a.AdminDir, "key.pem"), other.KeyPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		id, err := pki.LoadIdentity(a.AdminDir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := id.ClientTLS(); err == nil {
-			renewed := leafOf(t, a.AdminDir)
-			if renewed.SerialNumber.Cmp(first.SerialNumber) == 0 {
-				t.Fatal("key.pem matches the old certificate again")
+	// key.pem of another identity: a pair that does not match;
+	// client-cert.pem of another: a copy that is not the identity's.
+	for _, file := range []string{"key.pem", "client-cert.pem"} {
+		t.Run(file, func(t *testing.T) {
+			a, ctx := renewingNode(t)
+			first := leafOf(t, a.AdminDir)
+			other, err := a.users.IssueIdentity(ctx, user.Admin, "")
+			if err != nil {
+				t.Fatal(err)
 			}
-			if _, err := a.users.Authenticate(ctx, []*x509.Certificate{renewed}); err != nil {
-				t.Fatalf("the renewed identity: %v", err)
+			data := other.KeyPEM
+			if file == "client-cert.pem" {
+				data = other.CertPEM
 			}
-			return
-		}
-		if ctx.Err() != nil {
-			t.Fatal("the torn admin identity was not renewed while the node ran")
-		}
-		time.Sleep(20 * time.Millisecond)
+			if err := pki.WriteFileAtomic(filepath.Join(a.AdminDir, file), data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for {
+				if _, err := pki.CheckWritten(a.AdminDir); err == nil {
+					renewed := leafOf(t, a.AdminDir)
+					if renewed.SerialNumber.Cmp(first.SerialNumber) == 0 {
+						t.Fatalf("%s matches the old certificate again", file)
+					}
+					if _, err := a.users.Authenticate(ctx, []*x509.Certificate{renewed}); err != nil {
+						t.Fatalf("the renewed identity: %v", err)
+					}
+					return
+				}
+				if ctx.Err() != nil {
+					t.Fatal("the torn admin identity was not renewed while the node ran")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
 	}
 }
 

@@ -436,11 +436,8 @@ func (n *Node) bootstrapAdmin(ctx context.Context, joined bool) error {
 // certificate revoked, expired or about to — rather than the check unable
 // to tell (the metadata unavailable).
 func (n *Node) localAdmin(ctx context.Context) (c *x509.Certificate, renew bool) {
-	id, err := pki.LoadIdentity(n.AdminDir)
+	id, err := pki.CheckWritten(n.AdminDir) // none, or a write cut short
 	if err != nil {
-		return nil, true
-	}
-	if _, err = id.ClientTLS(); err != nil { // cert.pem and key.pem of two writes: one cut short
 		return nil, true
 	}
 	if c, err = pki.ParseCertPEM(id.CertPEM); err != nil {
