@@ -208,12 +208,21 @@ func (fs *fuzzServer) run(t *testing.T, input []byte) []byte {
 		recv.Close()
 	}()
 	// Feed the input in a few pieces, as a network would.
-	for rest := input; len(rest) > 0; {
-		n := min(len(rest), 1+len(rest)/3)
-		if _, err := send.Write(rest[:n]); err != nil {
-			break // the server closed the connection
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		for rest := input; len(rest) > 0; {
+			n := min(len(rest), 1+len(rest)/3)
+			if _, err := send.Write(rest[:n]); err != nil {
+				break // the server closed the connection
+			}
+			rest = rest[n:]
 		}
-		rest = rest[n:]
+	}()
+	select {
+	case <-sent:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("server stopped reading the client's input for 10 s without closing the connection\n%s", stacks())
 	}
 	send.Close() // EOF for the server
 	deadline := time.After(10 * time.Second)
