@@ -91,6 +91,12 @@ func (k ownedKind) ownersRoot() string { return prefixOwned + k.name + "/" }
 // allPrefix is the prefix of the kind's all-owners keys.
 func (k ownedKind) allPrefix() string { return prefixOrdered + k.name + "/" }
 
+// legacy reports whether key, under one of the kind's roots, is of a form
+// no version writes any more: an all-owners key as the first version with
+// them wrote it, under the owner segment "*" (which no owner's segment is:
+// url.PathEscape escapes "*"). Stale whatever its record says.
+func (k ownedKind) legacy(key string) bool { return strings.HasPrefix(key, k.ownersRoot()+"*/") }
+
 // roots are the prefixes of the kind's index keys, of each form.
 func (k ownedKind) roots() [2]string { return [2]string{k.ownersRoot(), k.allPrefix()} }
 
@@ -436,9 +442,12 @@ var (
 // Every write of this version keeps the two in step, in one transaction;
 // they differ only where an older version wrote or deleted records —
 // before the upgrade to this one, or during a rolling upgrade, on a node
-// not upgraded yet: a version without the index (no keys), or one with
-// the owners' keys only (no all-owners keys: records it writes lack
-// theirs, records it deletes leave theirs behind). Each start repairs
+// not upgraded yet: a version without the index (no keys), one with the
+// owners' keys only (no all-owners keys: records it writes lack theirs,
+// records it deletes leave theirs behind), or the one that kept the
+// all-owners keys at owned/<kind>/*/ (records it writes lack their
+// ordered/ keys, records it deletes leave them behind, and its starts
+// write the */ keys again). Each start repairs
 // what such nodes did before it, and the last start of a rolling upgrade
 // all of it, whatever they did (a count of records against keys would
 // miss a create and a delete). It reads every record and every index key
@@ -451,7 +460,10 @@ var (
 //   - an index key, of either form, whose record is gone, or is indexed
 //     under another key, is deleted, only if neither the key nor the
 //     record changed since read (if one did, a transaction of this
-//     version kept the index in step, or the next start will).
+//     version kept the index in step, or the next start will); a key of
+//     the */ form (legacy) is deleted whatever its record did. Keys are
+//     deleted in batches, and a batch one change spoils is retried key
+//     by key.
 //
 // Records this version writes meanwhile are indexed by their own
 // transactions, so none is missed. It is idempotent: nodes starting at
@@ -493,6 +505,7 @@ func (s *Store) reconcileOwned(ctx context.Context, k ownedKind) (written, delet
 		var cmps []clientv3.Cmp
 		var puts []clientv3.Op
 		var batch []string // index keys of the batch's records
+		var ids []string   // the batch's records
 		for _, kv := range resp.Kvs {
 			id := strings.TrimPrefix(string(kv.Key), k.records)
 			keys, ok := k.keysOf(id, string(kv.Value))
@@ -501,6 +514,7 @@ func (s *Store) reconcileOwned(ctx context.Context, k ownedKind) (written, delet
 				continue
 			}
 			recRev[id] = kv.ModRevision
+			ids = append(ids, id)
 			missing := false
 			for _, key := range keys {
 				want[key] = true
@@ -523,9 +537,14 @@ func (s *Store) reconcileOwned(ctx context.Context, k ownedKind) (written, delet
 				return written, deleted, err
 			}
 			if !ok {
-				// A record of the batch changed: read the batch again.
+				// A record of the batch changed: read the batch again
+				// (its records' revisions too: one deleted meanwhile is
+				// absent, revision 0, when its keys are judged stale).
 				for _, key := range batch {
 					delete(want, key)
+				}
+				for _, id := range ids {
+					delete(recRev, id)
 				}
 				continue
 			}
@@ -536,28 +555,52 @@ func (s *Store) reconcileOwned(ctx context.Context, k ownedKind) (written, delet
 		}
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
-	var cmps []clientv3.Cmp
-	var dels []clientv3.Op
+	// Stale keys, in batches of one transaction each. A batch that fails
+	// its comparisons — one key or record changed meanwhile — is retried
+	// key by key, so that the change keeps only the keys it concerns.
+	var stale []string
+	cmpsOf := func(key string) []clientv3.Cmp {
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", have[key])}
+		if k.legacy(key) {
+			return cmps // stale whatever its record does
+		}
+		id := key[strings.LastIndex(key, "/")+1:]
+		return append(cmps, clientv3.Compare(clientv3.ModRevision(k.records+id), "=", recRev[id])) // 0: absent
+	}
+	del := func(keys []string) (bool, error) {
+		var cmps []clientv3.Cmp
+		var ops []clientv3.Op
+		for _, key := range keys {
+			cmps = append(cmps, cmpsOf(key)...)
+			ops = append(ops, clientv3.OpDelete(key))
+		}
+		ok, err := s.commitIf(ctx, cmps, ops)
+		if ok {
+			deleted += len(keys)
+		}
+		return ok, err
+	}
 	flush := func() error {
-		if len(dels) == 0 {
+		defer func() { stale = stale[:0] }()
+		if len(stale) == 0 {
 			return nil
 		}
-		ok, err := s.commitIf(ctx, cmps, dels)
-		if ok {
-			deleted += len(dels)
+		if ok, err := del(stale); ok || err != nil || len(stale) == 1 {
+			return err
 		}
-		cmps, dels = nil, nil
-		return err
+		for _, key := range stale {
+			if _, err := del([]string{key}); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
-	for key, rev := range have {
+	for key := range have {
 		if want[key] {
 			continue
 		}
-		id := key[strings.LastIndex(key, "/")+1:]
-		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", rev),
-			clientv3.Compare(clientv3.ModRevision(k.records+id), "=", recRev[id])) // 0: absent
-		dels = append(dels, clientv3.OpDelete(key))
-		if len(dels) == ownedIndexBatch {
+		stale = append(stale, key)
+		if len(stale) == ownedIndexBatch {
 			if err := flush(); err != nil {
 				return written, deleted, err
 			}
@@ -646,7 +689,7 @@ func (s *Store) CheckOwnedIndex(ctx context.Context) ([]string, error) {
 			}
 		}
 		for key, id := range have {
-			if want[key] != id {
+			if w, ok := want[key]; !ok || w != id {
 				problems = append(problems, fmt.Sprintf("index key %s names no record (%q)", key, id))
 			}
 		}

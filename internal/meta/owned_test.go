@@ -968,6 +968,118 @@ func previousReconcile(t *testing.T, cli *clientv3.Client, k ownedKind) int {
 	return n
 }
 
+// TestReconcileStaleKeysBesideAWrite: the cluster as the version with
+// owned/<kind>/*/ keys left it, every record also with its ordered/ key
+// (written by an upgraded node). While this version's start reconciles,
+// one volume is rewritten (a job's progress). The */ keys are stale
+// whatever their records do: every one is deleted, though they share a
+// delete batch with that volume's.
+func TestReconcileStaleKeysBesideAWrite(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	o := newOpener(t)
+	s, _ := o.open("m1", freeAddr(t), nil, "")
+	t0 := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	var vols []*Volume
+	for i := range 10 {
+		v := &Volume{Schema: 1, ID: "vol-" + strconv.Itoa(i), OwnerID: "u" + strconv.Itoa(i%2), Status: StatusAvailable, CreatedAt: t0.Add(time.Duration(i) * time.Second)}
+		if err := s.Update(ctx, func(tx *Tx) error { tx.PutVolume(v); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		vols = append(vols, v)
+		star := "/basalt/owned/volumes/*/" + v.Position().Key()
+		if _, err := s.cli.Put(ctx, star, v.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer func() { ownedIndexHook = nil }()
+	var once sync.Once
+	ownedIndexHook = func() {
+		once.Do(func() {
+			// An ordinary write of this version to one record.
+			if err := s.Update(ctx, func(tx *Tx) error { tx.PutVolume(vols[0]); return nil }); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	if _, err := s.ReconcileOwnedIndex(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ownedIndexHook = nil
+	resp, err := s.cli.Get(ctx, "/basalt/owned/volumes/*/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 0 {
+		t.Errorf("after the start, %d of the 10 stale owned/volumes/*/ keys remain", len(resp.Kvs))
+	}
+	if problems, err := s.CheckOwnedIndex(ctx); err != nil || len(problems) != 0 {
+		t.Errorf("the check after the start: %v, %v", problems, err)
+	}
+}
+
+// TestReconcileRereadBatch: a put batch whose commit fails (a record of
+// it changed) is read again, its records' revisions too: a record of the
+// batch deleted in between behind the index's back (by an older node,
+// which leaves its ordered/ key) is then absent, and its left-over key is
+// deleted as stale.
+func TestReconcileRereadBatch(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	o := newOpener(t)
+	s, _ := o.open("m1", freeAddr(t), nil, "")
+	cli := s.cli
+	t0 := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	// vol-a: fully indexed (this version wrote it).
+	va := &Volume{Schema: 1, ID: "vol-a", OwnerID: "u1", Status: StatusAvailable, CreatedAt: t0}
+	if err := s.Update(ctx, func(tx *Tx) error { tx.PutVolume(va); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	// vol-b: written by an owners-only node (owner key, no ordered key).
+	vb := &Volume{Schema: 1, ID: "vol-b", OwnerID: "u1", Status: StatusAvailable, CreatedAt: t0}
+	rawRecord(t, cli, volumeKey(vb.ID), vb)
+	if _, err := cli.Put(ctx, ownedVolumes.key(vb.OwnerID, vb.CreatedAt, vb.ID), vb.ID); err != nil {
+		t.Fatal(err)
+	}
+	defer func(n int) { ownedIndexBatch, ownedIndexHook = n, nil }(ownedIndexBatch)
+	ownedIndexBatch = 2
+	var once sync.Once
+	ownedIndexHook = func() {
+		once.Do(func() {
+			// An owners-only node deletes vol-a (record and owner key: its
+			// ordered key stays behind) and rewrites vol-b.
+			if _, err := cli.Txn(ctx).Then(
+				clientv3.OpDelete(volumeKey(va.ID)),
+				clientv3.OpDelete(ownedVolumes.key(va.OwnerID, va.CreatedAt, va.ID)),
+				clientv3.OpPut(volumeKey(vb.ID), encode(vb)),
+			).Commit(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	if _, err := s.ReconcileOwnedIndex(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ownedIndexHook = nil
+	if problems, err := s.CheckOwnedIndex(ctx); err != nil || len(problems) != 0 {
+		t.Errorf("the check after the start: %v, %v (the ordered/ key of vol-a, deleted behind the index's back, was kept)", problems, err)
+	}
+}
+
+// TestCheckOwnedIndexEmptyValue: an index key naming no id (its value
+// empty) is a disagreement the check reports.
+func TestCheckOwnedIndexEmptyValue(t *testing.T) {
+	o := newOpener(t)
+	s, _ := o.open("m1", freeAddr(t), nil, "")
+	key := ownedVolumes.allKey(time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC), "vol-x")
+	if _, err := s.cli.Put(ctxT(t), key, ""); err != nil {
+		t.Fatal(err)
+	}
+	if problems, err := s.CheckOwnedIndex(ctxT(t)); err != nil || len(problems) != 1 {
+		t.Errorf("the check with %s empty: %v, %v; want one problem", key, problems, err)
+	}
+}
+
 // TestOwnerSegmentSeparate: no owner's segment holds a separator
 // (url.PathEscape escapes byte by byte, "/" included), so a read of
 // one owner's keys never reaches another's.

@@ -12,7 +12,8 @@ import (
 
 // TestOwnedIndexBuiltAtStart: a node started on the metadata of a version
 // without the owned index — records, no index — builds it, so that a
-// user's list, read through it, holds the user's volumes.
+// user's list, and an admin's of everything, read through it, hold the
+// user's volumes.
 func TestOwnedIndexBuiltAtStart(t *testing.T) {
 	tmp := t.TempDir()
 	cfg := nodeConfig(t, "a", filepath.Join(tmp, "a"), filepath.Join(tmp, "store"))
@@ -30,9 +31,16 @@ func TestOwnedIndexBuiltAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	// As an earlier version left it.
-	if _, err := a.meta.Client().Delete(ctx, "/basalt/owned", clientv3.WithPrefix()); err != nil {
+	for _, prefix := range []string{"/basalt/owned/", "/basalt/ordered/"} {
+		if _, err := a.meta.Client().Delete(ctx, prefix, clientv3.WithPrefix()); err != nil {
+			a.Close()
+			t.Fatal(err)
+		}
+	}
+	admin := volume.Caller{Name: "admin", ID: "u-admin", Admin: true}
+	if vs, err := a.volumes.Volumes(ctx, admin); err != nil || len(vs) != 0 {
 		a.Close()
-		t.Fatal(err)
+		t.Fatalf("the admin's list without the index: %d volumes, %v", len(vs), err)
 	}
 	if vs, err := a.volumes.Volumes(ctx, bob); err != nil || len(vs) != 0 {
 		a.Close()
@@ -46,6 +54,9 @@ func TestOwnedIndexBuiltAtStart(t *testing.T) {
 	defer a.Close()
 	if vs, err := a.volumes.Volumes(ctx, bob); err != nil || len(vs) != 1 || vs[0].ID != v.ID {
 		t.Fatalf("bob's list after the restart: %d volumes, %v", len(vs), err)
+	}
+	if vs, err := a.volumes.Volumes(ctx, admin); err != nil || len(vs) != 1 || vs[0].ID != v.ID {
+		t.Fatalf("the admin's list after the restart: %d volumes, %v", len(vs), err)
 	}
 	if problems, err := a.meta.CheckOwnedIndex(ctx); err != nil || len(problems) != 0 {
 		t.Fatalf("the index after the build: %v, %v", problems, err)
