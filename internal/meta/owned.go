@@ -428,8 +428,10 @@ func (s *Store) readTxn(ctx context.Context, keys []string, opts ...clientv3.OpO
 var (
 	// ownedIndexBatch is how many records, or index keys, one transaction
 	// of ReconcileOwnedIndex handles: at most MaxTxnOps comparisons (one
-	// for each record indexed, two for each key deleted) and writes (two
-	// for each record: both its keys).
+	// for each record indexed, one or two for each key deleted: its own
+	// and, but for a legacy key, its record's), reads (as many, of a
+	// spoiled batch of deletes) and writes (two for each record: both its
+	// keys).
 	ownedIndexBatch = MaxTxnOps / 4
 	// ownedIndexHook, when set (tests), runs between the read of a batch
 	// of records and its commit.
@@ -451,9 +453,9 @@ var (
 // what such nodes did before it, and the last start of a rolling upgrade
 // all of it, whatever they did (a count of records against keys would
 // miss a create and a delete). It reads every record and every index key
-// of both forms (keys only) of each kind, and writes only the
-// differences:
-//   - a record without one of its keys gets it, in a transaction of a
+// of both forms of each kind, and writes only the differences:
+//   - a record without one of its keys, or whose key names another id
+//     (no version writes one; a hand's edit), gets it, in a transaction of a
 //     batch that commits only if every record of the batch is still as
 //     read (a record changed or deleted meanwhile is read again: its
 //     deletion took its keys, which must not come back);
@@ -462,8 +464,8 @@ var (
 //     record changed since read (if one did, a transaction of this
 //     version kept the index in step, or the next start will); a key of
 //     the */ form (legacy) is deleted whatever its record did. Keys are
-//     deleted in batches, and a batch one change spoils is retried key
-//     by key.
+//     deleted in batches; a batch a change spoils is tried again without
+//     the keys that change concerns (deleteStale).
 //
 // Records this version writes meanwhile are indexed by their own
 // transactions, so none is missed. It is idempotent: nodes starting at
@@ -488,7 +490,7 @@ func (s *Store) ReconcileOwnedIndex(ctx context.Context) (bool, error) {
 
 // reconcileOwned is ReconcileOwnedIndex for kind k.
 func (s *Store) reconcileOwned(ctx context.Context, k ownedKind) (written, deleted int, err error) {
-	have, err := s.ownedKeyRevisions(ctx, k)
+	have, err := s.ownedKeys(ctx, k)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -519,7 +521,7 @@ func (s *Store) reconcileOwned(ctx context.Context, k ownedKind) (written, delet
 			for _, key := range keys {
 				want[key] = true
 				batch = append(batch, key)
-				if _, ok := have[key]; !ok {
+				if got, ok := have[key]; !ok || got.id != id { // absent, or naming another
 					missing = true
 					puts = append(puts, clientv3.OpPut(key, id))
 				}
@@ -555,45 +557,13 @@ func (s *Store) reconcileOwned(ctx context.Context, k ownedKind) (written, delet
 		}
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
-	// Stale keys, in batches of one transaction each. A batch that fails
-	// its comparisons — one key or record changed meanwhile — is retried
-	// key by key, so that the change keeps only the keys it concerns.
+	// Stale keys, in batches of one transaction each.
 	var stale []string
-	cmpsOf := func(key string) []clientv3.Cmp {
-		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", have[key])}
-		if k.legacy(key) {
-			return cmps // stale whatever its record does
-		}
-		id := key[strings.LastIndex(key, "/")+1:]
-		return append(cmps, clientv3.Compare(clientv3.ModRevision(k.records+id), "=", recRev[id])) // 0: absent
-	}
-	del := func(keys []string) (bool, error) {
-		var cmps []clientv3.Cmp
-		var ops []clientv3.Op
-		for _, key := range keys {
-			cmps = append(cmps, cmpsOf(key)...)
-			ops = append(ops, clientv3.OpDelete(key))
-		}
-		ok, err := s.commitIf(ctx, cmps, ops)
-		if ok {
-			deleted += len(keys)
-		}
-		return ok, err
-	}
 	flush := func() error {
-		defer func() { stale = stale[:0] }()
-		if len(stale) == 0 {
-			return nil
-		}
-		if ok, err := del(stale); ok || err != nil || len(stale) == 1 {
-			return err
-		}
-		for _, key := range stale {
-			if _, err := del([]string{key}); err != nil {
-				return err
-			}
-		}
-		return nil
+		n, err := s.deleteStale(ctx, k, stale, have, recRev)
+		deleted += n
+		stale = stale[:0]
+		return err
 	}
 	for key := range have {
 		if want[key] {
@@ -609,21 +579,108 @@ func (s *Store) reconcileOwned(ctx context.Context, k ownedKind) (written, delet
 	return written, deleted, flush()
 }
 
-// ownedKeyRevisions reads every index key of kind k, of both forms (keys
-// only), with its mod revision.
-func (s *Store) ownedKeyRevisions(ctx context.Context, k ownedKind) (map[string]int64, error) {
-	out := map[string]int64{}
+// staleRounds bounds how often deleteStale reads a spoiled batch again.
+const staleRounds = 8
+
+// deleteStale deletes the stale index keys of kind k in one transaction
+// that requires each key unchanged since read (at have's revision) and,
+// unless the key is legacy (stale whatever its record does), its record
+// too (at recRev's, 0: absent), and returns how many it deleted. When a
+// change spoils the transaction — a key or record changed meanwhile, by a
+// write of this version that kept the index in step, or an older node
+// whose change the next start judges — it reads the keys' and records'
+// revisions, drops the keys whose own or whose record's changed, and
+// tries the rest again: a change costs one read and one transaction, not
+// one transaction per key (nodes starting at once spoil each other's
+// batches). Each spoiled round drops at least the key whose change
+// spoiled it; after staleRounds rounds the rest is left to the next
+// start.
+func (s *Store) deleteStale(ctx context.Context, k ownedKind, keys []string, have map[string]indexKey, recRev map[string]int64) (int, error) {
+	record := func(key string) string {
+		if k.legacy(key) {
+			return ""
+		}
+		return k.records + key[strings.LastIndex(key, "/")+1:]
+	}
+	keys = slices.Clone(keys)
+	for range staleRounds {
+		if len(keys) == 0 {
+			return 0, nil
+		}
+		var cmps []clientv3.Cmp
+		var dels []clientv3.Op
+		for _, key := range keys {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", have[key].rev))
+			if rec := record(key); rec != "" {
+				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(rec), "=", recRev[strings.TrimPrefix(rec, k.records)]))
+			}
+			dels = append(dels, clientv3.OpDelete(key))
+		}
+		ok, err := s.commitIf(ctx, cmps, dels)
+		if err != nil || ok {
+			if ok {
+				return len(keys), nil
+			}
+			return 0, err
+		}
+		// Spoiled: keep the keys that, with their records, are still as
+		// read.
+		var gets []clientv3.Op
+		for _, key := range keys {
+			gets = append(gets, clientv3.OpGet(key, clientv3.WithKeysOnly()))
+			if rec := record(key); rec != "" {
+				gets = append(gets, clientv3.OpGet(rec, clientv3.WithKeysOnly()))
+			}
+		}
+		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		resp, err := s.cli.Txn(rctx).Then(gets...).Commit()
+		cancel()
+		if err != nil {
+			return 0, wrap("reconcile the owned index", err)
+		}
+		rev := func(i int) int64 {
+			if kvs := resp.Responses[i].GetResponseRange().GetKvs(); len(kvs) > 0 {
+				return kvs[0].ModRevision
+			}
+			return 0
+		}
+		kept, i := keys[:0], 0
+		for _, key := range keys {
+			same := rev(i) == have[key].rev
+			i++
+			if rec := record(key); rec != "" {
+				same = same && rev(i) == recRev[strings.TrimPrefix(rec, k.records)]
+				i++
+			}
+			if same {
+				kept = append(kept, key)
+			}
+		}
+		keys = kept
+	}
+	return 0, nil
+}
+
+// indexKey is an index key as reconcileOwned read it.
+type indexKey struct {
+	rev int64  // its mod revision
+	id  string // the record it names (its value)
+}
+
+// ownedKeys reads every index key of kind k, of both forms.
+func (s *Store) ownedKeys(ctx context.Context, k ownedKind) (map[string]indexKey, error) {
+	out := map[string]indexKey{}
 	for _, root := range k.roots() {
 		from, end := root, clientv3.GetPrefixRangeEnd(root)
 		for {
 			rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-			resp, err := s.cli.Get(rctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(ownedIndexBatch)), clientv3.WithKeysOnly())
+			resp, err := s.cli.Get(rctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(ownedIndexBatch)))
 			cancel()
 			if err != nil {
 				return nil, wrap("read the owned index", err)
 			}
 			for _, kv := range resp.Kvs {
-				out[string(kv.Key)] = kv.ModRevision
+				out[string(kv.Key)] = indexKey{kv.ModRevision, string(kv.Value)}
 			}
 			if !resp.More {
 				break

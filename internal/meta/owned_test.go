@@ -1066,8 +1066,67 @@ func TestReconcileRereadBatch(t *testing.T) {
 	}
 }
 
+// TestReconcileSpoiledDeletes: stale keys that something else deletes
+// while a start reconciles — another node's start, at the same time —
+// spoil the batches they sit in; each spoiled batch then costs a read and
+// one more transaction, not a transaction for each of its keys.
+func TestReconcileSpoiledDeletes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	o := newOpener(t)
+	s, _ := o.open("m1", freeAddr(t), nil, "")
+	t0 := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	const n = 1000
+	var keys []string
+	for i := range n {
+		keys = append(keys, "/basalt/owned/volumes/*/"+Position{t0, "vol-" + strconv.Itoa(i)}.Key())
+	}
+	for i := 0; i < n; i += 100 {
+		var ops []clientv3.Op
+		for _, key := range keys[i : i+100] {
+			ops = append(ops, clientv3.OpPut(key, "x"))
+		}
+		if _, err := s.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raftIndex := func() uint64 {
+		st, err := s.cli.Status(ctx, s.cli.Endpoints()[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.RaftIndex
+	}
+	defer func() { ownedIndexHook = nil }()
+	var once sync.Once
+	ownedIndexHook = func() {
+		once.Do(func() {
+			// Another start deletes every hundredth key.
+			for i := 0; i < n; i += 100 {
+				if _, err := s.cli.Delete(ctx, keys[i]); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	before := raftIndex()
+	if _, err := s.ReconcileOwnedIndex(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ownedIndexHook = nil
+	// 10 deletes by the other start; per batch of 256 keys (4), a
+	// transaction that fails and one that commits; the other kinds, none.
+	if got := raftIndex() - before; got > 10+2*4+5 {
+		t.Errorf("the start took %d raft entries for %d stale keys", got, n)
+	}
+	if resp, err := s.cli.Get(ctx, "/basalt/owned/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
+		t.Errorf("after the start: %d stale keys left, %v", resp.Count, err)
+	}
+}
+
 // TestCheckOwnedIndexEmptyValue: an index key naming no id (its value
-// empty) is a disagreement the check reports.
+// empty) is a disagreement the check reports, and the start deletes; a
+// record's key naming another id, one the start rewrites.
 func TestCheckOwnedIndexEmptyValue(t *testing.T) {
 	o := newOpener(t)
 	s, _ := o.open("m1", freeAddr(t), nil, "")
@@ -1077,6 +1136,23 @@ func TestCheckOwnedIndexEmptyValue(t *testing.T) {
 	}
 	if problems, err := s.CheckOwnedIndex(ctxT(t)); err != nil || len(problems) != 1 {
 		t.Errorf("the check with %s empty: %v, %v; want one problem", key, problems, err)
+	}
+	// A record's own key naming another id is rewritten at the start.
+	v := &Volume{Schema: 1, ID: "vol-y", OwnerID: "u1", Status: StatusAvailable, CreatedAt: time.Date(2025, 1, 2, 3, 4, 6, 0, time.UTC)}
+	if err := s.Update(ctxT(t), func(tx *Tx) error { tx.PutVolume(v); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.cli.Put(ctxT(t), ownedVolumes.allKey(v.CreatedAt, v.ID), "vol-other"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ReconcileOwnedIndex(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if problems, err := s.CheckOwnedIndex(ctxT(t)); err != nil || len(problems) != 0 {
+		t.Errorf("the check after the start: %v, %v", problems, err)
+	}
+	if vs, err := s.AllVolumes(ctxT(t), Page{}); err != nil || !slices.Equal(idsOf(vs), []string{"vol-y"}) {
+		t.Errorf("everyone's volumes after the start: %v, %v", idsOf(vs), err)
 	}
 }
 
