@@ -617,11 +617,11 @@ func (s *Store) deleteStale(ctx context.Context, k ownedKind, keys []string, hav
 			dels = append(dels, clientv3.OpDelete(key))
 		}
 		ok, err := s.commitIf(ctx, cmps, dels)
-		if err != nil || ok {
-			if ok {
-				return len(keys), nil
-			}
+		if err != nil {
 			return 0, err
+		}
+		if ok {
+			return len(keys), nil
 		}
 		// Spoiled: keep the keys that, with their records, are still as
 		// read.
