@@ -877,6 +877,15 @@ func testEnvTLS(t *testing.T, base string, ca *pki.CA) *tls.Config {
 	return c.ClientTLS
 }
 
+// oneMember is a store on a cluster of one member, and a context for the
+// test's calls.
+func oneMember(t *testing.T) (*Store, context.Context) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	s, _ := newOpener(t).open("m1", freeAddr(t), nil, "")
+	return s, ctx
+}
+
 // TestRollingUpgradeKeepsAllOwnersKeys: during a rolling upgrade, a
 // node of the version before the all-owners keys starts and reconciles
 // its owners' index — every key under owned/<kind>/ that is not a
@@ -886,10 +895,7 @@ func testEnvTLS(t *testing.T, base string, ca *pki.CA) *tls.Config {
 // version with all-owners keys wrote under owned/<kind>/*/ are stale
 // to this one: its start deletes them.
 func TestRollingUpgradeKeepsAllOwnersKeys(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	o := newOpener(t)
-	s, _ := o.open("m1", freeAddr(t), nil, "")
+	s, ctx := oneMember(t)
 	t0 := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	var want []string
 	for i := range 5 {
@@ -975,10 +981,7 @@ func previousReconcile(t *testing.T, cli *clientv3.Client, k ownedKind) int {
 // whatever their records do: every one is deleted, though they share a
 // delete batch with that volume's.
 func TestReconcileStaleKeysBesideAWrite(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	o := newOpener(t)
-	s, _ := o.open("m1", freeAddr(t), nil, "")
+	s, ctx := oneMember(t)
 	t0 := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	var vols []*Volume
 	for i := range 10 {
@@ -1024,10 +1027,7 @@ func TestReconcileStaleKeysBesideAWrite(t *testing.T) {
 // which leaves its ordered/ key) is then absent, and its left-over key is
 // deleted as stale.
 func TestReconcileRereadBatch(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	o := newOpener(t)
-	s, _ := o.open("m1", freeAddr(t), nil, "")
+	s, ctx := oneMember(t)
 	cli := s.cli
 	t0 := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	// vol-a: fully indexed (this version wrote it).
@@ -1071,10 +1071,7 @@ func TestReconcileRereadBatch(t *testing.T) {
 // spoil the batches they sit in; each spoiled batch then costs a read and
 // one more transaction, not a transaction for each of its keys.
 func TestReconcileSpoiledDeletes(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	o := newOpener(t)
-	s, _ := o.open("m1", freeAddr(t), nil, "")
+	s, ctx := oneMember(t)
 	t0 := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	const n = 1000
 	var keys []string
@@ -1128,8 +1125,7 @@ func TestReconcileSpoiledDeletes(t *testing.T) {
 // empty) is a disagreement the check reports, and the start deletes; a
 // record's key naming another id, one the start rewrites.
 func TestCheckOwnedIndexEmptyValue(t *testing.T) {
-	o := newOpener(t)
-	s, _ := o.open("m1", freeAddr(t), nil, "")
+	s, _ := oneMember(t)
 	key := ownedVolumes.allKey(time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC), "vol-x")
 	if _, err := s.cli.Put(ctxT(t), key, ""); err != nil {
 		t.Fatal(err)
