@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"syscall"
 	"time"
@@ -79,6 +80,14 @@ func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput)
 		return s3response.CopyObjectOutput{}, err
 	}
 	src, err := b.openVersion(sr, srcBucket, srcKey, srcVersion)
+	if srcVersion != "" && s3code(err) == "MethodNotAllowed" {
+		// GET answers 405 for a delete marker's version id; a copy's
+		// source names no method to allow.
+		return s3response.CopyObjectOutput{}, s3err.APIError{Code: "InvalidRequest",
+			Description: fmt.Sprintf("The source of a copy request may not refer to a delete marker by version id (%s/%s?versionId=%s).",
+				srcBucket, srcKey, srcVersion),
+			HTTPStatusCode: http.StatusBadRequest}
+	}
 	if err != nil {
 		return s3response.CopyObjectOutput{}, err
 	}

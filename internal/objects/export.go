@@ -337,9 +337,12 @@ func (b *Backend) ObjectPath(ctx context.Context, bucket, key string) (PathInfo,
 // are recorded with the backend's metadata (xattr or sidecar), so that
 // S3 serves it. Exporting an object again accepts its current content
 // (after a change behind S3); its content type and user metadata are
-// kept, its checksum and part layout (no longer true) dropped. A new
-// object's content type is guessed from the file name's extension
-// (mime.TypeByExtension), if at all.
+// kept, its checksum and part layout (no longer true) dropped, and it
+// stays the version it was. A new object's content type is guessed from
+// the file name's extension (mime.TypeByExtension), if at all; in a
+// versioned bucket it becomes a version as a PUT's object would (a new
+// id, or with versioning suspended the null version, replacing a
+// non-current one).
 //
 // The file must be a regular file reached through real directories (no
 // symbolic link on the way) with no other hard link (CodeHardLinked),
@@ -380,6 +383,20 @@ func (b *Backend) Export(ctx context.Context, bucket, key string) (ObjectInfo, e
 	if err := readableByOwner(r, bucket, key, st); err != nil {
 		return ObjectInfo{}, err
 	}
+	// In a versioned bucket the record says which version the file is,
+	// and PUTs and DELETEs of the key read it to keep the file as that
+	// version: an export is one of the key's writes.
+	status, err := b.versioning(ctx, bucket)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	if status != "" {
+		unlock, err := b.versionLock(bucket, key)
+		if err != nil {
+			return ObjectInfo{}, err
+		}
+		defer unlock()
+	}
 	// What the old record said that is not about the bytes.
 	var old *objectMeta
 	if m, err := b.meta.read(f, bucket, key); err == nil {
@@ -404,10 +421,19 @@ func (b *Backend) Export(ctx context.Context, bucket, key string) (ObjectInfo, e
 	m := &objectMeta{ETag: `"` + hex.EncodeToString(sum) + `"`}
 	m.setStat(st)
 	if old != nil {
+		// The object stays the version it was: a new id would leave
+		// nothing under the old one, and a null version relabelled would
+		// meet the key's non-current null version, which the next write
+		// then replaces.
+		m.VersionID = old.VersionID
 		m.ContentType, m.ContentEncoding, m.ContentDisposition = old.ContentType, old.ContentEncoding, old.ContentDisposition
 		m.ContentLanguage, m.CacheControl, m.Expires = old.ContentLanguage, old.CacheControl, old.Expires
 		m.UserMeta = old.UserMeta
 	} else {
+		// A new object, as a PUT would make it: a new version with
+		// versioning enabled, else the null version (which replaces a
+		// non-current one, below).
+		m.VersionID = writeVersion(status)
 		m.ContentType = mime.TypeByExtension(path.Ext(key))
 	}
 	// The file at key must still be the one hashed when the record is
@@ -441,6 +467,11 @@ func (b *Backend) Export(ctx context.Context, bucket, key string) (ObjectInfo, e
 		}
 	} else if err := b.meta.commit(bucket, key, m, still); err != nil {
 		return ObjectInfo{}, err
+	}
+	if status == statusSuspended && old == nil {
+		if err := b.removeNull(r, bucket, key); err != nil {
+			return ObjectInfo{}, err
+		}
 	}
 	b.log.Info("object exported", "bucket", bucket, "key", key, "etag", m.ETag, "size", m.Size)
 	return info(bucket, key, b.objectPath(bucket, key), m), nil

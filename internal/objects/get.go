@@ -465,7 +465,10 @@ func (o *object) describe(rng *string, partNumber *int32, mode types.ChecksumMod
 		out.PartsCount = &count
 		if len(m.Parts) > 0 {
 			whole = false
-			out.ContentRange = ptr(fmt.Sprintf("bytes %d-%d/%d", start, start+length-1, m.Size))
+			// An empty part has no byte range to name.
+			if length > 0 {
+				out.ContentRange = ptr(fmt.Sprintf("bytes %d-%d/%d", start, start+length-1, m.Size))
+			}
 		}
 	case rng != nil && *rng != "":
 		s, l, valid, err := backend.ParseObjectRange(m.Size, clampRange(*rng))

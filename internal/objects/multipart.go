@@ -398,6 +398,11 @@ func (b *Backend) ListParts(ctx context.Context, in *s3.ListPartsInput) (s3respo
 		if int(p.Number) <= marker {
 			continue
 		}
+		if maxParts == 0 {
+			// An empty page, not truncated, as the other listings answer
+			// max-keys=0: a next marker of 0 would list the same again.
+			break
+		}
 		if len(out.Parts) == maxParts {
 			out.IsTruncated = true
 			break

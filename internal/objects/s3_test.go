@@ -546,6 +546,18 @@ func (e *env) testMultipart(t *testing.T) {
 	if err != nil || len(lp.Parts) != 2 || aws.ToInt64(lp.Parts[0].Size) != 5*mib {
 		t.Fatalf("list parts: %+v %v", lp, err)
 	}
+	// Pages of parts: max-parts=0 is an empty page that is not truncated
+	// (a next marker of 0 would list the same page again).
+	lp, err = e.alice.ListParts(ctx, &s3.ListPartsInput{Bucket: aws.String("alpha"), Key: aws.String("mp/big"), UploadId: up.UploadId,
+		MaxParts: aws.Int32(0)})
+	if err != nil || len(lp.Parts) != 0 || aws.ToBool(lp.IsTruncated) {
+		t.Fatalf("list parts, max-parts 0: %d parts, truncated %v, %v", len(lp.Parts), aws.ToBool(lp.IsTruncated), err)
+	}
+	lp, err = e.alice.ListParts(ctx, &s3.ListPartsInput{Bucket: aws.String("alpha"), Key: aws.String("mp/big"), UploadId: up.UploadId,
+		MaxParts: aws.Int32(1)})
+	if err != nil || len(lp.Parts) != 1 || !aws.ToBool(lp.IsTruncated) || aws.ToString(lp.NextPartNumberMarker) != "1" {
+		t.Fatalf("list parts, max-parts 1: %+v %v", lp, err)
+	}
 	lu, err := e.alice.ListMultipartUploads(ctx, &s3.ListMultipartUploadsInput{Bucket: aws.String("alpha")})
 	if err != nil || len(lu.Uploads) != 1 || *lu.Uploads[0].Key != "mp/big" {
 		t.Fatalf("list uploads: %+v %v", lu, err)
@@ -624,6 +636,34 @@ func (e *env) testMultipart(t *testing.T) {
 		t.Errorf("upload files left: %v", left)
 	}
 	if _, err := e.alice.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String("alpha"), Key: aws.String("mp/big")}); err != nil {
+		t.Fatal(err)
+	}
+
+	// An empty last part: HEAD ?partNumber= names no byte range (there is
+	// none: "bytes 5242880-5242879/5242880" is no valid Content-Range).
+	up3, err := e.alice.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String("alpha"), Key: aws.String("mp/empty")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parts []types.CompletedPart
+	for i, p := range [][]byte{p1, nil} {
+		out, err := e.alice.UploadPart(ctx, &s3.UploadPartInput{Bucket: aws.String("alpha"), Key: aws.String("mp/empty"),
+			UploadId: up3.UploadId, PartNumber: aws.Int32(int32(i + 1)), Body: bytes.NewReader(p)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		parts = append(parts, types.CompletedPart{ETag: out.ETag, PartNumber: aws.Int32(int32(i + 1))})
+	}
+	if _, err := e.alice.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{Bucket: aws.String("alpha"),
+		Key: aws.String("mp/empty"), UploadId: up3.UploadId, MultipartUpload: &types.CompletedMultipartUpload{Parts: parts}}); err != nil {
+		t.Fatal(err)
+	}
+	h, err := e.alice.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String("alpha"), Key: aws.String("mp/empty"), PartNumber: aws.Int32(2)})
+	if err != nil || aws.ToInt64(h.ContentLength) != 0 || h.ContentRange != nil || aws.ToInt32(h.PartsCount) != 2 {
+		t.Fatalf("HEAD of an empty part: length %d range %q parts %d, %v", aws.ToInt64(h.ContentLength),
+			aws.ToString(h.ContentRange), aws.ToInt32(h.PartsCount), err)
+	}
+	if _, err := e.alice.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String("alpha"), Key: aws.String("mp/empty")}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -427,7 +427,7 @@ func (b *Backend) deleteVersioned(r *os.Root, bucket, key, vid, status string, p
 	if want == nullVersion {
 		want = ""
 	}
-	marker := false
+	marker, current := false, false
 	if o, err := b.openAny(r, bucket, key); err == nil {
 		o.f.Close()
 		if o.versionID() == want {
@@ -436,6 +436,7 @@ func (b *Backend) deleteVersioned(r *os.Root, bucket, key, vid, status string, p
 			}
 			return vid, false, b.promote(r, bucket, key)
 		}
+		current = true
 	} else if !isNoSuchKey(err) {
 		return "", false, err
 	}
@@ -449,20 +450,73 @@ func (b *Backend) deleteVersioned(r *os.Root, bucket, key, vid, status string, p
 		}
 		marker = true
 	}
+	if !current {
+		if err := b.checkRestore(r, bucket, key, want, marker); err != nil {
+			return "", false, err
+		}
+	}
 	if err := b.removeVersionFile(r, bucket, p); err != nil {
 		return "", false, err
 	}
 	return vid, marker, b.promote(r, bucket, key)
 }
 
-// promote makes the newest remaining version of key the current object
-// when there is no current object and that version is not a delete marker.
-func (b *Backend) promote(r *os.Root, bucket, key string) error {
-	if _, err := r.Lstat(key); err == nil {
+// checkRestore is called before the version vid (a delete marker if
+// marker) of key, which has no current object, is deleted: if the newest
+// version left is not a delete marker, promote will make it the current
+// object, and checkRestore fails — so that the DELETE changes nothing —
+// when it could not: the key's path holds a directory of longer keys or
+// a file written directly (PUT refuses both alike), or a file is where
+// one of its directories would be. S3 knows no such conflicts; here an
+// object and a directory of the same name cannot both exist.
+func (b *Backend) checkRestore(r *os.Root, bucket, key, vid string, marker bool) error {
+	vs, err := b.versionsOf(r, key)
+	if err != nil {
+		return err
+	}
+	i := 0
+	for i < len(vs) && vs[i].id == vid && vs[i].marker == marker {
+		i++
+	}
+	if i == len(vs) || vs[i].marker {
 		return nil
+	}
+	return b.restorable(r, bucket, key)
+}
+
+// restorable says whether a version can be renamed to key: nothing may
+// be there, and no file where key's directories are.
+func (b *Backend) restorable(r *os.Root, bucket, key string) error {
+	fi, err := r.Lstat(key)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case errors.Is(err, syscall.ENOTDIR):
+		return errParentIsFile(bucket, key)
+	case err != nil:
+		return fmt.Errorf("restore %s/%s: %w", bucket, key, err)
+	case fi.IsDir():
+		return errKeyIsDirectory(bucket, key)
+	default:
+		return errUnexportedFile(bucket, key)
+	}
+}
+
+// promote makes the newest remaining version of key the current object
+// when there is no current object and that version is not a delete
+// marker; checkRestore has made sure it can.
+func (b *Backend) promote(r *os.Root, bucket, key string) error {
+	if o, err := b.openAny(r, bucket, key); err == nil {
+		o.f.Close()
+		return nil
+	} else if !isNoSuchKey(err) {
+		return err
 	}
 	vs, err := b.versionsOf(r, key)
 	if err != nil || len(vs) == 0 || vs[0].marker {
+		return err
+	}
+	if err := b.restorable(r, bucket, key); err != nil {
 		return err
 	}
 	vpath := versionFile(key, vs[0].id)

@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/aws/smithy-go"
 )
 
 func TestVersioning(t *testing.T) {
@@ -29,6 +30,8 @@ func TestVersioning(t *testing.T) {
 		t.Run("MarkerGone", e.testVersionsMarkerGone)
 		t.Run("FailAfterChange", e.testVersionsFailAfterChange)
 		t.Run("KeyBelowVersions", e.testVersionsKeyBelow)
+		t.Run("Exported", e.testVersionsExported)
+		t.Run("RestoreBlocked", e.testVersionsRestoreBlocked)
 		t.Run("OldLayout", e.testVersionsOldLayout)
 		noTempLeft(t, e)
 	})
@@ -814,6 +817,149 @@ func (e *env) testVersionsKeyBelow(t *testing.T) {
 	}
 	if got := versions(t, c, bk, "", 1000); !sameSet(got, want) {
 		t.Fatalf("versions %v, want %v", got, want)
+	}
+}
+
+// testVersionsExported: an export is one of the key's writes. Exporting
+// an object again keeps its version id (it once made the object the null
+// version, and the next PUT then replaced the key's real null version);
+// a file exported new becomes a version as a PUT's object would.
+func (e *env) testVersionsExported(t *testing.T) {
+	c, bk := e.alice, "ver-export"
+	mkBucket(t, c, bk)
+	put(t, c, bk, "k", "k-null")
+	setVersioning(t, c, bk, types.BucketVersioningStatusEnabled)
+	v1 := aws.ToString(put(t, c, bk, "k", "k-1").VersionId)
+	if _, err := e.be.Export(ctx, bk, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := getVersion(t, c, bk, "k", v1); err != nil || got != "k-1" {
+		t.Fatalf("k@%s after its export: %q %v", v1, got, err)
+	}
+	v2 := aws.ToString(put(t, c, bk, "k", "k-2").VersionId)
+	want := []string{"k@" + v2 + "*", "k@" + v1, "k@null"}
+	if got := versions(t, c, bk, "k", 1000); !sameSet(got, want) {
+		t.Fatalf("versions %v, want %v", got, want)
+	}
+	if got, err := getVersion(t, c, bk, "k", "null"); err != nil || got != "k-null" {
+		t.Fatalf("k@null: %q %v", got, err)
+	}
+
+	// A file written directly where the key has only old versions and a
+	// delete marker: exported, it is a new version.
+	m := aws.ToString(delVersion(t, c, bk, "k", "").VersionId)
+	writeFile(t, filepath.Join(e.root, bk, "k"), "k-direct")
+	if _, err := e.be.Export(ctx, bk, "k"); err != nil {
+		t.Fatal(err)
+	}
+	v3 := aws.ToString(put(t, c, bk, "k", "k-3").VersionId)
+	got := versions(t, c, bk, "k", 1000)
+	known := []string{"k@" + v3 + "*", "k@" + m + "!", "k@" + v2, "k@" + v1, "k@null"}
+	direct := slices.DeleteFunc(slices.Clone(got), func(v string) bool { return slices.Contains(known, v) })
+	if len(got) != 6 || len(direct) != 1 {
+		t.Fatalf("versions %v: want the exported file's beside %v", got, known)
+	}
+	id := strings.TrimPrefix(direct[0], "k@")
+	if d, err := getVersion(t, c, bk, "k", id); err != nil || d != "k-direct" || !validVersionID(id) || id == nullVersion {
+		t.Fatalf("the exported file's version %q: %q %v", id, d, err)
+	}
+
+	// Suspended: an object keeps its id; a new file is the null version
+	// and replaces the non-current one, as a PUT does.
+	setVersioning(t, c, bk, types.BucketVersioningStatusSuspended)
+	put(t, c, bk, "s", "s-null")
+	setVersioning(t, c, bk, types.BucketVersioningStatusEnabled)
+	vs := aws.ToString(put(t, c, bk, "s", "s-1").VersionId)
+	setVersioning(t, c, bk, types.BucketVersioningStatusSuspended)
+	if _, err := e.be.Export(ctx, bk, "s"); err != nil {
+		t.Fatal(err)
+	}
+	put(t, c, bk, "s", "s-2")
+	if got, err := getVersion(t, c, bk, "s", vs); err != nil || got != "s-1" {
+		t.Fatalf("s@%s after its export with versioning suspended: %q %v", vs, got, err)
+	}
+	// Key t: a non-current null version, then a delete marker.
+	put(t, c, bk, "t", "t-null")
+	setVersioning(t, c, bk, types.BucketVersioningStatusEnabled)
+	vt := aws.ToString(put(t, c, bk, "t", "t-1").VersionId)
+	mt := aws.ToString(delVersion(t, c, bk, "t", "").VersionId)
+	setVersioning(t, c, bk, types.BucketVersioningStatusSuspended)
+	writeFile(t, filepath.Join(e.root, bk, "t"), "t-direct")
+	if _, err := e.be.Export(ctx, bk, "t"); err != nil {
+		t.Fatal(err)
+	}
+	want = []string{"t@null*", "t@" + mt + "!", "t@" + vt}
+	if got := versions(t, c, bk, "t", 1000); !sameSet(got, want) {
+		t.Fatalf("versions %v, want %v", got, want)
+	}
+	if got, err := getVersion(t, c, bk, "t", "null"); err != nil || got != "t-direct" {
+		t.Fatalf("t@null: %q %v", got, err)
+	}
+}
+
+// testVersionsRestoreBlocked: deleting a key's newest delete marker
+// restores the version below it as the current object; where the key's
+// path is taken meanwhile (a directory of longer keys, a file written
+// directly, a file where its directory would be), the DELETE is refused
+// and changes nothing, as a PUT of the key would be.
+func (e *env) testVersionsRestoreBlocked(t *testing.T) {
+	c, bk := e.alice, "ver-restore"
+	mkBucket(t, c, bk)
+	setVersioning(t, c, bk, types.BucketVersioningStatusEnabled)
+	refused := func(key, vid, code string) {
+		t.Helper()
+		before := versions(t, c, bk, "", 1000)
+		_, err := c.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &bk, Key: &key, VersionId: &vid})
+		var ae smithy.APIError
+		if !errors.As(err, &ae) || ae.ErrorCode() != code {
+			t.Fatalf("delete %s?versionId=%s: %v, want %s", key, vid, err, code)
+		}
+		if after := versions(t, c, bk, "", 1000); !slices.Equal(after, before) {
+			t.Fatalf("the refused delete changed the versions: %v, then %v", before, after)
+		}
+	}
+	va := aws.ToString(put(t, c, bk, "a", "a-1").VersionId)
+	ma := aws.ToString(delVersion(t, c, bk, "a", "").VersionId)
+	put(t, c, bk, "a/b", "ab")
+	refused("a", ma, "ExistingObjectIsDirectory")
+
+	vy := aws.ToString(put(t, c, bk, "x/y", "xy-1").VersionId)
+	my := aws.ToString(delVersion(t, c, bk, "x/y", "").VersionId)
+	put(t, c, bk, "x", "x")
+	refused("x/y", my, "ObjectParentIsFile")
+
+	vf := aws.ToString(put(t, c, bk, "f", "f-1").VersionId)
+	mf := aws.ToString(delVersion(t, c, bk, "f", "").VersionId)
+	writeFile(t, filepath.Join(e.root, bk, "f"), "f-direct")
+	refused("f", mf, "KeyHoldsUnexportedFile")
+	// Nor can a delete marker be a copy's source.
+	_, err := c.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &bk, Key: aws.String("g"), CopySource: aws.String(bk + "/f?versionId=" + mf)})
+	var ae smithy.APIError
+	if !errors.As(err, &ae) || ae.ErrorCode() != "InvalidRequest" || !strings.Contains(ae.ErrorMessage(), "delete marker") {
+		t.Fatalf("copy of a delete marker: %v, want InvalidRequest naming it", err)
+	}
+
+	// Once the path is free, the same deletes restore the versions.
+	for _, k := range []string{"a/b", "x"} {
+		for _, v := range versions(t, c, bk, k, 1000) {
+			if key, id, _ := strings.Cut(strings.TrimRight(v, "*!"), "@"); key == k {
+				delVersion(t, c, bk, k, id)
+			}
+		}
+	}
+	if err := os.Remove(filepath.Join(e.root, bk, "f")); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []struct{ key, marker, vid, data string }{{"a", ma, va, "a-1"}, {"x/y", my, vy, "xy-1"}, {"f", mf, vf, "f-1"}} {
+		delVersion(t, c, bk, r.key, r.marker)
+		if got, err := getVersion(t, c, bk, r.key, r.vid); err != nil || got != r.data {
+			t.Fatalf("%s@%s restored: %q %v", r.key, r.vid, got, err)
+		}
+		out, err := c.GetObject(ctx, &s3.GetObjectInput{Bucket: &bk, Key: &r.key})
+		if err != nil {
+			t.Fatalf("GET %s after its marker's delete: %v", r.key, err)
+		}
+		out.Body.Close()
 	}
 }
 
