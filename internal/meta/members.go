@@ -138,8 +138,21 @@ func (s *Store) Promote(ctx context.Context, id uint64) error {
 func (s *Store) RemoveMember(ctx context.Context, id uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	_, err := s.cli.MemberRemove(ctx, id)
-	return wrap("remove member", err)
+	resp, err := s.cli.MemberRemove(ctx, id)
+	if err != nil {
+		return wrap("remove member", err)
+	}
+	// The requests that follow (the node's registration, its identity)
+	// should not meet the removed member, which answers "raft: stopped"
+	// until it shuts down: the answer lists the members left.
+	var urls []string
+	for _, m := range resp.Members {
+		urls = append(urls, m.ClientURLs...)
+	}
+	if len(urls) > 0 {
+		s.cli.SetEndpoints(urls...)
+	}
+	return nil
 }
 
 // Sync refreshes the client's endpoints from the member list (after a

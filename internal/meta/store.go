@@ -20,6 +20,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -98,6 +99,7 @@ func Open(ctx context.Context, c Config, log *slog.Logger) (*Store, error) {
 		TLS:                  tlsCfg,
 		Context:              ctx,
 		Logger:               zapNop(),
+		DialOptions:          []grpc.DialOption{grpc.WithChainUnaryInterceptor(retryStopped)},
 	})
 	if err != nil {
 		s.Close()
@@ -279,7 +281,7 @@ func wrap(op string, err error) error {
 // Unavailable code. The outcome of such a write is unknown, as after a
 // timeout; the caller may retry.
 func unavailable(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "connection") {
+	if errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "connection") || memberStopped(err) {
 		return true
 	}
 	var ee rpctypes.EtcdError

@@ -1,0 +1,50 @@
+package meta
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.etcd.io/raft/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// A member whose raft node has stopped — one just removed from the
+// cluster, between applying its removal and its server's shutdown, or
+// one shutting down — answers every request with raft's ErrStopped,
+// which etcd sends as gRPC's Unknown code: the client's own retries
+// (for Unavailable) do not apply, and the error would reach the API as
+// a 500. The request was neither proposed nor read through raft there,
+// so sending it again is safe, and the client's round-robin balancer
+// sends it to the next endpoint. Every node's client still lists a
+// removed member's URL until its next endpoint sync (30 s, or the
+// removal itself on the node that served it: RemoveMember).
+
+// stoppedRetries bounds the attempts after the first: enough to pass
+// every other endpoint of a 5-voter cluster's list once.
+const stoppedRetries = 4
+
+// memberStopped reports whether err is a stopped member's answer.
+func memberStopped(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unknown && st.Message() == raft.ErrStopped.Error()
+}
+
+// retryStopped is a unary client interceptor that sends a request a
+// stopped member refused again (see above). Streams (watches) have
+// their own reconnection.
+func retryStopped(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+	invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	for i := 0; i < stoppedRetries && memberStopped(err); i++ {
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(time.Duration(i+1) * 20 * time.Millisecond):
+		}
+		err = invoker(ctx, method, req, reply, cc, opts...)
+	}
+	return err
+}
