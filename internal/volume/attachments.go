@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base32"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -23,7 +24,7 @@ func (s *Service) Attach(ctx context.Context, c Caller, volumeRef, host, mode st
 	if mode != meta.ModeRW && mode != meta.ModeRO {
 		return nil, errs.Invalid(errs.CodeInvalidRequest, "mode must be rw or ro, not %q", mode)
 	}
-	if !hostRE.MatchString(host) {
+	if ip, err := netip.ParseAddr(host); !hostRE.MatchString(host) && (err != nil || ip.Zone() != "") {
 		return nil, errs.Invalid(errs.CodeInvalidRequest, "host %q is not a valid host name", host)
 	}
 	v, err := s.resolveVolume(ctx, c, volumeRef)

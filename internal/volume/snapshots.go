@@ -14,6 +14,37 @@ import (
 	"github.com/basalt-storage/basalt/internal/meta"
 )
 
+// replaySnapshotWithoutVolume answers a create that could not find its
+// volume (err, deleted since) with the snapshot a first call made with
+// the same client token, if there is one (see replayWithoutSource). The
+// token's fingerprint holds the volume's id: a volume named by its name
+// is not known any more, so only the snapshot's name is compared then.
+func (s *Service) replaySnapshotWithoutVolume(ctx context.Context, c Caller, volumeRef, name, token string, err error) (*meta.Snapshot, error) {
+	if e, ok := errs.As(err); token == "" || !ok || e.Kind != errs.KindNotFound {
+		return nil, err
+	}
+	var r *meta.Snapshot
+	if terr := s.meta.Update(ctx, func(tx *meta.Tx) error {
+		r = nil
+		id := tx.TokenOwner(meta.NameSnapshot, c.ID, token)
+		if id == "" {
+			return nil
+		}
+		var err error
+		r, err = tx.Snapshot(id)
+		return err
+	}); terr != nil {
+		return nil, terr
+	}
+	if r == nil {
+		return nil, err
+	}
+	if r.Name != name || volumeIDRE.MatchString(volumeRef) && r.TokenParams != fingerprint(volumeRef, name) {
+		return nil, tokenMismatch(token, r.ID)
+	}
+	return r, nil
+}
+
 // CreateSnapshot snapshots a volume: with the volume's writers stopped, its
 // cow layer freezes the top image and starts a new one (O(1) whatever the
 // size). The snapshot holds exactly the writes acknowledged before the call.
@@ -30,7 +61,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 	}
 	v, wl, err := s.lockedVolume(ctx, c, volumeRef, lock.Update)
 	if err != nil {
-		return nil, err
+		return s.replaySnapshotWithoutVolume(ctx, c, volumeRef, name, token, err)
 	}
 	defer wl.unlock()
 	limit, err := s.Limit()

@@ -56,7 +56,7 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 	if req.FromSnapshot != "" {
 		var err error
 		if src, srcLock, err = s.lockedSnapshot(ctx, c, req.FromSnapshot, lock.Read); err != nil {
-			return nil, err
+			return s.replayWithoutSource(ctx, c, req, err)
 		}
 		defer srcLock.unlock()
 		// Read again now that the lock is held, and only an available
@@ -67,7 +67,7 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		// clone built on nothing — an empty volume).
 		if src, err = s.meta.Snapshot(ctx, src.ID); err != nil {
 			if errs.IsCode(err, errs.CodeNotFound) {
-				return nil, errs.NotFound("snapshot", req.FromSnapshot)
+				return s.replayWithoutSource(ctx, c, req, errs.NotFound("snapshot", req.FromSnapshot))
 			}
 			return nil, fmt.Errorf("clone: read snapshot: %w", err)
 		}
@@ -91,7 +91,7 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		if req.FromObject != "" {
 			var err error
 			if req.SizeBytes, srcBucket, err = s.checkImport(ctx, c, req.FromObject, req.SizeBytes); err != nil {
-				return nil, err
+				return s.replayWithoutSource(ctx, c, req, err)
 			}
 		}
 		if req.Type == "" {
@@ -99,7 +99,7 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		}
 		t, err := s.VolumeType(ctx, req.Type)
 		if err != nil {
-			return nil, err
+			return s.replayWithoutSource(ctx, c, req, err)
 		}
 		stack = t.Stack
 	}
@@ -215,6 +215,48 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		s.startImport(v.ID)
 	}
 	return v, nil
+}
+
+// replayWithoutSource answers a create that could not find its source
+// (err: the snapshot, the object or the volume type is gone) with the
+// volume a first call made with the same client token, if there is one:
+// a client whose first answer was lost must learn that its volume exists
+// (it holds capacity), not that the create failed. The token's
+// fingerprint holds the size and type resolved from the source: without
+// it they are taken from the record where the request leaves them out
+// (a volume extended since then no longer matches a request without a
+// size: refused as a mismatch, not replayed).
+func (s *Service) replayWithoutSource(ctx context.Context, c Caller, req CreateVolume, err error) (*meta.Volume, error) {
+	if e, ok := errs.As(err); req.ClientToken == "" || !ok || e.Kind != errs.KindNotFound {
+		return nil, err
+	}
+	var r *meta.Volume
+	if terr := s.meta.Update(ctx, func(tx *meta.Tx) error {
+		r = nil
+		id := tx.TokenOwner(meta.NameVolume, c.ID, req.ClientToken)
+		if id == "" {
+			return nil
+		}
+		var err error
+		r, err = tx.Volume(id)
+		return err
+	}); terr != nil {
+		return nil, terr
+	}
+	if r == nil {
+		return nil, err
+	}
+	size, typ := req.SizeBytes, req.Type
+	if size == 0 {
+		size = r.SizeBytes
+	}
+	if typ == "" {
+		typ = r.Type
+	}
+	if r.TokenParams != fingerprint(req.Name, size, typ, req.FromSnapshot, req.Multiattach, req.FromObject) {
+		return nil, tokenMismatch(req.ClientToken, r.ID)
+	}
+	return r, nil
 }
 
 // refused reports whether err is a transaction's own refusal (a name

@@ -580,6 +580,107 @@ func TestIdempotentCreate(t *testing.T) {
 	checkProvisioned(t)
 }
 
+// TestIdempotentReplayWithoutSource: a create retried with its client
+// token returns what the first call made even when the source it named
+// is gone since — the snapshot of a clone, the volume type, the volume
+// of a snapshot — not NotFound, which would tell a client whose first
+// answer was lost that nothing was made (and leave the volume holding
+// capacity unknown to it). Other parameters with the token are refused.
+func TestIdempotentReplayWithoutSource(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+	src, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "src", SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn, err := s.CreateSnapshot(ctx, alice, src.ID, "snap", "snap-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.snapAvailable(sn.ID)
+	kept, err := s.CreateSnapshot(ctx, alice, src.ID, "kept", "kept-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.snapAvailable(kept.ID)
+	clone := CreateVolume{Name: "clone", FromSnapshot: "snap", ClientToken: "clone-1"}
+	c1, err := s.CreateVolume(ctx, alice, clone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	typ := uniq("gone")
+	if _, err := s.CreateVolumeType(ctx, typ, "", json.RawMessage(`{"type":"cow","children":[`+fileLeaf+`]}`)); err != nil {
+		t.Fatal(err)
+	}
+	typed := CreateVolume{Name: "typed", SizeBytes: 1 << 20, Type: typ, ClientToken: "typed-1"}
+	t1, err := s.CreateVolume(ctx, alice, typed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteSnapshot(ctx, alice, sn.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteVolumeType(ctx, typ); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteVolume(ctx, alice, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	base := e.provisioned()
+
+	if v, err := s.CreateVolume(ctx, alice, clone); err != nil || v.ID != c1.ID {
+		t.Fatalf("clone replayed after its snapshot's delete: %+v, %v; want %s", v, err, c1.ID)
+	}
+	withSize := clone
+	withSize.SizeBytes = c1.SizeBytes
+	if v, err := s.CreateVolume(ctx, alice, withSize); err != nil || v.ID != c1.ID {
+		t.Fatalf("clone replayed with its size given: %+v, %v; want %s", v, err, c1.ID)
+	}
+	if v, err := s.CreateVolume(ctx, alice, typed); err != nil || v.ID != t1.ID {
+		t.Fatalf("create replayed after its type's delete: %+v, %v; want %s", v, err, t1.ID)
+	}
+	if r, err := s.CreateSnapshot(ctx, alice, src.ID, "kept", "kept-1"); err != nil || r.ID != kept.ID {
+		t.Fatalf("snapshot replayed after its volume's delete: %+v, %v; want %s", r, err, kept.ID)
+	}
+	if r, err := s.CreateSnapshot(ctx, alice, "src", "kept", "kept-1"); err != nil || r.ID != kept.ID {
+		t.Fatalf("snapshot replayed by its deleted volume's name: %+v, %v; want %s", r, err, kept.ID)
+	}
+	if got := e.provisioned(); got != base {
+		t.Fatalf("replays provisioned %d bytes", got-base)
+	}
+	for _, c := range []struct {
+		name string
+		req  CreateVolume
+	}{
+		{"another name", CreateVolume{Name: "other", FromSnapshot: "snap", ClientToken: "clone-1"}},
+		{"another size", CreateVolume{Name: "clone", FromSnapshot: "snap", SizeBytes: 2 << 20, ClientToken: "clone-1"}},
+		{"another type", CreateVolume{Name: "typed", SizeBytes: 1 << 20, Type: "standard", ClientToken: "typed-1"}},
+		{"no type", CreateVolume{Name: "typed", SizeBytes: 1 << 20, Type: typ + "x", ClientToken: "typed-1"}},
+	} {
+		if _, err := s.CreateVolume(ctx, alice, c.req); !errs.IsCode(err, errs.CodeIdempotentMismatch) {
+			t.Errorf("%s with a used token: %v, want %s", c.name, err, errs.CodeIdempotentMismatch)
+		}
+	}
+	if _, err := s.CreateSnapshot(ctx, alice, src.ID, "other", "kept-1"); !errs.IsCode(err, errs.CodeIdempotentMismatch) {
+		t.Errorf("snapshot of another name with a used token: %v, want %s", err, errs.CodeIdempotentMismatch)
+	}
+	if _, err := s.CreateSnapshot(ctx, alice, "vol-0000000000000000", "kept", "kept-1"); !errs.IsCode(err, errs.CodeIdempotentMismatch) {
+		t.Errorf("snapshot of another volume with a used token: %v, want %s", err, errs.CodeIdempotentMismatch)
+	}
+	// Without a token, or with an unused one, the source is still missing.
+	for _, tok := range []string{"", "fresh"} {
+		req := clone
+		req.ClientToken = tok
+		if _, err := s.CreateVolume(ctx, alice, req); !errs.IsCode(err, errs.CodeNotFound) {
+			t.Errorf("clone of a deleted snapshot, token %q: %v, want NotFound", tok, err)
+		}
+	}
+	cleanupAll(t, s, alice)
+	checkProvisioned(t)
+}
+
 // smallVolume makes another small volume of c and returns its id.
 func smallVolume(t *testing.T, s *Service, c Caller) string {
 	t.Helper()
