@@ -7,15 +7,17 @@ import (
 	"io"
 
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/jsonstrict"
 	"github.com/basalt-storage/basalt/internal/volume"
 )
 
 // maxBody bounds request bodies; every request of this API is tiny.
 const maxBody = 1 << 20
 
-// decode parses a JSON request body strictly: one object, no unknown or
-// repeated fields, nothing after it. It is the single parser behind every
-// request type and a fuzz target (decode_fuzz_test.go).
+// decode parses a JSON request body strictly (jsonstrict): one object, no
+// unknown or repeated fields, no field named in another case, nothing
+// after it. It is the single parser behind every request type and a fuzz
+// target (decode_fuzz_test.go).
 func decode(body []byte, v any) error {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
@@ -27,34 +29,29 @@ func decode(body []byte, v any) error {
 	if trimmed[0] != '{' {
 		return errs.Invalid(errs.CodeMalformedJSON, "request body must be a JSON object, not %s", jsonKind(trimmed[0]))
 	}
-	d := json.NewDecoder(bytes.NewReader(body))
-	d.DisallowUnknownFields()
-	if err := d.Decode(v); err != nil {
-		if e, ok := errs.As(err); ok {
-			return e
-		}
-		var syn *json.SyntaxError
-		var typ *json.UnmarshalTypeError
-		switch {
-		case errors.As(err, &syn):
-			return errs.Invalid(errs.CodeMalformedJSON, "malformed JSON at byte %d: %v", syn.Offset, syn)
-		case errors.As(err, &typ):
-			return errs.Invalid(errs.CodeMalformedJSON, "field %q must be %s, not %s", typ.Field, typ.Type, typ.Value)
-		case errors.Is(err, io.ErrUnexpectedEOF):
-			return errs.Invalid(errs.CodeMalformedJSON, "malformed JSON: unexpected end of input")
-		}
-		return errs.Invalid(errs.CodeMalformedJSON, "malformed JSON: %v", err)
+	err := jsonstrict.Decode(body, v)
+	if err == nil {
+		return nil
 	}
-	if _, err := d.Token(); err != io.EOF {
+	if e, ok := errs.As(err); ok {
+		return e
+	}
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	var key *jsonstrict.KeyError
+	switch {
+	case errors.As(err, &key):
+		return errs.Invalid(errs.CodeMalformedJSON, "%v", key)
+	case errors.Is(err, jsonstrict.ErrTrailing):
 		return errs.Invalid(errs.CodeMalformedJSON, "malformed JSON: unexpected data after the object")
+	case errors.As(err, &syn):
+		return errs.Invalid(errs.CodeMalformedJSON, "malformed JSON at byte %d: %v", syn.Offset, syn)
+	case errors.As(err, &typ):
+		return errs.Invalid(errs.CodeMalformedJSON, "field %q must be %s, not %s", typ.Field, typ.Type, typ.Value)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return errs.Invalid(errs.CodeMalformedJSON, "malformed JSON: unexpected end of input")
 	}
-	// encoding/json keeps the last of a repeated key: {"size":"1GiB",
-	// "size":"1EiB"} would be read as 1 EiB, silently. An ambiguous
-	// body is refused like an unknown field.
-	if k, ok := repeatedKey(body); ok {
-		return errs.Invalid(errs.CodeMalformedJSON, "field %q is given twice", k)
-	}
-	return nil
+	return errs.Invalid(errs.CodeMalformedJSON, "malformed JSON: %v", err)
 }
 
 // jsonKind names the JSON value that starts with c, for messages.
@@ -72,48 +69,6 @@ func jsonKind(c byte) string {
 		return "a number"
 	}
 	return "something that is not JSON"
-}
-
-// repeatedKey finds a key given twice in one object of body, at any depth.
-// body is valid JSON (decode parsed it first).
-func repeatedKey(body []byte) (string, bool) {
-	type level struct {
-		keys map[string]bool // nil: an array
-		key  bool            // an object that expects a key next
-	}
-	var stack []level
-	d := json.NewDecoder(bytes.NewReader(body))
-	for {
-		tok, err := d.Token()
-		if err != nil {
-			return "", false
-		}
-		top := len(stack) - 1
-		if s, ok := tok.(string); ok && top >= 0 && stack[top].key {
-			if stack[top].keys[s] {
-				return s, true
-			}
-			stack[top].keys[s], stack[top].key = true, false
-			continue
-		}
-		switch tok {
-		case json.Delim('{'):
-			stack = append(stack, level{keys: map[string]bool{}, key: true})
-			continue
-		case json.Delim('['):
-			stack = append(stack, level{})
-			continue
-		case json.Delim('}'), json.Delim(']'):
-			stack = stack[:top]
-		}
-		// A value ended: the object holding it expects a key next.
-		if n := len(stack) - 1; n >= 0 && stack[n].keys != nil {
-			stack[n].key = true
-		}
-		if len(stack) == 0 {
-			return "", false
-		}
-	}
 }
 
 // ParseCreateVolume decodes and validates POST /v1/volumes.

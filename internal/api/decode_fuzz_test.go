@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
 	"strconv"
 	"testing"
 
@@ -250,64 +249,6 @@ func FuzzDecodeNodeRequests(f *testing.F) {
 			if b := bytes.TrimSpace(body); len(b) == 0 || b[0] != '{' || !json.Valid(body) {
 				t.Fatalf("body %q: accepted but is not a JSON object", body)
 			}
-		}
-	})
-}
-
-// repeatedKeyRef is repeatedKey written another way, recursively: it
-// reads one value of d and reports a key repeated in one of its objects.
-func repeatedKeyRef(d *json.Decoder) (string, bool) {
-	tok, err := d.Token()
-	if err != nil {
-		return "", false
-	}
-	switch tok {
-	case json.Delim('{'):
-		seen := map[string]bool{}
-		for d.More() {
-			k, _ := d.Token()
-			key := k.(string)
-			if seen[key] {
-				return key, true
-			}
-			seen[key] = true
-			if k, ok := repeatedKeyRef(d); ok {
-				return k, true
-			}
-		}
-		d.Token()
-	case json.Delim('['):
-		for d.More() {
-			if k, ok := repeatedKeyRef(d); ok {
-				return k, true
-			}
-		}
-		d.Token()
-	}
-	return "", false
-}
-
-// FuzzRepeatedKey: decode's check for a key given twice (at any depth)
-// agrees with a recursive reading of the same JSON.
-func FuzzRepeatedKey(f *testing.F) {
-	addSeeds(f)
-	f.Add([]byte(`{"a":{"b":1,"c":[{"b":2},{"b":3,"b":4}]}}`))
-	f.Add([]byte(`{"a":[{"a":1}],"a":2}`))
-	f.Add([]byte(`{"a":{},"b":{},"c":{"a":1}}`))
-	f.Add([]byte(`{"\u0061":1,"a":2}`))
-	f.Add([]byte(`[[{"x":[]}],{"x":{"x":{"x":1}}}]`))
-	f.Fuzz(func(t *testing.T, body []byte) {
-		if !json.Valid(body) {
-			return // repeatedKey reads what decode parsed
-		}
-		key, ok := repeatedKey(body)
-		d := json.NewDecoder(bytes.NewReader(body))
-		wantKey, want := repeatedKeyRef(d)
-		if ok != want || (ok && key != wantKey) {
-			t.Fatalf("body %q: repeatedKey %q %v, want %q %v", body, key, ok, wantKey, want)
-		}
-		if _, err := d.Token(); !want && err != io.EOF {
-			t.Fatalf("body %q: the reference did not read the whole value", body)
 		}
 	})
 }

@@ -93,7 +93,10 @@ func TestParseCreateVolume(t *testing.T) {
 		{``, errs.CodeMalformedJSON},
 		{`   `, errs.CodeMalformedJSON},
 		{"\n\t", errs.CodeMalformedJSON},
-		{`{"size":"10GiB","bogus":1}`, errs.CodeMalformedJSON},       // unknown field
+		{`{"size":"10GiB","bogus":1}`, errs.CodeMalformedJSON},    // unknown field
+		{`{"size":"1GiB","Size":"2GiB"}`, errs.CodeMalformedJSON}, // given twice, in two cases
+		{`{"SIZE":"1GiB"}`, errs.CodeMalformedJSON},               // names are case-sensitive
+		{`{"size":"1GiB","Client_Token":"t"}`, errs.CodeMalformedJSON},
 		{`{"size":"10GiB"} {"size":"1GiB"}`, errs.CodeMalformedJSON}, // a second object
 		{`{"size":"10GiB"}x`, errs.CodeMalformedJSON},                // trailing garbage
 		{`{"size":"10GiB"}]`, errs.CodeMalformedJSON},
@@ -142,6 +145,7 @@ func TestParseCreateVolumeMessages(t *testing.T) {
 		{`{"size":"1GiB"`, "unexpected end"},
 		{`{"name":1,"size":"1GiB"}`, "name"},
 		{`{"size":1152921504606846977}`, "maximum"},
+		{`{"size":"1GiB","Size":"2GiB"}`, `"Size": names are case-sensitive ("size")`},
 	}
 	for _, c := range cases {
 		_, err := ParseCreateVolume([]byte(c.body))

@@ -476,6 +476,9 @@ func TestRepeatedFields(t *testing.T) {
 		{"type", `{"name":"t","stack":{"type":"cow","children":[{"type":"file","type":"cow"}]}}`},
 		{"objects", `{"objects":[{"bucket":"bkt","key":"k","key":"j"}]}`},
 		{"volume", `{"size":"1GiB","\u0073ize":"2GiB"}`}, // the same key, escaped
+		{"volume", `{"size":"1GiB","Size":"2GiB"}`},      // encoding/json matches keys whatever their case
+		{"attach", `{"volume":"v","host":"h","mode":"ro","Mode":"rw"}`},
+		{"objects", `{"objects":[{"bucket":"bkt","key":"k","KEY":"j"}]}`},
 	} {
 		wantCode(t, c.body, parsers[c.parser]([]byte(c.body)), errs.CodeMalformedJSON)
 	}

@@ -1,7 +1,6 @@
 package block
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +11,8 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+
+	"github.com/basalt-storage/basalt/internal/jsonstrict"
 )
 
 // Spec describes a stack: a layer type, its parameters and its children
@@ -418,19 +419,12 @@ func DecodeParams(raw json.RawMessage, v any) error {
 	return nil
 }
 
-// DecodeStrict decodes one JSON value into v, refusing unknown fields and
-// anything after the value: what layers read back from their own
-// metadata must be exactly what they wrote.
+// DecodeStrict decodes one JSON value into v, refusing unknown fields,
+// repeated ones, ones named in another case and anything after the value
+// (jsonstrict): what layers read back from their own metadata must be
+// exactly what they wrote.
 func DecodeStrict(raw []byte, v any) error {
-	d := json.NewDecoder(bytes.NewReader(raw))
-	d.DisallowUnknownFields()
-	if err := d.Decode(v); err != nil {
-		return err
-	}
-	if _, err := d.Token(); err != io.EOF {
-		return errors.New("data after the JSON value")
-	}
-	return nil
+	return jsonstrict.Decode(raw, v)
 }
 
 // Combine is the capability set of a layer that needs every child for an

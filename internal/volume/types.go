@@ -163,13 +163,8 @@ func (s *Service) DeleteVolumeType(ctx context.Context, name string) error {
 // message.
 func (s *Service) checkStack(raw json.RawMessage) error {
 	var spec block.Spec
-	d := json.NewDecoder(strings.NewReader(string(raw)))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&spec); err != nil {
+	if err := block.DecodeStrict(raw, &spec); err != nil {
 		return errs.Invalid(errs.CodeInvalidStack, "stack is not a valid layer spec: %v", err)
-	}
-	if d.More() {
-		return errs.Invalid(errs.CodeInvalidStack, "stack has data after the layer spec")
 	}
 	if n := countLayers(spec, "cow"); n > 1 {
 		// Each cow keeps cow.sb in its directory and is found by image
