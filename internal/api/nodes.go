@@ -74,11 +74,12 @@ func (s *Server) join(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, resp)
 		return nil
 	}()
-	status := http.StatusOK
 	if err != nil {
-		status = s.writeError(w, err)
+		status := s.writeError(w, err)
+		s.d.Log.Info("api", "method", r.Method, "path", r.URL.Path, "user", who, "status", status, "code", codeOf(err), "took", time.Since(start).String())
+		return
 	}
-	s.d.Log.Info("api", "method", r.Method, "path", r.URL.Path, "user", who, "status", status, "code", codeOf(err), "took", time.Since(start).String())
+	s.d.Log.Info("api", "method", r.Method, "path", r.URL.Path, "user", who, "status", http.StatusOK, "took", time.Since(start).String())
 }
 
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request, _ volume.Caller) error {

@@ -32,8 +32,11 @@ type Maintained interface {
 }
 
 // Resizer is implemented by layers that can grow. Resize(n) grows the
-// layer to n bytes (never shrinks), growing its children first; on return
-// the new size is durable and Size() == n.
+// layer to at least n bytes (never shrinks), growing its children first;
+// on return the new size is durable and Size() >= n. A layer that
+// allocates in units may round up (stripe: whole stripes); a layer above
+// it keeps its own size, and the volume service presents a volume's
+// recorded size whatever its stack's (stacks.go).
 type Resizer interface {
 	Resize(n int64) error
 }
