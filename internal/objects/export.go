@@ -383,20 +383,18 @@ func (b *Backend) Export(ctx context.Context, bucket, key string) (ObjectInfo, e
 	if err := readableByOwner(r, bucket, key, st); err != nil {
 		return ObjectInfo{}, err
 	}
-	// In a versioned bucket the record says which version the file is,
-	// and PUTs and DELETEs of the key read it to keep the file as that
-	// version: an export is one of the key's writes.
+	// An export is one of the key's writes: conditional writes check the
+	// record it replaces, and in a versioned bucket the record says which
+	// version the file is, which PUTs and DELETEs read to keep it.
 	status, err := b.versioning(ctx, bucket)
 	if err != nil {
 		return ObjectInfo{}, err
 	}
-	if status != "" {
-		unlock, err := b.versionLock(bucket, key)
-		if err != nil {
-			return ObjectInfo{}, err
-		}
-		defer unlock()
+	unlock, err := b.keyLock(bucket, key)
+	if err != nil {
+		return ObjectInfo{}, err
 	}
+	defer unlock()
 	// What the old record said that is not about the bytes.
 	var old *objectMeta
 	if m, err := b.meta.read(f, bucket, key); err == nil {

@@ -93,7 +93,7 @@ func (b *Backend) PutImage(ctx context.Context, in ImageInput) (ObjectInfo, erro
 	if err := b.finish(&received{f: f, st: statOf(fi)}, m); err != nil {
 		return ObjectInfo{}, controlError(err)
 	}
-	if err := b.publishWrite(r, in.Bucket, in.Key, f, m, status); err != nil {
+	if err := b.publishWrite(r, in.Bucket, in.Key, f, m, status, nil); err != nil {
 		return ObjectInfo{}, controlError(err)
 	}
 	published = true

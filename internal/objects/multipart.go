@@ -530,8 +530,11 @@ func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMu
 	if err != nil {
 		return none, "", err
 	}
-	if in.IfMatch != nil || in.IfNoneMatch != nil {
-		if err := b.putPreconditions(r, bucket, key, in.IfMatch, in.IfNoneMatch); err != nil {
+	check := b.putPreconditions(r, bucket, key, in.IfMatch, in.IfNoneMatch)
+	if check != nil {
+		// Before the parts are joined, to fail fast; again under the
+		// key's lock.
+		if err := check(); err != nil {
 			return none, "", err
 		}
 	}
@@ -616,7 +619,7 @@ func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMu
 	} else if err != nil {
 		return none, "", fmt.Errorf("complete upload %s: %w", id, err)
 	}
-	if err := b.publishWrite(r, bucket, key, tmp, &m, status); err != nil {
+	if err := b.publishWrite(r, bucket, key, tmp, &m, status, check); err != nil {
 		return none, "", err
 	}
 	rc.published = true

@@ -238,8 +238,10 @@ func (b *Backend) PutObject(ctx context.Context, in s3response.PutObjectInput) (
 	if err != nil {
 		return s3response.PutObjectOutput{}, err
 	}
-	if in.IfMatch != nil || in.IfNoneMatch != nil {
-		if err := b.putPreconditions(r, bucket, key, in.IfMatch, in.IfNoneMatch); err != nil {
+	check := b.putPreconditions(r, bucket, key, in.IfMatch, in.IfNoneMatch)
+	if check != nil {
+		// Before the body, to fail fast; again under the key's lock.
+		if err := check(); err != nil {
 			return s3response.PutObjectOutput{}, err
 		}
 	}
@@ -269,7 +271,7 @@ func (b *Backend) PutObject(ctx context.Context, in s3response.PutObjectInput) (
 	if err := b.finish(rc, m); err != nil {
 		return s3response.PutObjectOutput{}, err
 	}
-	if err := b.publishWrite(r, bucket, key, rc.f, m, status); err != nil {
+	if err := b.publishWrite(r, bucket, key, rc.f, m, status, check); err != nil {
 		return s3response.PutObjectOutput{}, err
 	}
 	rc.published = true
@@ -288,19 +290,25 @@ func (b *Backend) PutObject(ctx context.Context, in s3response.PutObjectInput) (
 	return out, nil
 }
 
-// putPreconditions evaluates If-Match / If-None-Match of a write against
-// the current object (not atomically with the write that follows).
-func (b *Backend) putPreconditions(r *os.Root, bucket, key string, ifMatch, ifNoneMatch *string) error {
-	etag := ""
-	o, err := b.openObject(r, bucket, key)
-	exists := err == nil
-	if exists {
-		etag = o.m.ETag
-		o.f.Close()
-	} else if !isNoSuchKey(err) {
-		return err
+// putPreconditions returns the check of a write's If-Match /
+// If-None-Match against the current object, nil if it has neither.
+// publishWrite runs it under the key's lock, atomically with the write.
+func (b *Backend) putPreconditions(r *os.Root, bucket, key string, ifMatch, ifNoneMatch *string) func() error {
+	if ifMatch == nil && ifNoneMatch == nil {
+		return nil
 	}
-	return putConditions(etag, exists, ifMatch, ifNoneMatch)
+	return func() error {
+		etag := ""
+		o, err := b.openObject(r, bucket, key)
+		exists := err == nil
+		if exists {
+			etag = o.m.ETag
+			o.f.Close()
+		} else if !isNoSuchKey(err) {
+			return err
+		}
+		return putConditions(etag, exists, ifMatch, ifNoneMatch)
+	}
 }
 
 // cloneMeta copies user metadata out of the request's buffers.

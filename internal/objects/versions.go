@@ -182,27 +182,37 @@ func writeVersion(status string) string {
 	return ""
 }
 
-// versionLock serialises the versioned writes and deletes of bucket/key.
-func (b *Backend) versionLock(bucket, key string) (func(), error) {
+// keyLock serialises the writes and deletes of bucket/key, across
+// gateways sharing the file system: a write's conditions (If-Match,
+// If-None-Match) are checked under it, so that they hold when the write
+// lands, and versioned writes keep the current object under it.
+func (b *Backend) keyLock(bucket, key string) (func(), error) {
 	h := sha256.Sum256([]byte(bucket + "/" + key))
 	return lockFile(filepath.Join(b.work, "locks", "v"+hex.EncodeToString(h[:1])), unix.LOCK_EX)
 }
 
 // publishWrite publishes tmp (record m attached) as bucket/key like
-// publish; with versioning on (status not ""), the current object is
-// first hard-linked to its version file (unless it is the null version
-// and status is Suspended: then it is replaced), and with Suspended an
-// older null version is removed once the new object is in place.
-func (b *Backend) publishWrite(r *os.Root, bucket, key string, tmp *os.File, m *objectMeta, status string) error {
-	if status == "" {
-		_, err := b.publish(r, bucket, key, tmp, m)
-		return err
-	}
-	unlock, err := b.versionLock(bucket, key)
+// publish, under the key's lock, once check (if not nil: the write's
+// conditions) passes; with versioning on (status not ""), the current
+// object is first hard-linked to its version file (unless it is the null
+// version and status is Suspended: then it is replaced), and with
+// Suspended an older null version is removed once the new object is in
+// place.
+func (b *Backend) publishWrite(r *os.Root, bucket, key string, tmp *os.File, m *objectMeta, status string, check func() error) error {
+	unlock, err := b.keyLock(bucket, key)
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	if check != nil {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	if status == "" {
+		_, err := b.publish(r, bucket, key, tmp, m)
+		return err
+	}
 	kept, err := b.keepCurrent(r, bucket, key, status == statusSuspended)
 	if err != nil {
 		return err
@@ -380,21 +390,21 @@ func (b *Backend) addMarker(r *os.Root, bucket, key, vid string) error {
 // status, or with a version id (vid, "" for none). It returns the version
 // id to answer and whether it is a delete marker.
 func (b *Backend) deleteVersioned(r *os.Root, bucket, key, vid, status string, pre *backend.ObjectDeletePreconditions) (string, bool, error) {
-	if vid == "" && status == "" {
-		_, err := b.deleteObject(r, bucket, key, pre)
-		return "", false, err
-	}
 	if vid != "" && !validVersionID(vid) {
 		return "", false, errInvalidVersion(vid)
 	}
 	if checkKey(key) != nil {
 		return "", false, nil // not an object: nothing to delete
 	}
-	unlock, err := b.versionLock(bucket, key)
+	unlock, err := b.keyLock(bucket, key)
 	if err != nil {
 		return "", false, err
 	}
 	defer unlock()
+	if vid == "" && status == "" {
+		_, err := b.deleteObject(r, bucket, key, pre)
+		return "", false, err
+	}
 	if vid == "" {
 		// A delete marker becomes the latest version.
 		kept, err := b.keepCurrent(r, bucket, key, status == statusSuspended)
