@@ -57,7 +57,8 @@
 //     is failed, or rebuilding and the stripe is not yet rebuilt), and
 //     only in their epoch.
 //  3. A dirty stripe whose missing data chunk has no journal entry (the leg
-//     vanished in the same crash that interrupted the update) cannot be
+//     vanished in the same crash that interrupted the update, or fails
+//     the open's recovery of the stripe: see "Failures") cannot be
 //     recovered. It is marked lost for that leg (persisted): reads of that
 //     chunk fail with EIO instead of returning reconstructed garbage, and
 //     the stripe is made consistent with zeroes standing in for the chunk.
@@ -121,6 +122,17 @@
 // and recovers normally. Meanwhile what can be read directly is served;
 // the rest fails with EIO.
 //
+// At open the same holds for the recovery of the stripes a crash left
+// dirty (invariant 1): a leg that fails one of its reads, parity writes
+// or its flush is taken out as a leg found gone is — the open succeeds
+// degraded, and the new epoch records the leg failed. The stripe it failed
+// in is recovered without it, so its chunk there, if a data chunk, is lost
+// (invariant 3); stripes recovered before it failed keep their chunk on
+// it, which their new parity reconstructs once the other legs are
+// flushed. A second leg out during that recovery freezes the layer as
+// above, the open succeeding all the same. Close, too, marks failed a leg
+// whose flush fails (or that failed a write not yet marked), as Flush does.
+//
 // # A full store
 //
 // A leg that refuses a write or a flush for want of space (ENOSPC, EDQUOT)
@@ -144,11 +156,11 @@
 // same with that work unsettled, every dirty stripe unsettled; a
 // superblock write that fails (and may have landed: the disk's epoch is
 // then unknown) leaves updates refused until a superblock write succeeds.
-// A leg failing meanwhile for another reason freezes the layer, as a
-// second leg out does (a new epoch would declare the unsettled stripes
-// consistent); the next open recovers. A rebuild whose writes the store
-// refuses stops, its leg still rebuilding, and starts again at the next
-// Flush that succeeds.
+// A leg failing meanwhile for another reason — settle's own recovery
+// included — freezes the layer, as a second leg out does (a new epoch
+// would declare the unsettled stripes consistent); the next open
+// recovers. A rebuild whose writes the store refuses stops, its leg still
+// rebuilding, and starts again at the next Flush that succeeds.
 //
 // A store whose file system has turned read-only (EROFS from the whole
 // file system, block.ErrStoreReadOnly; ext4 remounts itself so after an
@@ -418,7 +430,13 @@ func (l *Layer) settleLocked() error {
 		for i := range gone {
 			gone[i] = l.state[i] == legFailed && l.disk[i] != legFailed
 		}
-		if err := l.recover(l.disk, gone, true); err != nil {
+		if err := l.recover(l.disk, gone, true, false); err != nil {
+			if le := asLegError(err); le != nil {
+				// A leg failed meanwhile: with stripes still unsettled
+				// that freezes the layer (markFailedLocked); the next
+				// open recovers, taking the leg out if it fails again.
+				return l.markFailedLocked(le)
+			}
 			return fmt.Errorf("parity: stripes a full store left unsettled are still to recover: %w", err)
 		}
 		// Every stripe is consistent and durable, every intent bit
@@ -697,7 +715,7 @@ func (l *Layer) open() error {
 		l.frozen.Store(true)
 		l.log.Error("parity: two legs out; serving reads only", "state", string(l.state))
 	}
-	if err := l.recover(persisted, gone, !l.ro && !l.frozen.Load()); err != nil {
+	if err := l.recover(persisted, gone, !l.ro && !l.frozen.Load(), true); err != nil {
 		if !block.StoreRefused(err) {
 			return err
 		}
@@ -718,8 +736,9 @@ func (l *Layer) open() error {
 		l.needSettle(true, false, fmt.Errorf("recovery after an unclean shutdown: %w", err))
 		return nil
 	}
-	// Persist a leg found gone: a new epoch, with every stripe consistent
-	// (recovery flushed the legs and cleared every intent bit).
+	// Persist a leg found gone (or taken out by recovery): a new epoch,
+	// with every stripe consistent (recovery flushed the legs and cleared
+	// every intent bit).
 	if !slices.Equal(l.state, persisted) && !l.ro && !l.frozen.Load() {
 		if err := l.switchEpoch(l.state); err != nil {
 			if !block.StoreRefused(err) {
@@ -806,7 +825,36 @@ func (l *Layer) isLost(s int64, leg int) bool {
 // persisted is the leg state the superblock holds; gone marks legs
 // missing now. Without write (read-only or frozen) nothing is written:
 // such stripes become suspect or lost in memory.
-func (l *Layer) recover(persisted []byte, gone []bool, write bool) error {
+//
+// With takeOut (open), a leg that fails an I/O of the recovery (a read,
+// a parity write, the flush) is taken out as a leg found gone is: failed
+// in l.state (the caller commits it with a new epoch) and gone from then
+// on. The stripe it failed in is recovered again without it — its chunk
+// there, if it held data, is lost (invariant 3); the stripes recovered
+// before keep its chunk, which their new parity reconstructs once the
+// other legs are flushed. A second leg out freezes the layer: nothing
+// more is written (the stripes left become suspect) and nothing is
+// persisted, so the next open with one of them back recovers. Without
+// takeOut (settle) a leg's error is returned.
+func (l *Layer) recover(persisted []byte, gone []bool, write, takeOut bool) error {
+	fail := func(err error) bool {
+		le := asLegError(err)
+		if !takeOut || !write || le == nil || !slices.ContainsFunc(le.legs(), func(f int) bool { return !gone[f] }) {
+			return false // (a leg already out is never read or written: no loop)
+		}
+		for _, f := range le.legs() {
+			l.log.Error("parity leg failed while recovering after an unclean shutdown; running without it",
+				"leg", f, "err", le.err)
+			gone[f] = true
+			l.state[f] = legFailed
+		}
+		if countOut(l.state) > 1 {
+			l.frozen.Store(true)
+			l.log.Error("parity: two legs out; serving reads only", "state", string(l.state))
+			write = false
+		}
+		return true
+	}
 	dirty := false
 	for i := l.bm.NextSet(0); i >= 0; i = l.bm.NextSet(i + 1) {
 		s, k := i/l.bps, i%l.bps
@@ -816,64 +864,30 @@ func (l *Layer) recover(persisted []byte, gone []bool, write bool) error {
 		if k != l.intentBit(0, l.epoch) {
 			continue // the other epoch's bits are stale
 		}
-		var miss []int
-		for leg := range l.n {
-			if gone[leg] || persisted[leg] == legFailed || persisted[leg] == legRebuilding && l.bm.Get(l.rebuildBit(s)) {
-				miss = append(miss, leg)
+		for {
+			err := l.recoverStripe(s, persisted, gone, write)
+			if err == nil {
+				break
 			}
-		}
-		m := -1
-		if len(miss) > 0 {
-			m = miss[0]
-		}
-		switch {
-		case len(miss) > 1:
-			l.log.Error("parity: stripe interrupted with two legs missing; cannot recover it", "stripe", s)
-			l.markSuspect(s)
-			continue
-		case m >= 0 && m == l.parityLeg(s):
-			continue // all data present; the parity chunk does not exist
-		}
-		var dm []byte
-		if m >= 0 {
-			if persisted[m] == legFailed || persisted[m] == legRebuilding && l.bm.Get(l.rebuildBit(s)) {
-				// The chunk was missing for the whole epoch, which began
-				// with every stripe consistent, and every change of a
-				// stripe missing a data chunk since was journaled first:
-				// no entry means no change.
-				found := false
-				var err error
-				if dm, found, err = l.jr.lookup(s, m); err != nil {
-					return fmt.Errorf("journal: %w", err)
-				}
-				if !found {
-					continue
-				}
-			} else if l.holdsData(s, m) && !l.bm.Get(l.lostBit(s, m)) {
-				// The leg vanished in the crash that interrupted the
-				// update: its chunk can only come from the parity, which
-				// may not match. (A chunk wholly past the device's end
-				// holds zeroes — no write reaches it — and resync stands
-				// them in for it: marked lost, it could never be healed.)
-				l.log.Error("parity: stripe was being written when its leg vanished; its chunk on that leg is lost",
-					"stripe", s, "leg", m)
-				l.bm.Set(l.lostBit(s, m))
-				l.lost.Add(1)
+			if !fail(err) {
+				return err
 			}
-		}
-		if !write {
-			l.markSuspect(s)
-			continue
-		}
-		if err := l.resync(s, m, dm); err != nil {
-			return fmt.Errorf("recover stripe %d: %w", s, err)
 		}
 	}
 	if !dirty || !write {
 		return nil
 	}
-	if err := l.flushLegs(-1); err != nil {
-		return fmt.Errorf("recover: %w", err)
+	for {
+		err := l.flushLegs(-1)
+		if err == nil {
+			break
+		}
+		if !fail(err) {
+			return fmt.Errorf("recover: %w", err)
+		}
+		if !write {
+			return nil // frozen: the intent bits stay for the next open
+		}
 	}
 	for i := l.bm.NextSet(0); i >= 0; i = l.bm.NextSet(i + 1) {
 		if k := i % l.bps; k == 0 || k == 1 {
@@ -881,6 +895,65 @@ func (l *Layer) recover(persisted []byte, gone []bool, write bool) error {
 		}
 	}
 	return l.syncBitmap()
+}
+
+// recoverStripe is recover's work on stripe s, whose current intent bit
+// is set.
+func (l *Layer) recoverStripe(s int64, persisted []byte, gone []bool, write bool) error {
+	var miss []int
+	for leg := range l.n {
+		if gone[leg] || persisted[leg] == legFailed || persisted[leg] == legRebuilding && l.bm.Get(l.rebuildBit(s)) {
+			miss = append(miss, leg)
+		}
+	}
+	m := -1
+	if len(miss) > 0 {
+		m = miss[0]
+	}
+	switch {
+	case len(miss) > 1:
+		l.log.Error("parity: stripe interrupted with two legs missing; cannot recover it", "stripe", s)
+		l.markSuspect(s)
+		return nil
+	case m >= 0 && m == l.parityLeg(s):
+		return nil // all data present; the parity chunk does not exist
+	}
+	var dm []byte
+	if m >= 0 {
+		if persisted[m] == legFailed || persisted[m] == legRebuilding && l.bm.Get(l.rebuildBit(s)) {
+			// The chunk was missing for the whole epoch, which began
+			// with every stripe consistent, and every change of a
+			// stripe missing a data chunk since was journaled first:
+			// no entry means no change.
+			found := false
+			var err error
+			if dm, found, err = l.jr.lookup(s, m); err != nil {
+				return fmt.Errorf("journal: %w", err)
+			}
+			if !found {
+				return nil
+			}
+		} else if l.holdsData(s, m) && !l.bm.Get(l.lostBit(s, m)) {
+			// The leg vanished in the crash that interrupted the
+			// update (or failed recovering it): its chunk can only
+			// come from the parity, which may not match. (A chunk
+			// wholly past the device's end holds zeroes — no write
+			// reaches it — and resync stands them in for it: marked
+			// lost, it could never be healed.)
+			l.log.Error("parity: stripe was being written when its leg vanished; its chunk on that leg is lost",
+				"stripe", s, "leg", m)
+			l.bm.Set(l.lostBit(s, m))
+			l.lost.Add(1)
+		}
+	}
+	if !write {
+		l.markSuspect(s)
+		return nil
+	}
+	if err := l.resync(s, m, dm); err != nil {
+		return fmt.Errorf("recover stripe %d: %w", s, err)
+	}
+	return nil
 }
 
 func (l *Layer) markSuspect(s int64) {
@@ -1028,7 +1101,12 @@ func (l *Layer) Resize(size int64) error {
 // Close implements block.Device: it stops a rebuild (it resumes on the
 // next open), flushes the legs and, if that worked (and the layer is not
 // frozen), clears every intent bit so the next open has nothing to
-// recover.
+// recover. A leg that fails its flush — or failed a write of an update
+// still waiting to mark it failed (see failing) — is marked failed first,
+// as at Flush (markFailedLocked: the other legs flushed, then a new
+// epoch), so what was written is durable on the others and Close succeeds
+// degraded; a second leg out freezes the layer and Close returns
+// errFrozen, the intent bits kept for the next open.
 func (l *Layer) Close() error {
 	l.rb.stop()
 	l.mode.Lock()
@@ -1036,11 +1114,23 @@ func (l *Layer) Close() error {
 		l.mode.Unlock()
 		return nil
 	}
-	l.closed = true
-	l.cancel()
 	var first error
 	if !l.ro {
-		if err := l.flushLegs(-1); err != nil {
+		// As Flush does, a leg that failed a write (its chunk of that
+		// stripe stale) or fails the flush is marked failed before any
+		// intent bit is cleared — while not closed yet: markFailedLocked
+		// refuses a closed layer.
+		var err error
+		if le := asLegError(l.failingError()); le != nil {
+			err = l.markFailedLocked(le)
+		}
+		if err == nil {
+			err = l.flushLegs(-1)
+			if le := asLegError(err); le != nil {
+				err = l.markFailedLocked(le)
+			}
+		}
+		if err != nil {
 			first = err
 		} else if err := l.settleIfUnfrozen(); err != nil {
 			// Stripes a full store left unsettled keep their bits: the
@@ -1055,6 +1145,8 @@ func (l *Layer) Close() error {
 			first = l.syncBitmap()
 		}
 	}
+	l.closed = true
+	l.cancel()
 	l.mode.Unlock()
 	l.rb.stop() // a rebuild started while we waited for mode
 	l.bm.Close()

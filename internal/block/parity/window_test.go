@@ -149,3 +149,62 @@ func TestInternalFlushInFailingLegWindow(t *testing.T) {
 		t.Fatal("the hook did not run: the update did not land with a leg error")
 	}
 }
+
+// A Close in the same window must not clear the intent bits while leg b,
+// whose write of the update failed, is still in service: b's chunk of the
+// stripe is stale while its parity is new, and a reopen trusting b (and
+// the stripe, its bit clear) would serve the stale chunk and, b or another
+// leg lost later, reconstruct garbage. Close marks b failed first, as
+// Flush would, so the reopen finds b out and the stripe consistent on the
+// other legs. The update itself is not acknowledged (closed meanwhile).
+func TestCloseInFailingLegWindow(t *testing.T) {
+	t.Parallel()
+	const n, chunk = 4, 4096
+	spec := specFor(n, chunk)
+	dsz := int64((n - 1) * chunk)
+	env := block.Env{Dir: t.TempDir(), Size: 8 * dsz, Create: true}
+	l := build(t, env, spec)
+	rng := rand.New(rand.NewPCG(9, 9))
+	model := randBytes(rng, l.Size())
+	if err := l.WriteAt(model, 0, true); err != nil {
+		t.Fatal(err)
+	}
+	const s = 1
+	b := l.dataLeg(s, 0)
+	l.children[b] = writeFails{l.children[b]}
+	ran := false
+	l.landedHook = func() {
+		if ran {
+			return
+		}
+		ran = true
+		if err := l.Close(); err != nil {
+			t.Errorf("close in the window: %v", err)
+		}
+	}
+	p := randBytes(rng, 1024)
+	if err := l.WriteAt(p, s*dsz, false); err == nil {
+		t.Fatal("update acknowledged although the layer closed before marking its failed leg")
+	}
+	if !ran {
+		t.Fatal("the hook did not run: the update did not land with a leg error")
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	env.Create = false
+	l = build(t, env, spec)
+	defer l.Close()
+	if l.state[b] != legFailed {
+		t.Fatalf("leg %d: state %q after a close in the window, want failed", b, l.state)
+	}
+	got := make([]byte, len(p))
+	if err := l.ReadAt(got, s*dsz); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, p) && !bytes.Equal(got, model[s*dsz:s*dsz+int64(len(p))]) {
+		t.Fatal("the unacknowledged update reads as neither its data nor what was there")
+	}
+	copy(model[s*dsz:], got)
+	mustRead(t, l, model, "reopened")
+}
