@@ -1,6 +1,7 @@
 package block
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"sync"
 
@@ -206,6 +208,11 @@ type Type struct {
 	// crypt) set it.
 	ChildSize func(params json.RawMessage, size int64, n int) (int64, error)
 	New       Factory
+	// Params is a value of the layer's parameter type (a struct): CheckNew
+	// holds a new stack's parameters to its fields' JSON names exactly —
+	// no other case, no key twice (jsonstrict) — which building a saved
+	// stack does not (DecodeParams). Nil: not checked.
+	Params any
 	// Compose, when set, is used instead of New: the layer builds its
 	// children itself from their specs (cow builds one child stack per
 	// image, each in its own directory).
@@ -254,6 +261,35 @@ func Types() []Type {
 // counts, depth, and no file opened by two layers in one directory.
 func Check(s Spec) error {
 	return check(s, dirFiles{}, 1)
+}
+
+// CheckNew is Check for a stack given as new input (a volume type being
+// created): each layer's parameters must also name its fields exactly
+// (Type.Params) — not in another case, no key twice — which Check, run
+// by every Build, does not ask of saved stacks: some were accepted before
+// names were case-sensitive, and must still build.
+func CheckNew(s Spec) error {
+	if err := Check(s); err != nil {
+		return err
+	}
+	return exactParams(s)
+}
+
+func exactParams(s Spec) error {
+	registryMu.RLock()
+	t := registry[s.Type]
+	registryMu.RUnlock()
+	if t.Params != nil && len(s.Params) > 0 {
+		if err := jsonstrict.Decode(s.Params, reflect.New(reflect.TypeOf(t.Params)).Interface()); err != nil {
+			return fmt.Errorf("layer %q: params: %w", s.Type, err)
+		}
+	}
+	for i, c := range s.Children {
+		if err := exactParams(c); err != nil {
+			return fmt.Errorf("%s child %d: %w", s.Type, i, err)
+		}
+	}
+	return nil
 }
 
 // MaxDepth bounds how deeply a spec nests. Real stacks are a handful of
@@ -419,12 +455,22 @@ func DecodeParams(raw json.RawMessage, v any) error {
 	return nil
 }
 
-// DecodeStrict decodes one JSON value into v, refusing unknown fields,
-// repeated ones, ones named in another case and anything after the value
-// (jsonstrict): what layers read back from their own metadata must be
-// exactly what they wrote.
+// DecodeStrict decodes one JSON value into v, refusing unknown fields and
+// anything after the value: what layers read back from their own
+// metadata must be exactly what they wrote. It matches keys to fields
+// whatever their case, as stacks saved before CheckNew held new
+// parameters to their exact names (Type.Params) hold some in another
+// case, and must still build.
 func DecodeStrict(raw []byte, v any) error {
-	return jsonstrict.Decode(raw, v)
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		return err
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return errors.New("data after the JSON value")
+	}
+	return nil
 }
 
 // Combine is the capability set of a layer that needs every child for an

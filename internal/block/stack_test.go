@@ -172,3 +172,32 @@ func TestCombine(t *testing.T) {
 		t.Fatal("FastZero claimed with a child that lacks it")
 	}
 }
+
+// TestCheckNewHoldsParamsToTheirNames: a new stack's parameters must name
+// the layer's fields exactly (Type.Params) — "Chunk" for "chunk" is
+// refused, as a key given twice is — but a saved stack holding such a
+// name, accepted before names were case-sensitive, still builds.
+func TestCheckNewHoldsParamsToTheirNames(t *testing.T) {
+	leaves := `{"type":"file","params":{"path":"a.img"}},{"type":"file","params":{"path":"b.img"}}`
+	for spec, ok := range map[string]bool{
+		`{"type":"stripe","params":{"chunk":65536},"children":[` + leaves + `]}`:                   true,
+		`{"type":"stripe","params":{"Chunk":65536},"children":[` + leaves + `]}`:                   false,
+		`{"type":"stripe","params":{"chunk":4096,"chunk":65536},"children":[` + leaves + `]}`:      false,
+		`{"type":"stripe","children":[{"type":"file","params":{"Path":"a.img"}},{"type":"file"}]}`: false,
+	} {
+		s := blocktest.Spec(t, spec)
+		if err := block.CheckNew(s); (err == nil) != ok {
+			t.Errorf("CheckNew(%s) = %v, want ok %v", spec, err, ok)
+		}
+	}
+	saved := blocktest.Spec(t, `{"type":"stripe","params":{"Chunk":65536},"children":[`+leaves+`]}`)
+	l, err := block.Build(block.Env{Dir: t.TempDir(), Size: 1 << 20, Create: true}, saved)
+	if err != nil {
+		t.Fatalf("a saved stack with a parameter in another case: %v", err)
+	}
+	var p struct{ Chunk int64 }
+	if err := json.Unmarshal(l.Describe().Params, &p); err != nil || p.Chunk != 65536 {
+		t.Errorf("its params %s: chunk %d, %v; want 65536", l.Describe().Params, p.Chunk, err)
+	}
+	l.Close()
+}

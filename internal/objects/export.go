@@ -383,9 +383,26 @@ func (b *Backend) Export(ctx context.Context, bucket, key string) (ObjectInfo, e
 	if err := readableByOwner(r, bucket, key, st); err != nil {
 		return ObjectInfo{}, err
 	}
-	// An export is one of the key's writes: conditional writes check the
-	// record it replaces, and in a versioned bucket the record says which
-	// version the file is, which PUTs and DELETEs read to keep it.
+	sum, n, err := md5Range(ctx, f, 0, st.Size)
+	if err != nil {
+		return ObjectInfo{}, fileError(bucket, key, "read", err)
+	}
+	after, err := f.Stat()
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	if n != st.Size || !sameStat(st, statOf(after)) {
+		return ObjectInfo{}, errChanged(bucket, key)
+	}
+	if nl := statOf(after).Nlink; nl > 1 {
+		return ObjectInfo{}, errHardLinked(bucket, key, uint64(nl))
+	}
+	// From here an export is one of the key's writes (the hash, which may
+	// take long, is not under the lock, which other keys share: the file
+	// is checked unchanged when the record is published): conditional
+	// writes check the record it replaces, and in a versioned bucket the
+	// record says which version the file is, which PUTs and DELETEs read
+	// to keep it.
 	status, err := b.versioning(ctx, bucket)
 	if err != nil {
 		return ObjectInfo{}, err
@@ -401,20 +418,6 @@ func (b *Backend) Export(ctx context.Context, bucket, key string) (ObjectInfo, e
 		old = m
 	} else if !errors.Is(err, errNoMeta) {
 		b.log.Warn("export replaces an unreadable record", "bucket", bucket, "key", key, "err", err)
-	}
-	sum, n, err := md5Range(ctx, f, 0, st.Size)
-	if err != nil {
-		return ObjectInfo{}, fileError(bucket, key, "read", err)
-	}
-	after, err := f.Stat()
-	if err != nil {
-		return ObjectInfo{}, err
-	}
-	if n != st.Size || !sameStat(st, statOf(after)) {
-		return ObjectInfo{}, errChanged(bucket, key)
-	}
-	if nl := statOf(after).Nlink; nl > 1 {
-		return ObjectInfo{}, errHardLinked(bucket, key, uint64(nl))
 	}
 	m := &objectMeta{ETag: `"` + hex.EncodeToString(sum) + `"`}
 	m.setStat(st)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/jsonstrict"
 	"github.com/basalt-storage/basalt/internal/meta"
 )
 
@@ -163,7 +164,7 @@ func (s *Service) DeleteVolumeType(ctx context.Context, name string) error {
 // message.
 func (s *Service) checkStack(raw json.RawMessage) error {
 	var spec block.Spec
-	if err := block.DecodeStrict(raw, &spec); err != nil {
+	if err := jsonstrict.Decode(raw, &spec); err != nil {
 		return errs.Invalid(errs.CodeInvalidStack, "stack is not a valid layer spec: %v", err)
 	}
 	if n := countLayers(spec, "cow"); n > 1 {
@@ -171,7 +172,7 @@ func (s *Service) checkStack(raw json.RawMessage) error {
 		// collection through the volume's directory: one per stack.
 		return errs.Invalid(errs.CodeInvalidStack, "stack has %d cow layers; at most one is allowed", n)
 	}
-	if err := block.Check(spec); err != nil {
+	if err := block.CheckNew(spec); err != nil {
 		return errs.Invalid(errs.CodeInvalidStack, "stack: %v", err)
 	}
 	if err := checkPaths(spec); err != nil {

@@ -1,6 +1,7 @@
 package volume
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -495,4 +496,52 @@ func TestDeviceSizeIsRecordSize(t *testing.T) {
 			t.Errorf("extended to 300 KiB, the volume exports a %d-byte device", l.Size())
 		}
 	})
+}
+
+// TestSavedStackParamsInAnotherCase: a volume type an older basalt
+// accepted and stored with a parameter named in another case (params
+// {"Chunk":16384}: its decoder matched keys whatever their case) still
+// makes volumes, and a volume recorded with such a stack still opens;
+// only new types are held to the exact names (block.CheckNew).
+func TestSavedStackParamsInAnotherCase(t *testing.T) {
+	e := newEnv(t)
+	s := e.started(Config{})
+	ctx := ctxT(t)
+	alice := caller("alice")
+
+	// The old decoders accepted this stack (checkStack and cow's params).
+	stack := json.RawMessage(`{"type":"cow","params":{"Chunk":16384},"children":[` + fileLeaf + `]}`)
+	var old struct {
+		Chunk int64 `json:"chunk,omitempty"`
+	}
+	d := json.NewDecoder(bytes.NewReader([]byte(`{"Chunk":16384}`)))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&old); err != nil || old.Chunk != 16384 {
+		t.Fatalf("old decoder: %v %+v", err, old)
+	}
+
+	// Stored as the older version stored it (CreateVolumeType keeps the raw stack).
+	name := uniq("oldtype")
+	e.update(func(tx *meta.Tx) error {
+		tx.PutVolumeType(&meta.VolumeType{Name: name, Stack: stack, CreatedAt: now()})
+		return nil
+	})
+	_, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20, Type: name})
+	if err != nil {
+		t.Errorf("volume of a type stored before the upgrade: %v", err)
+	}
+
+	// A volume made before the upgrade: same stack recorded in its record.
+	v, err := s.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Rewrite only the stack's params key case, as the old record would hold
+	// (cow's chunk default is 64 KiB; use it so the on-disk data matches).
+	e.editVolume(v.ID, func(r *meta.Volume) {
+		r.Stack = bytes.Replace(r.Stack, []byte(`"type":"cow"`), []byte(`"type":"cow","params":{"Chunk":65536}`), 1)
+	})
+	if _, err := s.Stack(ctx, e.volume(v.ID)); err != nil {
+		t.Errorf("volume recorded before the upgrade does not open: %v", err)
+	}
 }

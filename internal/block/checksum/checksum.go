@@ -134,6 +134,7 @@ import (
 func init() {
 	block.Register(block.Type{
 		Name: "checksum", Doc: "per-block CRC-32C in band, verified on every read; scrub and repair from copies",
+		Params:      Params{},
 		MinChildren: 1, MaxChildren: 1, New: New, ChildSize: childSize,
 		Files: func(raw json.RawMessage) []string {
 			p, err := decodeParams(raw)

@@ -81,6 +81,7 @@ import (
 func init() {
 	block.Register(block.Type{
 		Name: "cow", Doc: "copy-on-write images: O(1) snapshots and clones",
+		Params:      Params{},
 		MinChildren: 1, MaxChildren: 1, Compose: Compose,
 		Files:    func(json.RawMessage) []string { return []string{volFile} },
 		ChildDir: []string{imgFile, mapFile},

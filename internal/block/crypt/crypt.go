@@ -83,6 +83,7 @@ import (
 func init() {
 	block.Register(block.Type{
 		Name: "crypt", Doc: "AES-256-XTS encryption at rest, per-volume key wrapped by the cluster key",
+		Params:      Params{},
 		MinChildren: 1, MaxChildren: 1, New: New, ChildSize: childSize,
 	})
 }

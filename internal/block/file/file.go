@@ -22,6 +22,7 @@ import (
 func init() {
 	block.Register(block.Type{
 		Name: "file", Doc: "a sparse file on a pool (leaf)",
+		Params:      Params{},
 		MinChildren: 0, MaxChildren: 0, New: New,
 		Files: func(raw json.RawMessage) []string {
 			var p Params

@@ -22,6 +22,7 @@ import (
 func init() {
 	block.Register(block.Type{
 		Name: "linear", Doc: "concatenation of its children, or a window (partition) of one child",
+		Params:      Params{},
 		MinChildren: 1, MaxChildren: -1, New: New, ChildSize: childSize,
 	})
 }

@@ -117,6 +117,7 @@ import (
 func init() {
 	block.Register(block.Type{
 		Name: "mirror", Doc: "RAID-1 across its children, with write-intent and stale-region resync",
+		Params:      Params{},
 		MinChildren: 2, MaxChildren: -1, TolerateFailedChildren: true, New: New,
 		Files: func(raw json.RawMessage) []string {
 			p := Params{Meta: DefaultMeta}

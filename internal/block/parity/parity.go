@@ -198,6 +198,7 @@ import (
 func init() {
 	block.Register(block.Type{
 		Name: "parity", Doc: "RAID-5: striped data plus one rotating parity chunk per stripe",
+		Params:      Params{},
 		MinChildren: 3, MaxChildren: -1, TolerateFailedChildren: true,
 		ChildSize: childSize, New: New,
 		Files: func(raw json.RawMessage) []string {

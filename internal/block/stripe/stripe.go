@@ -22,6 +22,7 @@ import (
 func init() {
 	block.Register(block.Type{
 		Name: "stripe", Doc: "RAID-0 across its children",
+		Params:      Params{},
 		MinChildren: 2, MaxChildren: -1, New: New, ChildSize: childSize,
 	})
 }

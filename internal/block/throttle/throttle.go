@@ -24,6 +24,7 @@ import (
 func init() {
 	block.Register(block.Type{
 		Name: "throttle", Doc: "IOPS and bandwidth limits (QoS)",
+		Params:      Params{},
 		MinChildren: 1, MaxChildren: 1, New: New,
 	})
 }
