@@ -12,23 +12,27 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// A stopped member's answer (raft.ErrStopped as etcd sends it) is sent
-// again, a bounded number of times; any other answer is not; and if it
-// is the last answer, the API says the metadata is unavailable (503,
-// ask again), not an internal error.
+// A read a stopped member refused (raft.ErrStopped as etcd sends it) is
+// sent again, a bounded number of times; a write is not (it may have been
+// handed on), nor is any other answer; and if it is the last answer, the
+// API says the metadata is unavailable (503, ask again), not an internal
+// error.
 func TestRetryStopped(t *testing.T) {
 	stopped := status.Error(codes.Unknown, raft.ErrStopped.Error())
 	other := status.Error(codes.Unknown, "something else")
 	for _, c := range []struct {
 		name    string
+		method  string
 		answers []error
 		calls   int
 		want    error
 	}{
-		{"ok", []error{nil}, 1, nil},
-		{"stopped then ok", []error{stopped, stopped, nil}, 3, nil},
-		{"other error", []error{other, nil}, 1, other},
-		{"always stopped", []error{stopped, stopped, stopped, stopped, stopped, stopped, stopped}, 1 + stoppedRetries, stopped},
+		{"ok", "/etcdserverpb.KV/Range", []error{nil}, 1, nil},
+		{"stopped then ok", "/etcdserverpb.KV/Range", []error{stopped, stopped, nil}, 3, nil},
+		{"other error", "/etcdserverpb.KV/Range", []error{other, nil}, 1, other},
+		{"always stopped", "/etcdserverpb.KV/Range", []error{stopped, stopped, stopped, stopped, stopped, stopped, stopped}, 1 + stoppedRetries, stopped},
+		{"a write", "/etcdserverpb.KV/Txn", []error{stopped, nil}, 1, stopped},
+		{"a put", "/etcdserverpb.KV/Put", []error{stopped, nil}, 1, stopped},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			calls := 0
@@ -36,7 +40,7 @@ func TestRetryStopped(t *testing.T) {
 				calls++
 				return c.answers[calls-1]
 			}
-			err := retryStopped(context.Background(), "/etcdserverpb.KV/Put", nil, nil, nil, invoke)
+			err := retryStopped(context.Background(), c.method, nil, nil, nil, invoke)
 			if calls != c.calls || !errors.Is(err, c.want) && err != c.want {
 				t.Fatalf("%d calls, %v; want %d, %v", calls, err, c.calls, c.want)
 			}
