@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/raft/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -38,11 +39,11 @@ func memberStopped(err error) bool {
 // nothing. Every other one (Txn, Put, DeleteRange, leases, membership)
 // is not.
 var readOnly = map[string]bool{
-	"/etcdserverpb.KV/Range":              true,
-	"/etcdserverpb.Cluster/MemberList":    true,
-	"/etcdserverpb.Maintenance/Status":    true,
-	"/etcdserverpb.Lease/LeaseTimeToLive": true,
-	"/etcdserverpb.Lease/LeaseLeases":     true,
+	etcdserverpb.KV_Range_FullMethodName:              true,
+	etcdserverpb.Cluster_MemberList_FullMethodName:    true,
+	etcdserverpb.Maintenance_Status_FullMethodName:    true,
+	etcdserverpb.Lease_LeaseTimeToLive_FullMethodName: true,
+	etcdserverpb.Lease_LeaseLeases_FullMethodName:     true,
 }
 
 // retryStopped is a unary client interceptor that sends a read a stopped

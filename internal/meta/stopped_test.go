@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/basalt-storage/basalt/internal/errs"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/raft/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -27,12 +28,12 @@ func TestRetryStopped(t *testing.T) {
 		calls   int
 		want    error
 	}{
-		{"ok", "/etcdserverpb.KV/Range", []error{nil}, 1, nil},
-		{"stopped then ok", "/etcdserverpb.KV/Range", []error{stopped, stopped, nil}, 3, nil},
-		{"other error", "/etcdserverpb.KV/Range", []error{other, nil}, 1, other},
-		{"always stopped", "/etcdserverpb.KV/Range", []error{stopped, stopped, stopped, stopped, stopped, stopped, stopped}, 1 + stoppedRetries, stopped},
-		{"a write", "/etcdserverpb.KV/Txn", []error{stopped, nil}, 1, stopped},
-		{"a put", "/etcdserverpb.KV/Put", []error{stopped, nil}, 1, stopped},
+		{"ok", etcdserverpb.KV_Range_FullMethodName, []error{nil}, 1, nil},
+		{"stopped then ok", etcdserverpb.KV_Range_FullMethodName, []error{stopped, stopped, nil}, 3, nil},
+		{"other error", etcdserverpb.KV_Range_FullMethodName, []error{other, nil}, 1, other},
+		{"always stopped", etcdserverpb.KV_Range_FullMethodName, []error{stopped, stopped, stopped, stopped, stopped, stopped, stopped}, 1 + stoppedRetries, stopped},
+		{"a write", etcdserverpb.KV_Txn_FullMethodName, []error{stopped, nil}, 1, stopped},
+		{"a put", etcdserverpb.KV_Put_FullMethodName, []error{stopped, nil}, 1, stopped},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			calls := 0
