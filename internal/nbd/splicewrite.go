@@ -27,6 +27,12 @@ import (
 // back from the pipe and written with WriteAt, which reports any error; after
 // an error the rest of the payload is only taken off the socket.
 //
+// Until the whole payload is in, the device is given bytes only up to a
+// sector boundary (sectorSize, of the device's offsets): a write whose
+// client goes away mid-payload — never acknowledged — leaves, like a
+// disk's, whole sectors new and the rest old, never a sector torn inside
+// (databases and journals count on that). The tail waits in the pipe.
+//
 // FUA writes are not spliced (SpliceFrom never is FUA). A connection
 // whose device took nothing from the pipe maxSpliceRefusals times in a
 // row stops trying: its stack cannot splice (the volume wrappers offer
@@ -34,6 +40,10 @@ import (
 // copied back out of the pipe.
 
 const maxSpliceRefusals = 16
+
+// sectorSize is the unit a write whose payload never all arrives is
+// applied in (see above).
+const sectorSize = 512
 
 // errWouldWait: the socket has no bytes now, or the pipe no room.
 var errWouldWait = errors.New("would wait")
@@ -44,6 +54,12 @@ type splicedWrite struct {
 	off    int64 // where the bytes in the pipe go
 	inPipe int   // bytes in the pipe
 	err    error // the device's first error: later bytes are dropped
+}
+
+// whole is how many of n bytes that go at off end at a sector boundary
+// (0 if none does).
+func whole(off int64, n int) int {
+	return max(0, n-int((off+int64(n))%sectorSize))
 }
 
 // writePipe returns a pipe for write req if its payload is to be spliced,
@@ -66,10 +82,21 @@ func (c *conn) writePipe(req request) *pipe {
 func (c *conn) receiveSpliced(req request, w *splicedWrite) error {
 	n := int(req.length)
 	if b := min(c.r.Buffered(), n); b > 0 {
+		// More is to come (writePipe): the tail past the last sector
+		// boundary waits in the (empty) pipe.
 		buf, _ := c.r.Peek(b)
-		w.err = c.dev.WriteAt(buf, w.off, false)
+		a := whole(w.off, b)
+		if a > 0 {
+			w.err = c.dev.WriteAt(buf[:a], w.off, false)
+			w.off += int64(a)
+		}
+		if a < b {
+			if err := fillPipe(w.p.w, buf[a:b]); err != nil {
+				return err
+			}
+			w.inPipe = b - a
+		}
 		c.r.Discard(b)
-		w.off += int64(b)
 		n -= b
 	}
 	defer func() {
@@ -80,15 +107,16 @@ func (c *conn) receiveSpliced(req request, w *splicedWrite) error {
 	}()
 	for n > 0 {
 		// Wait (for the rest of the payload at once: the low-water mark)
-		// only with an empty pipe; else what is in it goes to the device.
-		wait := w.inPipe == 0
+		// only when the pipe holds nothing the device may have yet; else
+		// that goes to the device.
+		wait := whole(w.off, w.inPipe) == 0
 		if wait && !c.sock.setLowat(n) {
 			return errors.New("cannot set the socket's receive low-water mark")
 		}
 		k, err := c.sock.spliceIn(w.p.w, n, wait)
 		switch {
 		case errors.Is(err, errWouldWait):
-			if err := c.drain(w); err != nil {
+			if err := c.drain(w, whole(w.off, w.inPipe)); err != nil {
 				return err
 			}
 		case err != nil:
@@ -103,7 +131,7 @@ func (c *conn) receiveSpliced(req request, w *splicedWrite) error {
 
 // finishSpliced writes what is left in the pipe and replies.
 func (c *conn) finishSpliced(req request, w *splicedWrite, cost int64) {
-	if err := c.drain(w); err != nil {
+	if err := c.drain(w, w.inPipe); err != nil {
 		w.p.close()
 		c.log.Warn("nbd: a spliced write's pipe failed; closing the connection", "err", err)
 		c.shutdown()
@@ -114,15 +142,15 @@ func (c *conn) finishSpliced(req request, w *splicedWrite, cost int64) {
 	c.send(c.result(req, w.err, cost))
 }
 
-// drain moves the bytes in the pipe into the device: what SpliceFrom
-// takes, then the rest by WriteAt (after an error, nowhere). An error is
-// the pipe's: its bytes could not be read back.
-func (c *conn) drain(w *splicedWrite) error {
-	if w.inPipe == 0 {
+// drain moves the first n bytes in the pipe into the device: what
+// SpliceFrom takes, then the rest by WriteAt (after an error, nowhere).
+// An error is the pipe's: its bytes could not be read back.
+func (c *conn) drain(w *splicedWrite, n int) error {
+	if n == 0 {
 		return nil
 	}
 	if w.err == nil {
-		k := c.spliceW.SpliceFrom(w.p.r, w.off, w.inPipe)
+		k := c.spliceW.SpliceFrom(w.p.r, w.off, n)
 		if k == 0 {
 			c.spliceRefused.Add(1)
 		} else {
@@ -130,11 +158,12 @@ func (c *conn) drain(w *splicedWrite) error {
 		}
 		w.off += int64(k)
 		w.inPipe -= k
-		if w.inPipe == 0 {
+		n -= k
+		if n == 0 {
 			return nil
 		}
 	}
-	buf := getBuf(w.inPipe)
+	buf := getBuf(n)
 	defer putBuf(buf)
 	if err := readPipe(w.p.r, buf); err != nil {
 		return err
@@ -142,8 +171,24 @@ func (c *conn) drain(w *splicedWrite) error {
 	if w.err == nil {
 		w.err = c.dev.WriteAt(buf, w.off, false)
 	}
-	w.off += int64(w.inPipe)
-	w.inPipe = 0
+	w.off += int64(n)
+	w.inPipe -= n
+	return nil
+}
+
+// fillPipe writes p, less than a sector, into an empty pipe (which takes
+// it at once: a pipe holds at least a page).
+func fillPipe(fd int, p []byte) error {
+	for len(p) > 0 {
+		k, err := unix.Write(fd, p)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		p = p[k:]
+	}
 	return nil
 }
 
