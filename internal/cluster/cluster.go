@@ -497,26 +497,60 @@ func (s *Service) Remove(ctx context.Context, name string) error {
 				return err
 			}
 		}
+		// Once the member is out, the cluster may be electing a leader
+		// (the removed member led it) for a few seconds: the steps that
+		// follow, each idempotent, are tried again while the metadata is
+		// unavailable, so that a removal the member's answer reported done
+		// is not left half done (registered, its identity valid).
+		again := func(step func() error) error {
+			if target == nil {
+				return step()
+			}
+			return retryUnavailable(ctx, removalSettle, step)
+		}
 		if s.revoke != nil {
 			// Marked first, so that the node, if it runs, cannot give
 			// itself a new identity between the revocation and the
 			// record's deletion (user.Service.RenewNodeIdentity).
 			if n != nil && !n.Removing {
 				n.Removing = true
-				if err := s.meta.PutNode(ctx, n); err != nil {
+				if err := again(func() error { return s.meta.PutNode(ctx, n) }); err != nil {
 					return err
 				}
 			}
-			if err := s.revoke(ctx, name); err != nil {
+			if err := again(func() error { return s.revoke(ctx, name) }); err != nil {
 				return err
 			}
 		}
-		if err := s.meta.DeleteNode(ctx, name); err != nil {
+		if err := again(func() error { return s.meta.DeleteNode(ctx, name) }); err != nil {
 			return err
 		}
 		s.log.Info("node removed", "node", name, "was_member", target != nil)
 		return nil
 	})
+}
+
+// removalSettle bounds how long Remove waits for the metadata after the
+// member's removal: an election takes a second or two; a cluster that
+// has lost its quorum answers 503 after it.
+const removalSettle = 30 * time.Second
+
+// retryUnavailable runs step until it succeeds, fails otherwise than for
+// want of the metadata (MetadataUnavailable), ctx ends or within has
+// passed; step must be safe to run again.
+func retryUnavailable(ctx context.Context, within time.Duration, step func() error) error {
+	deadline := time.Now().Add(within)
+	for {
+		err := step()
+		if err == nil || !errs.IsCode(err, errs.CodeMetadataUnavailable) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // NewJoinToken issues a join token valid for ttl. Its form is
