@@ -39,6 +39,10 @@ type ImageInput struct {
 	Fill func(f *os.File) error
 	// Progress, if set, follows the hashing of the bytes written.
 	Progress func(done, total int64)
+	// Check, if set, is asked under the key's lock just before the
+	// object is published: an error publishes nothing (a writer that may
+	// have been replaced meanwhile must not publish over what came since).
+	Check func() error
 }
 
 // PutImage stores an object written by in.Fill: Fill, then the ETag (MD5
@@ -93,7 +97,7 @@ func (b *Backend) PutImage(ctx context.Context, in ImageInput) (ObjectInfo, erro
 	if err := b.finish(&received{f: f, st: statOf(fi)}, m); err != nil {
 		return ObjectInfo{}, controlError(err)
 	}
-	if err := b.publishWrite(r, in.Bucket, in.Key, f, m, status, nil); err != nil {
+	if err := b.publishWrite(r, in.Bucket, in.Key, f, m, status, in.Check); err != nil {
 		return ObjectInfo{}, controlError(err)
 	}
 	published = true

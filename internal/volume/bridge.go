@@ -164,31 +164,61 @@ func (s *Service) startExport(id string) {
 		return // runs already
 	}
 	s.background(func() {
-		defer s.unclaim("export/" + id)
-		s.runExport(s.ctx, id)
+		again := s.runExport(s.ctx, id)
+		s.unclaim("export/" + id)
+		if again {
+			s.startExport(id)
+		}
 	})
 }
 
-func (s *Service) runExport(ctx context.Context, id string) {
+// sameRun reports whether job is the export run that started as run: an
+// export adopted by another node (orphans.go) names that node, and a new
+// export of the snapshot has a new start. A run that is not the job's
+// any more (its node was paused or cut off long enough to be taken for
+// gone) neither publishes its object, nor records progress or outcome.
+func sameRun(job, run *meta.Job) bool {
+	return job != nil && job.Node == run.Node && job.StartedAt.Equal(run.StartedAt)
+}
+
+// errNotThisRun: the export was adopted, or replaced by a new one, while
+// this run copied.
+var errNotThisRun = errs.Conflict(errs.CodeSnapshotInUse, "the export was taken over by another node (this one was taken for gone) or replaced by a new one; this run publishes nothing")
+
+// runExport runs the export recorded on snapshot id if it is this node's;
+// again reports that the record then holds another export of this node's,
+// recorded while this one ran, for the caller to start.
+func (s *Service) runExport(ctx context.Context, id string) (again bool) {
 	log := s.logFor("snapshot", id)
 	sn, err := s.meta.Snapshot(ctx, id)
 	if err != nil || sn.Job == nil {
 		log.Error("export: cannot read record", "err", err)
-		return
+		return false
 	}
+	if sn.Job.Node != s.cfg.Node {
+		return false // another node's, or adopted by one
+	}
+	run := *sn.Job
 	start := time.Now()
 	report, err := s.export(ctx, sn)
 	if ctx.Err() != nil {
-		return // interrupted by shutdown: run again at next start
+		return false // interrupted by shutdown: run again at next start
 	}
 	res := &meta.JobResult{Kind: meta.JobExport, Report: report, Finished: now()}
 	if err != nil {
 		res.Error = err.Error()
 	}
 	uerr := s.meta.Update(context.Background(), func(tx *meta.Tx) error {
+		again = false
 		cur, err := tx.Snapshot(id)
-		if err != nil || cur == nil || cur.Job == nil || cur.Job.Node != sn.Job.Node {
-			return err // adopted by another node, which found this one gone (orphans.go)
+		if err != nil || cur == nil {
+			return err
+		}
+		if !sameRun(cur.Job, &run) {
+			// Adopted by another node, which found this one gone
+			// (orphans.go), or a new export of this node's.
+			again = cur.Job != nil && cur.Job.Node == s.cfg.Node
+			return nil
 		}
 		cur.Job, cur.LastJob, cur.UpdatedAt = nil, res, now()
 		tx.PutSnapshot(cur)
@@ -199,9 +229,10 @@ func (s *Service) runExport(ctx context.Context, id string) {
 	}
 	if err != nil {
 		log.Error("export failed", "to", sn.Job.Object, "err", err)
-		return
+		return again
 	}
 	log.Info("export done", "to", sn.Job.Object, "took", time.Since(start).String(), "report", report)
+	return again
 }
 
 // export reads the snapshot's image in place (read-only, through its
@@ -246,10 +277,21 @@ func (s *Service) export(ctx context.Context, sn *meta.Snapshot) (*ExportReport,
 		Metadata: map[string]string{"basalt-snapshot": sn.ID, "basalt-volume": sn.VolumeID},
 		Fill: func(f *os.File) error {
 			var err error
-			rep.CopyReport, err = block.CopyOut(l, f, sn.SizeBytes, s.snapshotProgress(ctx, sn.ID, "copy"))
+			rep.CopyReport, err = block.CopyOut(l, f, sn.SizeBytes, s.snapshotProgress(ctx, sn.ID, sn.Job, "copy"))
 			return err
 		},
-		Progress: s.snapshotProgress(ctx, sn.ID, "checksum"),
+		Progress: s.snapshotProgress(ctx, sn.ID, sn.Job, "checksum"),
+		// Linearizably, under the key's lock: still this run's job.
+		Check: func() error {
+			cur, err := s.meta.Snapshot(ctx, sn.ID)
+			if err != nil {
+				return err
+			}
+			if !sameRun(cur.Job, sn.Job) {
+				return errNotThisRun
+			}
+			return nil
+		},
 	})
 	if err != nil {
 		return rep, err
@@ -272,13 +314,13 @@ func (s *Service) account(ctx context.Context, name, id string) (auth.Account, e
 	return objects.Account(u), nil
 }
 
-// snapshotProgress persists an export's progress at most once per
-// progressEvery.
-func (s *Service) snapshotProgress(ctx context.Context, id, phase string) block.Progress {
+// snapshotProgress persists the progress of export run at most once per
+// progressEvery, while it is the snapshot's job.
+func (s *Service) snapshotProgress(ctx context.Context, id string, run *meta.Job, phase string) block.Progress {
 	return throttled(func(done, total int64) {
 		err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 			cur, err := tx.Snapshot(id)
-			if err != nil || cur == nil || cur.Job == nil {
+			if err != nil || cur == nil || !sameRun(cur.Job, run) {
 				return err
 			}
 			cur.Job.Done, cur.Job.Total, cur.Job.Phase = done, total, phase

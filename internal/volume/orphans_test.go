@@ -418,6 +418,63 @@ func TestOrphanedExportAdopted(t *testing.T) {
 	cleanupAll(t, a, alice)
 }
 
+// TestReturningNodeLeavesAdoptedExport: a node that read its export's
+// record and copied, then was paused or cut off long enough for another
+// node to adopt the export and finish it, and the user wrote the object
+// since, must not publish its copy over the user's object (nor record its
+// progress on the snapshot's job any more).
+func TestReturningNodeLeavesAdoptedExport(t *testing.T) {
+	e := newPrivateEnv(t)
+	alice := caller("alice")
+	be, bucket := e.objectStore(alice)
+	a := e.adopting(Config{Objects: be})
+	b := e.service(Config{Node: uniq("b"), Objects: be}) // no liveness key: cut off
+	ctx := ctxT(t)
+	v, _ := e.filledVolume(a, alice, 1<<20, 9)
+	sn, err := a.CreateSnapshot(ctx, alice, v.ID, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "s3://" + bucket + "/s.raw"
+	e.editSnapshot(sn.ID, func(cur *meta.Snapshot) {
+		cur.Job = &meta.Job{Kind: meta.JobExport, Node: b.cfg.Node, StartedAt: now(), Object: url, Total: cur.SizeBytes, Phase: "copy"}
+	})
+	read := e.snapshot(sn.ID) // what b's run read before it was cut off
+	a.lookForOrphans()
+	for deadline := time.Now().Add(20 * time.Second); e.snapshot(sn.ID).Job != nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("adopted export still recorded: %+v", e.snapshot(sn.ID).Job)
+		}
+	}
+	user := []byte("the user's object, written after the export")
+	if _, err := be.PutImage(ctx, objects.ImageInput{Bucket: bucket, Key: "s.raw", Fill: func(f *os.File) error {
+		_, err := f.Write(user)
+		return err
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	// A new export of b's, recorded while its old run was away.
+	e.editSnapshot(sn.ID, func(cur *meta.Snapshot) {
+		cur.Job = &meta.Job{Kind: meta.JobExport, Node: b.cfg.Node, StartedAt: now(), Object: "s3://" + bucket + "/t.raw", Total: cur.SizeBytes, Phase: "copy"}
+	})
+	if _, err := b.export(ctx, read); err == nil {
+		t.Fatal("the returning node published an export another node had adopted and finished")
+	}
+	f, _, err := be.OpenImage(ctx, bucket, "s.raw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if got, err := io.ReadAll(f); err != nil || !sameBytes(got, user) {
+		t.Fatalf("the user's object was replaced by the returning node's copy (%d bytes, %v)", len(got), err)
+	}
+	if j := e.snapshot(sn.ID).Job; j == nil || j.Done != 0 || j.Object != "s3://"+bucket+"/t.raw" {
+		t.Fatalf("the new export's job after the old run: %+v", j)
+	}
+	e.editSnapshot(sn.ID, func(cur *meta.Snapshot) { cur.Job = nil })
+	cleanupAll(t, a, alice)
+}
+
 // TestOrphanedImportAdopted: a volume being made from an object by a node
 // that is gone is finished by a live node, writing as the volume's writer.
 func TestOrphanedImportAdopted(t *testing.T) {

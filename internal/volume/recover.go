@@ -29,7 +29,7 @@ func (s *Service) Start(ctx context.Context) error {
 		return fmt.Errorf("recover volumes: %w", err)
 	}
 	for _, v := range vols {
-		if !s.mine(v.Node) {
+		if !s.atStart(v.Node) {
 			continue
 		}
 		var err error
@@ -49,7 +49,7 @@ func (s *Service) Start(ctx context.Context) error {
 		return fmt.Errorf("recover snapshots: %w", err)
 	}
 	for _, sn := range snaps {
-		if !s.mine(sn.Node) {
+		if !s.atStart(sn.Node) {
 			continue
 		}
 		var err error
@@ -77,13 +77,13 @@ func (s *Service) Start(ctx context.Context) error {
 	// Jobs last: a snapshot interrupted on a volume with a flatten job
 	// is finished before the flatten can change the chain under it.
 	for _, sn := range snaps {
-		if sn.Job != nil && sn.Status == meta.StatusAvailable && s.mine(sn.Job.Node) {
+		if sn.Job != nil && sn.Status == meta.StatusAvailable && s.atStart(sn.Job.Node) {
 			s.logFor("snapshot", sn.ID).Info("resuming export", "to", sn.Job.Object)
 			s.startExport(sn.ID)
 		}
 	}
 	for _, v := range vols {
-		if v.Job != nil && v.Status != meta.StatusCreating && s.mine(v.Job.Node) {
+		if v.Job != nil && v.Status != meta.StatusCreating && s.atStart(v.Job.Node) {
 			s.logFor("volume", v.ID).Info("resuming job", "job", v.Job.Kind)
 			s.startJob(v.ID)
 		}
@@ -95,4 +95,11 @@ func (s *Service) Start(ctx context.Context) error {
 	return nil
 }
 
-func (s *Service) mine(node string) bool { return s.cfg.AdoptAll || node == s.cfg.Node }
+// mine reports whether node, a workflow's, is this one: only it runs the
+// workflow (another adopts it only once this one is gone: orphans.go).
+func (s *Service) mine(node string) bool { return node == s.cfg.Node }
+
+// atStart reports whether Start resumes a workflow of node's: this
+// node's, and in a cluster of one member (AdoptAll) everyone's — decided
+// when the service starts, so only then: nodes may join right after.
+func (s *Service) atStart(node string) bool { return s.cfg.AdoptAll || s.mine(node) }

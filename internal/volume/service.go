@@ -64,7 +64,9 @@ type Config struct {
 	// from collection (0: DefaultImageGrace; negative: none).
 	ImageGrace time.Duration
 	// AdoptAll makes Start resume workflows recorded by any node, not only
-	// this one: right for a single-member cluster where no other node exists.
+	// this one: right for a single-member cluster where no other node
+	// exists. Only Start: other nodes may join right after (the sweeps
+	// for stranded workflows run this node's only).
 	AdoptAll bool
 	// Objects is the object store snapshots are exported to and volumes
 	// made from (bridge.go); nil: this node serves none.
