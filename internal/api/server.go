@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	_ "embed"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -308,12 +309,18 @@ func (s *Server) writeError(w http.ResponseWriter, err error) int {
 	return status
 }
 
+// writeJSON answers status with v, encoded before anything is sent: a
+// value that does not encode (a NaN) is a 500, not a 200 with no body.
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		status = http.StatusInternalServerError
+		body, _ = json.MarshalIndent(ErrorBody{Error: ErrorDetail{Code: errs.CodeInternal,
+			Message: fmt.Sprintf("the answer does not encode as JSON: %v", err)}}, "", "  ")
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.Encode(v)
+	w.Write(append(body, '\n'))
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {

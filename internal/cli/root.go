@@ -246,6 +246,9 @@ func bindEnv(cmd *cobra.Command) error {
 		}
 		key := "BASALT_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		if v, ok := os.LookupEnv(key); ok {
+			if v == "" && f.Value.Type() == "string" && cmd.Annotations[envAnnotation] == envEveryFlag {
+				return // the server's: empty means the default (BASALT_API= once listened on every interface)
+			}
 			if e := f.Value.Set(v); e != nil {
 				err = usageErr("%s=%q: %v", key, v, e)
 			}

@@ -55,8 +55,8 @@ command line wins over the environment, which wins over the file.`,
 					return usageErr("--nbd-max-inflight: want a size greater than 0 (e.g. 512MiB), got %q", nbdInFlight)
 				}
 			}
-			if cfg.Overcommit <= 0 {
-				return usageErr("--overcommit must be greater than 0")
+			if !(cfg.Overcommit > 0 && cfg.Overcommit <= volume.MaxOvercommit) { // NaN fails too
+				return usageErr("--overcommit must be a number greater than 0 and at most %g, not %v", volume.MaxOvercommit, cfg.Overcommit)
 			}
 			if cfg.Voters != 1 && cfg.Voters != 3 && cfg.Voters != 5 {
 				return usageErr("--voters must be 1, 3 or 5 (an even number of voters tolerates no more failures than one less)")
@@ -151,8 +151,11 @@ func applyConfigFile(fs *pflag.FlagSet, path string) error {
 		if f == nil || k == "config" || k == "endpoint" || k == "output" {
 			return usageErr("--config %s: unknown setting %q", path, k)
 		}
-		if f.Changed || v == nil {
-			continue // a key left empty ("advertise:") sets nothing, not "<nil>"
+		if f.Changed || v == nil || v == "" {
+			continue // a key left empty ("advertise:", `api: ""`) sets nothing: the default
+		}
+		if _, ok := v.(map[string]any); ok {
+			return usageErr("--config %s: %s: a mapping is no value of a flag", path, k)
 		}
 		val := fmt.Sprint(v)
 		if list, ok := v.([]any); ok {

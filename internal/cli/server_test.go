@@ -14,7 +14,7 @@ import (
 // at its default rather than setting it to "<nil>".
 func TestConfigFileValues(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "basalt.yaml")
-	yaml := "meta-quota: 1073741824\nadvertise:\nvoters: 5\n"
+	yaml := "meta-quota: 1073741824\nadvertise:\nvoters: 5\napi: \"\"\n"
 	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -22,10 +22,38 @@ func TestConfigFileValues(t *testing.T) {
 	if err := applyConfigFile(fs, file); err != nil {
 		t.Fatalf("config file %q: %v", yaml, err)
 	}
-	for flag, want := range map[string]string{"meta-quota": "1073741824", "advertise": "", "voters": "5"} {
+	for flag, want := range map[string]string{"meta-quota": "1073741824", "advertise": "", "voters": "5", "api": fs.Lookup("api").DefValue} {
 		if got := fs.Lookup(flag).Value.String(); got != want {
 			t.Errorf("--%s from the config file: %q, want %q", flag, got, want)
 		}
+	}
+}
+
+// TestEmptyServerSettings: an empty value of a server setting in the
+// environment or the config file means its default (BASALT_API= once
+// listened on every interface, at a random port); a mapping is no value.
+func TestEmptyServerSettings(t *testing.T) {
+	cmd := serverCmd(&globals{})
+	t.Setenv("BASALT_API", "")
+	t.Setenv("BASALT_NBD", "")
+	t.Setenv("BASALT_S3", "127.0.0.1:1234") // a value still sets it
+	if err := bindEnv(cmd); err != nil {
+		t.Fatal(err)
+	}
+	if got := cmd.Flags().Lookup("s3").Value.String(); got != "127.0.0.1:1234" {
+		t.Fatalf("--s3 from BASALT_S3: %q", got)
+	}
+	for _, name := range []string{"api", "nbd"} {
+		if f := cmd.Flags().Lookup(name); f.Changed || f.Value.String() != f.DefValue || f.DefValue == "" {
+			t.Errorf("--%s after an empty BASALT_%s: %q (changed %v), want its default %q", name, strings.ToUpper(name), f.Value, f.Changed, f.DefValue)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "basalt.yaml")
+	if err := os.WriteFile(file, []byte("data: {a: 1}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := applyConfigFile(serverCmd(&globals{}).Flags(), file); err == nil {
+		t.Error("a mapping as the data directory accepted")
 	}
 }
 
@@ -55,6 +83,10 @@ func TestServerRefusesBadLimits(t *testing.T) {
 		{"--nbd-max-inflight", "0"},
 		{"--nbd-max-inflight", "lots"},
 		{"--overcommit", "0"},
+		{"--overcommit", "NaN"}, // once a limit of -8 EiB: no volume could be made
+		{"--overcommit", "+Inf"},
+		{"--overcommit", "1e300"},
+		{"--overcommit", "1001"},
 		{"--voters", "2"},
 	} {
 		r := run("", "", append([]string{"server", "--data", dir}, args...)...)

@@ -100,6 +100,9 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		return &errs.Error{Kind: errs.KindForStatus(resp.StatusCode), Code: CodeBadResponse,
 			Message: fmt.Sprintf("%s %s: HTTP %d with an answer that is not the API's: %q", method, path, resp.StatusCode, text)}
 	}
+	if out != nil && len(data) == 0 && resp.StatusCode != http.StatusNoContent {
+		return errs.New(errs.KindInternal, CodeBadResponse, "%s %s: HTTP %d with no answer", method, path, resp.StatusCode)
+	}
 	if out != nil && len(data) > 0 {
 		if err := json.Unmarshal(data, out); err != nil {
 			// Typed: untyped errors are the command line's own

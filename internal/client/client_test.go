@@ -37,3 +37,23 @@ func TestForeignAnswers(t *testing.T) {
 		t.Fatalf("a server that is gone: %v", err)
 	}
 }
+
+// A success with no body, where an answer is expected, is no answer: it
+// once printed a record of zeroes (`basalt status` of a server whose
+// status did not encode).
+func TestEmptyAnswer(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	trusting := &tls.Config{RootCAs: srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs}
+	var out struct{ Node string }
+	err := New(srv.URL, trusting).do(context.Background(), http.MethodGet, "/v1/status", nil, &out)
+	if e, ok := errs.As(err); !ok || e.Code != CodeBadResponse {
+		t.Fatalf("an empty 200: %v", err)
+	}
+	if err := New(srv.URL, trusting).do(context.Background(), http.MethodDelete, "/v1/volumes/x", nil, nil); err != nil {
+		t.Fatalf("an empty 200 where no answer is expected: %v", err)
+	}
+}

@@ -80,6 +80,9 @@ func Parse(s string) (int64, error) {
 // rounded down ("1.5 GiB").
 func Format(n int64) string {
 	if n < 0 {
+		if n == math.MinInt64 { // -n is n
+			return "-8 EiB"
+		}
 		return "-" + Format(-n)
 	}
 	names := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}

@@ -1,6 +1,7 @@
 package size
 
 import (
+	"math"
 	"strings"
 	"testing"
 )
@@ -56,12 +57,14 @@ func TestParse(t *testing.T) {
 
 func TestFormat(t *testing.T) {
 	for n, want := range map[int64]string{
-		1:         "1 B",
-		1024:      "1 KiB",
-		10 << 30:  "10 GiB",
-		3 << 29:   "1.5 GiB",
-		3 << 20:   "3 MiB",
-		1<<40 + 1: "1.0 TiB",
+		1:             "1 B",
+		1024:          "1 KiB",
+		10 << 30:      "10 GiB",
+		3 << 29:       "1.5 GiB",
+		3 << 20:       "3 MiB",
+		1<<40 + 1:     "1.0 TiB",
+		-1024:         "-1 KiB",
+		math.MinInt64: "-8 EiB", // its negation is itself: once endless recursion
 	} {
 		if got := Format(n); got != want {
 			t.Errorf("Format(%d) = %q, want %q", n, got, want)

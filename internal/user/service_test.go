@@ -137,15 +137,20 @@ func TestCreateValidation(t *testing.T) {
 		}
 	}
 	for _, c := range []struct{ uid, gid *int }{
-		{intp(-1), nil}, {nil, intp(-1)}, {intp(1 << 31), nil}, {nil, intp(1<<31 - 1)},
+		{intp(-1), nil}, {intp(1), intp(-1)}, {intp(1 << 31), nil}, {intp(1), intp(1<<31 - 1)},
+		{intp(0), nil}, {intp(0), intp(0)}, // root is never given files: no mapping to it
+		{nil, intp(1000)}, // a group is given only with a uid
 	} {
 		_, _, err := s.Create(ctx, Spec{Name: uniq("ids"), UID: c.uid, GID: c.gid})
 		if !errs.IsCode(err, errs.CodeInvalidRequest) {
 			t.Errorf("uid %v gid %v: %v, want InvalidRequest", c.uid, c.gid, err)
 		}
 	}
-	if _, _, err := s.Create(ctx, Spec{Name: uniq("ids"), UID: intp(0), GID: intp(1<<31 - 2)}); err != nil {
-		t.Errorf("uid 0, gid 2147483646: %v", err)
+	if _, _, err := s.Create(ctx, Spec{Name: uniq("ids"), UID: intp(1), GID: intp(1<<31 - 2)}); err != nil {
+		t.Errorf("uid 1, gid 2147483646: %v", err)
+	}
+	if _, _, err := s.Create(ctx, Spec{Name: uniq("ids"), UID: intp(1<<31 - 2), GID: intp(0)}); err != nil {
+		t.Errorf("uid 2147483646, gid 0: %v", err)
 	}
 }
 

@@ -94,6 +94,15 @@ func (s *Service) Create(ctx context.Context, sp Spec) (*meta.User, *pki.Identit
 			return nil, nil, errs.Invalid(errs.CodeInvalidRequest, "uid and gid must be between 0 and 2147483646")
 		}
 	}
+	// Mappings that could never take effect are refused rather than
+	// shown: the gateway never gives files to root, and gives a group
+	// only with a uid.
+	if sp.UID != nil && *sp.UID == 0 {
+		return nil, nil, errs.Invalid(errs.CodeInvalidRequest, "uid 0 (root) cannot be mapped: the gateway never gives files to root")
+	}
+	if sp.GID != nil && sp.UID == nil {
+		return nil, nil, errs.Invalid(errs.CodeInvalidRequest, "a gid is mapped only with a uid: give --uid too")
+	}
 	u := &meta.User{
 		Name: sp.Name, ID: randHex(16), Admin: sp.Admin, UID: sp.UID, GID: sp.GID,
 		AccessKeyID: accessKeyID(), SecretKey: secretKey(), CreatedAt: time.Now().UTC(),
@@ -487,7 +496,7 @@ func accepts(u *meta.User, leaf *x509.Certificate) bool {
 // revokedHint says how to get in again with a revoked certificate.
 func revokedHint(u *meta.User) string {
 	if u.Name == Admin {
-		return "; a node writes itself a new local admin identity at its next start"
+		return "; a running node writes itself a new local admin identity within a minute (a stopped one at its next start)"
 	}
 	return ""
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"log/slog"
+	"math"
 	"regexp"
 	"sync"
 	"sync/atomic"
@@ -196,13 +197,28 @@ func (s *Service) closeGate(vol string) (reopen func()) {
 	}
 }
 
+// MaxOvercommit bounds Config.Overcommit: a thousand times the store is
+// no limit in practice, and keeps the product of any store's size in an
+// int64.
+const MaxOvercommit = 1000.0
+
 // Limit is the provisioning limit in bytes.
 func (s *Service) Limit() (int64, error) {
 	c, err := s.store.Capacity()
 	if err != nil {
 		return 0, err
 	}
-	return int64(float64(c.TotalBytes) * s.cfg.Overcommit), nil
+	return s.limit(c.TotalBytes), nil
+}
+
+// limit is total bytes overcommitted, saturated at the largest int64 (a
+// float64 beyond it converts to the smallest).
+func (s *Service) limit(total int64) int64 {
+	l := float64(total) * s.cfg.Overcommit
+	if !(l < math.MaxInt64) { // NaN too
+		return math.MaxInt64
+	}
+	return int64(l)
 }
 
 // Capacity reports the store's provisioning state.
@@ -224,7 +240,7 @@ func (s *Service) Capacity(ctx context.Context) (*Capacity, error) {
 		return nil, err
 	}
 	return &Capacity{Capacity: c, Overcommit: s.cfg.Overcommit,
-		LimitBytes: int64(float64(c.TotalBytes) * s.cfg.Overcommit), ProvisionedBytes: p}, nil
+		LimitBytes: s.limit(c.TotalBytes), ProvisionedBytes: p}, nil
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
