@@ -1,6 +1,7 @@
 // Package jsonstrict decodes JSON that must mean exactly one thing: the
-// API's request bodies, volume type stacks, layer parameters and the
-// layers' own metadata. encoding/json is lenient in three ways that let a
+// API's request bodies, and the stacks and layer parameters of new volume
+// types (block.CheckNew; saved ones are read as they were accepted, see
+// block.DecodeStrict). encoding/json is lenient in three ways that let a
 // body say something other than it seems to: it ignores unknown keys
 // (DisallowUnknownFields helps), it keeps the last of a key given twice
 // ({"size":"1GiB","size":"1EiB"} is 1 EiB), and it matches a key to a field
