@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/basalt-storage/basalt/internal/cluster"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/objects"
 	"github.com/basalt-storage/basalt/internal/server"
@@ -62,6 +63,9 @@ command line wins over the environment, which wins over the file.`,
 				return usageErr("--voters must be 1, 3 or 5 (an even number of voters tolerates no more failures than one less)")
 			}
 			if cfg.Join != "" {
+				if err := cluster.CheckJoinURL(cfg.Join); err != nil {
+					return usageErr("%v", err)
+				}
 				if cfg.JoinToken == "" {
 					cfg.JoinIdentity = g.identity
 				}
@@ -133,7 +137,9 @@ func applyConfigFile(fs *pflag.FlagSet, path string) error {
 	// size in bytes such as 1073741824 would print as 1.073741824e+09,
 	// which no flag parses — a value must mean here what it means as a
 	// flag or in the environment.
-	js, err := yaml.YAMLToJSON(data)
+	// Strict: a key given twice is refused, not settled silently by
+	// whichever came last.
+	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
 		return usageErr("--config %s: %v", path, err)
 	}
@@ -147,8 +153,9 @@ func applyConfigFile(fs *pflag.FlagSet, path string) error {
 		f := fs.Lookup(k)
 		// config names the file itself; endpoint and output are the
 		// client commands' globals, meaningless to a server (and a value
-		// set here would skip the checks they get as flags).
-		if f == nil || k == "config" || k == "endpoint" || k == "output" {
+		// set here would skip the checks they get as flags); help is no
+		// setting (read here, after the command line, it did nothing).
+		if f == nil || k == "config" || k == "endpoint" || k == "output" || k == "help" {
 			return usageErr("--config %s: unknown setting %q", path, k)
 		}
 		if f.Changed || v == nil || v == "" {

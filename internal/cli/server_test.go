@@ -57,11 +57,24 @@ func TestEmptyServerSettings(t *testing.T) {
 	}
 }
 
+// TestConfigFileRefusesRepeatedKeys: a setting given twice is an error,
+// not whichever value YAML happened to keep.
+func TestConfigFileRefusesRepeatedKeys(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "basalt.yaml")
+	if err := os.WriteFile(file, []byte("voters: 3\nvoters: 5\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := applyConfigFile(serverCmd(&globals{}).Flags(), file)
+	if err == nil || !strings.Contains(err.Error(), "voters") {
+		t.Fatalf("voters given twice: %v; want an error naming it", err)
+	}
+}
+
 // TestConfigFileRefusesClientGlobals: the server's flag set holds the
 // CLI's global flags too (inherited), but endpoint and output mean nothing
 // to a server; set in its file, output escaped the -o check.
 func TestConfigFileRefusesClientGlobals(t *testing.T) {
-	for _, yaml := range []string{"output: yaml\n", "endpoint: https://elsewhere:8443\n", "config: other.yaml\n"} {
+	for _, yaml := range []string{"output: yaml\n", "endpoint: https://elsewhere:8443\n", "config: other.yaml\n", "help: true\n"} {
 		file := filepath.Join(t.TempDir(), "basalt.yaml")
 		if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
 			t.Fatal(err)
@@ -69,6 +82,7 @@ func TestConfigFileRefusesClientGlobals(t *testing.T) {
 		fs := serverCmd(&globals{}).Flags()
 		fs.String("endpoint", "", "")
 		fs.String("output", "table", "")
+		fs.Bool("help", false, "") // cobra adds it before the command runs
 		if err := applyConfigFile(fs, file); err == nil {
 			t.Errorf("config file %q accepted", yaml)
 		}
@@ -88,6 +102,11 @@ func TestServerRefusesBadLimits(t *testing.T) {
 		{"--overcommit", "1e300"},
 		{"--overcommit", "1001"},
 		{"--voters", "2"},
+		{"--join", "http://peer:8443", "--join-token", "t"},
+		{"--join", "https://", "--join-token", "t"},
+		{"--join", "https://peer:99999", "--join-token", "t"},
+		{"--join", "https://peer:8443/v1", "--join-token", "t"},
+		{"--join", "peer:8443", "--join-token", "t"},
 	} {
 		r := run("", "", append([]string{"server", "--data", dir}, args...)...)
 		if r.code != 1 || !strings.Contains(r.stderr, "(UsageError)") || !strings.Contains(r.stderr, strings.TrimPrefix(args[0], "--")) {

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -31,16 +33,32 @@ type EnterParams struct {
 // joinRetryFor bounds how long Enter waits for another node's join.
 const joinRetryFor = 3 * time.Minute
 
+// CheckJoinURL says whether via can name a node's API for a join:
+// https://HOST:PORT (a trailing slash allowed), nothing else. The CLI
+// checks it before a server touches its data directory.
+func CheckJoinURL(via string) error {
+	u, err := url.Parse(strings.TrimRight(via, "/"))
+	if err != nil || u.Scheme != "https" || u.Hostname() == "" || u.Path != "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return fmt.Errorf("--join %q: an https://HOST:PORT URL of a node's API is required", via)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("--join %q: port %q is no TCP port", via, p)
+		}
+	}
+	return nil
+}
+
 // Enter asks p.Via to let this node in and returns the answer. A join in
 // progress elsewhere (409 JoinInProgress) is waited out.
 func Enter(ctx context.Context, p EnterParams) (*JoinResponse, error) {
 	if (p.Identity == "") == (p.Token == "") {
 		return nil, errs.Invalid(errs.CodeInvalidRequest, "--join needs exactly one of --identity (an admin identity) or --join-token")
 	}
-	base := strings.TrimRight(p.Via, "/")
-	if !strings.HasPrefix(base, "https://") {
-		return nil, errs.Invalid(errs.CodeInvalidRequest, "--join %q: an https:// URL of a node's API is required", p.Via)
+	if err := CheckJoinURL(p.Via); err != nil {
+		return nil, errs.Invalid(errs.CodeInvalidRequest, "%v", err)
 	}
+	base := strings.TrimRight(p.Via, "/")
 	var tlsCfg *tls.Config
 	var auth string
 	if p.Identity != "" {
