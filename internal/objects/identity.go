@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/user"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -75,6 +76,9 @@ func (b *Backend) trusted(acct auth.Account) (bool, string) {
 	case fi.Mode().Perm()&0o022 != 0:
 		return false, fmt.Sprintf("%s is writable by others (mode %v)", path, fi.Mode().Perm())
 	}
+	if err := safeDirs(path, uid); err != nil {
+		return false, err.Error()
+	}
 	sc := bufio.NewScanner(io.LimitReader(f, maxTrustFile))
 	for sc.Scan() {
 		if strings.TrimSpace(sc.Text()) == acct.Access {
@@ -82,6 +86,85 @@ func (b *Backend) trusted(acct auth.Account) (bool, string) {
 		}
 	}
 	return false, fmt.Sprintf("%s does not hold the access key id", path)
+}
+
+// maxLinks bounds the symbolic links safeDirs follows (the kernel's
+// own limit is 40).
+const maxLinks = 40
+
+// safeDirs checks every directory in which the lookup of path reads an
+// entry — its ancestors, and those of the targets of any symbolic links
+// on the way — and refuses one that another uid could change: it must
+// belong to root or uid, and be writable by neither group nor others
+// unless it is sticky (there only an entry's owner may rename or remove
+// it, and every entry followed is checked in turn). Otherwise whoever may
+// write such a directory could swap in another home, or another trust
+// file of uid's (a file whose text they chose, a log, say), and vouch for
+// a mapping the uid never made. This is OpenSSH's StrictModes rule for
+// ~/.ssh, with sticky directories allowed. Checked after the file is
+// open: only root or uid could have changed these directories since.
+func safeDirs(path string, uid int) error {
+	if !filepath.IsAbs(path) {
+		return fmt.Errorf("trust file %s: not an absolute path", path)
+	}
+	todo := strings.Split(strings.Trim(path, "/"), "/")
+	dir, links := "/", 0
+	for len(todo) > 0 {
+		if err := safeDir(dir, uid); err != nil {
+			return err
+		}
+		name := todo[0]
+		todo = todo[1:]
+		switch name {
+		case "", ".":
+			continue
+		case "..":
+			dir = filepath.Dir(dir)
+			continue
+		}
+		next := filepath.Join(dir, name)
+		if len(todo) == 0 {
+			return nil // the file itself: checked on its descriptor
+		}
+		fi, err := os.Lstat(next)
+		if err != nil {
+			return fmt.Errorf("trust file %s: %w", path, err)
+		}
+		if fi.Mode()&os.ModeSymlink != 0 {
+			if links++; links > maxLinks {
+				return fmt.Errorf("trust file %s: too many symbolic links", path)
+			}
+			target, err := os.Readlink(next)
+			if err != nil {
+				return fmt.Errorf("trust file %s: %w", path, err)
+			}
+			if filepath.IsAbs(target) {
+				dir = "/"
+			}
+			todo = append(strings.Split(strings.Trim(target, "/"), "/"), todo...)
+			continue
+		}
+		dir = next
+	}
+	return nil
+}
+
+// safeDir checks one directory for safeDirs.
+func safeDir(dir string, uid int) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("trust file directory %s: %w", dir, err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		return fmt.Errorf("trust file directory %s is not a directory", dir)
+	case st.Uid != 0 && int(st.Uid) != uid:
+		return fmt.Errorf("trust file directory %s belongs to uid %d, neither root nor %d", dir, st.Uid, uid)
+	case fi.Mode().Perm()&0o022 != 0 && fi.Mode()&os.ModeSticky == 0:
+		return fmt.Errorf("trust file directory %s is writable by others (mode %v)", dir, fi.Mode().Perm())
+	}
+	return nil
 }
 
 // giveToWriter makes f (an object about to be published) belong to the

@@ -168,3 +168,59 @@ func TestMappedUserWritesTheirBucket(t *testing.T) {
 		t.Errorf("d3, made for an untrusted writer, belongs to uid %d", u)
 	}
 }
+
+// The trust file counts only when nobody but root and the uid could have
+// put it where it is: a directory on its path (or on the way through a
+// symbolic link) that another uid owns or may write lets that uid swap in
+// another home, or another of the uid's files that happens to hold the
+// key id, as the trust file.
+func TestTrustFileDirectoriesOthersCannotChange(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("files of another uid need root") // CI runs as root
+	}
+	e := newEnv(t, false)
+	const uid, other = 4270, 4271
+	acct := e.iam["AKALICE"]
+	acct.UserID, acct.GroupID = uid, uid
+	home := filepath.Join(e.dir, "homes", "alice")
+	must(t, os.MkdirAll(home, 0o755))
+	must(t, os.Chown(home, uid, uid))
+	trust := filepath.Join(home, ".basalt-s3")
+	must(t, os.WriteFile(trust, []byte("AKALICE\n"), 0o600))
+	must(t, os.Chown(trust, uid, uid))
+	e.be.trustFile = filepath.Join(e.dir, "homes", "{uid}", ".basalt-s3")
+	must(t, os.Symlink("alice", filepath.Join(e.dir, "homes", "4270")))
+	homes := filepath.Join(e.dir, "homes")
+
+	check := func(name string, want bool) {
+		t.Helper()
+		if ok, why := e.be.trusted(acct); ok != want {
+			t.Errorf("%s: trusted %v (%s), want %v", name, ok, why, want)
+		}
+	}
+	check("home and its parents the uid's or root's", true)
+	must(t, os.Chmod(home, 0o775))
+	check("home writable by its group", false)
+	must(t, os.Chmod(home, os.ModeSticky|0o777))
+	check("home writable by all, sticky", true)
+	must(t, os.Chmod(home, 0o755))
+	must(t, os.Chown(homes, other, other))
+	check("a parent (holding the link) owned by another uid", false)
+	must(t, os.Chown(homes, 0, 0))
+	must(t, os.Chmod(homes, 0o777))
+	check("a parent (holding the link) writable by all, not sticky", false)
+	must(t, os.Chmod(homes, 0o755))
+	check("parents fixed", true)
+
+	// The link's target is looked up too: a home reached through a
+	// directory another uid owns is theirs to swap.
+	elsewhere := filepath.Join(e.dir, "elsewhere")
+	must(t, os.Mkdir(elsewhere, 0o755))
+	must(t, os.Chown(elsewhere, other, other))
+	must(t, os.Rename(home, filepath.Join(elsewhere, "alice")))
+	must(t, os.Remove(filepath.Join(homes, "4270")))
+	must(t, os.Symlink(filepath.Join(elsewhere, "alice"), filepath.Join(homes, "4270")))
+	check("home inside another uid's directory, through a link", false)
+	must(t, os.Chown(elsewhere, 0, 0))
+	check("that directory root's", true)
+}

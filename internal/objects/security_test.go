@@ -58,7 +58,7 @@ func TestTrustFileNotPlantedByAnotherUser(t *testing.T) {
 	openUp(t, e.root)
 	trustDir := filepath.Join(e.dir, "trust")
 	must(t, os.Mkdir(trustDir, 0o755))
-	must(t, os.Chmod(trustDir, 0o1777))
+	must(t, os.Chmod(trustDir, os.ModeSticky|0o777)) // a shared directory, as /tmp
 	e.be.trustFile = filepath.Join(trustDir, "{uid}")
 
 	// Mallory vouches for her own S3 user: her bucket directory is hers.
