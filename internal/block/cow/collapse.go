@@ -60,8 +60,9 @@ const (
 // in its image.sb, then write cow.sb naming it as the top: the one atomic
 // switch. Each write before the switch changes only what the top
 // overrides. A failed cow.sb write breaks the layer, as a failed snapshot
-// commit does: writes fail until cow.sb is rewritten naming the old top
-// (the next write or flush tries) or the volume is reopened.
+// commit does, but the layer goes on with into (the old top may be in no
+// chain on disk, and collected): writes fail until cow.sb is rewritten
+// naming into (the next write or flush tries) or the volume is reopened.
 //
 // The parent keeps its tag and the image it froze, so a repeated Snapshot
 // of the snapshot that created the parent still returns that snapshot's
@@ -527,16 +528,14 @@ func (c *collapse) commit() error {
 		}
 	}
 	b, _ := json.Marshal(volMeta{Version: version, Top: m.ID})
-	if err := l.vsb.Write(b); err != nil {
-		// Landed or not, unknown: nothing more may be acknowledged
-		// until cow.sb names the old top again (brokenErr) or a reopen
-		// reads which image is the top. Every write so far changed only
-		// what the old top overrides, so going on with it is right.
-		err = fmt.Errorf("%s: %w", volFile, err)
-		l.breakCommit(err, c.top.meta.ID)
-		return err
-	}
-	// Committed: into is the top, the old top is in no chain.
+	werr := l.vsb.Write(b)
+	// Committed, or (werr) landed or not, unknown. Either way into holds
+	// all the volume's data now and the layer goes on with it: cow.sb
+	// naming into may have landed, and then the old top is in no chain,
+	// so a collection may remove it at any moment — going back to it
+	// would write into removed files and name them in cow.sb. Nothing
+	// more is acknowledged until cow.sb names into again (brokenErr) or
+	// a reopen reads which image is the top; either chain reads the same.
 	old := c.top
 	for k, o := range l.owner.held(0, l.owner.Len()) {
 		if o == old.depth {
@@ -555,6 +554,11 @@ func (c *collapse) commit() error {
 	}
 	if err := errors.Join(old.dev.Close(), old.alloc.Close(), old.sb.Close(), unfreeze); err != nil {
 		c.log().Warn("closing the collapsed image", "image", old.meta.ID, "err", err)
+	}
+	if werr != nil {
+		err := fmt.Errorf("%s: %w", volFile, werr)
+		l.breakCommit(err, m.ID)
+		return err
 	}
 	return nil
 }

@@ -1028,6 +1028,13 @@ func (l *Layer) Resize(n int64) error {
 	}
 	l.chainMu.Lock()
 	defer l.chainMu.Unlock()
+	// The growth is recorded in the top's image.sb: after a failed
+	// commit cow.sb may name another image, which a reopen would find at
+	// the old size, so cow.sb must name the top first (as for a write).
+	// Under chainMu no commit can fail meanwhile.
+	if err := l.brokenErr(); err != nil {
+		return fmt.Errorf("resize: %w", err)
+	}
 	if n < l.size {
 		return fmt.Errorf("cannot shrink from %d to %d bytes", l.size, n)
 	}
@@ -1064,7 +1071,8 @@ func (l *Layer) writeImage(im *image, m imageMeta) error {
 }
 
 // brokenCommit is a failed commit: its error, and cow.sb's payload naming
-// the top the layer still writes into (the commit did not change it).
+// the top the layer goes on with (a failed snapshot's old top, a failed
+// collapse's parent).
 type brokenCommit struct {
 	err     error
 	payload []byte

@@ -123,8 +123,10 @@ func TestSnapshotCommitRefusedForSpace(t *testing.T) {
 
 // TestCollapseCommitRefusedForSpace: the same for a collapse, whose commit
 // is the cow.sb write naming the parent as the top: refused, writes wait
-// for space, then go on into the top the layer still has (the old one),
-// and a reopen finds that chain; the collapse, run again, completes.
+// for space, then go on into the parent, which holds all the volume's data
+// by then (cow.sb may name it already, and the old top be collected), and
+// a reopen finds the parent as the top; the collapse, run again, finds
+// its work done.
 func TestCollapseCommitRefusedForSpace(t *testing.T) {
 	const chunk = 8192
 	fm := &fullMeta{names: []string{volFile}}
@@ -165,8 +167,8 @@ func TestCollapseCommitRefusedForSpace(t *testing.T) {
 	env.Create = false
 	l.Close()
 	l = build(t, env, fileSpec)
-	if l.Top() != top || l.Depth() != 2 {
-		t.Fatalf("after reopen the top is %s at depth %d, want %s at depth 2", l.Top(), l.Depth(), top)
+	if l.Top() != parent || l.Depth() != 1 {
+		t.Fatalf("after reopen the top is %s at depth %d, want the parent %s at depth 1 (the old top was %s)", l.Top(), l.Depth(), parent, top)
 	}
 	expect(t, l, model, "reopened after the refused collapse")
 	if err := l.Collapse(t.Context(), parent, nil); err != nil {
