@@ -77,6 +77,13 @@ func (s *Service) StartJob(ctx context.Context, c Caller, ref, kind string) (*me
 			}
 			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is already running a %s job", cur.ID, cur.Job.Kind)
 		}
+		if kind == meta.JobFlatten && len(cur.Snapshotting) > 0 {
+			// A snapshot frozen but not recorded yet (its commit may
+			// be stranded) is held by nothing but the volume's chain:
+			// a flatten would cut it off, and the collection after it
+			// remove the image the snapshot is then recorded with.
+			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is being snapshotted (%s); flatten it when the snapshot is available", cur.ID, cur.Snapshotting[0])
+		}
 		cur.Job = &meta.Job{Kind: kind, Node: writer, StartedAt: now()}
 		if writer != s.cfg.Node {
 			cur.Job.RequestedBy = s.cfg.Node
