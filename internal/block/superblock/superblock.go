@@ -37,6 +37,10 @@ const (
 	headerSize = 8 + 8 + 4 + 4 + 4
 	// MinSlotSize is the smallest slot (one page).
 	MinSlotSize = 4096
+	// MaxSlotSize is the largest: OpenFile looks for slot 1 this far
+	// when slot 0 is torn, and a header claiming more is corrupt (read
+	// as it claims, it would have a payload of up to 4 GiB allocated).
+	MaxSlotSize = 1024 * MinSlotSize
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -83,6 +87,9 @@ func Create(path string, slotSize int, payload []byte) (*Block, error) {
 // CreateFile is Create over an already open, empty file.
 func CreateFile(f File, slotSize int, payload []byte) (*Block, error) {
 	slotSize = max(MinSlotSize, (slotSize+MinSlotSize-1)/MinSlotSize*MinSlotSize)
+	if slotSize > MaxSlotSize {
+		return nil, fmt.Errorf("superblock: slot of %d bytes, more than %d", slotSize, MaxSlotSize)
+	}
 	b := &Block{f: f, slotSize: slotSize}
 	// Generation 1 in slot 1, and slot 0 left invalid: a crash now leaves
 	// either no valid copy (creation never completed) or this one.
@@ -113,7 +120,7 @@ func OpenFile(f File) (*Block, []byte, error) {
 	slotSize, cur := 0, 0
 	// The slot size is in each header; read slot 0's header at 0, and try
 	// slot 1 at the size slot 0 claims, or at any page multiple if slot 0
-	// is torn (the slot size is small: scan up to 1024 pages).
+	// is torn (slots are at most MaxSlotSize).
 	s0, size0, gen0, ok0 := readSlot(f, 0, 0)
 	if ok0 {
 		best, bestGen, slotSize = s0, gen0, size0
@@ -122,7 +129,7 @@ func OpenFile(f File) (*Block, []byte, error) {
 	if ok0 {
 		candidates = append(candidates, size0)
 	} else {
-		for n := 1; n <= 1024; n++ {
+		for n := 1; n*MinSlotSize <= MaxSlotSize; n++ {
 			candidates = append(candidates, n*MinSlotSize)
 		}
 	}
@@ -155,7 +162,7 @@ func readSlot(f File, off int64, want int) (payload []byte, slotSize int, gen ui
 	slotSize = int(binary.BigEndian.Uint32(h[16:]))
 	n := int(binary.BigEndian.Uint32(h[20:]))
 	sum := binary.BigEndian.Uint32(h[24:])
-	if slotSize < MinSlotSize || slotSize%MinSlotSize != 0 || (want != 0 && slotSize != want) ||
+	if slotSize < MinSlotSize || slotSize > MaxSlotSize || slotSize%MinSlotSize != 0 || (want != 0 && slotSize != want) ||
 		n > slotSize-headerSize || (off != 0 && off != int64(slotSize)) {
 		return nil, 0, 0, false
 	}
