@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/block/cow"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
 )
@@ -60,5 +61,63 @@ func TestFlattenDuringStrandedSnapshot(t *testing.T) {
 		t.Fatalf("clone of the snapshot: %v", err)
 	}
 	e.sameVolume(s, c.ID, frozen, "clone of the snapshot taken before the flatten")
+	e.sameVolume(s, v.ID, model, "volume")
+}
+
+// TestFlattenRunningDuringStrandedSnapshot: the same snapshot, taken while
+// a flatten already runs (which StartJob cannot refuse any more): the
+// flatten ends by detaching the top from the image the snapshot froze. A
+// collection then must keep that image — the top's record of the freeze
+// names it, and the snapshot is still being recorded — so that the sweep
+// finishes the snapshot with its data.
+func TestFlattenRunningDuringStrandedSnapshot(t *testing.T) {
+	defer func(after time.Duration) { strandedAfter = after }(strandedAfter)
+	strandedAfter = time.Hour // the sweep below, not the background one
+	e, s, kv := lossyEnv(t, Config{})
+	alice, v, sn := strandedSnapshot(t, s, kv)
+	ctx := ctxT(t)
+	model := make([]byte, v.SizeBytes)
+	e.fill(s, v.ID, model, 1, [2]int64{0, v.SizeBytes})
+	done, token, err := s.asWriter(ctx, v.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.freeze(e.volume(v.ID), sn.ID, token); err != nil {
+		done()
+		t.Fatal(err)
+	}
+	// The flatten that was running as the snapshot froze, finishing now.
+	l, release, err := s.acquireWriter(e.volume(v.ID), token)
+	if err != nil {
+		done()
+		t.Fatal(err)
+	}
+	c, _ := find[*cow.Layer](l)
+	err = c.Flatten(ctx, nil)
+	release()
+	done()
+	if err != nil {
+		t.Fatal(err)
+	}
+	frozen := bytes.Clone(model)
+	e.fill(s, v.ID, model, 2, [2]int64{0, 8192})
+	s.collectSoon()
+	e.settle()
+
+	strandedAfter = 0
+	s.resumeStranded(ctx)
+	got := waitRecord(t, "stranded frozen snapshot", func() *meta.Snapshot { return e.snapshot(sn.ID) },
+		func(sn *meta.Snapshot) bool { return sn.Status != meta.StatusCreating })
+	if got.Status != meta.StatusAvailable {
+		t.Fatalf("stranded frozen snapshot: %s %q", got.Status, got.StatusMessage)
+	}
+	if !e.hasImage(got.Image) {
+		t.Fatalf("the snapshot names image %s, which collection removed", got.Image)
+	}
+	cl, err := s.CreateVolume(ctx, alice, CreateVolume{Name: "c", FromSnapshot: sn.ID})
+	if err != nil {
+		t.Fatalf("clone of the snapshot: %v", err)
+	}
+	e.sameVolume(s, cl.ID, frozen, "clone of the snapshot taken during the flatten")
 	e.sameVolume(s, v.ID, model, "volume")
 }

@@ -349,7 +349,8 @@ func (s *Service) Stack(ctx context.Context, v *meta.Volume) (*block.Node, error
 
 // collect removes the stacks of volumes that have no record
 // (sweepStacks), then the copy-on-write images no volume and no snapshot
-// needs. Roots: every snapshot record's image and every volume's top;
+// needs. Roots: every snapshot record's image, every volume's top, and
+// the image a snapshot still being recorded has frozen (frozenRoots);
 // images younger than the grace period are spared (another node may be
 // creating them right now).
 //
@@ -360,7 +361,7 @@ func (s *Service) Stack(ctx context.Context, v *meta.Volume) (*block.Node, error
 // image in its volume's new top's chain), the sweep runs after.
 func (s *Service) collect(ctx context.Context) {
 	s.sweepStacks(ctx)
-	roots, err := s.snapshotImages(ctx)
+	roots, creating, err := s.snapshotImages(ctx)
 	if err != nil {
 		s.log.Warn("image collection skipped", "err", err)
 		return
@@ -378,8 +379,10 @@ func (s *Service) collect(ctx context.Context) {
 		// flattened off it) is in neither read — its record was
 		// committed before the tops were read, so it is in this one.
 		var more []string
-		if more, err = s.snapshotImages(ctx); err == nil {
+		var later []*meta.Snapshot
+		if more, later, err = s.snapshotImages(ctx); err == nil {
 			roots = append(roots, more...)
+			roots = append(roots, s.frozenRoots(tops, append(creating, later...))...)
 		}
 	}
 	if err != nil {
@@ -409,23 +412,48 @@ func (s *Service) collect(ctx context.Context) {
 	s.collapseCandidates(tops, roots, left)
 }
 
-// snapshotImages returns the images of every snapshot, read
-// linearizably: a stale local copy (no quorum) may lack a snapshot taken
-// through another node, whose image would then look unused.
-func (s *Service) snapshotImages(ctx context.Context) ([]string, error) {
+// snapshotImages returns the images of every snapshot, and the
+// snapshots still being created, read linearizably: a stale local copy
+// (no quorum) may lack a snapshot taken through another node, whose image
+// would then look unused.
+func (s *Service) snapshotImages(ctx context.Context) (images []string, creating []*meta.Snapshot, err error) {
 	rctx, ri := meta.WithReadInfo(ctx)
 	snaps, err := s.meta.Snapshots(rctx)
 	if err == nil && ri.Local {
 		err = errors.New("no quorum: only a possibly stale copy of the snapshot records could be read")
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var out []string
 	for _, sn := range snaps {
-		out = append(out, sn.Image)
+		images = append(images, sn.Image)
+		if sn.Status == meta.StatusCreating {
+			creating = append(creating, sn)
+		}
 	}
-	return out, nil
+	return images, creating, nil
+}
+
+// frozenRoots returns the images that snapshots still being created have
+// frozen already: a snapshot whose record lost the commit naming its
+// image (stranded until a sweep finishes it, stranded.go) is held by
+// nothing but its volume's chain, and a flatten that was running as it
+// froze cuts the chain there. The volume's top (in tops, read after the
+// records) names the image it froze while the snapshot started it — the
+// image the sweep will record (cow's Snapshot returns it again).
+func (s *Service) frozenRoots(tops map[string]string, creating []*meta.Snapshot) []string {
+	var out []string
+	for _, sn := range creating {
+		top, ok := tops[sn.VolumeID]
+		if !ok {
+			continue
+		}
+		im, err := cow.ReadImage(s.store.ImagesDir(), top)
+		if err == nil && im.Tag == sn.ID && im.Froze != "" {
+			out = append(out, im.Froze)
+		}
+	}
+	return out
 }
 
 // sweepStacks removes the stack directories of volumes that have no

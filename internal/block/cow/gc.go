@@ -16,7 +16,8 @@ type Image struct {
 	ID     string
 	Parent string
 	Size   int64
-	Tag    string
+	Tag    string // the snapshot whose freeze started the image
+	Froze  string // the image that snapshot froze
 }
 
 // ReadImage reads image id's superblock from the image directory.
@@ -30,7 +31,7 @@ func ReadImage(images, id string) (Image, error) {
 	if err != nil {
 		return Image{}, err
 	}
-	return Image{ID: m.ID, Parent: m.Parent, Size: m.Size, Tag: m.Tag}, nil
+	return Image{ID: m.ID, Parent: m.Parent, Size: m.Size, Tag: m.Tag, Froze: m.Froze}, nil
 }
 
 // TopOf is the top image of the cow layer whose directory is dir.
