@@ -464,11 +464,44 @@ func (b *Backend) deleteVersioned(r *os.Root, bucket, key, vid, status string, p
 		if err := b.checkRestore(r, bucket, key, want, marker); err != nil {
 			return "", false, err
 		}
+		if restoreChecked != nil {
+			restoreChecked(bucket, key)
+		}
 	}
 	if err := b.removeVersionFile(r, bucket, p); err != nil {
 		return "", false, err
 	}
-	return vid, marker, b.promote(r, bucket, key)
+	if err := b.promote(r, bucket, key); err != nil {
+		if marker && isRestoreConflict(err) {
+			// The key's path was taken since checkRestore: a write of a
+			// longer key (under its own lock) made it a directory, say.
+			// promote changed nothing, and the marker goes back, so the
+			// DELETE changes nothing either (a marker's id holds its time,
+			// so it sorts where it was).
+			if aerr := b.addMarker(r, bucket, key, want); aerr != nil {
+				return "", false, errors.Join(err, aerr)
+			}
+		}
+		return "", false, err
+	}
+	return vid, marker, nil
+}
+
+// restoreChecked, when set (by tests), runs after a DELETE has found
+// that the version it uncovers can be restored, before it deletes.
+var restoreChecked func(bucket, key string)
+
+// isRestoreConflict reports whether err is restorable's refusal.
+func isRestoreConflict(err error) bool {
+	var ae s3err.APIError
+	if !errors.As(err, &ae) {
+		return false
+	}
+	switch ae.Code {
+	case "ExistingObjectIsDirectory", "ObjectParentIsFile", "KeyHoldsUnexportedFile":
+		return true
+	}
+	return false
 }
 
 // checkRestore is called before the version vid (a delete marker if

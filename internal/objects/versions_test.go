@@ -939,6 +939,23 @@ func (e *env) testVersionsRestoreBlocked(t *testing.T) {
 		t.Fatalf("copy of a delete marker: %v, want InvalidRequest naming it", err)
 	}
 
+	// Taken between the DELETE's check and its restore: a PUT of a longer
+	// key (under a lock of its own) makes the key's path a directory.
+	vr := aws.ToString(put(t, c, bk, "r", "r-1").VersionId)
+	mr := aws.ToString(delVersion(t, c, bk, "r", "").VersionId)
+	restoreChecked = func(_, key string) {
+		if key == "r" {
+			if err := os.Mkdir(filepath.Join(e.root, bk, "r"), 0o755); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	refused("r", mr, "ExistingObjectIsDirectory")
+	restoreChecked = nil
+	if err := os.Remove(filepath.Join(e.root, bk, "r")); err != nil {
+		t.Fatal(err)
+	}
+
 	// Once the path is free, the same deletes restore the versions.
 	for _, k := range []string{"a/b", "x"} {
 		for _, v := range versions(t, c, bk, k, 1000) {
@@ -950,7 +967,7 @@ func (e *env) testVersionsRestoreBlocked(t *testing.T) {
 	if err := os.Remove(filepath.Join(e.root, bk, "f")); err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range []struct{ key, marker, vid, data string }{{"a", ma, va, "a-1"}, {"x/y", my, vy, "xy-1"}, {"f", mf, vf, "f-1"}} {
+	for _, r := range []struct{ key, marker, vid, data string }{{"a", ma, va, "a-1"}, {"x/y", my, vy, "xy-1"}, {"f", mf, vf, "f-1"}, {"r", mr, vr, "r-1"}} {
 		delVersion(t, c, bk, r.key, r.marker)
 		if got, err := getVersion(t, c, bk, r.key, r.vid); err != nil || got != r.data {
 			t.Fatalf("%s@%s restored: %q %v", r.key, r.vid, got, err)
