@@ -23,17 +23,8 @@ func (s *Service) replaySnapshotWithoutVolume(ctx context.Context, c Caller, vol
 	if e, ok := errs.As(err); token == "" || !ok || e.Kind != errs.KindNotFound {
 		return nil, err
 	}
-	var r *meta.Snapshot
-	if terr := s.meta.Update(ctx, func(tx *meta.Tx) error {
-		r = nil
-		id := tx.TokenOwner(meta.NameSnapshot, c.ID, token)
-		if id == "" {
-			return nil
-		}
-		var err error
-		r, err = tx.Snapshot(id)
-		return err
-	}); terr != nil {
+	r, terr := tokenHolder(ctx, s, meta.NameSnapshot, c, token, (*meta.Tx).Snapshot)
+	if terr != nil {
 		return nil, terr
 	}
 	if r == nil {

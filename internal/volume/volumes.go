@@ -230,17 +230,8 @@ func (s *Service) replayWithoutSource(ctx context.Context, c Caller, req CreateV
 	if e, ok := errs.As(err); req.ClientToken == "" || !ok || e.Kind != errs.KindNotFound {
 		return nil, err
 	}
-	var r *meta.Volume
-	if terr := s.meta.Update(ctx, func(tx *meta.Tx) error {
-		r = nil
-		id := tx.TokenOwner(meta.NameVolume, c.ID, req.ClientToken)
-		if id == "" {
-			return nil
-		}
-		var err error
-		r, err = tx.Volume(id)
-		return err
-	}); terr != nil {
+	r, terr := tokenHolder(ctx, s, meta.NameVolume, c, req.ClientToken, (*meta.Tx).Volume)
+	if terr != nil {
 		return nil, terr
 	}
 	if r == nil {
@@ -257,6 +248,24 @@ func (s *Service) replayWithoutSource(ctx context.Context, c Caller, req CreateV
 		return nil, tokenMismatch(req.ClientToken, r.ID)
 	}
 	return r, nil
+}
+
+// tokenHolder returns the record of kind (meta.NameVolume, ...) that a
+// first call by c made with client token token, read by get; nil if
+// there is none.
+func tokenHolder[R any](ctx context.Context, s *Service, kind string, c Caller, token string, get func(*meta.Tx, string) (*R, error)) (*R, error) {
+	var r *R
+	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
+		r = nil
+		id := tx.TokenOwner(kind, c.ID, token)
+		if id == "" {
+			return nil
+		}
+		var err error
+		r, err = get(tx, id)
+		return err
+	})
+	return r, err
 }
 
 // refused reports whether err is a transaction's own refusal (a name
