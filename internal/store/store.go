@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/basalt-storage/basalt/internal/block"
@@ -69,7 +70,14 @@ func (s *Store) ObjectsDir() string { return filepath.Join(s.Root, "objects") }
 
 // RemoveVolume deletes volume id's stack directory; a missing one is not an
 // error (deletes are retried).
+//
+// id must name one entry of volumes/: RemoveAll of an id that is empty,
+// "." or "..", or holds a separator, would take every volume, the images
+// or the whole store with it (VolumeDir cleans the path).
 func (s *Store) RemoveVolume(id string) error {
+	if id == "" || id == "." || id == ".." || strings.ContainsRune(id, filepath.Separator) {
+		return fmt.Errorf("remove volume %q: not a volume id", id)
+	}
 	if err := os.RemoveAll(s.VolumeDir(id)); err != nil {
 		return fmt.Errorf("remove volume %s: %w", id, err)
 	}
@@ -88,9 +96,16 @@ func (s *Store) Capacity() (Capacity, error) {
 	if err := unix.Statfs(s.Root, &st); err != nil {
 		return Capacity{}, fmt.Errorf("statfs %s: %w", s.Root, err)
 	}
+	// Block counts are in fragments (f_frsize, as statvfs and df read
+	// them); f_bsize is only the preferred I/O size, which differs on
+	// some file systems (NFS, FUSE). Kernels before 2.6 left frsize 0.
+	unit := int64(st.Frsize)
+	if unit == 0 {
+		unit = int64(st.Bsize)
+	}
 	return Capacity{
-		TotalBytes: int64(st.Blocks) * int64(st.Bsize),
-		FreeBytes:  int64(st.Bavail) * int64(st.Bsize),
+		TotalBytes: int64(st.Blocks) * unit,
+		FreeBytes:  int64(st.Bavail) * unit,
 	}, nil
 }
 
