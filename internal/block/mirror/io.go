@@ -453,6 +453,15 @@ func (l *Layer) diverged(regions []int64) {
 		for r := range l.dirty {
 			regions = append(regions, r)
 		}
+		// A refused flush may also have dropped a rebuild's copies the
+		// leg had taken (they set no intent bit), and the rebuild's own
+		// flush before its checkpoint may then succeed: the leg's stale
+		// bits for them stay, to be copied again.
+		for _, lg := range l.legs {
+			if lg.state != legOK {
+				lg.copied = nil
+			}
+		}
 	}
 	oks := 0
 	for _, lg := range l.legs {
@@ -472,6 +481,9 @@ func (l *Layer) diverged(regions []int64) {
 		for _, lg := range l.legs {
 			if lg.state != legOK {
 				lg.stale.Set(r)
+				// A rebuild that copied r already must not clear this
+				// bit as its copy's: the leg missed what came after.
+				delete(lg.copied, r)
 			}
 		}
 	}

@@ -222,6 +222,11 @@ type leg struct {
 	gen   uint64          // incremented on every state change (rebuild checkpoints check it)
 	refs  *sync.WaitGroup // operations in flight on dev (new one per dev)
 	stale *bitmap.Bitmap
+	// copied: regions a rebuild copied onto the leg whose stale bits the
+	// next checkpoint may clear. A region made stale again after its copy
+	// (a write the leg refused for want of space: diverged) leaves it, so
+	// its bit stays and the rebuild copies it again. Guarded by mu.
+	copied map[int64]bool
 }
 
 // regionState is a region whose intent bit is set.
@@ -545,6 +550,7 @@ func (l *Layer) failLeg(i int, dev block.Layer, cause error) bool {
 func (l *Layer) setStateLocked(lg *leg, state string) {
 	lg.state = state
 	lg.gen++
+	lg.copied = nil // copies of an earlier generation are not checkpointed
 	l.legsVer++
 	l.stateVer++
 }
@@ -688,6 +694,11 @@ func (l *Layer) Resize(n int64) error {
 	}
 	if n == cur {
 		return nil
+	}
+	if n > block.MaxSize {
+		// The superblock could not record it (open refuses such a size),
+		// and the region maps would be sized for it.
+		return fmt.Errorf("mirror resize: %d bytes exceed the largest device size, %d", n, int64(block.MaxSize))
 	}
 	l.mu.Lock()
 	ts := l.receiversLocked()

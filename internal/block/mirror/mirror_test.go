@@ -590,6 +590,9 @@ func TestResize(t *testing.T) {
 	if err := l.Resize(l.Size() - 1); err == nil {
 		t.Fatal("shrink accepted")
 	}
+	if err := l.Resize(block.MaxSize + 1); err == nil {
+		t.Fatal("a size beyond block.MaxSize accepted")
+	}
 	if err := l.Resize(3<<20 + 1000); err != nil {
 		t.Fatal(err)
 	}

@@ -441,7 +441,18 @@ func (l *Layer) rebuildRegion(r int64, gens map[int]uint64, buf []byte) ([]int, 
 		}
 		if srcErr == nil {
 			// Legs that failed meanwhile changed generation; checkpoint
-			// skips them.
+			// skips them. Recorded under the range lock, so a write the
+			// leg refuses after this copy (diverged) comes after it.
+			l.mu.Lock()
+			for _, i := range ids {
+				if lg := l.legs[i]; lg.state == legRebuilding && lg.gen == gens[i] {
+					if lg.copied == nil {
+						lg.copied = map[int64]bool{}
+					}
+					lg.copied[r] = true
+				}
+			}
+			l.mu.Unlock()
 			return ids, nil
 		}
 		if !srcFailed {
@@ -570,7 +581,11 @@ func (l *Layer) checkpoint(gens map[int]uint64, pending map[int][]int64) error {
 		l.mu.Lock()
 		if lg.state == legRebuilding && lg.gen == gens[i] {
 			for _, r := range rs {
-				lg.stale.Clear(r)
+				// Not copied since it was last made stale: keep it.
+				if lg.copied[r] {
+					lg.stale.Clear(r)
+					delete(lg.copied, r)
+				}
 			}
 		}
 		l.mu.Unlock()
