@@ -686,6 +686,11 @@ func (l *Layer) Resize(n int64) error {
 	if n == cur {
 		return nil
 	}
+	if n > block.MaxSize {
+		// The header could not record it (open refuses such a size as
+		// implausible), and the child size it needs may wrap negative.
+		return fmt.Errorf("crypt resize: %d bytes exceed the largest device size, %d", n, int64(block.MaxSize))
+	}
 	if need := DataOffset + roundUp(n); l.child.Size() < need {
 		r, ok := l.child.(block.Resizer)
 		if !ok {
