@@ -435,6 +435,14 @@ func (s *Service) Authenticate(ctx context.Context, chain []*x509.Certificate) (
 			return volume.Caller{}, errs.New(errs.KindUnauthenticated, errs.CodeCertificateExpired,
 				"client certificate for %q expired on %s", leaf.Subject.CommonName, leaf.NotAfter.UTC().Format(time.RFC3339))
 		}
+		if errors.As(err, &inv) && inv.Reason == x509.IncompatibleUsage && leaf.CheckSignatureFrom(s.ca.Cert) == nil {
+			// Signed by the CA for a server only (the S3 gateway's
+			// certificate): calling it foreign would send the operator
+			// after a CA that is not there.
+			return volume.Caller{}, errs.New(errs.KindUnauthenticated, errs.CodeCertificateUntrusted,
+				"certificate %q is signed by this cluster's CA but not for client authentication (a server's certificate?): use an identity from basalt user create",
+				leaf.Subject.CommonName)
+		}
 		return volume.Caller{}, errs.New(errs.KindUnauthenticated, errs.CodeCertificateUntrusted,
 			"client certificate for %q is not signed by this cluster's CA", leaf.Subject.CommonName)
 	}
