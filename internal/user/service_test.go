@@ -22,11 +22,11 @@ func TestCreate(t *testing.T) {
 	s := newService(t)
 	ctx := ctxT(t)
 	name := uniq("alice")
-	u, id, err := s.Create(ctx, Spec{Name: name, UID: intp(1000), GID: intp(0)})
+	u, id, err := s.Create(ctx, Spec{Name: name, UID: intp(1000), GID: intp(100)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if u.Name != name || u.Admin || *u.UID != 1000 || *u.GID != 0 || len(u.ID) != 32 || u.CreatedAt.IsZero() {
+	if u.Name != name || u.Admin || *u.UID != 1000 || *u.GID != 100 || len(u.ID) != 32 || u.CreatedAt.IsZero() {
 		t.Fatalf("record %+v", u)
 	}
 	if !regexp.MustCompile(`^[A-Z2-7]{20}$`).MatchString(u.AccessKeyID) || len(u.SecretKey) < 30 {
@@ -138,7 +138,7 @@ func TestCreateValidation(t *testing.T) {
 	}
 	for _, c := range []struct{ uid, gid *int }{
 		{intp(-1), nil}, {intp(1), intp(-1)}, {intp(1 << 31), nil}, {intp(1), intp(1<<31 - 1)},
-		{intp(0), nil}, {intp(0), intp(0)}, // root is never given files: no mapping to it
+		{intp(0), nil}, {intp(0), intp(0)}, {intp(1), intp(0)}, // root (and its group) is never given files: no mapping to it
 		{nil, intp(1000)}, // a group is given only with a uid
 	} {
 		_, _, err := s.Create(ctx, Spec{Name: uniq("ids"), UID: c.uid, GID: c.gid})
@@ -149,8 +149,8 @@ func TestCreateValidation(t *testing.T) {
 	if _, _, err := s.Create(ctx, Spec{Name: uniq("ids"), UID: intp(1), GID: intp(1<<31 - 2)}); err != nil {
 		t.Errorf("uid 1, gid 2147483646: %v", err)
 	}
-	if _, _, err := s.Create(ctx, Spec{Name: uniq("ids"), UID: intp(1<<31 - 2), GID: intp(0)}); err != nil {
-		t.Errorf("uid 2147483646, gid 0: %v", err)
+	if _, _, err := s.Create(ctx, Spec{Name: uniq("ids"), UID: intp(1<<31 - 2), GID: intp(1)}); err != nil {
+		t.Errorf("uid 2147483646, gid 1: %v", err)
 	}
 }
 

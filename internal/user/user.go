@@ -95,10 +95,14 @@ func (s *Service) Create(ctx context.Context, sp Spec) (*meta.User, *pki.Identit
 		}
 	}
 	// Mappings that could never take effect are refused rather than
-	// shown: the gateway never gives files to root, and gives a group
-	// only with a uid.
+	// shown: the gateway never gives files to root or root's group (an
+	// S3 account's gid 0 means none: the file keeps the gateway's
+	// group), and gives a group only with a uid.
 	if sp.UID != nil && *sp.UID == 0 {
 		return nil, nil, errs.Invalid(errs.CodeInvalidRequest, "uid 0 (root) cannot be mapped: the gateway never gives files to root")
+	}
+	if sp.GID != nil && *sp.GID == 0 {
+		return nil, nil, errs.Invalid(errs.CodeInvalidRequest, "gid 0 (root's group) cannot be mapped: the gateway never gives files to it; leave --gid out to keep the gateway's group")
 	}
 	if sp.GID != nil && sp.UID == nil {
 		return nil, nil, errs.Invalid(errs.CodeInvalidRequest, "a gid is mapped only with a uid: give --uid too")
