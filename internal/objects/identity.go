@@ -75,6 +75,11 @@ func (b *Backend) trusted(acct auth.Account) (bool, string) {
 		return false, fmt.Sprintf("%s belongs to uid %d, not %d", path, st.Uid, uid)
 	case fi.Mode().Perm()&0o022 != 0:
 		return false, fmt.Sprintf("%s is writable by others (mode %v)", path, fi.Mode().Perm())
+	case st.Nlink != 1:
+		// Another name of one of the uid's files (a log that holds text
+		// someone else chose, say), linked here by whoever may write
+		// this directory where the kernel allows linking others' files.
+		return false, fmt.Sprintf("%s has %d names (hard links)", path, st.Nlink)
 	}
 	if err := safeDirs(path, uid); err != nil {
 		return false, err.Error()
@@ -97,7 +102,8 @@ const maxLinks = 40
 // on the way — and refuses one that another uid could change: it must
 // belong to root or uid, and be writable by neither group nor others
 // unless it is sticky (there only an entry's owner may rename or remove
-// it, and every entry followed is checked in turn). Otherwise whoever may
+// it, and every entry followed is checked in turn: each directory, and
+// each symbolic link, must be root's or uid's too). Otherwise whoever may
 // write such a directory could swap in another home, or another trust
 // file of uid's (a file whose text they chose, a log, say), and vouch for
 // a mapping the uid never made. This is OpenSSH's StrictModes rule for
@@ -131,6 +137,11 @@ func safeDirs(path string, uid int) error {
 			return fmt.Errorf("trust file %s: %w", path, err)
 		}
 		if fi.Mode()&os.ModeSymlink != 0 {
+			// A link is followed only if root or uid made it: in a
+			// sticky directory anyone may add one.
+			if o := fi.Sys().(*syscall.Stat_t).Uid; o != 0 && int(o) != uid {
+				return fmt.Errorf("trust file %s: symbolic link %s belongs to uid %d, neither root nor %d", path, next, o, uid)
+			}
 			if links++; links > maxLinks {
 				return fmt.Errorf("trust file %s: too many symbolic links", path)
 			}

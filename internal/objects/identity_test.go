@@ -171,9 +171,10 @@ func TestMappedUserWritesTheirBucket(t *testing.T) {
 
 // The trust file counts only when nobody but root and the uid could have
 // put it where it is: a directory on its path (or on the way through a
-// symbolic link) that another uid owns or may write lets that uid swap in
-// another home, or another of the uid's files that happens to hold the
-// key id, as the trust file.
+// symbolic link), or a link, that another uid owns or may write lets that
+// uid swap in another home, or another of the uid's files that happens
+// to hold the key id, as the trust file; so does a second name (a hard
+// link) of the file.
 func TestTrustFileDirectoriesOthersCannotChange(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("files of another uid need root") // CI runs as root
@@ -211,6 +212,15 @@ func TestTrustFileDirectoriesOthersCannotChange(t *testing.T) {
 	check("a parent (holding the link) writable by all, not sticky", false)
 	must(t, os.Chmod(homes, 0o755))
 	check("parents fixed", true)
+	must(t, os.Lchown(filepath.Join(homes, "4270"), other, other))
+	check("the link to the home another uid's (made in a sticky directory, say)", false)
+	must(t, os.Lchown(filepath.Join(homes, "4270"), 0, 0))
+	check("the link root's", true)
+	elsewhereLink := filepath.Join(e.dir, "linked-trust")
+	must(t, os.Link(trust, elsewhereLink))
+	check("the trust file with a second name", false)
+	must(t, os.Remove(elsewhereLink))
+	check("one name again", true)
 
 	// The link's target is looked up too: a home reached through a
 	// directory another uid owns is theirs to swap.
