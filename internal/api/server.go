@@ -220,21 +220,24 @@ func (s *Server) authed(h handler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		var c volume.Caller
-		ctx := r.Context()
-		if r.Method == http.MethodGet && strings.EqualFold(r.Header.Get(HeaderConsistency), "stale") {
-			ctx = meta.Stale(ctx)
-		}
-		ctx, ri := meta.WithReadInfo(ctx)
-		r = r.WithContext(ctx)
+		ctx, ri := meta.WithReadInfo(r.Context())
 		w = &readMarker{ResponseWriter: w, ri: ri}
 		err := func() error {
 			if r.TLS == nil {
 				return errs.New(errs.KindUnauthenticated, errs.CodeCertificateRequired, "the control API requires TLS with a client certificate")
 			}
+			// The caller's wish for a stale read is for what it asks,
+			// not for who it is: a user record is looked up in the store
+			// only when this node's mirror cannot answer (a moment after
+			// a change), and then as fresh as the quorum allows.
 			var err error
-			if c, err = s.d.Users.Authenticate(r.Context(), r.TLS.PeerCertificates); err != nil {
+			if c, err = s.d.Users.Authenticate(ctx, r.TLS.PeerCertificates); err != nil {
 				return err
 			}
+			if r.Method == http.MethodGet && strings.EqualFold(r.Header.Get(HeaderConsistency), "stale") {
+				ctx = meta.Stale(ctx)
+			}
+			r = r.WithContext(ctx)
 			return h(w, r, c)
 		}()
 		if err != nil {
