@@ -20,6 +20,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/big"
 	"net"
 	"os"
@@ -91,6 +92,10 @@ func ParseCA(certPEM, keyPEM []byte) (*CA, error) {
 	if !cert.IsCA {
 		return nil, errors.New("CA certificate is not a CA")
 	}
+	// A key of another CA would sign certificates no node trusts.
+	if pub, ok := key.Public().(interface{ Equal(crypto.PublicKey) bool }); !ok || !pub.Equal(cert.PublicKey) {
+		return nil, errors.New("CA key does not belong to the CA certificate")
+	}
 	return &CA{Cert: cert, CertPEM: certPEM, KeyPEM: keyPEM, key: key}, nil
 }
 
@@ -99,6 +104,11 @@ func LoadOrCreateCA(dir string) (*CA, error) {
 	certPath, keyPath := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
 	if _, err := os.Stat(certPath); err == nil {
 		return LoadCA(certPath, keyPath)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		// Only a CA that is not there is made anew: one that cannot be
+		// read now (permissions, a link loop, an I/O error) is still the
+		// cluster's, and a new one would overwrite its key.
+		return nil, fmt.Errorf("CA certificate: %w", err)
 	}
 	ca, err := NewCA()
 	if err != nil {

@@ -79,6 +79,21 @@ func TestLoadOrCreateCA(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(dir, "ca.pem")); !bytes.Equal(b, ca.CertPEM) {
 		t.Fatal("the CA certificate was replaced")
 	}
+	// Nor is a CA that cannot be looked at now (here a link loop where
+	// the certificate is): its key stays.
+	if err := os.WriteFile(filepath.Join(dir, "ca-key.pem"), ca.KeyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.Rename(filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca.pem.kept"))
+	if err := os.Symlink("ca.pem", filepath.Join(dir, "ca.pem")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadOrCreateCA(dir); err == nil {
+		t.Fatal("LoadOrCreateCA with an unreadable ca.pem succeeded")
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "ca-key.pem")); !bytes.Equal(b, ca.KeyPEM) {
+		t.Fatal("the CA key was replaced")
+	}
 }
 
 func TestParseCA(t *testing.T) {
@@ -87,6 +102,10 @@ func TestParseCA(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := ParseCA(ca.CertPEM, ca.KeyPEM); err != nil {
+		t.Fatal(err)
+	}
+	other, err := NewCA()
+	if err != nil {
 		t.Fatal(err)
 	}
 	// A leaf certificate is not a CA.
@@ -100,6 +119,7 @@ func TestParseCA(t *testing.T) {
 		"key as cert":  {ca.KeyPEM, ca.KeyPEM},
 		"bad key DER":  {ca.CertPEM, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: []byte{1, 2, 3}})},
 		"empty":        {nil, nil},
+		"another key":  {ca.CertPEM, other.KeyPEM},
 	} {
 		if _, err := ParseCA(c[0], c[1]); err == nil {
 			t.Errorf("%s: accepted", name)
