@@ -30,6 +30,7 @@ var bodyRoutes = []struct {
 	{"POST", "/v1/objects/export", false},
 	{"POST", "/v1/objects/unexport", false},
 	{"POST", "/v1/nodes/join-token", true},
+	{"POST", "/v1/nodes/join-token/revoke", true},
 	{"POST", "/v1/nodes/join", true},
 }
 

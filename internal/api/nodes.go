@@ -23,6 +23,12 @@ type JoinTokenRequest struct {
 	TTL string `json:"ttl,omitempty"`
 }
 
+// RevokeJoinTokenRequest is POST /v1/nodes/join-token/revoke. The token
+// travels in the body, never in a URL that logs would keep.
+type RevokeJoinTokenRequest struct {
+	Token string `json:"token"`
+}
+
 // JoinToken is the answer to POST /v1/nodes/join-token.
 type JoinToken struct {
 	Token     string    `json:"token"`
@@ -128,5 +134,24 @@ func (s *Server) joinToken(w http.ResponseWriter, r *http.Request, _ volume.Call
 		return err
 	}
 	writeJSON(w, http.StatusCreated, JoinToken{Token: tok, ExpiresAt: exp})
+	return nil
+}
+
+func (s *Server) revokeJoinToken(w http.ResponseWriter, r *http.Request, _ volume.Caller) error {
+	body, err := readBody(r.Body)
+	if err != nil {
+		return err
+	}
+	var req RevokeJoinTokenRequest
+	if err := decode(body, &req); err != nil {
+		return err
+	}
+	if req.Token == "" {
+		return errs.Invalid(errs.CodeInvalidRequest, "token is required")
+	}
+	if err := s.d.Cluster.RevokeJoinToken(r.Context(), req.Token); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
 	return nil
 }

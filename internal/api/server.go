@@ -76,6 +76,7 @@ func New(d Deps) *Server {
 	s.route("GET /v1/nodes", s.admin(s.listNodes))
 	s.route("DELETE /v1/nodes/{name}", s.admin(s.removeNode))
 	s.route("POST /v1/nodes/join-token", s.admin(s.joinToken))
+	s.route("POST /v1/nodes/join-token/revoke", s.admin(s.revokeJoinToken))
 	s.route("POST /v1/users", s.admin(s.createUser))
 	s.route("GET /v1/users", s.admin(s.listUsers))
 	s.route("GET /v1/users/{name}", s.showUser)

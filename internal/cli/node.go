@@ -47,12 +47,24 @@ func nodeCmd(g *globals) *cobra.Command {
 		},
 	}
 	var ttl time.Duration
+	var revoke string
 	token := &cobra.Command{
-		Use: "join-token [--ttl 24h]", Short: "issue a token a new node joins with (basalt server --join URL --join-token T)", Args: noArgs,
+		Use: "join-token [--ttl 24h | --revoke TOKEN]", Short: "issue a token a new node joins with (basalt server --join URL --join-token T), or revoke one", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if revoke != "" && cmd.Flags().Changed("ttl") {
+				return usageErr("--revoke and --ttl do not go together")
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
+			}
+			if revoke != "" {
+				if err := c.RevokeJoinToken(ctx(), revoke); err != nil {
+					return err
+				}
+				return g.emit(map[string]bool{"revoked": true}, func(w *tabwriter.Writer) {
+					fmt.Fprintln(w, "revoked the join token")
+				})
 			}
 			t, err := c.JoinToken(ctx(), api.JoinTokenRequest{TTL: ttl.String()})
 			if err != nil {
@@ -64,6 +76,7 @@ func nodeCmd(g *globals) *cobra.Command {
 		},
 	}
 	token.Flags().DurationVar(&ttl, "ttl", cluster.DefaultJoinTokenTTL, "how long the token is valid")
+	token.Flags().StringVar(&revoke, "revoke", "", "make this `token` unusable before it expires (nodes that joined with it stay)")
 	cmd.AddCommand(list, remove, token)
 	return cmd
 }

@@ -255,6 +255,11 @@ func (c *Client) JoinToken(ctx context.Context, r api.JoinTokenRequest) (*api.Jo
 	return &out, c.do(ctx, "POST", "/v1/nodes/join-token", r, &out)
 }
 
+// RevokeJoinToken makes a join token unusable before it expires.
+func (c *Client) RevokeJoinToken(ctx context.Context, token string) error {
+	return c.do(ctx, "POST", "/v1/nodes/join-token/revoke", api.RevokeJoinTokenRequest{Token: token}, nil)
+}
+
 // ExportSnapshot starts writing a snapshot into an object.
 func (c *Client) ExportSnapshot(ctx context.Context, ref string, r api.ExportSnapshotRequest) (*api.Snapshot, error) {
 	var out api.Snapshot

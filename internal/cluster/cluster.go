@@ -596,6 +596,26 @@ func (s *Service) CheckJoinToken(ctx context.Context, token string) error {
 	return nil
 }
 
+// RevokeJoinToken makes token unusable before it expires (a token that
+// leaked, or was issued for a node that will not come). Nodes joined with
+// it stay.
+func (s *Service) RevokeJoinToken(ctx context.Context, token string) error {
+	secret, hash, err := ParseJoinToken(token)
+	if err != nil {
+		return err
+	}
+	found := false
+	if hash == CAHash(s.ca.CertPEM) {
+		if found, err = s.meta.RevokeJoinToken(ctx, secret); err != nil {
+			return err
+		}
+	}
+	if !found {
+		return errs.New(errs.KindNotFound, errs.CodeNotFound, "no such join token: expired, revoked already, or issued by another cluster")
+	}
+	return nil
+}
+
 // ParseJoinToken splits a join token into its secret and CA hash.
 func ParseJoinToken(token string) (secret, caHash string, err error) {
 	parts := strings.Split(token, ".")

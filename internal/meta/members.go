@@ -315,6 +315,18 @@ func (s *Store) PutJoinToken(ctx context.Context, token string, ttl time.Duratio
 	return wrap("join token", err)
 }
 
+// RevokeJoinToken deletes token before it expires; false if it was not
+// there (never issued, expired or revoked already).
+func (s *Store) RevokeJoinToken(ctx context.Context, token string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	r, err := s.cli.Delete(ctx, prefixJoinTokens+tokenHash(token))
+	if err != nil {
+		return false, wrap("revoke join token", err)
+	}
+	return r.Deleted == 1, nil
+}
+
 // JoinTokenValid reports whether token was issued and has not expired.
 func (s *Store) JoinTokenValid(ctx context.Context, token string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)

@@ -159,11 +159,13 @@ func TestClusterMembership(t *testing.T) {
 		}
 	}
 
-	// A join with a forged token is refused and the node does not start.
-	bad := strings.Replace(tok.Token, tok.Token[12:20], "00000000", 1)
-	out, code := runFailingServer(t, c, "n5", "--join", c.Nodes[0].Endpoint(), "--join-token", bad)
+	// The token revoked before it expires: a join with it is refused, as
+	// one with a forged token, and the node does not start.
+	c.Admin(0).OK(nil, "node", "join-token", "--revoke", tok.Token)
+	c.Admin(2).Fail("NotFound", "node", "join-token", "--revoke", tok.Token)
+	out, code := runFailingServer(t, c, "n5", "--join", c.Nodes[0].Endpoint(), "--join-token", tok.Token)
 	if code != 1 || !strings.Contains(out, "InvalidJoinToken") {
-		t.Errorf("join with a bad token: exit %d, want 1 with InvalidJoinToken:\n%s", code, tail(out, 4000))
+		t.Errorf("join with a revoked token: exit %d, want 1 with InvalidJoinToken:\n%s", code, tail(out, 4000))
 	}
 
 	// One voter lost: everything goes on; node list shows it unhealthy.
