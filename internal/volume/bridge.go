@@ -281,23 +281,44 @@ func (s *Service) export(ctx context.Context, sn *meta.Snapshot) (*ExportReport,
 			return err
 		},
 		Progress: s.snapshotProgress(ctx, sn.ID, sn.Job, "checksum"),
-		// Linearizably, under the key's lock: still this run's job.
-		Check: func() error {
-			cur, err := s.meta.Snapshot(ctx, sn.ID)
-			if err != nil {
-				return err
-			}
-			if !sameRun(cur.Job, sn.Job) {
-				return errNotThisRun
-			}
-			return nil
-		},
+		Check:    func() error { return s.mayPublish(ctx, sn.ID, sn.Job) },
 	})
 	if err != nil {
 		return rep, err
 	}
 	rep.ETag = oi.ETag
 	return rep, nil
+}
+
+// mayPublish is asked, under the object key's lock, just before the
+// export run of snapshot id publishes its object: the record must still
+// hold that run, and the job's bucket must still be the one its call was
+// checked against — the owner may have deleted it while the copy ran, and
+// another user created one of that name, which the object's directory,
+// opened after the check at the start, may then be. Both are read
+// linearizably: a node cut off from the quorum answers from its own copy,
+// which still shows this run after another node adopted the export (this
+// one taken for gone), finished it and the user wrote the object since.
+// Such a node publishes nothing until it can tell.
+func (s *Service) mayPublish(ctx context.Context, id string, run *meta.Job) error {
+	rctx, ri := meta.WithReadInfo(ctx)
+	cur, err := s.meta.Snapshot(rctx, id)
+	if err != nil {
+		return fmt.Errorf("export of snapshot %s: read its record before publishing: %w", id, err)
+	}
+	// A copy that is behind shows this run or an older state, never a
+	// newer one: another run it shows is there for certain.
+	if !sameRun(cur.Job, run) {
+		return errNotThisRun
+	}
+	if err := s.sameBucket(rctx, run); err != nil {
+		return err
+	}
+	if ri.Local {
+		return errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
+			"export of snapshot %s: no quorum of the metadata cluster answers, so this node cannot tell whether the export is still its own; it publishes nothing", id)
+	}
+	return nil
 }
 
 // account is the S3 account of user name, whose record id is id, for the
@@ -414,6 +435,15 @@ func (s *Service) importObject(ctx context.Context, v *meta.Volume, token int64)
 		return nil, err
 	}
 	defer f.Close()
+	if v.Job != nil {
+		// Again now that the file is open: the bucket may have been
+		// deleted, and its name taken by another user whose object
+		// this opened, since the check above. Still the same bucket
+		// now, it was when the file was opened.
+		if err := s.sameBucket(ctx, v.Job); err != nil {
+			return nil, err
+		}
+	}
 	if oi.Size > v.SizeBytes {
 		return nil, fmt.Errorf("object %s has grown to %d bytes, beyond the volume's %d", v.SourceObject, oi.Size, v.SizeBytes)
 	}

@@ -89,6 +89,15 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		req.Type, stack = src.Type, src.Stack
 	} else {
 		if req.FromObject != "" {
+			if req.ClientToken != "" {
+				// A repeat is answered before the object is read: a
+				// size left out is the object's, which may have been
+				// written again since with another size, or changed
+				// or removed — the request is the same all the same.
+				if r, err := s.replayByRecord(ctx, c, req); err != nil || r != nil {
+					return r, err
+				}
+			}
 			var err error
 			if req.SizeBytes, srcBucket, err = s.checkImport(ctx, c, req.FromObject, req.SizeBytes); err != nil {
 				return s.replayWithoutSource(ctx, c, req, err)
@@ -230,11 +239,19 @@ func (s *Service) replayWithoutSource(ctx context.Context, c Caller, req CreateV
 	if e, ok := errs.As(err); req.ClientToken == "" || !ok || e.Kind != errs.KindNotFound {
 		return nil, err
 	}
-	r, terr := tokenHolder(ctx, s, meta.NameVolume, c, req.ClientToken, (*meta.Tx).Volume)
-	if terr != nil {
-		return nil, terr
+	r, terr := s.replayByRecord(ctx, c, req)
+	if terr != nil || r != nil {
+		return r, terr
 	}
-	if r == nil {
+	return nil, err
+}
+
+// replayByRecord returns the volume a first call made with req's client
+// token (nil if none), compared with req on what the volume records where
+// req leaves the size or type out (see replayWithoutSource).
+func (s *Service) replayByRecord(ctx context.Context, c Caller, req CreateVolume) (*meta.Volume, error) {
+	r, err := tokenHolder(ctx, s, meta.NameVolume, c, req.ClientToken, (*meta.Tx).Volume)
+	if err != nil || r == nil {
 		return nil, err
 	}
 	size, typ := req.SizeBytes, req.Type
