@@ -157,6 +157,26 @@ func (n *Node) s3TLS() (opt s3api.Option, fromCA bool, err error) {
 	if err := cs.SetCertificate(certFile, keyFile); err != nil {
 		return nil, false, fmt.Errorf("s3 certificate %s: %w", certFile, err)
 	}
+	// Loaded once, the certificate would be presented until it expired
+	// however long the node runs: keepCertificates calls this to renew
+	// the cluster CA's when due, and to pick up a site's certificate
+	// replaced in its files.
+	n.reloadS3Cert = func() error {
+		if fromCA {
+			pkiDir := filepath.Join(n.cfg.Data, "pki")
+			ca, err := pki.LoadCA(filepath.Join(pkiDir, "ca.pem"), filepath.Join(pkiDir, "ca-key.pem"))
+			if err != nil {
+				return fmt.Errorf("s3 certificate: %w", err)
+			}
+			if _, _, _, err := ca.ServiceCertificate(pkiDir, "s3", n.s3CertNames()); err != nil {
+				return fmt.Errorf("s3 certificate: %w", err)
+			}
+		}
+		if err := cs.SetCertificate(certFile, keyFile); err != nil {
+			return fmt.Errorf("s3 certificate %s: %w", certFile, err)
+		}
+		return nil
+	}
 	return s3api.WithTLS(cs), fromCA, nil
 }
 

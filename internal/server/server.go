@@ -121,6 +121,14 @@ type Node struct {
 	// by metricsHTTP (metrics.go).
 	metrics     *metrics.Registry
 	metricsHTTP *http.Server
+	// dataLock is DATA/lock, flocked while the node runs (lockData).
+	dataLock *os.File
+	// cert is the node certificate the API, NBD and the etcd client
+	// present, replaced when renewed (certrenew.go).
+	cert atomic.Pointer[tls.Certificate]
+	// reloadS3Cert has the S3 gateway present its certificate as now on
+	// disk, renewed first when it is the cluster CA's (nil: plain HTTP).
+	reloadS3Cert func() error
 }
 
 // Start brings a node up and returns once it serves. Stop it with Close.
@@ -151,6 +159,11 @@ func (n *Node) start(ctx context.Context) error {
 	n.cfg = cfg
 	if err := os.MkdirAll(cfg.Data, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
+	}
+	// Before anything in the directory is read or written: a second
+	// server on it must change nothing.
+	if n.dataLock, err = lockData(cfg.Data); err != nil {
+		return err
 	}
 	if err := n.bindPorts(); err != nil {
 		return err
@@ -231,7 +244,7 @@ func (n *Node) start(ctx context.Context) error {
 	if err := n.volumes.Start(ctx); err != nil {
 		return err
 	}
-	if err := n.startNBD(ca, cert); err != nil {
+	if err := n.startNBD(ca); err != nil {
 		return err
 	}
 	n.api = api.New(api.Deps{
@@ -249,8 +262,10 @@ func (n *Node) start(ctx context.Context) error {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
+	apiTLS := api.TLSConfig(cert)
+	apiTLS.Certificates, apiTLS.GetCertificate = nil, n.serverCert // renewed while running
 	go func() {
-		if err := n.http.Serve(tls.NewListener(ln, api.TLSConfig(cert))); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := n.http.Serve(tls.NewListener(ln, apiTLS)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("api server stopped", "err", err)
 		}
 	}()
@@ -259,6 +274,7 @@ func (n *Node) start(ctx context.Context) error {
 		return err
 	}
 	go n.keepAdminIdentity(bg)
+	go n.keepCertificates(bg, ca)
 	n.api.SetReady(true)
 	log.Info("node ready", "name", n.cfg.Name, "api", "https://"+n.apiAddr, "store", n.store.Root,
 		"admin_identity", n.AdminDir, "cluster", n.clusterID)
@@ -268,7 +284,7 @@ func (n *Node) start(ctx context.Context) error {
 // startNBD serves attachments over NBD. On loopback TLS is offered; beyond
 // loopback it is required (the spec's FORCEDTLS) unless NBDInsecure.
 // Clients authenticate with certificates from the cluster CA.
-func (n *Node) startNBD(ca *pki.CA, cert tls.Certificate) error {
+func (n *Node) startNBD(ca *pki.CA) error {
 	ln := n.ports.nbd
 	n.ports.nbd = nil
 	addr := ln.Addr().(*net.TCPAddr)
@@ -290,10 +306,10 @@ func (n *Node) startNBD(ca *pki.CA, cert tls.Certificate) error {
 	n.nbd = &nbd.Server{
 		Exports: exports,
 		TLS: &tls.Config{
-			Certificates: []tls.Certificate{cert},
-			ClientAuth:   tls.RequireAndVerifyClientCert,
-			ClientCAs:    ca.Pool(),
-			MinVersion:   tls.VersionTLS12,
+			GetCertificate: n.serverCert, // renewed while running
+			ClientAuth:     tls.RequireAndVerifyClientCert,
+			ClientCAs:      ca.Pool(),
+			MinVersion:     tls.VersionTLS12,
 		},
 		RequireTLS:            requireTLS,
 		MaxInFlightBytesTotal: n.cfg.NBDMaxInFlight,
@@ -332,7 +348,9 @@ func (n *Node) openMeta(ctx context.Context, pkiDir string, joined *joinState) (
 	if err != nil {
 		return nil, tls.Certificate{}, err
 	}
-	clientTLS := &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
+	n.cert.Store(&cert)
+	// The certificate as renewed while running (certrenew.go).
+	clientTLS := &tls.Config{GetClientCertificate: n.clientCert, RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
 	n.metaCfg = meta.Config{
 		Endpoints: n.cfg.MetaEndpoints,
 		ClientTLS: clientTLS,
@@ -378,6 +396,7 @@ func (n *Node) openMeta(ctx context.Context, pkiDir string, joined *joinState) (
 	if cert, err = ca.ServerCertificate(pkiDir, n.certNames()); err != nil {
 		return nil, tls.Certificate{}, err
 	}
+	n.cert.Store(&cert)
 	return ca, cert, nil
 }
 
@@ -538,6 +557,11 @@ func (n *Node) Close() {
 	}
 	if n.meta != nil {
 		n.meta.Close()
+	}
+	// Last: the data directory is free once its etcd member is stopped.
+	if n.dataLock != nil {
+		n.dataLock.Close()
+		n.dataLock = nil
 	}
 }
 
