@@ -13,8 +13,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/api"
@@ -49,6 +51,12 @@ func New(endpoint string, tc *tls.Config) *Client {
 		http: &http.Client{
 			Timeout:   60 * time.Second,
 			Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true},
+			// The API never redirects: a redirect is another party's
+			// (a proxy, another service on the port). Followed, it
+			// turned a DELETE or POST into a GET of its location
+			// (net/http does so for 301, 302 and 303), whose 200 was
+			// taken for the deletion or creation done. do reports it.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
 	}
 }
@@ -70,6 +78,16 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	// Whether the request went out whole: an error after that (a
+	// timeout, a connection cut) leaves it possibly carried out.
+	var sent atomic.Bool
+	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest: func(i httptrace.WroteRequestInfo) {
+			if i.Err == nil {
+				sent.Store(true)
+			}
+		},
+	}))
 	resp, err := c.http.Do(req)
 	if err != nil {
 		var unknownCA x509.UnknownAuthorityError
@@ -79,12 +97,26 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 			return errs.New(errs.KindUnavailable, CodeServerUntrusted,
 				"%s is not a node of the cluster this identity belongs to (its certificate does not verify with the identity's ca.pem): %v; check --endpoint and --identity", c.base, err)
 		}
+		if sent.Load() {
+			// Not "cannot reach": the server has the request, and a
+			// create repeated on that word would be done twice.
+			msg := "%s %s was sent to %s but no answer came back: %v"
+			if method != http.MethodGet && method != http.MethodHead {
+				msg += "; it may have been carried out: look before repeating it"
+			}
+			return errs.New(errs.KindUnavailable, CodeUnreachable, msg, method, path, c.base, err)
+		}
 		return errs.New(errs.KindUnavailable, CodeUnreachable, "cannot reach %s: %v", c.base, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return errs.New(errs.KindUnavailable, CodeUnreachable, "%s %s: reading the answer: %v", method, path, err)
+	}
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		return &errs.Error{Kind: errs.KindInternal, Code: CodeBadResponse,
+			Message: fmt.Sprintf("%s %s: HTTP %d redirecting to %q, which the API never answers: something else answered at %s; check --endpoint",
+				method, path, resp.StatusCode, resp.Header.Get("Location"), c.base)}
 	}
 	if resp.StatusCode >= 300 {
 		var eb api.ErrorBody
