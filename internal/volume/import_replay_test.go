@@ -4,6 +4,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/basalt-storage/basalt/internal/meta"
 	"github.com/basalt-storage/basalt/internal/objects"
 )
 
@@ -32,6 +33,12 @@ func TestImportReplayAfterObjectChanged(t *testing.T) {
 	v, err := s.CreateVolume(ctx, alice, req)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The import done (it reads the object), then the object replaced.
+	got := waitRecord(t, "import", func() *meta.Volume { return e.volume(v.ID) },
+		func(v *meta.Volume) bool { return v.Status != meta.StatusCreating })
+	if got.Status != meta.StatusAvailable {
+		t.Fatalf("import: %s %q", got.Status, got.StatusMessage)
 	}
 	put(pattern(2, 2<<20)) // the next nightly image, say
 	r, err := s.CreateVolume(ctx, alice, req)
