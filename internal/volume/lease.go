@@ -305,6 +305,18 @@ func (l *leases) fenceAll(vol string) {
 // no lease of vol is held here (no rw attachment is served here); once
 // the node loses the lease, the stack never writes again.
 func (l *leases) fence(vol string) (func() error, func()) {
+	return l.fenceFor(vol, 0)
+}
+
+// fenceFor is fence for a stack opened by a workflow that took vol's
+// lease with token (0: opened for readers, fence's rules). Such a stack
+// writes only while the lease is held here under that token: opening it
+// writes already (a mirror resynchronises the regions its intent map
+// marks, its close syncs that map), and a workflow that lost the lease
+// before it opened the stack — its fence registered after the loss fenced
+// the others — must not write the volume another node may hold by then,
+// not even until acquireWriter's check refuses it.
+func (l *leases) fenceFor(vol string, token int64) (func() error, func()) {
 	f := &stackFence{}
 	l.mu.Lock()
 	l.fences[vol] = append(l.fences[vol], f)
@@ -314,11 +326,17 @@ func (l *leases) fence(vol string) (func() error, func()) {
 			return block.ErrFenced
 		}
 		l.mu.Lock()
-		_, held := l.held[vol]
+		cur, held := l.held[vol]
 		valid := time.Now().Before(l.valid)
 		l.mu.Unlock()
 		if held && !valid {
 			return block.ErrFenced // cut off: a takeover may be near
+		}
+		if token != 0 && cur != token {
+			// The lease the stack was opened under is lost: for good
+			// (a lease taken again here has another token).
+			f.lost.Store(true)
+			return block.ErrFenced
 		}
 		return nil
 	}
@@ -383,6 +401,15 @@ func (l *leases) acquireLocked(ctx context.Context, vol string) (string, int64, 
 		l.dropStale(vol)
 	}
 	l.mu.Lock()
+	if l.id != id {
+		// The etcd lease the key was made on ended meanwhile (dropAll,
+		// stop), and the key with it: another node may hold the volume
+		// now. Recorded as held, the lease would pass this node's fence
+		// on the next etcd lease's validity.
+		l.mu.Unlock()
+		return "", 0, errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
+			"this node's lease of the metadata cluster ended while it took the write lease of volume %s; retry", vol)
+	}
 	l.held[vol] = got.Token
 	l.mu.Unlock()
 	if !had {
@@ -423,7 +450,8 @@ func (l *leases) dropStale(vol string) {
 // token (not lost, nor lost and taken again since) and valid. A workflow
 // that opens the volume's stack after taking the lease checks it once
 // the stack is open (acquireWriter): a stack opened after the lease was
-// lost has a fence that knows no lease to lose.
+// lost has a fence that knows no lease to lose — it holds the token
+// (fenceFor), so that the open itself writes nothing then.
 func (l *leases) writes(vol string, token int64) error {
 	l.mu.Lock()
 	held, ok := l.held[vol]
@@ -441,7 +469,7 @@ func (l *leases) writes(vol string, token int64) error {
 // stack. A stack open read-only, the store's file system being so, is
 // refused with StoreReadOnly.
 func (s *Service) acquireWriter(v *meta.Volume, token int64) (block.Layer, func(), error) {
-	l, release, err := s.acquire(v)
+	l, release, err := s.acquireAs(v, token)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -517,6 +545,17 @@ func (l *leases) unuse(ctx context.Context, vol string) {
 		return // needed (or unknown: keep it; the next detach decides)
 	}
 	l.releaseLocked(ctx, vol)
+}
+
+// heldVolumes returns the volumes whose lease this node holds.
+func (l *leases) heldVolumes() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	vols := make([]string, 0, len(l.held))
+	for v := range l.held {
+		vols = append(vols, v)
+	}
+	return vols
 }
 
 // inUse reports whether a workflow here runs on vol's lease.

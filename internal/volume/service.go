@@ -162,6 +162,16 @@ func New(m *meta.Store, st *store.Store, cfg Config, log *slog.Logger) *Service 
 func (s *Service) Stop() {
 	s.cancel()
 	s.jobs.Wait()
+	// The writes under way on the volumes this node writes end before
+	// their leases go (leases.stop revokes them: another node may write
+	// at once), as when one lease is given up (leases.giveUp): the NBD
+	// server's shutdown stops waiting for requests still in their device
+	// after a while, and one stalled in the file system would land after
+	// the next holder's writes. Later ones wait, then find their stacks
+	// fenced.
+	for _, vol := range s.leases.heldVolumes() {
+		defer s.closeGate(vol)()
+	}
 	s.liveMu.Lock()
 	defer s.liveMu.Unlock()
 	for id, ls := range s.live {

@@ -92,6 +92,13 @@ func (s *Service) createStack(v *meta.Volume, base string, fence func() error) e
 // must be called when done. The stack is read-write, or read-only when
 // the store's file system is (its Capabilities say which).
 func (s *Service) acquire(v *meta.Volume) (block.Layer, func(), error) {
+	return s.acquireAs(v, 0)
+}
+
+// acquireAs is acquire for a workflow that took v's write lease with
+// token (0: none, a reader): a stack it opens writes only while that
+// lease is held here (leases.fenceFor).
+func (s *Service) acquireAs(v *meta.Volume, token int64) (block.Layer, func(), error) {
 	defer s.lockOpen(v.ID)()
 	s.liveMu.Lock()
 	ls := s.live[v.ID]
@@ -121,7 +128,7 @@ func (s *Service) acquire(v *meta.Volume) (block.Layer, func(), error) {
 		}
 		env := s.env(s.store.VolumeDir(v.ID))
 		var forget func()
-		env.Fence, forget = s.leases.fence(v.ID)
+		env.Fence, forget = s.leases.fenceFor(v.ID, token)
 		l, err := block.Build(env, spec)
 		if errors.Is(err, syscall.EROFS) {
 			// The store's file system has turned read-only (ext4 does
