@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -57,6 +58,75 @@ type checksum struct {
 	Value     string                  `json:"value"` // base64, as S3 sends it
 }
 
+// inlineParts is the most parts a record lists as their end offsets
+// ("parts"). Beyond that it keeps the part layout as runs of parts of one
+// size, "part_runs": [[size, count], ...]: an ext4 xattr holds about
+// 4 KiB, which the ends of some 370 parts of 5 MiB fill, so larger
+// uploads — S3 takes 10000 parts — could not be completed (the record
+// did not fit: MetadataTooLarge). Clients upload parts of one size and a
+// smaller last one: two runs, whatever the count.
+const inlineParts = 64
+
+// storedRecord is an object record as stored: objectMeta, with the part
+// layout in PartRuns instead of Parts when it has more than inlineParts
+// parts (encodeRecord; decodeRecord expands it again).
+type storedRecord struct {
+	objectMeta
+	PartRuns [][2]int64 `json:"part_runs,omitempty"`
+}
+
+// encodeRecord is m as stored.
+func encodeRecord(m *objectMeta) ([]byte, error) {
+	r := storedRecord{objectMeta: *m}
+	if len(m.Parts) > inlineParts {
+		prev := int64(0)
+		for _, end := range m.Parts {
+			size := end - prev
+			if n := len(r.PartRuns); n > 0 && r.PartRuns[n-1][0] == size {
+				r.PartRuns[n-1][1]++
+			} else {
+				r.PartRuns = append(r.PartRuns, [2]int64{size, 1})
+			}
+			prev = end
+		}
+		r.Parts = nil
+	}
+	return json.Marshal(&r)
+}
+
+// expandRuns sets r's part ends from its part runs, if it has any. The
+// runs are checked before anything is allocated for them (records are
+// files and xattrs users with direct access can write): counts of at
+// least 1 adding up to at most maxRecordParts, sizes of at least 0 whose
+// sum fits an int64; decodeRecord then checks the ends.
+func (r *storedRecord) expandRuns() error {
+	if len(r.PartRuns) == 0 {
+		return nil
+	}
+	if len(r.Parts) > 0 {
+		return errors.New("a record with both parts and part_runs")
+	}
+	total, end := int64(0), int64(0)
+	for _, run := range r.PartRuns {
+		size, count := run[0], run[1]
+		if size < 0 || count < 1 || count > maxRecordParts-total ||
+			size > 0 && count > (math.MaxInt64-end)/size {
+			return fmt.Errorf("part run %v after %d parts ending at %d", run, total, end)
+		}
+		total += count
+		end += size * count
+	}
+	r.Parts = make([]int64, 0, total)
+	end = 0
+	for _, run := range r.PartRuns {
+		for range run[1] {
+			end += run[0]
+			r.Parts = append(r.Parts, end)
+		}
+	}
+	return nil
+}
+
 // xattrName is the one xattr basalt keeps on an object file.
 const xattrName = "user.basalt.object"
 
@@ -73,10 +143,14 @@ const maxRecordParts = 10000
 // the one before or below 0, the last equal to the size; a version id
 // that is empty or of newVersionID's form.
 func decodeRecord(data []byte) (*objectMeta, error) {
-	var m objectMeta
-	if err := json.Unmarshal(data, &m); err != nil {
+	var r storedRecord
+	if err := json.Unmarshal(data, &r); err != nil {
 		return nil, badRecord{err}
 	}
+	if err := r.expandRuns(); err != nil {
+		return nil, badRecord{err}
+	}
+	m := r.objectMeta
 	if m.Size < 0 || len(m.Parts) > maxRecordParts {
 		return nil, badRecord{fmt.Errorf("size %d with %d parts", m.Size, len(m.Parts))}
 	}
@@ -165,7 +239,7 @@ func (xattrMeta) read(f *os.File, _, _ string) (*objectMeta, error) {
 }
 
 func (xattrMeta) attach(f *os.File, m *objectMeta) error {
-	data, err := json.Marshal(m)
+	data, err := encodeRecord(m)
 	if err != nil {
 		return err
 	}
@@ -304,7 +378,7 @@ func lockFile(name string, how int) (func(), error) {
 func (s *sidecarMeta) commit(bucket, key string, m *objectMeta, rename func() error) error {
 	rec := *m
 	rec.Key = key
-	data, err := json.Marshal(&rec)
+	data, err := encodeRecord(&rec)
 	if err != nil {
 		return err
 	}
