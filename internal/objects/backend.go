@@ -372,6 +372,11 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 //     request (noteVersionID) and Middleware adds the header.
 //   - A chunked request body is read to its end before the connection
 //     takes its next request (chunkedBody).
+//   - s3api does not hand the backend a GET's or HEAD's If-Range: it is
+//     left in the request (ifRangeKey) for GetObject and HeadObject, which
+//     serve the whole object when it no longer holds. A client resuming a
+//     download with If-Range must not get a range of a different object
+//     spliced onto the bytes it has (RFC 9110 13.1.5; S3 honours it).
 //
 // It must run before s3api's DecodeURL and authentication (WithMiddleware
 // mounts it there), so it unescapes the path itself, the same way.
@@ -388,6 +393,9 @@ func Middleware() fiber.Handler {
 				se = s3err.GetAPIError(s3err.ErrBadRequest)
 			}
 			return c.Status(se.StatusCode()).Send(se.XMLBody(requestID, hostID))
+		}
+		if v := c.Request().Header.Peek("If-Range"); len(v) > 0 {
+			c.RequestCtx().SetUserValue(ifRangeKey{}, string(v))
 		}
 		err := c.Next()
 		if vid, ok := c.RequestCtx().UserValue(versionIDKey{}).(string); ok &&
@@ -416,6 +424,18 @@ func pathKeyError(c fiber.Ctx) error {
 // versionIDKey is the request value holding the x-amz-version-id of an
 // error answer (Middleware).
 type versionIDKey struct{}
+
+// ifRangeKey is the request value holding the If-Range of a GET or HEAD
+// (Middleware).
+type ifRangeKey struct{}
+
+// ifRange returns the request's If-Range, "" if it has none. ctx is the
+// request as s3api passes it to the backend (fasthttp's RequestCtx, whose
+// Value is its user value).
+func ifRange(ctx context.Context) string {
+	v, _ := ctx.Value(ifRangeKey{}).(string)
+	return v
+}
 
 // noteVersionID leaves vid for Middleware to send as x-amz-version-id.
 // ctx is the request as s3api passes it to the backend (fasthttp's

@@ -2,6 +2,7 @@ package objects
 
 import (
 	"math"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -122,6 +123,24 @@ func preconditions(etag string, mtime time.Time, pre backend.PreConditions) erro
 		return s3err.GetAPIError(s3err.ErrNotModified)
 	}
 	return nil
+}
+
+// ifRangeHolds evaluates an If-Range value v (RFC 9110 13.1.5) against the
+// object (etag, Last-Modified mtime): an entity tag holds if it is the
+// ETag by strong comparison — a weak one never does; quoted or not, as S3
+// clients send ETags — and an HTTP-date if it is exactly the
+// Last-Modified. When it does not hold, the Range is ignored and the
+// whole object served: the client's copy is of another object.
+func ifRangeHolds(v, etag string, mtime time.Time) bool {
+	v = strings.TrimSpace(v)
+	if strings.HasPrefix(v, "W/") {
+		return false
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return t.Equal(mtime)
+	}
+	v = strings.Trim(v, `"`)
+	return v != "" && v == strings.Trim(etag, `"`)
 }
 
 // putConditions evaluates If-Match / If-None-Match of a write (PutObject,

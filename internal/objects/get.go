@@ -205,7 +205,7 @@ func (b *Backend) GetObject(ctx context.Context, in *s3.GetObjectInput) (*s3.Get
 		}
 		return &s3.GetObjectOutput{DeleteMarker: ptr(true), LastModified: &m.mtime, VersionId: &m.id}, err
 	}
-	out, start, length, err := o.describe(in.Range, in.PartNumber, in.ChecksumMode, backend.PreConditions{
+	out, start, length, err := o.describe(in.Range, ifRange(ctx), in.PartNumber, in.ChecksumMode, backend.PreConditions{
 		IfMatch: in.IfMatch, IfNoneMatch: in.IfNoneMatch, IfModSince: in.IfModifiedSince, IfUnmodeSince: in.IfUnmodifiedSince})
 	if err != nil {
 		o.f.Close()
@@ -341,7 +341,7 @@ func (b *Backend) HeadObject(ctx context.Context, in *s3.HeadObjectInput) (*s3.H
 		return &s3.HeadObjectOutput{DeleteMarker: ptr(true), LastModified: &m.mtime, VersionId: &m.id}, err
 	}
 	defer o.f.Close()
-	out, _, _, err := o.describe(in.Range, in.PartNumber, in.ChecksumMode, backend.PreConditions{
+	out, _, _, err := o.describe(in.Range, ifRange(ctx), in.PartNumber, in.ChecksumMode, backend.PreConditions{
 		IfMatch: in.IfMatch, IfNoneMatch: in.IfNoneMatch, IfModSince: in.IfModifiedSince, IfUnmodeSince: in.IfUnmodifiedSince})
 	if err != nil {
 		return nil, err
@@ -429,9 +429,10 @@ func markerAt(r *os.Root, key, id string) (*deleteMarker, error) {
 	return &deleteMarker{id: showVersion(id), mtime: fi.ModTime().UTC().Truncate(time.Second)}, nil
 }
 
-// describe evaluates preconditions, range and part number, and returns the
-// response fields (Body unset) with the byte range to send.
-func (o *object) describe(rng *string, partNumber *int32, mode types.ChecksumMode, pre backend.PreConditions) (*s3.GetObjectOutput, int64, int64, error) {
+// describe evaluates preconditions, range (unless an If-Range, ifRng, no
+// longer holds) and part number, and returns the response fields (Body
+// unset) with the byte range to send.
+func (o *object) describe(rng *string, ifRng string, partNumber *int32, mode types.ChecksumMode, pre backend.PreConditions) (*s3.GetObjectOutput, int64, int64, error) {
 	m := o.m
 	mtime := m.mtime().UTC().Truncate(time.Second)
 	if err := preconditions(m.ETag, mtime, pre); err != nil {
@@ -470,7 +471,7 @@ func (o *object) describe(rng *string, partNumber *int32, mode types.ChecksumMod
 				out.ContentRange = ptr(fmt.Sprintf("bytes %d-%d/%d", start, start+length-1, m.Size))
 			}
 		}
-	case rng != nil && *rng != "":
+	case rng != nil && *rng != "" && (ifRng == "" || ifRangeHolds(ifRng, m.ETag, mtime)):
 		s, l, valid, err := backend.ParseObjectRange(m.Size, clampRange(*rng))
 		if err != nil {
 			return nil, 0, 0, err
