@@ -890,6 +890,15 @@ func (l *Layer) recover(persisted []byte, gone []bool, write, takeOut bool) erro
 			return nil // frozen: the intent bits stay for the next open
 		}
 	}
+	// The lost marks set above must be durable before any intent bit is
+	// cleared: a stripe's bits can straddle two bitmap pages, which one
+	// sync writes independently, and a crash landing only the page that
+	// clears the intent bit would leave a stripe no open recovers again,
+	// its lost chunk reconstructed as the zeroes resync stood in for it.
+	// (Nothing dirty, nothing lost: this sync writes nothing.)
+	if err := l.syncBitmap(); err != nil {
+		return err
+	}
 	for i := l.bm.NextSet(0); i >= 0; i = l.bm.NextSet(i + 1) {
 		if k := i % l.bps; k == 0 || k == 1 {
 			l.bm.Clear(i)
