@@ -48,6 +48,10 @@ const sectorSize = 512
 // errWouldWait: the socket has no bytes now, or the pipe no room.
 var errWouldWait = errors.New("would wait")
 
+// errPipeFull: spliceIn was to wait for the socket, but the socket has
+// bytes: the pipe is what has no room.
+var errPipeFull = errors.New("pipe full")
+
 // splicedWrite is a write whose payload goes through a pipe.
 type splicedWrite struct {
 	p      *pipe
@@ -119,6 +123,13 @@ func (c *conn) receiveSpliced(req request, w *splicedWrite) error {
 			if err := c.drain(w, whole(w.off, w.inPipe)); err != nil {
 				return err
 			}
+		case errors.Is(err, errPipeFull):
+			// Less than a sector fills every slot of the pipe: a client
+			// sending tiny segments, each of which splice gives a slot
+			// of its own. Gathered into one, the rest comes in.
+			if err := gatherPipe(w.p, w.inPipe); err != nil {
+				return err
+			}
 		case err != nil:
 			return err
 		default:
@@ -176,6 +187,17 @@ func (c *conn) drain(w *splicedWrite, n int) error {
 	return nil
 }
 
+// gatherPipe reads the n bytes in p, less than a sector, and writes them
+// back: into one slot of the then empty pipe.
+func gatherPipe(p *pipe, n int) error {
+	buf := getBuf(n)
+	defer putBuf(buf)
+	if err := readPipe(p.r, buf); err != nil {
+		return err
+	}
+	return fillPipe(p.w, buf)
+}
+
 // fillPipe writes p, less than a sector, into an empty pipe (which takes
 // it at once: a pipe holds at least a page).
 func fillPipe(fd int, p []byte) error {
@@ -211,11 +233,13 @@ func readPipe(fd int, p []byte) error {
 }
 
 // spliceIn moves up to n bytes from the socket into the pipe whose write
-// end is to. With wait it waits for the socket to have some; without, it
+// end is to. With wait it waits for the socket to have some, but returns
+// errPipeFull when the socket has some and the pipe no room; without, it
 // returns errWouldWait when it would wait — or when the pipe is full.
 func (s *socket) spliceIn(to, n int, wait bool) (int, error) {
 	var k int
 	var serr error
+	full := false
 	err := s.rc.Read(func(fd uintptr) bool {
 		for {
 			k, serr = rawSplice(int(fd), to, n, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
@@ -223,11 +247,22 @@ func (s *socket) spliceIn(to, n int, wait bool) (int, error) {
 				break
 			}
 		}
-		return !(serr == unix.EAGAIN && wait) // false: wait until readable, then again
+		if serr == unix.EAGAIN && wait {
+			// Nothing to read, or no room in the pipe: waiting for a
+			// socket that has bytes already would be for ever.
+			if q, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ); err == nil && q > 0 {
+				full = true
+				return true
+			}
+			return false // wait until readable, then again
+		}
+		return true
 	})
 	switch {
 	case err != nil:
 		return 0, err
+	case full:
+		return 0, errPipeFull
 	case serr == unix.EAGAIN:
 		return 0, errWouldWait
 	case serr != nil:
