@@ -35,14 +35,7 @@ func (n *Node) clientCert(*tls.CertificateRequestInfo) (*tls.Certificate, error)
 // keepCertificates renews the node's certificates while it runs, as its
 // start does, until ctx ends.
 func (n *Node) keepCertificates(ctx context.Context, ca *pki.CA) {
-	t := time.NewTicker(certCheckEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	for range ticks(ctx, certCheckEvery) {
 		n.renewCertificates(ca)
 	}
 }

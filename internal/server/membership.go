@@ -230,14 +230,7 @@ var (
 // once it has caught up. Nothing the node serves stops meanwhile.
 func (n *Node) stepUp(ctx context.Context, st *joinState, api string) {
 	req := n.joinRequest(api)
-	t := time.NewTicker(stepUpEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	for range ticks(ctx, stepUpEvery) {
 		resp, err := n.cluster.StepUp(ctx, req)
 		if err != nil {
 			if !errs.IsCode(err, meta.CodeJoinInProgress) && ctx.Err() == nil {

@@ -483,14 +483,7 @@ var adminCheckEvery = time.Minute
 // identity the node's CLI uses stays refused until the next restart. A
 // node being removed is not given one again (RenewNodeIdentity).
 func (n *Node) keepAdminIdentity(ctx context.Context) {
-	t := time.NewTicker(adminCheckEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	for range ticks(ctx, adminCheckEvery) {
 		if c, renew := n.localAdmin(ctx); c != nil || !renew {
 			continue
 		}
