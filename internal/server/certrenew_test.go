@@ -107,10 +107,6 @@ func TestNodeCertificateRenewedWhileRunning(t *testing.T) {
 		t.Fatalf("API certificate at start expires %v, want the one written (%v)", first.NotAfter, dueAt.Add(pki.RenewBefore))
 	}
 	time.Sleep(time.Until(dueAt))
-	nodeCert, err := tls.LoadX509KeyPair(filepath.Join(pkiDir, "server.pem"), filepath.Join(pkiDir, "server-key.pem"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	renewed := func(addr string, client []tls.Certificate) bool {
 		return time.Until(servedLeaf(t, addr, ca, client).NotAfter) > pki.RenewBefore
 	}
@@ -123,7 +119,8 @@ func TestNodeCertificateRenewedWhileRunning(t *testing.T) {
 	}
 	// The etcd member reads its files at each handshake: renewed on disk,
 	// it presents the new one too.
-	if nodeCert, err = tls.LoadX509KeyPair(filepath.Join(pkiDir, "server.pem"), filepath.Join(pkiDir, "server-key.pem")); err != nil {
+	nodeCert, err := tls.LoadX509KeyPair(filepath.Join(pkiDir, "server.pem"), filepath.Join(pkiDir, "server-key.pem"))
+	if err != nil {
 		t.Fatal(err)
 	}
 	if !renewed(n.cfg.EtcdClient, []tls.Certificate{nodeCert}) {
