@@ -279,26 +279,7 @@ func TestWriterOpenedAfterLeaseLost(t *testing.T) {
 		t.Fatalf("use: %s, %v", holder, err)
 	}
 	defer a.leases.unuse(context.Background(), v.ID)
-	a.leases.mu.Lock()
-	id := a.leases.id
-	a.leases.mu.Unlock()
-	if err := e.meta.RevokeLease(ctx, id); err != nil { // a's etcd lease ends
-		t.Fatal(err)
-	}
-	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
-		a.leases.mu.Lock()
-		_, held := a.leases.held[v.ID]
-		a.leases.mu.Unlock()
-		if !held {
-			break
-		}
-		if time.Since(start) > 10*time.Second {
-			t.Fatal("a never noticed it lost the lease")
-		}
-	}
-	if h, _, err := b.leases.acquire(ctx, v.ID); err != nil || h != b.cfg.Node {
-		t.Fatalf("b acquire: %s, %v", h, err)
-	}
+	leaseLostTo(t, e, a, b, v.ID)
 	if l, release, err := a.acquireWriter(e.volume(v.ID), token); err == nil {
 		werr := l.WriteAt(make([]byte, 4096), 0, true)
 		release()
@@ -379,4 +360,31 @@ func TestServingNodesOneRead(t *testing.T) {
 		}
 	}
 	cleanupAll(t, s, alice)
+}
+
+// leaseLostTo ends a's etcd lease, waits until a knows it lost vol's write
+// lease, and has b take it.
+func leaseLostTo(t *testing.T, e *env, a, b *Service, vol string) {
+	t.Helper()
+	ctx := ctxT(t)
+	a.leases.mu.Lock()
+	id := a.leases.id
+	a.leases.mu.Unlock()
+	if err := e.meta.RevokeLease(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		a.leases.mu.Lock()
+		_, held := a.leases.held[vol]
+		a.leases.mu.Unlock()
+		if !held {
+			break
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("a never noticed it lost the lease")
+		}
+	}
+	if h, _, err := b.leases.acquire(ctx, vol); err != nil || h != b.cfg.Node {
+		t.Fatalf("b acquire: %s, %v", h, err)
+	}
 }

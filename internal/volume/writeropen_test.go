@@ -64,26 +64,7 @@ func TestWriterOpenAfterLeaseLostWritesNothing(t *testing.T) {
 	if err := l.WriteAt(bytes.Repeat([]byte{0x5a}, 64<<10), 0, false); err != nil {
 		t.Fatal(err)
 	}
-	a.leases.mu.Lock()
-	id := a.leases.id
-	a.leases.mu.Unlock()
-	if err := e.meta.RevokeLease(ctx, id); err != nil { // a's etcd lease ends
-		t.Fatal(err)
-	}
-	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
-		a.leases.mu.Lock()
-		_, held := a.leases.held[v.ID]
-		a.leases.mu.Unlock()
-		if !held {
-			break
-		}
-		if time.Since(start) > 10*time.Second {
-			t.Fatal("a never noticed it lost the lease")
-		}
-	}
-	if h, _, err := b.leases.acquire(ctx, v.ID); err != nil || h != b.cfg.Node {
-		t.Fatalf("b acquire: %s, %v", h, err)
-	}
+	leaseLostTo(t, e, a, b, v.ID)
 	before := storeContent(t, e)
 	if l2, release2, err := a.acquireWriter(e.volume(v.ID), token); err == nil {
 		release2()
