@@ -1,13 +1,14 @@
 package volume
 
 import (
+	"sync"
 	"testing"
 	"time"
 )
 
 // TestAcquireOnExpiredEtcdLease: a node whose etcd lease ends while it
 // takes a volume's write lease (the key made on that etcd lease, but not
-// yet recorded as held here: its stack is being looked at, dropStale)
+// yet recorded as held here)
 // must not count the volume as its own once the renewal loop has dropped
 // every lease and granted a new etcd lease: the key went with the old one,
 // so another node may take the volume and write it, while this node's
@@ -25,9 +26,12 @@ func TestAcquireOnExpiredEtcdLease(t *testing.T) {
 	a.leases.mu.Lock()
 	old := a.leases.id
 	a.leases.mu.Unlock()
-	// Hold the volume's open lock: a's acquisition, having made the key,
-	// waits in dropStale.
-	unlock := a.lockOpen(v.ID)
+	// a's acquisition, having made the key, waits until unlock.
+	gate := make(chan struct{})
+	var once sync.Once
+	unlock := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(unlock)
+	a.leases.keyMade = func(string) { <-gate }
 	type result struct {
 		holder string
 		token  int64

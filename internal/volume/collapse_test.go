@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/block/cow"
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
@@ -160,8 +159,12 @@ func TestNoCollapseDuringSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rep any
-	e.withStack(s, v.ID, func(l block.Layer) { rep, err = s.collapseJob(ctx, v.ID, l, nil) })
+	l, release, err := s.acquireWriter(e.volume(v.ID), tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := s.collapseJob(ctx, v.ID, l, nil)
+	release()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,9 +43,8 @@ type Exports struct {
 	// names the attachments to revoke if this node loses the write lease.
 	writers openSet
 	// readers holds likewise the ro exports of multiattach volumes open
-	// here, revoked when another node takes the volume's write lease:
-	// they read through this node's stack, which does not see that
-	// node's writes (ServingNode).
+	// here, revoked when a writer of the volume starts elsewhere or
+	// opens a stack of its own here (revokeReaders).
 	readers openSet
 	// stats holds the request counts of the volumes open here, while
 	// counting is on (exportstats.go; nil: off).
@@ -70,7 +69,7 @@ func (s *Service) NewExports(auth func(ctx context.Context, chain []*x509.Certif
 	e := &Exports{s: s, Authenticate: auth, ready: make(chan struct{}),
 		revoked: map[string]chan struct{}{}, writers: openSet{}, readers: openSet{}}
 	s.leases.onLost(e.fenced)
-	s.leases.onElsewhere(e.writtenElsewhere)
+	s.leases.onElsewhere(e.revokeReaders)
 	s.exports.Store(e)
 	return e
 }
@@ -80,10 +79,12 @@ func (s *Service) NewExports(auth func(ctx context.Context, chain []*x509.Certif
 // to the new holder.
 func (e *Exports) fenced(vol string) { e.revokeAll(e.writers, vol) }
 
-// writtenElsewhere closes the connections of volume vol's multiattach ro
-// attachments here: another node took the volume's write lease, and
-// their clients must reconnect to it (ServingNode).
-func (e *Exports) writtenElsewhere(vol string) { e.revokeAll(e.readers, vol) }
+// revokeReaders closes the connections of volume vol's multiattach ro
+// attachments here: they read through a stack that will not see the
+// volume's writes — another node took its write lease, or a writer here
+// opened a stack of its own (acquireAs) — and their clients must
+// reconnect to the writer's (ServingNode).
+func (e *Exports) revokeReaders(vol string) { e.revokeAll(e.readers, vol) }
 
 // revokeAll revokes the attachments of the exports of vol in set.
 func (e *Exports) revokeAll(set openSet, vol string) {
@@ -301,7 +302,7 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 		}
 	}
 	if ro {
-		stack, release, err = e.s.acquire(v)
+		stack, release, err = e.s.acquireReader(v)
 	}
 	if err != nil {
 		unregister()

@@ -95,6 +95,9 @@ type leases struct {
 	lost   []func(vol string)
 	// elsewhere are called when another node takes a volume's lease.
 	elsewhere []func(vol string)
+	// keyMade, if set (by tests), is called as an acquisition here has
+	// made the lease key its own, before it records the lease as held.
+	keyMade func(vol string)
 	// users counts, by volume, the workflows running here on the
 	// volume's lease (use: jobs, freezes, extends): while one runs, the
 	// lease is not given up.
@@ -394,13 +397,11 @@ func (l *leases) acquireLocked(ctx context.Context, vol string) (string, int64, 
 	if got.Node != l.s.cfg.Node {
 		return got.Node, 0, nil
 	}
-	l.mu.Lock()
-	_, had := l.held[vol]
-	l.mu.Unlock()
-	if !had {
-		l.dropStale(vol)
+	if l.keyMade != nil {
+		l.keyMade(vol)
 	}
 	l.mu.Lock()
+	_, had := l.held[vol]
 	if l.id != id {
 		// The etcd lease the key was made on ended meanwhile (dropAll,
 		// stop), and the key with it: another node may hold the volume
@@ -417,32 +418,6 @@ func (l *leases) acquireLocked(ctx context.Context, vol string) (string, int64, 
 		l.s.failPassedSnapshots(ctx, vol)
 	}
 	return got.Node, got.Token, nil
-}
-
-// dropStale is called as this node becomes vol's writer, before it is
-// recorded as such. A stack it has open now was opened while it did not
-// write the volume (for ro attachments served here), and another node may
-// have changed the volume since — frozen a snapshot (a new top), extended
-// it, flattened it (its top cut from a parent that may be gone now):
-// written through, such a stack would write into the snapshot's image,
-// record the old size or the old parent again, and the volume would no
-// longer open. If the stack no longer matches what is on disk (which holds
-// still now: this node runs no writer of the volume, and the previous
-// writer stopped before the lease could pass), every stack of vol open
-// here is fenced for good — their ro readers finish on them — and
-// forgotten, so that the writer's users open the volume afresh.
-func (l *leases) dropStale(vol string) {
-	if !l.s.liveStale(vol) {
-		return
-	}
-	l.s.logFor("volume", vol).Info("the stack open here is stale (the volume was changed through another node): opened afresh for writing")
-	l.mu.Lock()
-	for _, f := range l.fences[vol] {
-		f.lost.Store(true)
-	}
-	delete(l.fences, vol)
-	l.mu.Unlock()
-	l.s.dropLive(vol)
 }
 
 // writes checks that this node may still write vol as the workflow that

@@ -229,10 +229,11 @@ func TestGiveUpWaitsForClosingFlush(t *testing.T) {
 	}
 	vv := e.volume(v.ID)
 	vv.Stack = json.RawMessage(`{"type":"testslowflush","children":[` + string(vv.Stack) + `]}`)
-	if h, _, err := s.leases.acquire(ctx, v.ID); err != nil || h != s.cfg.Node {
+	h, tok, err := s.leases.acquire(ctx, v.ID)
+	if err != nil || h != s.cfg.Node {
 		t.Fatalf("acquire: %q %v", h, err)
 	}
-	l, release, err := s.acquire(vv)
+	l, release, err := s.acquireWriter(vv, tok)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,7 +46,7 @@ func TestReturnedLegRepaired(t *testing.T) {
 
 	// Opened with the leg away (as by an attachment): degraded, and
 	// written meanwhile.
-	l, release, err := s.acquire(e.volume(v.ID))
+	l, release, err := s.acquireWritable(e.volume(v.ID))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -397,7 +397,7 @@ func testPointInTime(t *testing.T, e *env, s *Service, typ string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, release, err := s.acquire(e.volume(v.ID))
+	l, release, err := s.acquireWritable(e.volume(v.ID))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,9 @@ type liveStack struct {
 	l      *exact
 	refs   int
 	forget func() // unregisters its write fence
+	// reader: opened read-only, for readers (ro attachments), by a node
+	// that does not write the volume (see acquireReader).
+	reader bool
 }
 
 // env is the build environment of a stack whose directory is dir.
@@ -88,20 +91,43 @@ func (s *Service) createStack(v *meta.Volume, base string, fence func() error) e
 	return block.SyncDir(filepath.Dir(dir))
 }
 
-// acquire returns volume v's live stack, opening it if needed; release
-// must be called when done. The stack is read-write, or read-only when
-// the store's file system is (its Capabilities say which).
-func (s *Service) acquire(v *meta.Volume) (block.Layer, func(), error) {
+// acquireReader returns volume v's live stack for a reader (an ro
+// attachment), opening it if needed; release must be called when done.
+// It shares the stack open here, whoever opened it; one it opens itself
+// is read-only — no layer writes anything through it, not even a
+// mirror's resync, a checksum's repair or the metadata a close
+// records — because this node does not hold the volume's write lease:
+// another node may be writing the volume (a job: a snapshot, an extend, a
+// flatten), and a stack that wrote from its own, older view of the layers'
+// state would undo that node's. A writer that opens the volume here later
+// does not use it (acquireAs).
+func (s *Service) acquireReader(v *meta.Volume) (block.Layer, func(), error) {
 	return s.acquireAs(v, 0)
 }
 
-// acquireAs is acquire for a workflow that took v's write lease with
-// token (0: none, a reader): a stack it opens writes only while that
-// lease is held here (leases.fenceFor).
+// acquireAs returns volume v's live stack, opening it if needed, for a
+// workflow that took v's write lease with token (0: none, a reader; see
+// acquireReader); release must be called when done. A stack it opens for
+// a writer writes only while that lease is held here (leases.fenceFor),
+// and is read-only if the store's file system is (its Capabilities say
+// which).
 func (s *Service) acquireAs(v *meta.Volume, token int64) (block.Layer, func(), error) {
 	defer s.lockOpen(v.ID)()
 	s.liveMu.Lock()
 	ls := s.live[v.ID]
+	if ls != nil && ls.reader && token != 0 {
+		// A writer never writes through a reader's read-only stack:
+		// forgotten, its users finish on it, and the writer opens the
+		// volume afresh. Its multiattach readers are told to reconnect
+		// (they then share the writer's stack, which sees its writes);
+		// those of a volume that is not multiattach have no writer of
+		// data to miss — a job changes no byte the volume reads.
+		delete(s.live, v.ID)
+		ls = nil
+		if x := s.exports.Load(); x != nil {
+			defer x.revokeReaders(v.ID)
+		}
+	}
 	if ls != nil && ls.l.Size() < v.SizeBytes {
 		// The volume grew since this stack was opened, and a new user
 		// must see it at the record's size. Grown here (this node's
@@ -122,44 +148,57 @@ func (s *Service) acquireAs(v *meta.Volume, token int64) (block.Layer, func(), e
 		s.liveMu.Unlock()
 	} else {
 		s.liveMu.Unlock()
-		spec, err := parseSpec(v.Stack)
-		if err != nil {
+		var err error
+		if ls, err = s.openLive(v, token); err != nil {
 			return nil, nil, err
 		}
-		env := s.env(s.store.VolumeDir(v.ID))
-		var forget func()
-		env.Fence, forget = s.leases.fenceFor(v.ID, token)
-		l, err := block.Build(env, spec)
-		if errors.Is(err, syscall.EROFS) {
-			// The store's file system has turned read-only (ext4 does
-			// after an error): what it holds is served read-only — every
-			// user of this stack gets it so, writes failing — until the
-			// last lets go and the next open tries read-write again.
-			env.ReadOnly = true
-			var rerr error
-			if l, rerr = block.Build(env, spec); rerr == nil {
-				s.log.Warn("the store's file system is read-only: volume opened read-only", "volume", v.ID, "err", err)
-				err = nil
-			}
-		}
-		if err != nil {
-			forget()
-			return nil, nil, fmt.Errorf("open volume %s: %w", v.ID, err)
-		}
-		if l.Size() < v.SizeBytes {
-			l.Close()
-			forget()
-			return nil, nil, fmt.Errorf("open volume %s: its stack has %d bytes, the volume %d", v.ID, l.Size(), v.SizeBytes)
-		}
-		e := &exact{Layer: l}
-		e.size.Store(v.SizeBytes)
-		ls = &liveStack{l: e, forget: forget, refs: 1}
 		s.liveMu.Lock()
 		s.live[v.ID] = ls
 		s.liveMu.Unlock()
 	}
 	var once sync.Once
 	return ls.l, func() { once.Do(func() { s.releaseLive(v.ID, ls) }) }, nil
+}
+
+// openLive opens volume v's stack for acquireAs: read-only for a reader
+// (token 0), else read-write under a fence on the lease of token.
+func (s *Service) openLive(v *meta.Volume, token int64) (*liveStack, error) {
+	spec, err := parseSpec(v.Stack)
+	if err != nil {
+		return nil, err
+	}
+	env := s.env(s.store.VolumeDir(v.ID))
+	forget := func() {}
+	if token == 0 {
+		env.ReadOnly = true
+	} else {
+		env.Fence, forget = s.leases.fenceFor(v.ID, token)
+	}
+	l, err := block.Build(env, spec)
+	if errors.Is(err, syscall.EROFS) && !env.ReadOnly {
+		// The store's file system has turned read-only (ext4 does
+		// after an error): what it holds is served read-only — every
+		// user of this stack gets it so, writes failing — until the
+		// last lets go and the next open tries read-write again.
+		env.ReadOnly = true
+		var rerr error
+		if l, rerr = block.Build(env, spec); rerr == nil {
+			s.log.Warn("the store's file system is read-only: volume opened read-only", "volume", v.ID, "err", err)
+			err = nil
+		}
+	}
+	if err != nil {
+		forget()
+		return nil, fmt.Errorf("open volume %s: %w", v.ID, err)
+	}
+	if l.Size() < v.SizeBytes {
+		l.Close()
+		forget()
+		return nil, fmt.Errorf("open volume %s: its stack has %d bytes, the volume %d", v.ID, l.Size(), v.SizeBytes)
+	}
+	e := &exact{Layer: l}
+	e.size.Store(v.SizeBytes)
+	return &liveStack{l: e, forget: forget, refs: 1, reader: token == 0}, nil
 }
 
 // releaseLive drops one reference to volume vol's live stack ls; the last
@@ -222,41 +261,6 @@ func (s *Service) dropLive(vol string) {
 	s.liveMu.Lock()
 	delete(s.live, vol)
 	s.liveMu.Unlock()
-}
-
-// liveStale reports whether volume vol's stack open here (if any) no
-// longer shows the volume as it is on disk: its cow layer's chain of
-// images (top first) or size is not the one the volume's directory and
-// the images' superblocks record — a snapshot, a collapse or a flatten, or
-// an extend, made through another node (see leases.dropStale). Under the
-// volume's open lock (lockOpen), so that a stack being opened is looked
-// at once it is.
-func (s *Service) liveStale(vol string) bool {
-	defer s.lockOpen(vol)()
-	ls := s.liveOf(vol)
-	if ls == nil {
-		return false
-	}
-	c, ok := find[*cow.Layer](ls.l)
-	if !ok {
-		return false
-	}
-	var chain []string
-	for _, n := range c.Describe().Children {
-		chain = append(chain, n.Image)
-	}
-	id, err := cow.TopOf(s.store.VolumeDir(vol))
-	for i := 0; err == nil && id != ""; i++ {
-		var im cow.Image
-		im, err = cow.ReadImage(s.store.ImagesDir(), id)
-		if err != nil || i >= len(chain) || chain[i] != id || i == 0 && im.Size != c.Size() {
-			return true
-		}
-		if id = im.Parent; id == "" && i != len(chain)-1 {
-			return true
-		}
-	}
-	return err != nil
 }
 
 // exact presents a stack at exactly the volume's size: layers may round

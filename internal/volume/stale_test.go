@@ -148,7 +148,7 @@ func TestExtendVisibleToNewConnections(t *testing.T) {
 		if _, err := s.ExtendVolume(ctx, alice, v.ID, 2<<20); err != nil {
 			t.Fatal(err)
 		}
-		_, release, err := s.acquire(before)
+		_, release, err := s.acquireWritable(before)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -144,7 +144,7 @@ func TestVerifiedSnapshotOfUnflushedWrites(t *testing.T) {
 	}
 	model := make([]byte, size)
 	// Keep the stack open (as an attachment does): closing it would flush.
-	l, release, err := s.acquire(v)
+	l, release, err := s.acquireWritable(v)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -435,7 +435,7 @@ func TestStackWithTwoCowLayers(t *testing.T) {
 		if err := s.DeleteVolume(ctx, alice, smallVolume(t, s, alice)); err != nil {
 			t.Fatal(err)
 		}
-		l, release, err := s.acquire(e.volume(v.ID))
+		l, release, err := s.acquireReader(e.volume(v.ID))
 		if err != nil {
 			t.Errorf("%s: the volume cannot be opened after a collection: %v", what, err)
 		} else {

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -299,11 +300,41 @@ func pattern(seed uint64, n int64) []byte {
 	return b
 }
 
-// withStack runs fn on volume id's live stack, as the NBD path and jobs
-// use it (Service.acquire), and releases it after.
+// acquireWritable opens volume v's live stack on s as a workflow that
+// writes it does: s takes v's write lease (asWriter), then the stack
+// (acquireWriter); release lets go of both.
+func (s *Service) acquireWritable(v *meta.Volume) (block.Layer, func(), error) {
+	done, token, err := s.asWriter(context.Background(), v.ID)
+	if err != nil {
+		return nil, nil, err
+	}
+	l, release, err := s.acquireWriter(v, token)
+	if err != nil {
+		done()
+		return nil, nil, err
+	}
+	var once sync.Once
+	return l, func() { once.Do(func() { release(); done() }) }, nil
+}
+
+// withStack runs fn on volume id's live stack, opened as its writer
+// (acquireWritable), and releases it after.
 func (e *env) withStack(s *Service, id string, fn func(l block.Layer)) {
 	e.t.Helper()
-	l, release, err := s.acquire(e.volume(id))
+	l, release, err := s.acquireWritable(e.volume(id))
+	if err != nil {
+		e.t.Fatalf("acquire %s: %v", id, err)
+	}
+	defer release()
+	fn(l)
+}
+
+// withReader runs fn on volume id's live stack as a reader has it
+// (acquireReader: the stack open on s, else one opened read-only), and
+// releases it after.
+func (e *env) withReader(s *Service, id string, fn func(l block.Layer)) {
+	e.t.Helper()
+	l, release, err := s.acquireReader(e.volume(id))
 	if err != nil {
 		e.t.Fatalf("acquire %s: %v", id, err)
 	}
@@ -336,7 +367,7 @@ func (e *env) fill(s *Service, id string, model []byte, seed uint64, exts ...[2]
 func (e *env) readAt(s *Service, id string, off, n int64) []byte {
 	e.t.Helper()
 	b := make([]byte, n)
-	e.withStack(s, id, func(l block.Layer) {
+	e.withReader(s, id, func(l block.Layer) {
 		if err := l.ReadAt(b, off); err != nil {
 			e.t.Fatalf("read %d+%d of %s: %v", off, n, id, err)
 		}
@@ -350,7 +381,7 @@ func (e *env) readVolume(s *Service, id string) []byte {
 	e.t.Helper()
 	v := e.volume(id)
 	var b []byte
-	e.withStack(s, id, func(l block.Layer) {
+	e.withReader(s, id, func(l block.Layer) {
 		if l.Size() != v.SizeBytes {
 			e.t.Fatalf("volume %s: device is %d bytes, record says %d", id, l.Size(), v.SizeBytes)
 		}

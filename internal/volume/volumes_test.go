@@ -726,7 +726,7 @@ func TestSlowOpenHoldsUpNoOther(t *testing.T) {
 	t.Cleanup(func() { letGo.Do(func() { close(openGate) }) }) // even if the test fails below
 	stalled := make(chan error, 1)
 	go func() {
-		_, release, err := s.acquire(slow)
+		_, release, err := s.acquireReader(slow)
 		if err == nil {
 			release()
 		}
@@ -735,7 +735,7 @@ func TestSlowOpenHoldsUpNoOther(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // the slow open is under way
 	done := make(chan error, 1)
 	go func() {
-		_, release, err := s.acquire(e.volume(v.ID))
+		_, release, err := s.acquireReader(e.volume(v.ID))
 		if err == nil {
 			release()
 		}
