@@ -49,6 +49,12 @@ type objectMeta struct {
 	// file whose record was invalid, and wrote this record in its place
 	// to carry the version id (see markModified).
 	Modified string `json:"modified,omitempty"`
+	// Prev is set in sidecar records only: the record this one replaced
+	// (as stored, without its own Prev). A sidecar commit publishes the
+	// record before it renames the data into place, so after a crash
+	// between the two the file at the key is still the one Prev
+	// describes, and is served as that object (sidecarMeta.read).
+	Prev json.RawMessage `json:"prev,omitempty"`
 }
 
 // checksum is an object's (or a part's) stored S3 checksum.
@@ -235,6 +241,7 @@ func (xattrMeta) read(f *os.File, _, _ string) (*objectMeta, error) {
 	if err != nil {
 		return nil, fmt.Errorf("object metadata of %s: %w", f.Name(), err)
 	}
+	m.Prev = nil // a sidecar field: no xattr record has one of its own
 	return m, nil
 }
 
@@ -326,7 +333,7 @@ func (s *sidecarMeta) path(bucket, key string) string {
 	return filepath.Join(s.dir, bucket, h[:2], h+".json")
 }
 
-func (s *sidecarMeta) read(_ *os.File, bucket, key string) (*objectMeta, error) {
+func (s *sidecarMeta) read(f *os.File, bucket, key string) (*objectMeta, error) {
 	data, err := os.ReadFile(s.path(bucket, key))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, errNoMeta
@@ -341,7 +348,54 @@ func (s *sidecarMeta) read(_ *os.File, bucket, key string) (*objectMeta, error) 
 	if m.Key != key {
 		return nil, errNoMeta
 	}
+	prev := m.Prev
+	m.Prev = nil
+	if p := previous(f, key, m, prev); p != nil {
+		return p, nil
+	}
 	return m, nil
+}
+
+// previous returns the record prev (a sidecar record's Prev) when the
+// file f, opened as key, does not match its record m but matches prev:
+// a commit wrote m and has not renamed its data into place — still
+// under way, or never to be, the gateway having crashed in between. The
+// file at the key is then the object prev describes, and nothing was
+// changed behind S3. Otherwise nil (f nil: no file to compare).
+func previous(f *os.File, key string, m *objectMeta, prev json.RawMessage) *objectMeta {
+	if f == nil || len(prev) == 0 {
+		return nil
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return nil
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if m.differs(st) == "" {
+		return nil
+	}
+	p, err := decodeRecord(prev)
+	if err != nil || p.Key != key || p.differs(st) != "" {
+		return nil
+	}
+	p.Prev = nil
+	return p
+}
+
+// prevRecord returns the stored sidecar record old of key as the Prev of
+// the record replacing it: without its own Prev, so records do not
+// chain. nil if old is no valid record of key (nothing to fall back to).
+func prevRecord(old []byte, key string) json.RawMessage {
+	m, err := decodeRecord(old)
+	if err != nil || m.Key != key {
+		return nil
+	}
+	m.Prev = nil
+	data, err := encodeRecord(m)
+	if err != nil {
+		return nil
+	}
+	return data
 }
 
 func (s *sidecarMeta) attach(*os.File, *objectMeta) error { return nil }
@@ -376,12 +430,6 @@ func lockFile(name string, how int) (func(), error) {
 }
 
 func (s *sidecarMeta) commit(bucket, key string, m *objectMeta, rename func() error) error {
-	rec := *m
-	rec.Key = key
-	data, err := encodeRecord(&rec)
-	if err != nil {
-		return err
-	}
 	unlock, err := s.lock(bucket, key, unix.LOCK_EX)
 	if err != nil {
 		return err
@@ -389,6 +437,18 @@ func (s *sidecarMeta) commit(bucket, key string, m *objectMeta, rename func() er
 	defer unlock()
 	p := s.path(bucket, key)
 	old, oerr := os.ReadFile(p)
+	rec := *m
+	rec.Key = key
+	rec.Prev = nil
+	if oerr == nil {
+		// Until rename is done the file at the key is the one old
+		// describes; if the gateway dies first, it stays so (read).
+		rec.Prev = prevRecord(old, key)
+	}
+	data, err := encodeRecord(&rec)
+	if err != nil {
+		return err
+	}
 	if err := writeFileSync(s.tmp, s.dir, p, data); err != nil {
 		return fmt.Errorf("write sidecar metadata: %w", err)
 	}

@@ -444,6 +444,16 @@ func (b *Backend) deleteVersioned(r *os.Root, bucket, key, vid, status string, p
 			if _, err := b.deleteObject(r, bucket, key, pre); err != nil {
 				return "", false, err
 			}
+			// A version file of the same id is a link to the file just
+			// deleted, left by a write that kept it (keepCurrent) and
+			// died before its rename: the same version, so it goes too,
+			// or promote would make it current again.
+			stale := versionFile(key, want)
+			if _, err := r.Lstat(stale); err == nil {
+				if err := b.removeVersionFile(r, bucket, stale); err != nil {
+					return "", false, err
+				}
+			}
 			return vid, false, b.promote(r, bucket, key)
 		}
 		current = true
@@ -785,16 +795,19 @@ func (b *Backend) ListObjectVersions(ctx context.Context, in *s3.ListObjectVersi
 	seenCP := map[string]bool{}
 	full := func() bool { return count >= maxk }
 	for _, key := range keys {
-		if delim != "" && keyMarker != "" && strings.HasSuffix(keyMarker, delim) && strings.HasPrefix(key, keyMarker) {
-			continue // inside a common prefix already returned
-		}
 		if keyMarker != "" && (key < keyMarker || key == keyMarker && vidMarker == "") {
 			continue
 		}
 		if delim != "" {
 			if i := strings.Index(key[len(prefix):], delim); i >= 0 {
 				cp := key[:len(prefix)+i+len(delim)]
-				if seenCP[cp] {
+				// The common prefix that ended the previous page (its
+				// key-marker) is not listed again. Only that one: a
+				// key-marker that merely ends with the delimiter may be
+				// a key listed as a key (prefix "2024-", key "2024-"),
+				// after which its older versions and the keys it
+				// prefixes follow.
+				if seenCP[cp] || cp == keyMarker {
 					continue
 				}
 				if full() {
@@ -924,9 +937,11 @@ func (b *Backend) keyVersions(r *os.Root, bucket, key string, cur, old *dirChain
 		}
 		return v
 	}
+	curID, hasCur := "", false
 	if o, err := b.openAny(cur, bucket, key); err == nil {
 		o.f.Close()
 		vid := o.versionID()
+		curID, hasCur = vid, true
 		if v := describe(cur, key, vid); v != nil {
 			out = append(out, listedVersion{ver: v, id: vid, stamp: versionStamp(vid, o.st.Mtim.Nano())})
 		}
@@ -936,6 +951,12 @@ func (b *Backend) keyVersions(r *os.Root, bucket, key string, cur, old *dirChain
 		return nil, err
 	}
 	for _, e := range vs {
+		if hasCur && !e.marker && e.id == curID {
+			// A link to the current object that a write kept before it
+			// died (keepCurrent, then a crash before its rename): the
+			// same version, listed once.
+			continue
+		}
 		if e.marker {
 			f := false
 			m := &types.DeleteMarkerEntry{Key: &k, VersionId: ptr(showVersion(e.id)), IsLatest: &f}
