@@ -216,8 +216,24 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, c volume
 	return nil
 }
 
+// volumeFilter is the ?volume= of a list, "" for none. Given empty
+// (?volume=, a script's "?volume=$VOL" with VOL unset) it is refused:
+// read as none, it answered the unfiltered list (every attachment's
+// export secret included), as a misspelt filter did (checkQuery).
+func volumeFilter(r *http.Request) (string, error) {
+	q := r.URL.Query()
+	if q.Has("volume") && q.Get("volume") == "" {
+		return "", errs.Invalid(errs.CodeInvalidRequest, "query parameter volume is empty: give a volume's id or name, or leave the parameter out for every one")
+	}
+	return q.Get("volume"), nil
+}
+
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
-	ss, err := s.d.Volumes.SnapshotsPage(r.Context(), c, r.URL.Query().Get("volume"), wanted(r))
+	vol, err := volumeFilter(r)
+	if err != nil {
+		return err
+	}
+	ss, err := s.d.Volumes.SnapshotsPage(r.Context(), c, vol, wanted(r))
 	if err != nil {
 		return err
 	}
@@ -306,7 +322,11 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request, c volume.Caller)
 }
 
 func (s *Server) listAttachments(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
-	as, err := s.d.Volumes.AttachmentsPage(r.Context(), c, r.URL.Query().Get("volume"), wanted(r))
+	vol, err := volumeFilter(r)
+	if err != nil {
+		return err
+	}
+	as, err := s.d.Volumes.AttachmentsPage(r.Context(), c, vol, wanted(r))
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"time"
 
@@ -41,14 +42,16 @@ func (s *Size) UnmarshalJSON(b []byte) error {
 		return nil
 	}
 	n, err := strconv.ParseInt(string(b), 10, 64)
-	if err != nil {
+	// Out of int64's range, n is its nearest end, which the checks below
+	// judge as they should: a whole number all the same.
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
 		return errs.Invalid(errs.CodeInvalidSize, "size %s is not a whole number of bytes", b)
 	}
 	if n <= 0 {
 		return errs.Invalid(errs.CodeInvalidSize, "size must be greater than zero")
 	}
 	if n > size.Max {
-		return errs.Invalid(errs.CodeInvalidSize, "size %d exceeds the maximum of 1 EiB", n)
+		return errs.Invalid(errs.CodeInvalidSize, "size %s exceeds the maximum of 1 EiB", b)
 	}
 	*s = Size(n)
 	return nil

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -44,13 +45,25 @@ type Client struct {
 	http *http.Client
 }
 
+// Bounds of a connection's setup, whatever the request's: the calls
+// without an overall timeout (long) wait as long as the server works,
+// not for ever on a node that takes connections but never answers (one
+// stopped or wedged, its listen backlog still accepting). As
+// net/http's DefaultTransport.
+const (
+	dialTimeout         = 30 * time.Second
+	tlsHandshakeTimeout = 10 * time.Second
+)
+
 // New makes a client for endpoint (https://host:port) with TLS config tc.
 func New(endpoint string, tc *tls.Config) *Client {
 	return &Client{
 		base: strings.TrimRight(endpoint, "/"),
 		http: &http.Client{
-			Timeout:   60 * time.Second,
-			Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true},
+			Timeout: 60 * time.Second,
+			Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true,
+				DialContext:         (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+				TLSHandshakeTimeout: tlsHandshakeTimeout},
 			// The API never redirects: a redirect is another party's
 			// (a proxy, another service on the port). Followed, it
 			// turned a DELETE or POST into a GET of its location
@@ -111,7 +124,14 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return errs.New(errs.KindUnavailable, CodeUnreachable, "%s %s: reading the answer: %v", method, path, err)
+		// The status came: it says what the server did, even if what
+		// it answered is lost. A success repeated on "unreachable"
+		// would be done twice.
+		msg := "%s %s was answered HTTP %d but the answer broke off: %v"
+		if resp.StatusCode < 300 && method != http.MethodGet && method != http.MethodHead {
+			msg += "; it was carried out: look before repeating it"
+		}
+		return errs.New(errs.KindUnavailable, CodeUnreachable, msg, method, path, resp.StatusCode, err)
 	}
 	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
 		return &errs.Error{Kind: errs.KindInternal, Code: CodeBadResponse,

@@ -36,7 +36,7 @@ var units = map[string]int64{
 
 // Parse reads a positive size in bytes.
 func Parse(s string) (int64, error) {
-	orig := s
+	orig := shorten(s)
 	s = strings.TrimSpace(s)
 	if s == "" {
 		return 0, fmt.Errorf("empty size")
@@ -51,20 +51,40 @@ func Parse(s string) (int64, error) {
 	num, unit := s[:i], strings.ToLower(strings.TrimSpace(s[i:]))
 	mult, ok := units[unit]
 	if !ok {
-		return 0, fmt.Errorf("size %q has unknown unit %q (use B, KiB, MiB, GiB, TiB, PiB, EiB)", orig, s[i:])
+		return 0, fmt.Errorf("size %q has unknown unit %q (use B, KiB, MiB, GiB, TiB, PiB, EiB)", orig, shorten(s[i:]))
 	}
 	if num == "" || strings.Count(num, ".") > 1 || num[0] == '.' || num[len(num)-1] == '.' {
 		return 0, fmt.Errorf("size %q is not a number", orig)
 	}
-	// Exact rational arithmetic: "1.5GiB" is fine, "0.3B" is not.
-	r, ok := new(big.Rat).SetString(num)
+	// Digits that cannot change the outcome go before the exact
+	// arithmetic, whose cost grows with the square of the digits (a
+	// request body of a MiB of them kept a CPU busy for seconds):
+	// leading zeros, and a fraction's trailing zeros. Of what is left,
+	// more than 60 decimals are no whole number of bytes (d/10^k times
+	// at most 2^60, d not ending in 0, is whole only for k <= 60), and
+	// more than 19 whole digits exceed 1 EiB.
+	whole, frac, _ := strings.Cut(num, ".")
+	whole, frac = strings.TrimLeft(whole, "0"), strings.TrimRight(frac, "0")
+	if len(frac) > 60 {
+		return 0, fmt.Errorf("size %q is not a whole number of bytes", orig)
+	}
+	// Exact rational arithmetic: "1.5GiB" is fine, "0.3B" is not. The
+	// whole part times mult is whole: the fraction decides.
+	fr, ok := new(big.Rat).SetString("0." + frac + "0")
 	if !ok {
 		return 0, fmt.Errorf("size %q is not a number", orig)
 	}
-	r.Mul(r, new(big.Rat).SetInt64(mult))
-	if !r.IsInt() {
+	if !fr.Mul(fr, new(big.Rat).SetInt64(mult)).IsInt() {
 		return 0, fmt.Errorf("size %q is not a whole number of bytes", orig)
 	}
+	if len(whole) > 19 {
+		return 0, fmt.Errorf("size %q exceeds the maximum of 1 EiB", orig)
+	}
+	r, ok := new(big.Rat).SetString("0" + whole)
+	if !ok {
+		return 0, fmt.Errorf("size %q is not a number", orig)
+	}
+	r.Mul(r, new(big.Rat).SetInt64(mult)).Add(r, fr)
 	n := r.Num()
 	if n.Sign() == 0 {
 		return 0, fmt.Errorf("size must be greater than zero")
@@ -73,6 +93,16 @@ func Parse(s string) (int64, error) {
 		return 0, fmt.Errorf("size %q exceeds the maximum of 1 EiB", orig)
 	}
 	return n.Int64(), nil
+}
+
+// shorten is s for an error message: a size is short, and what is not
+// (a request body of digits) is cut, not echoed whole.
+func shorten(s string) string {
+	const max = 64
+	if len(s) <= max {
+		return s
+	}
+	return s[:max/2] + "…" + s[len(s)-max/2:]
 }
 
 // Format renders bytes in the largest binary unit not above it: exactly when
