@@ -129,9 +129,13 @@ func CopyRangeIn(d Device, src *os.File, off, n int64, r *CopyReport) error {
 	return forFileData(src, off, n, func(off, n int64) error {
 		for n > 0 {
 			b := buf[:min(n, int64(len(buf)))]
-			if _, err := src.ReadAt(b, off); err != nil && !errors.Is(err, io.EOF) {
+			k, err := src.ReadAt(b, off)
+			if err != nil && !errors.Is(err, io.EOF) {
 				return fmt.Errorf("read %s at %d: %w", src.Name(), off, err)
 			}
+			// Beyond src's end: zeroes, not what buf held from the read
+			// before.
+			clear(b[k:])
 			if !allZero(b) {
 				if err := d.WriteAt(b, off, false); err != nil {
 					return fmt.Errorf("write at %d: %w", off, err)

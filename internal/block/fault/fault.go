@@ -15,8 +15,9 @@ import (
 // ErrCrashed is returned by every call after the crash.
 var ErrCrashed = errors.New("fault: crashed")
 
-// File is an in-memory file. The zero value is an empty file that never
-// crashes.
+// File is an in-memory file. The zero value is an empty file that crashes
+// at its first write (CrashAt 0); one that never crashes has CrashAt -1
+// (New(nil, -1, nil)).
 type File struct {
 	mu   sync.Mutex
 	data []byte
