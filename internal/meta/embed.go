@@ -282,13 +282,23 @@ func (s *Store) watchMember(m *member) {
 	s.log.Warn("embedded etcd member stopped", "member", id.String())
 	go m.close()
 	listed := false
-	var others []string
+	var others, learners []string
 	for _, mm := range m.e.Server.Cluster().Members() {
-		if mm.ID == id {
+		switch {
+		case mm.ID == id:
 			listed = true
-		} else {
+		case mm.IsLearner:
+			learners = append(learners, mm.ClientURLs...)
+		default:
 			others = append(others, mm.ClientURLs...)
 		}
+	}
+	// The voters, as in RemoveMember: a learner refuses what the node
+	// still has to write. Learners only when the member's view, which
+	// may be stale (it was cut off), names no voter: one of them may
+	// have been promoted since.
+	if len(others) == 0 {
+		others = learners
 	}
 	if len(others) > 0 {
 		s.cli.SetEndpoints(others...)

@@ -144,10 +144,16 @@ func (s *Store) RemoveMember(ctx context.Context, id uint64) error {
 	}
 	// The requests that follow (the node's registration, its identity)
 	// should not meet the removed member, which answers "raft: stopped"
-	// until it shuts down: the answer lists the members left.
+	// until it shuts down: the answer lists the members left. Their
+	// voters, as the client's own endpoint sync picks them: a learner
+	// (a node joining) refuses writes, watches and linearizable reads,
+	// and serves serializable ones from a copy that may lag far behind;
+	// a member not started yet (no name) has no client URL.
 	var urls []string
 	for _, m := range resp.Members {
-		urls = append(urls, m.ClientURLs...)
+		if m.Name != "" && !m.IsLearner {
+			urls = append(urls, m.ClientURLs...)
+		}
 	}
 	if len(urls) > 0 {
 		s.cli.SetEndpoints(urls...)
@@ -366,7 +372,9 @@ func (s *Store) Cluster(ctx context.Context) (*Cluster, error) {
 
 // WithJoinLock runs fn while holding the cluster's join lock, so that joins
 // (member additions and promotions decisions) happen one at a time. The
-// lock lives on a lease: a node that dies holding it frees it.
+// lock lives on a lease: a node that dies holding it frees it. A lock
+// that another change holds for longer than a request waits fails with
+// CodeJoinInProgress (409, retry).
 func (s *Store) WithJoinLock(ctx context.Context, fn func() error) error {
 	// The session's lease is granted here, under the write timeout: left
 	// to NewSession, the grant waits as long as ctx lets it, which for a
@@ -392,6 +400,13 @@ func (s *Store) WithJoinLock(ctx context.Context, fn func() error) error {
 	lctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	if err := mu.Lock(lctx); err != nil {
+		// Out of time while the quorum answers: the wait was for another
+		// holder (a removal retrying its steps through an election, a
+		// slow join), not for etcd. Say so — a joining node waits a
+		// join in progress out — rather than that no quorum answered.
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && s.Health(ctx) == nil {
+			return errs.Conflict(CodeJoinInProgress, "another membership change (a join, a step-up or a removal) still holds the join lock; retry")
+		}
 		return wrap("join lock", err)
 	}
 	defer func() {
