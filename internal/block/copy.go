@@ -286,8 +286,9 @@ func (d *File) CopyToFile(dst *os.File, off, n int64, r *CopyReport) error {
 
 // CopyFromFile implements FileCopier.
 func (d *File) CopyFromFile(src *os.File, off, n int64, r *CopyReport) error {
-	if err := d.writable(); err != nil {
+	if err := d.begin(); err != nil {
 		return err
 	}
+	defer d.end()
 	return copyFileRange(d.f, src, off, n, r)
 }

@@ -31,16 +31,17 @@ type File struct {
 	splice   atomic.Bool // splice(2) from this file works
 	spliceIn atomic.Bool // splice(2) into this file works
 	cstat    atomic.Bool // cachestat(2) works here
-	fence    func() error
+	fence    Fence
 	dir      string // the file's directory (storeReadOnly's probe)
 }
 
-// SetFence makes every later write, zeroing, trim and flush ask fence
-// first (Env.Fence).
-func (d *File) SetFence(fence func() error) { d.fence = fence }
+// SetFence makes every later write, zeroing, trim, resize and flush
+// enter fence (Env.Fence).
+func (d *File) SetFence(fence Fence) { d.fence = fence }
 
-// writable fails when the device is closed, read-only or fenced.
-func (d *File) writable() error {
+// begin fails when the device is closed, read-only or fenced; else the
+// write may go on, and end must be called once its system calls are done.
+func (d *File) begin() error {
 	if d.closed.Load() {
 		return ErrClosed
 	}
@@ -48,9 +49,16 @@ func (d *File) writable() error {
 		return ErrReadOnly
 	}
 	if d.fence != nil {
-		return d.fence()
+		return d.fence.Enter()
 	}
 	return nil
+}
+
+// end ends a write begin let through.
+func (d *File) end() {
+	if d.fence != nil {
+		d.fence.Exit()
+	}
 }
 
 // OpenFile opens path as a device; readOnly opens it O_RDONLY.
@@ -83,9 +91,10 @@ func (d *File) Size() int64 { return d.size.Load() }
 
 // Resize grows the file to n bytes (sparse) and syncs the new size.
 func (d *File) Resize(n int64) error {
-	if err := d.writable(); err != nil {
+	if err := d.begin(); err != nil {
 		return err
 	}
+	defer d.end()
 	if n < d.size.Load() {
 		return fmt.Errorf("resize: cannot shrink from %d to %d bytes", d.size.Load(), n)
 	}
@@ -179,9 +188,10 @@ var _ Splicer = (*File)(nil)
 // SpliceFrom implements SpliceWriter: splice(2) from the pipe into the
 // file. A file system that cannot is found out once.
 func (d *File) SpliceFrom(pipe int, off int64, n int) int {
-	if !d.spliceIn.Load() || d.writable() != nil {
+	if !d.spliceIn.Load() || d.begin() != nil {
 		return 0
 	}
+	defer d.end()
 	return spliceAll(&d.spliceIn, off, n, func(o *int64, m int) (int64, error) {
 		return unix.Splice(pipe, nil, d.fd, o, int(pieceEnd(*o, int64(m))-*o), unix.SPLICE_F_MOVE)
 	})
@@ -238,9 +248,10 @@ func (d *File) WriteAt(p []byte, off int64, fua bool) error {
 // WriteAtV implements VectorWriter: pwritev, or pwritev2 with RWF_DSYNC
 // for FUA.
 func (d *File) WriteAtV(bufs [][]byte, off int64, fua bool) error {
-	if err := d.writable(); err != nil {
+	if err := d.begin(); err != nil {
 		return err
 	}
+	defer d.end()
 	if fua && d.dsync.Load() {
 		err := d.pwrite(bufs, off, unix.RWF_DSYNC)
 		if err == nil {
@@ -394,9 +405,10 @@ func consume(bufs [][]byte, n int, owned *bool) [][]byte {
 // operations, hence fast. Without fallocate support it writes zeroes, or
 // with Fast refuses.
 func (d *File) WriteZeroes(off, length int64, f ZeroFlags) error {
-	if err := d.writable(); err != nil {
+	if err := d.begin(); err != nil {
 		return err
 	}
+	defer d.end()
 	if length == 0 {
 		return nil // fallocate refuses a zero length (EINVAL); nothing to do
 	}
@@ -433,9 +445,10 @@ func (d *File) writeZeroBuffers(off, length int64) error {
 
 // Trim implements Device by punching a hole.
 func (d *File) Trim(off, length int64, fua bool) error {
-	if err := d.writable(); err != nil {
+	if err := d.begin(); err != nil {
 		return err
 	}
+	defer d.end()
 	if length == 0 {
 		return nil // fallocate refuses a zero length (EINVAL); nothing to do
 	}
@@ -461,9 +474,10 @@ func (d *File) Flush() error {
 		return nil
 	}
 	if d.fence != nil {
-		if err := d.fence(); err != nil {
+		if err := d.fence.Enter(); err != nil {
 			return err
 		}
+		defer d.fence.Exit()
 	}
 	if err := unix.Fdatasync(d.fd); err != nil {
 		return d.refused(fmt.Errorf("flush: %w", err))

@@ -85,13 +85,36 @@ type Env struct {
 	// by Build for the layer's New only): a redundant layer rebuilds a
 	// failed child from its spec, whatever subtree it is.
 	ChildSpecs []Spec
-	// Fence, if set, is asked before every write that reaches storage —
-	// data through file layers, metadata through OpenMeta — and a non-nil
-	// answer refuses the write. It is how a node that lost a volume's write
+	// Fence, if set, is entered before every write that reaches storage —
+	// data through file layers, metadata through OpenMeta — and a refusal
+	// refuses the write. It is how a node that lost a volume's write
 	// lease stops changing the volume at the bottom of the stack, whatever
 	// the layers above (background resyncs included) still try.
-	Fence func() error
+	Fence Fence
 }
+
+// Fence stops a stack's writes where they reach storage (Env.Fence).
+// Every write, sync, trim and resize of a file enters it first and exits
+// it once the system call is done, so that its owner, having refused
+// every later write, can wait for those already let through — a write
+// stalled in the file system (an NFS server that does not answer for a
+// while) must not land after the next writer's first one.
+type Fence interface {
+	// Enter lets a write through (nil; Exit must follow) or refuses it
+	// (ErrFenced, say; no Exit).
+	Enter() error
+	Exit()
+}
+
+// FenceFunc is a Fence that asks f at every Enter and keeps no count: for
+// a writer that nothing waits for (f alone decides).
+type FenceFunc func() error
+
+// Enter implements Fence.
+func (f FenceFunc) Enter() error { return f() }
+
+// Exit implements Fence.
+func (FenceFunc) Exit() {}
 
 // MetaFile is a layer metadata file: what package superblock and package
 // bitmap store their copies in.
@@ -117,20 +140,22 @@ func (env Env) OpenMeta(name string) (MetaFile, error) {
 // fencedMeta refuses writes and syncs once the fence says so.
 type fencedMeta struct {
 	MetaFile
-	fence func() error
+	fence Fence
 }
 
 func (f fencedMeta) WriteAt(p []byte, off int64) (int, error) {
-	if err := f.fence(); err != nil {
+	if err := f.fence.Enter(); err != nil {
 		return 0, err
 	}
+	defer f.fence.Exit()
 	return f.MetaFile.WriteAt(p, off)
 }
 
 func (f fencedMeta) Sync() error {
-	if err := f.fence(); err != nil {
+	if err := f.fence.Enter(); err != nil {
 		return err
 	}
+	defer f.fence.Exit()
 	return f.MetaFile.Sync()
 }
 

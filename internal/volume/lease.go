@@ -18,8 +18,10 @@ package volume
 //
 // Handover: the lease key leaves its holder only (a) by the holder's own
 // doing — the volume's last rw attachment detached through it or a
-// handover, each after it waited out the writes in flight, flushed and
-// fenced itself (giveUp); a clean stop (its etcd lease revoked) — or
+// handover, each after it waited out the writes in flight (NBD's, which
+// hold the volume's gate), flushed, fenced itself, and waited out the
+// writes its stacks' fences had let through (a resync's, a job's: giveUp);
+// a clean stop (its etcd lease revoked) — or
 // (b) with the holder's etcd lease, which etcd ends no earlier than
 // leaseTTL after the last renewal the holder sent, so at least
 // leaseMargin after the holder fenced itself. No other node deletes the
@@ -49,6 +51,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -109,6 +112,9 @@ type leases struct {
 type stackFence struct {
 	lost   atomic.Bool
 	cancel context.CancelCauseFunc
+	// inflight counts a stack's writes its fence let through and that
+	// are not done yet (leaseFence).
+	inflight atomic.Int64
 }
 
 // errLeaseLost is why a workflow's context ends when this node loses the
@@ -277,12 +283,16 @@ func (l *leases) lose(vol, why string) {
 func (l *leases) giveUp(vol string) {
 	defer l.s.closeGate(vol)()
 	l.s.flushLive(vol)
-	l.fenceAll(vol)
+	for _, f := range l.fenceAll(vol) {
+		// Writes no gate holds (a mirror's resync, a job's copy) that
+		// passed the fence before it closed.
+		f.drain(l.s.logFor("volume", vol))
+	}
 }
 
 // fenceAll fences the stacks open on vol for good, forgets the lease and
-// runs the onLost callbacks.
-func (l *leases) fenceAll(vol string) {
+// runs the onLost callbacks. It returns the fences.
+func (l *leases) fenceAll(vol string) []*stackFence {
 	l.mu.Lock()
 	delete(l.held, vol)
 	fences := l.fences[vol]
@@ -300,50 +310,80 @@ func (l *leases) fenceAll(vol string) {
 	for _, fn := range fns {
 		fn(vol)
 	}
+	return fences
 }
 
-// fence makes the block.Env.Fence of a stack of vol opened on this node,
-// and the function that forgets it when the stack closes. The stack may
-// write while this node holds vol's lease and the lease is valid, or while
-// no lease of vol is held here (no rw attachment is served here); once
-// the node loses the lease, the stack never writes again.
-func (l *leases) fence(vol string) (func() error, func()) {
-	return l.fenceFor(vol, 0)
-}
-
-// fenceFor is fence for a stack opened by a workflow that took vol's
-// lease with token (0: opened for readers, fence's rules). Such a stack
-// writes only while the lease is held here under that token: opening it
+// fenceFor makes the block.Env.Fence of a stack of vol opened on this
+// node by a workflow that took vol's lease with token, and the function
+// that forgets it when the stack closes. Such a stack writes only while
+// the lease is held here under that token and is valid: opening it
 // writes already (a mirror resynchronises the regions its intent map
 // marks, its close syncs that map), and a workflow that lost the lease
-// before it opened the stack — its fence registered after the loss fenced
-// the others — must not write the volume another node may hold by then,
-// not even until acquireWriter's check refuses it.
-func (l *leases) fenceFor(vol string, token int64) (func() error, func()) {
-	f := &stackFence{}
+// before it opened the stack — its fence registered after the loss
+// fenced the others — must not write the volume another node may hold
+// by then, not even until acquireWriter's check refuses it. Once the
+// lease is lost the stack never writes again; giving it up waits for
+// the writes the fence let through (giveUp).
+func (l *leases) fenceFor(vol string, token int64) (block.Fence, func()) {
+	f := &leaseFence{l: l, vol: vol, token: token, stackFence: &stackFence{}}
 	l.mu.Lock()
-	l.fences[vol] = append(l.fences[vol], f)
+	l.fences[vol] = append(l.fences[vol], f.stackFence)
 	l.mu.Unlock()
-	check := func() error {
-		if f.lost.Load() {
-			return block.ErrFenced
-		}
-		l.mu.Lock()
-		cur, held := l.held[vol]
-		valid := time.Now().Before(l.valid)
-		l.mu.Unlock()
-		if held && !valid {
-			return block.ErrFenced // cut off: a takeover may be near
-		}
-		if token != 0 && cur != token {
-			// The lease the stack was opened under is lost: for good
-			// (a lease taken again here has another token).
-			f.lost.Store(true)
-			return block.ErrFenced
-		}
-		return nil
+	return f, func() { l.forget(vol, f.stackFence) }
+}
+
+// leaseFence is a stack's fence (fenceFor).
+type leaseFence struct {
+	l     *leases
+	vol   string
+	token int64
+	*stackFence
+}
+
+// Enter implements block.Fence. Counted before the check, and the check
+// after: giveUp marks the fence lost before it looks at the count, so a
+// write either sees the mark or is waited for.
+func (f *leaseFence) Enter() error {
+	f.inflight.Add(1)
+	if err := f.check(); err != nil {
+		f.inflight.Add(-1)
+		return err
 	}
-	return check, func() { l.forget(vol, f) }
+	return nil
+}
+
+// Exit implements block.Fence.
+func (f *leaseFence) Exit() { f.inflight.Add(-1) }
+
+func (f *leaseFence) check() error {
+	if f.lost.Load() {
+		return block.ErrFenced
+	}
+	f.l.mu.Lock()
+	cur, held := f.l.held[f.vol]
+	valid := time.Now().Before(f.l.valid)
+	f.l.mu.Unlock()
+	if held && !valid {
+		return block.ErrFenced // cut off: a takeover may be near
+	}
+	if cur != f.token {
+		// The lease the stack was opened under is lost: for good (a
+		// lease taken again here has another token).
+		f.lost.Store(true)
+		return block.ErrFenced
+	}
+	return nil
+}
+
+// drain waits until no write the fence let through is under way.
+func (f *stackFence) drain(log *slog.Logger) {
+	warned := false
+	for start := time.Now(); f.inflight.Load() > 0; time.Sleep(time.Millisecond) {
+		if !warned && time.Since(start) > 5*time.Second {
+			log.Warn("giving the write lease up waits for a write still under way in the file system")
+			warned = true
+		}
+	}
 }
 
 // forget drops fence f of vol.

@@ -73,12 +73,9 @@ func TestLeaseReleasedElsewhere(t *testing.T) {
 		}
 		return a
 	}
-	// open is a stack's fence on s: nil while s may write the volume.
-	open := func(s *Service) func() error {
-		check, forget := s.leases.fence(v.ID)
-		t.Cleanup(forget)
-		return check
-	}
+	// open is a writer's stack's fence on s: nil while s may write the
+	// volume.
+	open := func(s *Service) func() error { return writerFence(t, s, v.ID) }
 
 	// A holder that hears of the release hands the lease over at once,
 	// having fenced itself.
@@ -163,8 +160,7 @@ func TestReleaseStopsWritingFirst(t *testing.T) {
 	if h, _, err := s.leases.acquire(ctx, v.ID); err != nil || h != s.cfg.Node {
 		t.Fatalf("acquire: %q %v", h, err)
 	}
-	check, forget := s.leases.fence(v.ID)
-	defer forget()
+	check := writerFence(t, s, v.ID)
 	// A write in flight: past the fence, holding the gate's read side.
 	gate, drop := s.gate(v.ID)
 	defer drop()
@@ -387,5 +383,27 @@ func leaseLostTo(t *testing.T, e *env, a, b *Service, vol string) {
 	}
 	if h, _, err := b.leases.acquire(ctx, vol); err != nil || h != b.cfg.Node {
 		t.Fatalf("b acquire: %s, %v", h, err)
+	}
+}
+
+// writerFence registers the fence of a stack opened on s as vol's writer,
+// under the lease s holds now, and returns its check: nil while a write
+// through it would be let through.
+func writerFence(t *testing.T, s *Service, vol string) func() error {
+	t.Helper()
+	s.leases.mu.Lock()
+	token := s.leases.held[vol]
+	s.leases.mu.Unlock()
+	if token == 0 {
+		t.Fatalf("%s holds no lease of %s", s.cfg.Node, vol)
+	}
+	f, forget := s.leases.fenceFor(vol, token)
+	t.Cleanup(forget)
+	return func() error {
+		if err := f.Enter(); err != nil {
+			return err
+		}
+		f.Exit()
+		return nil
 	}
 }

@@ -53,15 +53,16 @@ func parseSpec(raw json.RawMessage) (block.Spec, error) {
 // volume never became available, so nothing in it was acknowledged. With
 // fence (an import, run as the volume's writer), nothing is removed or
 // written unless fence allows it.
-func (s *Service) createStack(v *meta.Volume, base string, fence func() error) error {
+func (s *Service) createStack(v *meta.Volume, base string, fence block.Fence) error {
 	spec, err := parseSpec(v.Stack)
 	if err != nil {
 		return err
 	}
 	if fence != nil {
-		if err := fence(); err != nil {
+		if err := fence.Enter(); err != nil {
 			return err
 		}
+		defer fence.Exit() // the directory's removal and creation below
 	}
 	dir := s.store.VolumeDir(v.ID)
 	if err := os.RemoveAll(dir); err != nil {

@@ -326,9 +326,11 @@ func (s *Service) finishImport(ctx context.Context, v *meta.Volume) (*meta.Volum
 	if err == nil {
 		// The directory is removed and built again: only while this
 		// node may write the volume, as the writer that took the lease.
+		fence, forget := s.leases.fenceFor(id, token)
 		s.gcMu.RLock()
-		err = s.createStack(v, "", func() error { return s.leases.writes(id, token) })
+		err = s.createStack(v, "", fence)
 		s.gcMu.RUnlock()
+		forget()
 	}
 	if err != nil {
 		done()

@@ -61,7 +61,7 @@ type cachedFile struct {
 	block.Layer // the file layer: size, capabilities, the real file
 	fs          *FaultFS
 	df          *dataFile
-	fence       func() error
+	fence       block.Fence
 	closed      atomic.Bool
 }
 
@@ -90,7 +90,7 @@ func newCachedFile(env block.Env, raw json.RawMessage, _ []block.Layer) (block.L
 
 // attach returns the layer over the file layer l at path, sharing the
 // cache of earlier handles of the same file.
-func (fs *FaultFS) attach(l block.Layer, path string, st os.FileInfo, fence func() error) *cachedFile {
+func (fs *FaultFS) attach(l block.Layer, path string, st os.FileInfo, fence block.Fence) *cachedFile {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	df := fs.data[path]
@@ -101,9 +101,9 @@ func (fs *FaultFS) attach(l block.Layer, path string, st os.FileInfo, fence func
 	return &cachedFile{Layer: l, fs: fs, df: df, fence: fence}
 }
 
-// writable fails when the layer cannot take a write now. The caller holds
-// fs.mu.
-func (d *cachedFile) writable() error {
+// begin fails when the layer cannot take a write now; else end must
+// follow once the write is done. The caller holds fs.mu.
+func (d *cachedFile) begin() error {
 	switch {
 	case d.closed.Load():
 		return block.ErrClosed
@@ -112,9 +112,16 @@ func (d *cachedFile) writable() error {
 	case d.Capabilities().ReadOnly:
 		return block.ErrReadOnly
 	case d.fence != nil:
-		return d.fence()
+		return d.fence.Enter()
 	}
 	return nil
+}
+
+// end ends a write begin let through.
+func (d *cachedFile) end() {
+	if d.fence != nil {
+		d.fence.Exit()
+	}
 }
 
 // ReadAt implements block.Device: the file, with the cache over it.
@@ -155,9 +162,10 @@ func (d *cachedFile) Trim(off, n int64, fua bool) error {
 func (d *cachedFile) write(p []byte, off int64, fua bool, durable func() error) error {
 	d.fs.mu.Lock()
 	defer d.fs.mu.Unlock()
-	if err := d.writable(); err != nil {
+	if err := d.begin(); err != nil {
 		return err
 	}
+	defer d.end()
 	if !fua {
 		d.fs.cacheWrite(&d.df.cache, p, off)
 		return nil
@@ -188,9 +196,10 @@ func (d *cachedFile) Flush() error {
 	if d.Capabilities().ReadOnly && !d.closed.Load() {
 		return nil
 	}
-	if err := d.writable(); err != nil {
+	if err := d.begin(); err != nil {
 		return err
 	}
+	defer d.end()
 	if err := d.settle(); err != nil {
 		return err
 	}
@@ -202,9 +211,10 @@ func (d *cachedFile) Flush() error {
 func (d *cachedFile) Resize(n int64) error {
 	d.fs.mu.Lock()
 	defer d.fs.mu.Unlock()
-	if err := d.writable(); err != nil {
+	if err := d.begin(); err != nil {
 		return err
 	}
+	defer d.end()
 	if err := d.settle(); err != nil {
 		return err
 	}

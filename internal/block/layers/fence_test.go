@@ -51,14 +51,9 @@ func TestFenceStopsEveryWrite(t *testing.T) {
 	for name, js := range all {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
-			var fenced atomic.Bool
-			env := block.Env{Dir: dir, Images: filepath.Join(dir, "images"), Size: 8 << 20, Create: true, Keys: k,
-				Fence: func() error {
-					if fenced.Load() {
-						return block.ErrFenced
-					}
-					return nil
-				}}
+			f := &countingFence{}
+			fenced := &f.closed
+			env := block.Env{Dir: dir, Images: filepath.Join(dir, "images"), Size: 8 << 20, Create: true, Keys: k, Fence: f}
 			l, err := block.Build(env, blocktest.Spec(t, js))
 			if err != nil {
 				t.Fatal(err)
@@ -95,6 +90,9 @@ func TestFenceStopsEveryWrite(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond) // background work (resyncs) would write now
 			l.Close()
+			if n := f.inflight.Load(); n != 0 {
+				t.Errorf("%d writes the fence let through never exited it (the fence's owner would wait for them for good)", n)
+			}
 			if after := dirContent(t, dir); !maps.Equal(before, after) {
 				for p, h := range after {
 					if before[p] != h {
@@ -105,3 +103,21 @@ func TestFenceStopsEveryWrite(t *testing.T) {
 		})
 	}
 }
+
+// countingFence refuses writes once closed, and counts those it let
+// through that are under way.
+type countingFence struct {
+	closed   atomic.Bool
+	inflight atomic.Int64
+}
+
+func (f *countingFence) Enter() error {
+	f.inflight.Add(1)
+	if f.closed.Load() {
+		f.inflight.Add(-1)
+		return block.ErrFenced
+	}
+	return nil
+}
+
+func (f *countingFence) Exit() { f.inflight.Add(-1) }
