@@ -203,12 +203,23 @@ func forFileData(f *os.File, off, n int64, fn func(off, n int64) error) error {
 	return nil
 }
 
+// copyPiece bounds what copyFileRange moves between two calls of its
+// check: a writer that lost its lease stops within one piece.
+const copyPiece = 4 << 20
+
 // copyFileRange moves the data ranges of src within [off, off+n) to dst at
 // the same offsets: reflink where possible, else copy_file_range, else
-// read and write.
-func copyFileRange(dst, src *os.File, off, n int64, r *CopyReport) error {
+// read and write. check, if not nil, is asked before each piece (a
+// reflink, or up to copyPiece bytes copied); its error ends the copy.
+func copyFileRange(dst, src *os.File, off, n int64, r *CopyReport, check func() error) error {
+	if check == nil {
+		check = func() error { return nil }
+	}
 	return forFileData(src, off, n, func(off, n int64) error {
 		r.DataBytes += n
+		if err := check(); err != nil {
+			return err
+		}
 		cloned, err := cloneRange(dst, src, off, n)
 		r.ClonedBytes += cloned
 		if err != nil {
@@ -216,8 +227,11 @@ func copyFileRange(dst, src *os.File, off, n int64, r *CopyReport) error {
 		}
 		off, n = off+cloned, n-cloned
 		for n > 0 {
+			if err := check(); err != nil {
+				return err
+			}
 			soff, doff := off, off
-			m, err := unix.CopyFileRange(int(src.Fd()), &soff, int(dst.Fd()), &doff, int(n), 0)
+			m, err := unix.CopyFileRange(int(src.Fd()), &soff, int(dst.Fd()), &doff, int(min(n, copyPiece)), 0)
 			if err == unix.EINTR {
 				continue
 			}
@@ -227,12 +241,16 @@ func copyFileRange(dst, src *os.File, off, n int64, r *CopyReport) error {
 			r.KernelBytes += int64(m)
 			off, n = off+int64(m), n-int64(m)
 		}
-		if n == 0 {
-			return nil
-		}
-		r.UserBytes += n
-		if _, err := io.Copy(io.NewOffsetWriter(dst, off), io.NewSectionReader(src, off, n)); err != nil {
-			return fmt.Errorf("copy %s to %s at %d: %w", src.Name(), dst.Name(), off, err)
+		for n > 0 {
+			if err := check(); err != nil {
+				return err
+			}
+			k := min(n, copyPiece)
+			if _, err := io.Copy(io.NewOffsetWriter(dst, off), io.NewSectionReader(src, off, k)); err != nil {
+				return fmt.Errorf("copy %s to %s at %d: %w", src.Name(), dst.Name(), off, err)
+			}
+			r.UserBytes += k
+			off, n = off+k, n-k
 		}
 		return nil
 	})
@@ -281,7 +299,7 @@ func (d *File) CopyToFile(dst *os.File, off, n int64, r *CopyReport) error {
 	if d.closed.Load() {
 		return ErrClosed
 	}
-	return copyFileRange(dst, d.f, off, n, r)
+	return copyFileRange(dst, d.f, off, n, r, nil)
 }
 
 // CopyFromFile implements FileCopier.
@@ -290,5 +308,14 @@ func (d *File) CopyFromFile(src *os.File, off, n int64, r *CopyReport) error {
 		return err
 	}
 	defer d.end()
-	return copyFileRange(d.f, src, off, n, r)
+	// Waited for as a whole by the fence's owner, and asked again before
+	// each piece: a copy of many MiB must not go on for long after the
+	// lease it was started under ran out.
+	return copyFileRange(d.f, src, off, n, r, func() error {
+		if err := d.begin(); err != nil {
+			return err
+		}
+		d.end()
+		return nil
+	})
 }

@@ -101,3 +101,56 @@ func TestFileFenceEnteredAndExited(t *testing.T) {
 		t.Fatalf("writes went through a closed fence (%v)", err)
 	}
 }
+
+// limitFence lets the first n writes through, then refuses.
+type limitFence struct{ left atomic.Int64 }
+
+func (f *limitFence) Enter() error {
+	if f.left.Add(-1) < 0 {
+		return ErrFenced
+	}
+	return nil
+}
+
+func (f *limitFence) Exit() {}
+
+// TestFileCopyStopsAtTheFence: a copy into a file (an import: up to 64 MiB
+// a step) asked its fence once, at the start, and went on to the end of
+// its range however long that took, after the lease it began under had
+// run out. It asks again before every piece of at most copyPiece bytes.
+func TestFileCopyStopsAtTheFence(t *testing.T) {
+	const size = 32 << 20
+	path, d := openZeroed(t, size)
+	src := filepath.Join(t.TempDir(), "src")
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i%251) + 1
+	}
+	if err := os.WriteFile(src, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sf, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sf.Close()
+	f := &limitFence{}
+	f.left.Store(3) // the copy's own entry, then two pieces
+	d.SetFence(f)
+	if err := d.CopyFromFile(sf, 0, size, &CopyReport{}); !errors.Is(err, ErrFenced) {
+		t.Fatalf("copy through a fence that closed during it: %v, want ErrFenced", err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copied := 0
+	for _, b := range got {
+		if b != 0 {
+			copied++
+		}
+	}
+	if copied > 2*copyPiece {
+		t.Fatalf("%d bytes copied after the fence closed; at most %d (two pieces) may be", copied, 2*copyPiece)
+	}
+}
