@@ -248,7 +248,14 @@ func (b *Backend) UploadPart(ctx context.Context, in *s3.UploadPartInput) (_ *s3
 		return nil, s3err.GetInvalidArgumentErr(s3err.InvalidArgPartNumber, "")
 	}
 	n := *in.PartNumber
-	rc, err := b.receive(in.Body, in.ContentLength, in.ChecksumAlgorithm, checksumFields{
+	algo := in.ChecksumAlgorithm
+	if algo == "" {
+		// A part sent with no checksum of an upload that has an
+		// algorithm is hashed here, as S3 does: the object's checksum
+		// is made of its parts'.
+		algo = info.ChecksumAlgorithm
+	}
+	rc, err := b.receive(in.Body, in.ContentLength, algo, checksumFields{
 		in.ChecksumCRC32, in.ChecksumCRC32C, in.ChecksumSHA1, in.ChecksumSHA256, in.ChecksumCRC64NVME,
 		in.ChecksumSHA512, in.ChecksumMD5, in.ChecksumXXHASH64, in.ChecksumXXHASH3, in.ChecksumXXHASH128})
 	if err != nil {
@@ -558,6 +565,9 @@ func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMu
 		if err != nil || trimQuotes(rec.ETag) != trimQuotes(*p.ETag) {
 			return none, "", s3err.GetInvalidPartErr(id, n, *p.ETag)
 		}
+		if err := checkPartChecksum(info, rec, p, id); err != nil {
+			return none, "", err
+		}
 		if i < len(want)-1 && rec.Size < backend.MinPartSize {
 			return none, "", s3err.GetEntityTooSmallErr(rec.Size, backend.MinPartSize)
 		}
@@ -655,6 +665,34 @@ func appendFile(dst *os.File, name string, n int64) error {
 		return fmt.Errorf("part file %s has %d bytes, recorded %d", name, written, n)
 	}
 	return nil
+}
+
+// checkPartChecksum checks the checksum a Complete request gives for part
+// p (none is fine) against the one recorded for the part (rec): a part
+// whose checksum differs from what the client computed is not the part
+// the client means, as one whose ETag differs is not — InvalidPart; one
+// of an algorithm the upload does not use that differs is BadDigest.
+func checkPartChecksum(info *uploadInfo, rec *partRecord, p types.CompletedPart, id string) error {
+	given := checksumFields{p.ChecksumCRC32, p.ChecksumCRC32C, p.ChecksumSHA1, p.ChecksumSHA256, p.ChecksumCRC64NVME,
+		p.ChecksumSHA512, p.ChecksumMD5, p.ChecksumXXHASH64, p.ChecksumXXHASH3, p.ChecksumXXHASH128}.given()
+	if len(given) > 1 {
+		return s3err.GetInvalidArgumentErr(s3err.InvalidArgChecksumPart, given[1].Value)
+	}
+	if len(given) == 0 {
+		return nil
+	}
+	g := given[0]
+	if !utils.IsValidChecksum(g.Value, g.Algorithm) {
+		return s3err.GetInvalidArgumentErr(s3err.InvalidArgChecksumPart, g.Value)
+	}
+	if rec.Checksum != nil && rec.Checksum.Algorithm == g.Algorithm && rec.Checksum.Value == g.Value {
+		return nil
+	}
+	if info.ChecksumAlgorithm == "" || info.ChecksumAlgorithm == g.Algorithm {
+		return s3err.GetInvalidPartErr(id, *p.PartNumber, *p.ETag)
+	}
+	return s3err.APIError{Code: "BadDigest", HTTPStatusCode: http.StatusBadRequest,
+		Description: fmt.Sprintf("The %s you specified for part %d did not match what was received.", strings.ToLower(string(g.Algorithm)), *p.PartNumber)}
 }
 
 // multipartChecksum computes the whole object's checksum from the parts'

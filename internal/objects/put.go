@@ -23,9 +23,9 @@ type checksumFields struct {
 	CRC32, CRC32C, SHA1, SHA256, CRC64NVME, SHA512, MD5, XXHASH64, XXHASH3, XXHASH128 *string
 }
 
-// pick returns the one checksum value given, if any (s3api refuses
-// requests with several).
-func (c checksumFields) pick() (types.ChecksumAlgorithm, string) {
+// given returns the checksum values given, algorithm and value.
+func (c checksumFields) given() []checksum {
+	var out []checksum
 	for _, f := range []struct {
 		v    *string
 		algo types.ChecksumAlgorithm
@@ -37,8 +37,17 @@ func (c checksumFields) pick() (types.ChecksumAlgorithm, string) {
 		{c.XXHASH3, types.ChecksumAlgorithmXxhash3}, {c.XXHASH128, types.ChecksumAlgorithmXxhash128},
 	} {
 		if f.v != nil && *f.v != "" {
-			return f.algo, strings.Clone(*f.v)
+			out = append(out, checksum{Algorithm: f.algo, Value: strings.Clone(*f.v)})
 		}
+	}
+	return out
+}
+
+// pick returns the one checksum value given, if any (s3api refuses
+// requests with several).
+func (c checksumFields) pick() (types.ChecksumAlgorithm, string) {
+	if g := c.given(); len(g) > 0 {
+		return g[0].Algorithm, g[0].Value
 	}
 	return "", ""
 }
