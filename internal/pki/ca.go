@@ -270,9 +270,20 @@ func (ca *CA) ServerCertificate(dir string, names []string) (tls.Certificate, er
 	return tls.X509KeyPair(is.CertPEM, is.KeyPEM)
 }
 
+// RenewalDue reports whether a certificate of this CA that expires at
+// notAfter is due for renewal: within RenewBefore of its expiry, unless
+// it expires with the CA itself. Every certificate the CA issues ends by
+// the CA's own expiry (issue caps it), so in the CA's last RenewBefore a
+// new certificate would expire no later than the one it replaced: called
+// due, a certificate would be reissued at every check — a node's local
+// admin identity every minute, each one listed in admin's record.
+func (ca *CA) RenewalDue(notAfter time.Time) bool {
+	return time.Until(notAfter) < RenewBefore && notAfter.Before(ca.Cert.NotAfter)
+}
+
 func (ca *CA) serverCertFits(c tls.Certificate, names []string) bool {
 	leaf, err := x509.ParseCertificate(c.Certificate[0])
-	if err != nil || time.Until(leaf.NotAfter) < RenewBefore {
+	if err != nil || ca.RenewalDue(leaf.NotAfter) {
 		return false
 	}
 	if leaf.CheckSignatureFrom(ca.Cert) != nil {

@@ -52,6 +52,19 @@ func (c S3TLSConfig) check() error {
 	return nil
 }
 
+// checkS3TLS refuses the S3 TLS settings the gateway could not start
+// with — contradicting ones, or a site certificate that does not load —
+// at the start of Start, before anything is made or joined.
+func (n *Node) checkS3TLS() error {
+	if err := n.cfg.S3TLSConfig.check(); err != nil {
+		return err
+	}
+	if n.cfg.S3Cert != "" {
+		return n.checkSiteCert(n.cfg.S3Cert, n.cfg.S3Key)
+	}
+	return nil
+}
+
 // s3UsesTLS says whether the gateway on cfg.S3 serves HTTPS.
 func (c Config) s3UsesTLS() bool {
 	if c.S3TLS || c.S3Cert != "" {
@@ -135,11 +148,7 @@ func (n *Node) s3CertNames() []string {
 // checked by the compiler against the pinned v1.8.0.
 func (n *Node) s3TLS() (opt s3api.Option, fromCA bool, err error) {
 	certFile, keyFile := n.cfg.S3Cert, n.cfg.S3Key
-	if certFile != "" {
-		if err := n.checkSiteCert(certFile, keyFile); err != nil {
-			return nil, false, err
-		}
-	} else {
+	if certFile == "" { // a site's was checked at the start (checkS3TLS)
 		// The cluster CA, as settled by openMeta (which always leaves it
 		// in DATA/pki, joined or not).
 		pkiDir := filepath.Join(n.cfg.Data, "pki")

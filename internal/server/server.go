@@ -129,6 +129,8 @@ type Node struct {
 	// reloadS3Cert has the S3 gateway present its certificate as now on
 	// disk, renewed first when it is the cluster CA's (nil: plain HTTP).
 	reloadS3Cert func() error
+	// ca is the cluster CA, once openMeta has settled it.
+	ca *pki.CA
 }
 
 // Start brings a node up and returns once it serves. Stop it with Close.
@@ -152,6 +154,12 @@ func (n *Node) start(ctx context.Context) error {
 	// registration refuse it only afterwards.
 	if err := meta.CheckNodeName(cfg.Name); err != nil {
 		return fmt.Errorf("--name: %w", err)
+	}
+	// So are the S3 gateway's TLS settings: refused only once the gateway
+	// starts, they would leave a cluster made, or a join granted (a
+	// learner whose member never comes back), for a typo.
+	if err := n.checkS3TLS(); err != nil {
+		return err
 	}
 	if cfg.Store == "" {
 		cfg.Store = filepath.Join(cfg.Data, "store")
@@ -182,6 +190,7 @@ func (n *Node) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	n.ca = ca
 	n.cluster = cluster.New(n.meta, ca, n.cfg.Name, log)
 	if err := n.checkNotRemoved(ctx, joined); err != nil {
 		return err
@@ -404,14 +413,16 @@ func (n *Node) openMeta(ctx context.Context, pkiDir string, joined *joinState) (
 // --advertise, and the host of every address the node listens on that
 // names one — clients verify the certificate against the host of the URL
 // they were given, and without --advertise an nbds:// URI or an S3
-// endpoint names the --nbd or --s3 host, which may differ from --api's.
+// endpoint names the --nbd or --s3 host, which may differ from --api's;
+// a monitoring system scraping --etcd-http (TLS with this certificate)
+// names that address's host.
 func (n *Node) certNames() []string {
 	host, _ := os.Hostname()
 	names := []string{"localhost", "127.0.0.1", "::1", host}
 	if n.cfg.Advertise != "" {
 		names = append(names, n.cfg.Advertise)
 	}
-	for _, addr := range []string{n.cfg.API, n.cfg.S3, n.cfg.NBD, n.cfg.EtcdClient, n.cfg.EtcdPeer} {
+	for _, addr := range []string{n.cfg.API, n.cfg.S3, n.cfg.NBD, n.cfg.EtcdClient, n.cfg.EtcdPeer, n.cfg.EtcdHTTP} {
 		h, _, err := net.SplitHostPort(addr)
 		if err == nil && h != "" && h != "0.0.0.0" && h != "::" && !slices.Contains(names, h) {
 			names = append(names, h)
@@ -450,7 +461,8 @@ func (n *Node) bootstrapAdmin(ctx context.Context, joined bool) error {
 }
 
 // localAdmin returns the certificate of this node's admin identity if it
-// authenticates and is valid for 30 more days. Else it returns nil, and
+// authenticates and is valid for 30 more days (or as long as the CA, if
+// less: pki.CA.RenewalDue). Else it returns nil, and
 // renew says whether a new identity is due — none or a broken one, its
 // certificate revoked, expired or about to — rather than the check unable
 // to tell (the metadata unavailable).
@@ -466,7 +478,10 @@ func (n *Node) localAdmin(ctx context.Context) (c *x509.Certificate, renew bool)
 		e, ok := errs.As(err)
 		return nil, ok && e.Kind == errs.KindUnauthenticated
 	}
-	if time.Until(c.NotAfter) <= pki.RenewBefore {
+	// Due within 30 days of expiry — unless it expires with the CA: a
+	// new one would expire no later, and renewing it at every check
+	// would list a certificate a minute in admin's record.
+	if n.ca.RenewalDue(c.NotAfter) {
 		return nil, true
 	}
 	return c, false

@@ -152,7 +152,8 @@ func certOf(is *pki.Issued, issuedFor string) meta.UserCert {
 // each node a local admin identity this way: meta.CertForNode). It
 // replaces, and so revokes, the certificates earlier issued for the same
 // issuedFor other than meta.CertForUser: a node holds one local identity —
-// except those due for renewal (within pki.RenewBefore of expiry), which
+// except those due for renewal (within pki.RenewBefore of expiry, and
+// not expiring with the CA: pki.CA.RenewalDue), which
 // stay valid until they expire: a client that loaded the node's identity
 // (its connections are checked again while they last) keeps working
 // until then. The user's other certificates stay valid. On a record written before
@@ -206,9 +207,10 @@ func (s *Service) issueIdentity(ctx context.Context, name, issuedFor string, che
 		}
 		cur.PruneCerts(time.Now())
 		if c.IssuedFor != meta.CertForUser {
-			renewed := time.Now().Add(pki.RenewBefore)
+			// Due as a node's check sees it: one that expires with the
+			// CA (its last 30 days) is not, and goes like any other.
 			cur.Certs = slices.DeleteFunc(cur.Certs, func(x meta.UserCert) bool {
-				return x.IssuedFor == c.IssuedFor && x.NotAfter.After(renewed)
+				return x.IssuedFor == c.IssuedFor && !s.ca.RenewalDue(x.NotAfter)
 			})
 		}
 		cur.Certs, cur.CertsListed = append(cur.Certs, c), true
