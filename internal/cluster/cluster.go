@@ -359,14 +359,38 @@ func nodeRecord(req JoinRequest, role string) *meta.Node {
 	return n
 }
 
-// Register records this node (at every start: its URLs may change).
-func (s *Service) Register(ctx context.Context, n *meta.Node) error {
-	if old, err := s.meta.Node(ctx, n.Name); err == nil {
-		n.JoinedAt, n.Removing = old.JoinedAt, old.Removing
-	} else {
-		n.JoinedAt = time.Now().UTC()
-	}
-	return s.meta.PutNode(ctx, n)
+// CodeNodeRemoved: the node was taken out of the cluster (`basalt node
+// remove`) and may not serve in it again.
+const CodeNodeRemoved = "NodeRemoved"
+
+// NodeRemoved is the refusal of node name, removed from cluster id.
+func NodeRemoved(name, id string) error {
+	return errs.Conflict(CodeNodeRemoved, "node %s was removed from cluster %s (basalt node remove); to join it again, start it with a new --data directory and --join (or --meta-endpoints)", name, id)
+}
+
+// Register records this node (at every start: its URLs may change), in
+// one transaction with the read of its record. A node registered before
+// in cluster known (it joined — the serving node recorded it — or
+// registered once; "": neither) must still be: if it was removed meanwhile (its record gone, or marked
+// removing), even after its start checked, it is refused (NodeRemoved)
+// rather than recorded again, or the mark overwritten — a removed node
+// would then serve on, with no removal left to stop it.
+func (s *Service) Register(ctx context.Context, n *meta.Node, known string) error {
+	return s.meta.Update(ctx, func(tx *meta.Tx) error {
+		old, err := tx.Node(n.Name)
+		if err != nil {
+			return err
+		}
+		switch {
+		case known != "" && (old == nil || old.Removing):
+			return NodeRemoved(n.Name, known)
+		case old != nil:
+			n.JoinedAt, n.Removing = old.JoinedAt, old.Removing
+		default:
+			n.JoinedAt = time.Now().UTC()
+		}
+		return tx.PutNode(n)
+	})
 }
 
 // Nodes lists every node with its role and health, and every etcd member

@@ -202,6 +202,26 @@ func (tx *Tx) Registered(name string) (bool, error) {
 	return ok && !n.Removing, err
 }
 
+// Node reads a node's record; nil when absent.
+func (tx *Tx) Node(name string) (*Node, error) {
+	n := &Node{}
+	ok, err := txGet(tx, prefixNodes+name, n)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// PutNode writes a node's record.
+func (tx *Tx) PutNode(n *Node) error {
+	if err := CheckNodeName(n.Name); err != nil {
+		return err
+	}
+	n.Schema = SchemaVersion
+	tx.stm.Put(prefixNodes+n.Name, encode(n))
+	return nil
+}
+
 // Node returns a node, or a NotFound error.
 func (s *Store) Node(ctx context.Context, name string) (*Node, error) {
 	n := &Node{}

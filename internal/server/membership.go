@@ -147,18 +147,30 @@ func (n *Node) join(ctx context.Context, pkiDir string) (*joinState, error) {
 // and adopt workflows — as if it had never been removed. Only a
 // linearizable answer counts: a local copy may lag behind the join.
 func (n *Node) checkNotRemoved(ctx context.Context, st *joinState) error {
-	cluster := n.clusterID
-	if st != nil {
-		cluster = st.ClusterID
-	} else if b, err := os.ReadFile(n.registeredPath()); err != nil || strings.TrimSpace(string(b)) != n.clusterID {
+	known := n.knownIn(st)
+	if known == "" {
 		return nil // never registered in this cluster: its first start here
 	}
 	rctx, ri := meta.WithReadInfo(ctx)
 	rec, err := n.meta.Node(rctx, n.cfg.Name)
 	if (errs.IsCode(err, errs.CodeNotFound) || err == nil && rec.Removing) && !ri.Local {
-		return errs.Conflict("NodeRemoved", "node %s was removed from cluster %s (basalt node remove); to join it again, start it with a new --data directory and --join (or --meta-endpoints)", n.cfg.Name, cluster)
+		return cluster.NodeRemoved(n.cfg.Name, known)
 	}
-	return nil // other errors: registering the node reports them
+	return nil // other errors: registering the node reports them (Register checks again)
+}
+
+// knownIn returns the cluster this node was recorded in before this
+// start — the one it joined (st, its join state), or the one it
+// registered in once (registeredPath) — or "" if none: its first start
+// in the cluster.
+func (n *Node) knownIn(st *joinState) string {
+	if st != nil {
+		return st.ClusterID
+	}
+	if b, err := os.ReadFile(n.registeredPath()); err == nil && strings.TrimSpace(string(b)) == n.clusterID {
+		return n.clusterID
+	}
+	return ""
 }
 
 // joinRequest is how this node describes itself to join (or step up),
@@ -321,7 +333,9 @@ func (n *Node) belong(ctx context.Context, st *joinState) error {
 	if n.meta.Embedded() {
 		rec.Peer, rec.Client = n.advertisedURL(n.cfg.EtcdPeer), n.advertisedURL(n.cfg.EtcdClient)
 	}
-	if err := n.cluster.Register(ctx, rec); err != nil {
+	// A removal may have run since checkNotRemoved: Register checks
+	// again, in the transaction that records the node.
+	if err := n.cluster.Register(ctx, rec, n.knownIn(st)); err != nil {
 		return fmt.Errorf("register node: %w", err)
 	}
 	if st == nil {
