@@ -202,9 +202,15 @@ Try:  %s basalt status
 `, n.Name(), ep, n.AdminDir, try)
 	select {
 	case <-ctx.Done():
+		// A second SIGTERM or SIGINT ends the process at once (the
+		// default action, restored here): a shutdown stuck on a store
+		// that does not answer can be cut short, as by SIGKILL — what
+		// was flushed is safe.
+		stop()
+		log.Info("shutting down", "force", "signal again to stop at once")
 	case <-n.Done():
+		log.Info("shutting down")
 	}
-	log.Info("shutting down")
 	n.Close()
 	log.Info("stopped")
 	if err := n.Err(); err != nil {
