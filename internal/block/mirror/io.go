@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -140,7 +141,7 @@ func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
 	if len(p) == 0 && fua {
 		return l.Flush()
 	}
-	return l.mutate("write", off, int64(len(p)), func(d block.Layer) error { return d.WriteAt(p, off, fua) }, nil)
+	return l.mutate("write", off, int64(len(p)), fua, func(d block.Layer) error { return d.WriteAt(p, off, fua) }, nil)
 }
 
 // WriteZeroes implements block.Device. With Fast, when some legs zero
@@ -159,7 +160,7 @@ func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
 		sf.Fast = false
 		slow = func(d block.Layer) error { return d.WriteZeroes(off, n, sf) }
 	}
-	return l.mutate("zero", off, n, func(d block.Layer) error { return d.WriteZeroes(off, n, f) }, slow)
+	return l.mutate("zero", off, n, f.FUA, func(d block.Layer) error { return d.WriteZeroes(off, n, f) }, slow)
 }
 
 // Trim implements block.Device as WriteZeroes on every leg (holes
@@ -168,7 +169,7 @@ func (l *Layer) Trim(off, n int64, fua bool) error {
 	if !l.caps.Trim {
 		return block.ErrNotSupported
 	}
-	return l.mutate("trim", off, n, func(d block.Layer) error {
+	return l.mutate("trim", off, n, fua, func(d block.Layer) error {
 		return d.WriteZeroes(off, n, block.ZeroFlags{FUA: fua})
 	}, nil)
 }
@@ -176,7 +177,8 @@ func (l *Layer) Trim(off, n int64, fua bool) error {
 // mutate runs a modifying operation on every leg taking writes, under the
 // range lock and the write-intent protocol (package comment, invariant 1).
 // slow, if set, retries legs that answered ErrNotSupported (fast zeroes).
-func (l *Layer) mutate(what string, off, n int64, op, slow func(block.Layer) error) error {
+// fua says the operation syncs the legs (see Layer.syncs).
+func (l *Layer) mutate(what string, off, n int64, fua bool, op, slow func(block.Layer) error) error {
 	if err := l.usable(); err != nil {
 		return err
 	}
@@ -194,6 +196,10 @@ func (l *Layer) mutate(what string, off, n int64, op, slow func(block.Layer) err
 		return fmt.Errorf("mirror: %s %d+%d: %w", what, off, n, err)
 	}
 	defer l.end(r0, r1)
+	if fua {
+		l.syncs.RLock()
+		defer l.syncs.RUnlock()
+	}
 	errs := onEach(ts, op)
 	if slow != nil {
 		unsup := 0
@@ -211,6 +217,11 @@ func (l *Layer) mutate(what string, off, n int64, op, slow func(block.Layer) err
 				errs[k] = slow(ts[k].dev)
 			}
 		}
+	}
+	if fua && slices.ContainsFunc(errs, block.StoreRefused) {
+		// Its sync may have been told of a writeback that dropped
+		// other writes — a rebuild's copies — than its own.
+		l.dropCopies()
 	}
 	return l.finish(ts, errs, fmt.Sprintf("%s %d+%d", what, off, n), func() []int64 {
 		rs := make([]int64, 0, r1-r0+1)
@@ -414,11 +425,14 @@ func (l *Layer) flushAll(final bool) error {
 		release(ts)
 		return nil
 	}
+	l.syncs.RLock()
 	errs := onEach(ts, func(d block.Layer) error { return d.Flush() })
 	// A flush refused for want of space may have dropped writes the leg
 	// had taken (a writeback that found no space): every region written
 	// since the last flush may differ now.
-	if err := l.finish(ts, errs, "flush", nil); err != nil {
+	err := l.finish(ts, errs, "flush", nil)
+	l.syncs.RUnlock()
+	if err != nil {
 		return err
 	}
 	for _, err := range errs {
@@ -453,15 +467,7 @@ func (l *Layer) diverged(regions []int64) {
 		for r := range l.dirty {
 			regions = append(regions, r)
 		}
-		// A refused flush may also have dropped a rebuild's copies the
-		// leg had taken (they set no intent bit), and the rebuild's own
-		// flush before its checkpoint may then succeed: the leg's stale
-		// bits for them stay, to be copied again.
-		for _, lg := range l.legs {
-			if lg.state != legOK {
-				lg.copied = nil
-			}
-		}
+		l.dropCopiesLocked()
 	}
 	oks := 0
 	for _, lg := range l.legs {
@@ -485,6 +491,25 @@ func (l *Layer) diverged(regions []int64) {
 				// bit as its copy's: the leg missed what came after.
 				delete(lg.copied, r)
 			}
+		}
+	}
+}
+
+// dropCopies forgets the copies rebuilds made since their last
+// checkpoint: a refused flush (or FUA write) may have dropped them (they
+// set no intent bit), and the rebuild's own flush before its checkpoint
+// may then succeed. The legs' stale bits for them stay, to be copied
+// again.
+func (l *Layer) dropCopies() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.dropCopiesLocked()
+}
+
+func (l *Layer) dropCopiesLocked() {
+	for _, lg := range l.legs {
+		if lg.state != legOK {
+			lg.copied = nil
 		}
 	}
 }

@@ -61,7 +61,9 @@
 //     regions from an ok leg under the region's range lock, so writes
 //     arriving meanwhile (which also go to the rebuilding leg) are neither
 //     lost nor overwritten. Stale bits are cleared only after the leg was
-//     flushed, and synced every DefaultCheckpoint regions, so an interrupted
+//     flushed — and no flush or FUA write the leg refused meanwhile is
+//     still to be recorded (Layer.syncs) — and synced every
+//     DefaultCheckpoint regions, so an interrupted
 //     rebuild (crash, Close, cancelled context) resumes where it stopped on
 //     the next open. The leg turns ok once its stale map is empty.
 //  5. Overlapping writes take a first-come-first-served byte-range lock, so
@@ -159,6 +161,16 @@ var beforeResync func()
 
 // Layer is a mirror layer.
 type Layer struct {
+	// syncs is held shared by every operation that makes a leg sync
+	// (a flush, a FUA write) from its legs' calls until a refusal is
+	// recorded (finish, dropCopies), and exclusively by a rebuild's
+	// checkpoint from its leg's flush until it has cleared stale bits: a
+	// writeback that found no space drops a rebuild's copies, and the
+	// file reports that to one sync only — if it was the user's, the
+	// checkpoint's flush succeeds all the same, and must not clear the
+	// bits of copies the refusal has not yet forgotten.
+	syncs sync.RWMutex
+
 	env      block.Env
 	params   json.RawMessage
 	metaName string

@@ -130,6 +130,7 @@ func TestRebuildKeepsRegionRefusedAfterItsCopy(t *testing.T) {
 type volatileLayer struct {
 	block.Layer
 	refuse  *atomic.Bool
+	id      string
 	raw     json.RawMessage
 	mu      sync.Mutex
 	pending []volatileWrite
@@ -156,7 +157,7 @@ func init() {
 			if err := block.DecodeParams(raw, &p); err != nil {
 				return nil, err
 			}
-			return &volatileLayer{Layer: ch[0], refuse: volatileSwitch(p.ID), raw: raw}, nil
+			return &volatileLayer{Layer: ch[0], refuse: volatileSwitch(p.ID), id: p.ID, raw: raw}, nil
 		}})
 }
 
@@ -208,11 +209,20 @@ func (v *volatileLayer) settle() error {
 	return nil
 }
 
+// refusedHooks are called (by id) when a flush has been refused, before
+// it returns: between the writeback's failure and the mirror hearing of it.
+var refusedHooks sync.Map // id -> func()
+
 func (v *volatileLayer) Flush() error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.refuse.Load() {
 		v.pending = nil // the writeback found no space: the writes are gone
+		if f, ok := refusedHooks.Load(v.id); ok {
+			v.mu.Unlock()
+			f.(func())()
+			v.mu.Lock()
+		}
 		return syscall.ENOSPC
 	}
 	if err := v.settle(); err != nil {

@@ -559,15 +559,18 @@ func (l *Layer) checkpoint(gens map[int]uint64, pending map[int][]int64) error {
 		}
 		t := l.acquireLocked(i)
 		l.mu.Unlock()
+		l.syncs.Lock() // until the bits are cleared: see Layer.syncs
 		if l.caps.Flush {
 			if err := t.dev.Flush(); err != nil {
 				if block.StoreRefused(err) {
 					// The leg is fine; its copies are not known durable,
 					// so their stale bits stay, for the rebuild to resume.
+					l.syncs.Unlock()
 					t.refs.Done()
 					return fmt.Errorf("leg %d: %w", i, err)
 				}
 				failed := l.failLeg(i, t.dev, err)
+				l.syncs.Unlock()
 				t.refs.Done()
 				if failed {
 					if perr := l.persist(); perr != nil {
@@ -589,6 +592,7 @@ func (l *Layer) checkpoint(gens map[int]uint64, pending map[int][]int64) error {
 			}
 		}
 		l.mu.Unlock()
+		l.syncs.Unlock()
 		if err := lg.stale.Sync(); err != nil {
 			return fmt.Errorf("leg %d stale map: %w", i, err)
 		}
