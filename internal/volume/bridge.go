@@ -172,11 +172,11 @@ func (s *Service) startExport(id string) {
 	})
 }
 
-// sameRun reports whether job is the export run that started as run: an
-// export adopted by another node (orphans.go) names that node, and a new
-// export of the snapshot has a new start. A run that is not the job's
-// any more (its node was paused or cut off long enough to be taken for
-// gone) neither publishes its object, nor records progress or outcome.
+// sameRun reports whether job is the run that started as run (an export,
+// or a volume's job): one adopted by another node (orphans.go) names that
+// node, and a new one has a new start. A run that is not the job's any
+// more (its node was paused or cut off long enough to be taken for gone)
+// neither publishes its object, nor records progress or outcome.
 func sameRun(job, run *meta.Job) bool {
 	return job != nil && job.Node == run.Node && job.StartedAt.Equal(run.StartedAt)
 }
@@ -457,7 +457,7 @@ func (s *Service) importObject(ctx context.Context, v *meta.Volume, token int64)
 		dev = e.Layer // the stack itself, with its FileCopier if it has one
 	}
 	rep := &ImportReport{Object: v.SourceObject, ETag: oi.ETag}
-	rep.CopyReport, err = block.CopyIn(dev, f, oi.Size, s.progress(ctx, v.ID, v.Node))
+	rep.CopyReport, err = block.CopyIn(dev, f, oi.Size, s.progress(ctx, v.ID, func(j *meta.Job) bool { return j.Node == v.Node }))
 	if err != nil {
 		return rep, err
 	}

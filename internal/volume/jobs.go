@@ -143,11 +143,14 @@ func (s *Service) runJob(ctx context.Context, id string) bool {
 		s.logFor("volume", id).Debug("job: none recorded any more; not run")
 		return false
 	}
-	// node is who the record names as the job's node: this one, or one
-	// whose job this node resumes (Start) or adopted. Should the record
-	// name another node later, that node adopted the job (orphans.go) and
-	// records its outcome.
-	kind, node := v.Job.Kind, v.Job.Node
+	// run is the job as the record names it now: its node is this one,
+	// or one whose job this node resumes (Start) or adopted. Should the
+	// record name another node later, that node adopted the job
+	// (orphans.go) and records its outcome; should it hold a job of
+	// another start, this run's was adopted and ended meanwhile and a new
+	// one was asked for (sameRun): that one is not this run's to touch.
+	run := *v.Job
+	kind := run.Kind
 	start := time.Now()
 	var report any
 	holder, token, err := s.useLease(ctx, id)
@@ -156,16 +159,19 @@ func (s *Service) runJob(ctx context.Context, id string) bool {
 	case holder != s.cfg.Node && kind == meta.JobCollapse:
 		report = CollapseReport{Skipped: "the volume is written by node " + holder} // whose collector proposes it
 	case holder != s.cfg.Node:
-		if err = s.handJob(ctx, id, holder, node); err == nil {
+		if err = s.handJob(ctx, id, holder, &run); err == nil {
 			return false
 		}
 	default:
 		defer s.leases.unuse(context.Background(), id)
 		// Taking the lease may have waited out a partition, during which
-		// a node that found this one gone adopted the job (orphans.go).
-		if cur, err := s.meta.Volume(ctx, id); err != nil || cur.Job == nil || cur.Job.Node != node {
-			s.logFor("volume", id).Info("job no longer this node's: not run", "err", err)
-			return false
+		// a node that found this one gone adopted the job (orphans.go) —
+		// and finished it, and a new job may have been recorded for this
+		// node since, whose start found this run's claim: the caller
+		// looks again (true) and runs that one as it was asked for.
+		if cur, err := s.meta.Volume(ctx, id); err != nil || !sameRun(cur.Job, &run) {
+			s.logFor("volume", id).Info("job no longer this run's: not run", "err", err)
+			return err == nil && cur.Job != nil && cur.Job.Node == s.cfg.Node
 		}
 		jctx, cancel := context.WithCancelCause(ctx)
 		stop := s.leases.watchLoss(id, cancel)
@@ -173,7 +179,7 @@ func (s *Service) runJob(ctx context.Context, id string) bool {
 		var release func()
 		l, release, err = s.acquireWriter(v, token)
 		if err == nil {
-			report, err = s.job(jctx, id, l, kind, s.progress(ctx, id, node))
+			report, err = s.job(jctx, id, l, kind, s.progress(ctx, id, func(j *meta.Job) bool { return sameRun(j, &run) }))
 			release()
 		}
 		stop()
@@ -191,7 +197,7 @@ func (s *Service) runJob(ctx context.Context, id string) bool {
 	}
 	uerr := s.meta.Update(context.Background(), func(tx *meta.Tx) error {
 		cur, err := tx.Volume(id)
-		if err != nil || cur == nil || cur.Job == nil || cur.Job.Node != node {
+		if err != nil || cur == nil || !sameRun(cur.Job, &run) {
 			return err // adopted by the node that took the lease over (adoptJob) or found this one gone
 		}
 		cur.Job, cur.UpdatedAt = nil, now()
@@ -258,15 +264,15 @@ func (s *stages) next() block.Progress {
 	}
 }
 
-// handJob records volume id's job, recorded for this node, for node
+// handJob records volume id's job run, recorded for this node, for node
 // holder, which took the volume's write lease meanwhile: only the holder
 // writes the volume, and its watcher runs the job (delegated). Should the
 // holder die before it ran it, the node that takes the lease over adopts
 // it (adoptJob).
-func (s *Service) handJob(ctx context.Context, id, holder, node string) error {
+func (s *Service) handJob(ctx context.Context, id, holder string, run *meta.Job) error {
 	err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 		cur, err := tx.Volume(id)
-		if err != nil || cur == nil || cur.Job == nil || cur.Job.Node != node {
+		if err != nil || cur == nil || !sameRun(cur.Job, run) {
 			return err
 		}
 		cur.Job.Node, cur.Job.RequestedBy = holder, s.cfg.Node
@@ -375,13 +381,13 @@ func (s *Service) job(ctx context.Context, vol string, l block.Layer, kind strin
 	return nil, fmt.Errorf("unknown job %q", kind)
 }
 
-// progress persists the progress of volume id's job, run by node, at most
-// once per progressEvery.
-func (s *Service) progress(ctx context.Context, id, node string) block.Progress {
+// progress persists the progress of volume id's job at most once per
+// progressEvery, while ours says the record's job is the caller's.
+func (s *Service) progress(ctx context.Context, id string, ours func(*meta.Job) bool) block.Progress {
 	return throttled(func(done, total int64) {
 		err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 			cur, err := tx.Volume(id)
-			if err != nil || cur == nil || cur.Job == nil || cur.Job.Node != node {
+			if err != nil || cur == nil || cur.Job == nil || !ours(cur.Job) {
 				return err
 			}
 			cur.Job.Done, cur.Job.Total = done, total
