@@ -618,10 +618,13 @@ func (c *conn) check(req request) (uint32, string) {
 	switch req.typ {
 	case cmdRead:
 		if req.length > MaxPayload {
-			if c.structured {
-				return errOverflow, fmt.Sprintf("read of %d bytes exceeds the maximum payload of %d", req.length, MaxPayload)
+			// The spec keeps EOVERFLOW for a read that asked not to be
+			// fragmented (DF); any other oversized read is EINVAL.
+			code := uint32(errInval)
+			if req.flags&cflagDF != 0 {
+				code = errOverflow
 			}
-			return errInval, fmt.Sprintf("read of %d bytes exceeds the maximum payload of %d", req.length, MaxPayload)
+			return code, fmt.Sprintf("read of %d bytes exceeds the maximum payload of %d", req.length, MaxPayload)
 		}
 		if beyond {
 			return errInval, "read beyond the end of the export"

@@ -147,7 +147,7 @@ type fuzzServer struct {
 	ln *pipeListener
 }
 
-func newFuzzServer(tb testing.TB) *fuzzServer {
+func newFuzzServer(tb testing.TB, configure ...func(*Server)) *fuzzServer {
 	dir := tb.TempDir()
 	openDev := func(name string, ro bool) *block.File {
 		p := filepath.Join(dir, name)
@@ -179,6 +179,9 @@ func newFuzzServer(tb testing.TB) *fuzzServer {
 	fs := &fuzzServer{
 		s:  &Server{Exports: exps, HandshakeTimeout: 5 * time.Second, MaxInFlight: 16, MaxInFlightBytes: 1 << 20},
 		ln: newPipeListener(),
+	}
+	for _, c := range configure {
+		c(fs.s)
 	}
 	done := make(chan struct{})
 	go func() {

@@ -325,7 +325,7 @@ type tlsFixture struct {
 	clientNoID *tls.Config // presents none
 }
 
-func newTLSFixture(t *testing.T) tlsFixture {
+func newTLSFixture(t testing.TB) tlsFixture {
 	t.Helper()
 	ca, err := pki.NewCA()
 	if err != nil {

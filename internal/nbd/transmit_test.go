@@ -238,10 +238,6 @@ func TestRequestErrors(t *testing.T) {
 		_, addr := serve(t, dev, nil)
 		c, _ := open(t, addr, structured, false)
 		const end = testSize
-		overflowOrInval := uint32(errInval)
-		if structured {
-			overflowOrInval = errOverflow
-		}
 		for _, tc := range []struct {
 			what    string
 			flags   uint16
@@ -259,8 +255,8 @@ func TestRequestErrors(t *testing.T) {
 			{"WRITE_ZEROES beyond end", 0, cmdWriteZeroes, end - 4096, 8192, nil, errNoSpc},
 			{"TRIM beyond end", 0, cmdTrim, end, 1, nil, errInval},
 			{"CACHE beyond end", 0, cmdCache, end, 1, nil, errInval},
-			{"READ over 32 MiB", 0, cmdRead, 0, MaxPayload + 1, nil, overflowOrInval},
-			{"READ of 4 GiB", 0, cmdRead, 0, math.MaxUint32, nil, overflowOrInval},
+			{"READ over 32 MiB", 0, cmdRead, 0, MaxPayload + 1, nil, errInval},
+			{"READ of 4 GiB", 0, cmdRead, 0, math.MaxUint32, nil, errInval},
 			{"unknown command 8", 0, 8, 0, 0, nil, errInval},
 			{"unknown command 0xffff", 0, 0xffff, 0, 4096, nil, errInval},
 			{"unknown flag on READ", 1 << 5, cmdRead, 0, 512, nil, errInval},
@@ -282,6 +278,12 @@ func TestRequestErrors(t *testing.T) {
 			wantDF = 0
 		}
 		checkErr(t, c, structured, "DF on READ", cflagDF, cmdRead, 0, 512, nil, wantDF)
+		// EOVERFLOW is kept for an oversized read that asked for one chunk.
+		wantDFOver := uint32(errInval)
+		if structured {
+			wantDFOver = errOverflow
+		}
+		checkErr(t, c, structured, "DF on READ over 32 MiB", cflagDF, cmdRead, 0, MaxPayload+1, nil, wantDFOver)
 		// The connection is still usable after all of that.
 		c.mustWrite(0, []byte("still here"))
 		if got := c.mustRead(0, 10); string(got) != "still here" {
