@@ -17,7 +17,7 @@
 //	volumes/<id>                 Volume
 //	snapshots/<id>               Snapshot
 //	names/<kind>/<owner id>/<name>  id; makes names unique per owner and kind
-//	tokens/<kind>/<owner id>/<token>  id; idempotency tokens of create calls
+//	tokens/<kind>/<user id>/<token>  id; idempotency tokens of create calls, the caller's
 //	attachments/<id>             Attachment
 //	exports/<export name>        attachment id (index; NBD export lookup)
 //	owned/<kind>/<owner id>/<created_at>/<id>  id (index; a user's lists, owned.go)

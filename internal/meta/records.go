@@ -184,20 +184,24 @@ type Attachment struct {
 
 // Snapshot is a point-in-time copy of a volume.
 type Snapshot struct {
-	Schema        int       `json:"schema"`
-	ID            string    `json:"id"`
-	Name          string    `json:"name,omitempty"`
-	Owner         string    `json:"owner"`
-	OwnerID       string    `json:"owner_id"`
-	VolumeID      string    `json:"volume_id"`
-	SizeBytes     int64     `json:"size_bytes"`
-	Status        string    `json:"status"`
-	StatusMessage string    `json:"status_message,omitempty"`
-	ClientToken   string    `json:"client_token,omitempty"`
-	TokenParams   string    `json:"token_params,omitempty"`
-	CreatedAt     time.Time `json:"created_at"`
-	UpdatedAt     time.Time `json:"updated_at"`
-	Node          string    `json:"node,omitempty"`
+	Schema        int    `json:"schema"`
+	ID            string `json:"id"`
+	Name          string `json:"name,omitempty"`
+	Owner         string `json:"owner"`
+	OwnerID       string `json:"owner_id"`
+	VolumeID      string `json:"volume_id"`
+	SizeBytes     int64  `json:"size_bytes"`
+	Status        string `json:"status"`
+	StatusMessage string `json:"status_message,omitempty"`
+	ClientToken   string `json:"client_token,omitempty"`
+	TokenParams   string `json:"token_params,omitempty"`
+	// TokenHolder is the user whose ClientToken it is: the caller of the
+	// create, who may be an admin snapshotting another user's volume. Empty
+	// in records made before it was kept: the owner's.
+	TokenHolder string    `json:"token_holder,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
+	UpdatedAt   time.Time `json:"updated_at"`
+	Node        string    `json:"node,omitempty"`
 	// Image is the frozen copy-on-write image holding the snapshot's data.
 	Image string `json:"image,omitempty"`
 	// Stack is the source volume's stack: clones are made with it.
@@ -210,6 +214,15 @@ type Snapshot struct {
 	// deleted. LastJob is how the last one ended.
 	Job     *Job       `json:"job,omitempty"`
 	LastJob *JobResult `json:"last_job,omitempty"`
+}
+
+// TokenUser returns the id of the user whose idempotency token the
+// snapshot's ClientToken is.
+func (sn *Snapshot) TokenUser() string {
+	if sn.TokenHolder != "" {
+		return sn.TokenHolder
+	}
+	return sn.OwnerID
 }
 
 // JobResult is how a job ended.

@@ -65,14 +65,16 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 		ClientToken: token, CreatedAt: t, UpdatedAt: t, Node: s.cfg.Node,
 	}
 	if token != "" {
-		sn.TokenParams = fingerprint(v.ID, name)
+		// The token is the caller's: an admin's retry must find it after
+		// the volume, and with it the owner, is gone.
+		sn.TokenParams, sn.TokenHolder = fingerprint(v.ID, name), c.ID
 	}
 	if token != "" {
 		// A replay returns at once.
 		var r *meta.Snapshot
 		err := s.meta.Update(ctx, func(tx *meta.Tx) error {
 			var err error
-			if id := tx.TokenOwner(meta.NameSnapshot, sn.OwnerID, token); id != "" {
+			if id := tx.TokenOwner(meta.NameSnapshot, c.ID, token); id != "" {
 				r, err = tx.Snapshot(id)
 			}
 			return err
@@ -126,7 +128,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 	var replay *meta.Snapshot
 	err = s.meta.Update(wctx, func(tx *meta.Tx) error {
 		replay = nil
-		if id := tx.TokenOwner(meta.NameSnapshot, sn.OwnerID, token); id != "" {
+		if id := tx.TokenOwner(meta.NameSnapshot, c.ID, token); id != "" {
 			r, err := tx.Snapshot(id)
 			if err != nil {
 				return err
@@ -164,7 +166,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 		sn.SizeBytes, sn.Stack, sn.Type = cur.SizeBytes, cur.Stack, cur.Type
 		cur.Snapshotting = append(cur.Snapshotting, sn.ID)
 		tx.PutVolume(cur)
-		tx.PutToken(meta.NameSnapshot, sn.OwnerID, token, sn.ID)
+		tx.PutToken(meta.NameSnapshot, c.ID, token, sn.ID)
 		tx.PutSnapshot(sn)
 		return nil
 	})
@@ -342,7 +344,7 @@ func (s *Service) DeleteSnapshot(ctx context.Context, c Caller, ref string) erro
 			return errs.Conflict(errs.CodeSnapshotInUse, "snapshot %s is being exported to %s; delete it when that finishes", cur.ID, cur.Job.Object)
 		}
 		tx.ReleaseName(meta.NameSnapshot, cur.OwnerID, cur.Name, cur.ID)
-		tx.DeleteToken(meta.NameSnapshot, cur.OwnerID, cur.ClientToken)
+		tx.DeleteToken(meta.NameSnapshot, cur.TokenUser(), cur.ClientToken)
 		cur.Status, cur.Node, cur.UpdatedAt = meta.StatusDeleting, s.cfg.Node, now()
 		tx.PutSnapshot(cur)
 		return nil
