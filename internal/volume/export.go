@@ -292,12 +292,17 @@ func (e *Exports) Open(ctx context.Context, name string, cs *tls.ConnectionState
 	var release func()
 	if !ro {
 		stack, release, err = e.s.acquireWriter(v, token)
-		if errs.IsCode(err, errs.CodeStoreReadOnly) {
+		switch {
+		case errs.IsCode(err, errs.CodeStoreReadOnly):
 			// The store's file system is read-only: what it holds is
 			// served read-only, the handshake saying so, so that a
 			// client can still read the volume and one that would write
 			// is told at connect that it cannot.
 			e.s.logFor("volume", v.ID).Warn("rw attachment served read-only: the store's file system is read-only", "attachment", a.ID)
+			ro = true
+		case errs.IsCode(err, errs.CodeNotSupportedByType):
+			// A layer of the volume's type serves it read-only: so is
+			// the attachment, the handshake saying so.
 			ro = true
 		}
 	}

@@ -481,8 +481,9 @@ func (l *leases) writes(vol string, token int64) error {
 // acquireWriter is acquire (of v's live stack) for a workflow that took
 // v's write lease with token and writes the stack: the lease is checked
 // once the stack is open, so that from then on losing it fences the
-// stack. A stack open read-only, the store's file system being so, is
-// refused with StoreReadOnly.
+// stack. A stack open read-only is refused: with StoreReadOnly when the
+// store's file system was read-only at its open, with NotSupportedByType
+// when a layer of the volume's type serves it read-only.
 func (s *Service) acquireWriter(v *meta.Volume, token int64) (block.Layer, func(), error) {
 	l, release, err := s.acquireAs(v, token)
 	if err != nil {
@@ -490,6 +491,10 @@ func (s *Service) acquireWriter(v *meta.Volume, token int64) (block.Layer, func(
 	}
 	if l.Capabilities().ReadOnly {
 		release()
+		if x, ok := l.(*exact); !ok || !x.storeRO {
+			return nil, nil, errs.Invalid(errs.CodeNotSupportedByType,
+				"volume %s (type %s) cannot be written: its layer stack serves it read-only", v.ID, v.Type)
+		}
 		if s.store.Check() == nil {
 			// Opened while the store was read-only, it stays so while
 			// anything uses it (docs/nbd.md).

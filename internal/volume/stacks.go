@@ -176,6 +176,7 @@ func (s *Service) openLive(v *meta.Volume, token int64) (*liveStack, error) {
 		env.Fence, forget = s.leases.fenceFor(v.ID, token)
 	}
 	l, err := block.Build(env, spec)
+	storeRO := false
 	if errors.Is(err, syscall.EROFS) && !env.ReadOnly {
 		// The store's file system has turned read-only (ext4 does
 		// after an error): what it holds is served read-only — every
@@ -185,7 +186,7 @@ func (s *Service) openLive(v *meta.Volume, token int64) (*liveStack, error) {
 		var rerr error
 		if l, rerr = block.Build(env, spec); rerr == nil {
 			s.log.Warn("the store's file system is read-only: volume opened read-only", "volume", v.ID, "err", err)
-			err = nil
+			err, storeRO = nil, true
 		}
 	}
 	if err != nil {
@@ -197,7 +198,7 @@ func (s *Service) openLive(v *meta.Volume, token int64) (*liveStack, error) {
 		forget()
 		return nil, fmt.Errorf("open volume %s: its stack has %d bytes, the volume %d", v.ID, l.Size(), v.SizeBytes)
 	}
-	e := &exact{Layer: l}
+	e := &exact{Layer: l, storeRO: storeRO}
 	e.size.Store(v.SizeBytes)
 	return &liveStack{l: e, forget: forget, refs: 1, reader: token == 0}, nil
 }
@@ -271,6 +272,9 @@ func (s *Service) dropLive(vol string) {
 type exact struct {
 	block.Layer
 	size atomic.Int64
+	// storeRO: opened read-only because the store's file system was
+	// (openLive), not because a layer of the volume's type is.
+	storeRO bool
 }
 
 func (e *exact) Size() int64             { return e.size.Load() }
@@ -295,7 +299,7 @@ func (e *exact) Resize(n int64) error {
 	if e.Layer.Size() < n {
 		r, ok := e.Layer.(block.Resizer)
 		if !ok {
-			return fmt.Errorf("its %s layer cannot grow", e.Layer.Describe().Type)
+			return errs.Invalid(errs.CodeNotSupportedByType, "its layer stack cannot grow: its %s layer cannot resize", e.Layer.Describe().Type)
 		}
 		if err := r.Resize(n); err != nil {
 			return err
