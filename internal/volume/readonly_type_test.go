@@ -30,7 +30,7 @@ func init() {
 // A volume whose type serves it read-only refuses the workflows that
 // write it with NotSupportedByType, naming the stack — not StoreReadOnly,
 // whose message sends the administrator to check a file system that is
-// fine — and the store stays writable for everything else.
+// fine — and its rw attachments are served read-only.
 func TestReadOnlyTypeRefusesWrites(t *testing.T) {
 	e := newEnv(t)
 	s := e.started(Config{})
@@ -61,6 +61,23 @@ func TestReadOnlyTypeRefusesWrites(t *testing.T) {
 	got, err := s.Volume(ctx, alice, v.ID)
 	if err != nil || got.Status != meta.StatusAvailable || got.SizeBytes != 1<<20 {
 		t.Fatalf("after the refusals: %+v, %v", got, err)
+	}
+	// An rw attachment of it is served read-only.
+	a, err := s.Attach(ctx, alice, v.ID, "hv1", meta.ModeRW)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := runExports(t, s)
+	exp, err := x.Open(ctx, a.Export, nil)
+	if err != nil {
+		t.Fatalf("rw attachment of a read-only type's volume: %v", err)
+	}
+	if !exp.ReadOnly {
+		t.Fatal("rw attachment of a read-only type's volume served read-write")
+	}
+	exp.Release()
+	if err := s.Detach(ctx, alice, a.ID); err != nil {
+		t.Fatal(err)
 	}
 	cleanupAll(t, s, alice)
 }
