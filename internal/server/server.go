@@ -114,8 +114,9 @@ type Node struct {
 	// watchRemoval).
 	done chan struct{}
 	err  error
-	// stopBelonging ends registration upkeep (liveness, promotion).
-	stopBelonging context.CancelFunc
+	// stopBelonging ends registration upkeep (liveness, promotion) and
+	// returns once the liveness key is revoked.
+	stopBelonging func()
 	AdminDir      string
 	// metrics holds the node's series (nil without --metrics); served
 	// by metricsHTTP (metrics.go).
@@ -244,8 +245,12 @@ func (n *Node) start(ctx context.Context) error {
 	// The liveness key first: while a node has none, the others adopt
 	// the workflows recorded for it — those its Start resumes now.
 	bg, cancel := context.WithCancel(context.Background())
-	n.stopBelonging = cancel
-	go n.meta.KeepAlive(bg, n.cfg.Name)
+	alive := make(chan struct{})
+	n.stopBelonging = func() { cancel(); <-alive }
+	go func() {
+		defer close(alive)
+		n.meta.KeepAlive(bg, n.cfg.Name)
+	}()
 	n.volumes = volume.New(n.meta, n.store, volume.Config{
 		Node: n.cfg.Name, Overcommit: cfg.Overcommit, Keys: wrapper, ImageGrace: grace,
 		AdoptAll: n.single(ctx), AdoptOrphans: true, Objects: objs,
@@ -527,9 +532,6 @@ func (n *Node) Close() {
 	if n.api != nil {
 		n.api.SetReady(false)
 	}
-	if n.stopBelonging != nil {
-		n.stopBelonging() // revokes the liveness lease: others see us go at once
-	}
 	if n.nbd != nil {
 		// Requests already received are answered (nbd.Server.Shutdown)
 		// while this node still holds its volumes' write leases.
@@ -562,6 +564,13 @@ func (n *Node) Close() {
 	}
 	if n.volumes != nil {
 		n.volumes.Stop()
+	}
+	if n.stopBelonging != nil {
+		// The liveness key goes once the volume service has stopped:
+		// without it, the other nodes adopt the workflows recorded for
+		// this one (volume/orphans.go) at once, and none of them may
+		// still run here then.
+		n.stopBelonging()
 	}
 	if n.meta != nil {
 		n.meta.Close()
