@@ -217,6 +217,16 @@ func (s *Service) adoptOrphans(ctx context.Context) {
 			if err != nil || cur == nil || tx.Alive(dead) || !move(cur) {
 				return err
 			}
+			if stale != "" {
+				// Failed in the adoption's own commit: adopted by one and
+				// failed by a second, it would be this node's to take
+				// (delegate.go) in between, and for good if the second
+				// did not commit.
+				if err := dropFromVolume(tx, cur.VolumeID, cur.ID); err != nil {
+					return err
+				}
+				cur.Status, cur.StatusMessage, cur.Node = meta.StatusError, stale, ""
+			}
 			tx.PutSnapshot(cur)
 			adopted = cur
 			return nil
@@ -227,7 +237,7 @@ func (s *Service) adoptOrphans(ctx context.Context) {
 		}
 		switch {
 		case stale != "":
-			s.failSnapshot(ctx, adopted.ID, adopted.Node, errors.New(stale))
+			s.logFor("snapshot", adopted.ID).Error("snapshot workflow failed", "err", stale)
 		case adopted.Status == meta.StatusCreating:
 			s.background(func() { s.runDelegatedSnapshot(s.ctx, adopted) })
 		case adopted.Status == meta.StatusDeleting:
