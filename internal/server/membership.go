@@ -375,6 +375,7 @@ func (n *Node) watchRemoval(ctx context.Context) {
 				n.err = err
 			} else {
 				n.log.Error("this node was removed from the cluster; stopping")
+				n.leaveCluster()
 			}
 			close(n.done)
 			return
@@ -387,10 +388,51 @@ func (n *Node) watchRemoval(ctx context.Context) {
 		_, err := n.meta.Node(rctx, n.cfg.Name)
 		if errs.IsCode(err, errs.CodeNotFound) && !ri.Local {
 			n.log.Error("this node was removed from the cluster; stopping")
+			n.leaveCluster()
 			close(n.done)
 			return
 		}
 	}
+}
+
+// removedPath marks a data directory whose node was removed from its
+// cluster (it holds the cluster's id): a start on it is refused at once.
+func (n *Node) removedPath() string { return filepath.Join(n.cfg.Data, "removed") }
+
+// leaveCluster, once this node knows itself removed, marks its data
+// directory so (removedPath), then deletes its copy of the cluster CA's
+// private key: a removed node's disk — decommissioned, reused, handed
+// back — must not keep a key that signs identities the cluster trusts.
+// The marker comes first: a start on the directory then says the node
+// was removed rather than that the key is missing.
+func (n *Node) leaveCluster() {
+	if err := pki.WriteFileAtomic(n.removedPath(), []byte(n.clusterID+"\n"), 0o600); err != nil {
+		n.log.Error("removed: cannot mark the data directory; the CA key stays", "err", err)
+		return
+	}
+	pkiDir := filepath.Join(n.cfg.Data, "pki")
+	if err := os.Remove(filepath.Join(pkiDir, "ca-key.pem")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		n.log.Error("removed: cannot delete the cluster CA's key", "err", err)
+		return
+	}
+	if d, err := os.Open(pkiDir); err == nil {
+		d.Sync() // the deletion, durable
+		d.Close()
+	}
+	n.log.Info("removed: the cluster CA's key is deleted from this node's data directory", "dir", pkiDir)
+}
+
+// refuseRemoved refuses a start on the data directory of a node that was
+// removed from its cluster (leaveCluster).
+func (n *Node) refuseRemoved() error {
+	b, err := os.ReadFile(n.removedPath())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("removal marker: %w", err)
+	}
+	return cluster.NodeRemoved(n.cfg.Name, strings.TrimSpace(string(b)))
 }
 
 // Done is closed when the node stops by itself: removed from its cluster

@@ -174,6 +174,9 @@ func (n *Node) start(ctx context.Context) error {
 	if n.dataLock, err = lockData(cfg.Data); err != nil {
 		return err
 	}
+	if err := n.refuseRemoved(); err != nil {
+		return err
+	}
 	if err := n.bindPorts(); err != nil {
 		return err
 	}
@@ -194,6 +197,9 @@ func (n *Node) start(ctx context.Context) error {
 	n.ca = ca
 	n.cluster = cluster.New(n.meta, ca, n.cfg.Name, log)
 	if err := n.checkNotRemoved(ctx, joined); err != nil {
+		if errs.IsCode(err, cluster.CodeNodeRemoved) {
+			n.leaveCluster() // removed while it was down
+		}
 		return err
 	}
 	storeID, err := n.identifyStore(ctx)
