@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/size"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -294,8 +295,8 @@ func (tx *Tx) Provision(delta, limit int64) error {
 	cur := tx.Provisioned()
 	if delta > 0 && delta > limit-cur { // not cur+delta > limit: that can overflow
 		return errs.New(errs.KindInsufficientStorage, errs.CodeInsufficientCapacity,
-			"not enough capacity: %d bytes requested, %d of %d bytes provisionable are already provisioned",
-			delta, cur, limit)
+			"not enough capacity: %s requested, %s of %s provisionable are already provisioned",
+			size.Bytes(delta), size.Bytes(cur), size.Bytes(limit))
 	}
 	next := cur + delta
 	if next < 0 {

@@ -126,3 +126,12 @@ func Format(n int64) string {
 	}
 	return fmt.Sprintf("%.1f %s", math.Floor(float64(n)/float64(u)*10)/10, names[i])
 }
+
+// Bytes renders n for a message a person reads and a script may parse:
+// "20 GiB (21474836480 bytes)", or "512 bytes" below a KiB.
+func Bytes(n int64) string {
+	if n >= 0 && n < 1<<10 {
+		return fmt.Sprintf("%d bytes", n)
+	}
+	return fmt.Sprintf("%s (%d bytes)", Format(n), n)
+}

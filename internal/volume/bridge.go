@@ -23,6 +23,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/lock"
 	"github.com/basalt-storage/basalt/internal/meta"
 	"github.com/basalt-storage/basalt/internal/objects"
+	sizes "github.com/basalt-storage/basalt/internal/size"
 	"github.com/versity/versitygw/auth"
 )
 
@@ -390,7 +391,7 @@ func (s *Service) checkImport(ctx context.Context, c Caller, url string, size in
 		size = (oi.Size + 511) &^ 511
 	}
 	if size < oi.Size {
-		return 0, nil, errs.Invalid(errs.CodeInvalidSize, "size %d is smaller than object %s (%d bytes)", size, url, oi.Size)
+		return 0, nil, errs.Invalid(errs.CodeInvalidSize, "size %s is smaller than object %s (%s)", sizes.Bytes(size), url, sizes.Bytes(oi.Size))
 	}
 	return size, b, nil
 }

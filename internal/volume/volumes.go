@@ -80,7 +80,7 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 			req.SizeBytes = src.SizeBytes
 		}
 		if req.SizeBytes < src.SizeBytes {
-			return nil, errs.Invalid(errs.CodeInvalidSize, "size %d is smaller than snapshot %s (%d bytes)", req.SizeBytes, src.ID, src.SizeBytes)
+			return nil, errs.Invalid(errs.CodeInvalidSize, "size %s is smaller than snapshot %s (%s)", size.Bytes(req.SizeBytes), src.ID, size.Bytes(src.SizeBytes))
 		}
 		// A clone reads its snapshot's images, so it has the source's stack.
 		if req.Type != "" && req.Type != src.Type {
@@ -120,7 +120,7 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		// Refused before a stack is built (the transaction checks the
 		// rest): none this big could ever be provisioned.
 		return nil, errs.New(errs.KindInsufficientStorage, errs.CodeInsufficientCapacity,
-			"not enough capacity: %d bytes requested, %d bytes provisionable in all", req.SizeBytes, limit)
+			"not enough capacity: %s requested, %s provisionable in all", size.Bytes(req.SizeBytes), size.Bytes(limit))
 	}
 	t := now()
 	v := &meta.Volume{
@@ -486,7 +486,7 @@ func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSiz
 			return errCollapsing // its commit grows the image it makes the top to the size it finds
 		}
 		if newSize <= cur.SizeBytes {
-			return errs.Invalid(errs.CodeShrinkNotAllowed, "volume %s is %d bytes; the new size %d must be larger (volumes never shrink)", cur.ID, cur.SizeBytes, newSize)
+			return errs.Invalid(errs.CodeShrinkNotAllowed, "volume %s is %s; the new size %s must be larger (volumes never shrink)", cur.ID, size.Bytes(cur.SizeBytes), size.Bytes(newSize))
 		}
 		if cur.Status != meta.StatusAvailable && cur.Status != meta.StatusInUse {
 			return errs.Conflict(errs.CodeVolumeBusy, "volume %s is %s; only an available or in-use volume can be extended", cur.ID, cur.Status)
