@@ -117,16 +117,7 @@ func TestRemovedClientStaysOut(t *testing.T) {
 	b := joinNode(t, a, "b", tmp, store)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := a.cluster.Remove(ctx, "b"); err != nil {
-		b.Close()
-		t.Fatal(err)
-	}
-	select {
-	case <-b.Done():
-	case <-time.After(15 * time.Second):
-		t.Error("b still runs 15s after its removal")
-	}
-	b.Close()
+	removeRunning(t, a, b)
 
 	bcfg := nodeConfig(t, "b", filepath.Join(tmp, "b"), store)
 	bcfg.Join, bcfg.JoinIdentity = "https://"+a.APIAddr(), a.AdminDir
@@ -140,6 +131,24 @@ func TestRemovedClientStaysOut(t *testing.T) {
 	if _, err := a.meta.Node(ctx, "b"); err == nil {
 		t.Fatal("the removed node b is registered again")
 	}
+}
+
+// removeRunning removes node n through a and waits for n, running, to
+// stop by itself; n is closed.
+func removeRunning(t *testing.T, a, n *Node) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := a.cluster.Remove(ctx, n.Name()); err != nil {
+		n.Close()
+		t.Fatal(err)
+	}
+	select {
+	case <-n.Done():
+	case <-time.After(15 * time.Second):
+		t.Errorf("%s still runs 15s after its removal", n.Name())
+	}
+	n.Close()
 }
 
 // TestUnjoinedNodeRemovedStaysOut: a node that never joined — the

@@ -23,18 +23,7 @@ func TestRemovedNodeDeletesTheCAKey(t *testing.T) {
 		b.Close()
 		t.Fatalf("a joined node has no CA key: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := a.cluster.Remove(ctx, "b"); err != nil {
-		b.Close()
-		t.Fatal(err)
-	}
-	select {
-	case <-b.Done():
-	case <-time.After(15 * time.Second):
-		t.Error("b still runs 15s after its removal")
-	}
-	b.Close()
+	removeRunning(t, a, b)
 	if _, err := os.Stat(keyPath); !os.IsNotExist(err) {
 		t.Fatalf("the removed node's CA key: %v, want it deleted", err)
 	}
