@@ -107,7 +107,9 @@ func (l listFS) ReadDir(name string) ([]fs.DirEntry, error) {
 
 // walk lists bucket with backend.Walk over the bucket directory (inside
 // an os.Root), then drops the common prefixes that hold no object (made
-// only of directories or files that are not exported).
+// only of directories or files that are not exported). A page that
+// dropping made short, with more to list, is filled from where it ended:
+// a dropped prefix takes no slot of max.
 func (b *Backend) walk(ctx context.Context, bucket, prefix, delim, marker string, max int32) (backend.WalkResults, error) {
 	r, err := b.openBucket(bucket)
 	if err != nil {
@@ -121,22 +123,30 @@ func (b *Backend) walk(ctx context.Context, bucket, prefix, delim, marker string
 	defer c.close()
 	fsys := listFS{r.FS(), b.log}
 	get := b.listEntry(c, bucket)
-	res, err := backend.Walk(ctx, fsys, prefix, delim, marker, max, get, []string{versionsDir})
-	if err != nil {
-		return backend.WalkResults{}, err
-	}
-	cps := res.CommonPrefixes[:0]
-	for _, cp := range res.CommonPrefixes {
-		sub, err := backend.Walk(ctx, fsys, *cp.Prefix, "", "", 1, get, []string{versionsDir})
+	var out backend.WalkResults
+	for {
+		left := max - int32(len(out.Objects)+len(out.CommonPrefixes))
+		res, err := backend.Walk(ctx, fsys, prefix, delim, marker, left, get, []string{versionsDir})
 		if err != nil {
 			return backend.WalkResults{}, err
 		}
-		if len(sub.Objects) > 0 {
-			cps = append(cps, cp)
+		out.Objects = append(out.Objects, res.Objects...)
+		for _, cp := range res.CommonPrefixes {
+			sub, err := backend.Walk(ctx, fsys, *cp.Prefix, "", "", 1, get, []string{versionsDir})
+			if err != nil {
+				return backend.WalkResults{}, err
+			}
+			if len(sub.Objects) > 0 {
+				out.CommonPrefixes = append(out.CommonPrefixes, cp)
+			}
 		}
+		out.Truncated, out.NextMarker = res.Truncated, res.NextMarker
+		if !res.Truncated || res.NextMarker == "" || res.NextMarker == marker ||
+			int32(len(out.Objects)+len(out.CommonPrefixes)) >= max {
+			return out, nil
+		}
+		marker = res.NextMarker
 	}
-	res.CommonPrefixes = cps
-	return res, nil
 }
 
 // hasObjects reports whether dir (inside r, "." for the bucket) holds at
