@@ -49,10 +49,11 @@ func (s *Stats) answered(r *reply) {
 		i = numOps - 1
 	}
 	op := &s.ops[i]
-	op.Requests.Add(1)
 	op.Bytes.Add(uint64(r.req.length))
 	if r.errno != 0 || r.typ == replyTypeError {
 		op.Errors.Add(1)
 	}
 	op.Latency.Observe(time.Duration(since() - r.req.start))
+	// Last: a reader that sees a request counted sees the rest of it.
+	op.Requests.Add(1)
 }
