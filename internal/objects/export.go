@@ -493,6 +493,15 @@ func (b *Backend) Unexport(ctx context.Context, bucket, key string) (ObjectInfo,
 	if err := controlKey(bucket, key); err != nil {
 		return ObjectInfo{}, err
 	}
+	// An unexport is one of the key's writes, as an export is: a sidecar
+	// record is removed by key, and a PUT publishing between the read of
+	// the record and its removal would lose its own record to it (its
+	// acknowledged object turned into a file written directly).
+	unlock, err := b.keyLock(bucket, key)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	defer unlock()
 	p := b.objectPath(bucket, key)
 	notExported := errs.New(errs.KindNotFound, CodeNotExported, "%s/%s is not an object (it has no record): nothing to unexport", bucket, key)
 	if _, err := regularFile(r, bucket, key); err != nil {
