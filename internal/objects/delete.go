@@ -34,13 +34,8 @@ func (b *Backend) deleteObject(r *os.Root, bucket, key string, pre *backend.Obje
 		return false, err
 	}
 	o.f.Close()
-	if pre != nil && (pre.IfMatch != nil || pre.IfMatchLastModTime != nil || pre.IfMatchSize != nil) {
-		if why != "" {
-			return false, errModified(bucket, key, why)
-		}
-		if err := deleteConditions(o.m, *pre); err != nil {
-			return false, err
-		}
+	if err := deletePreconditions(bucket, key, o.m, why, pre); err != nil {
+		return false, err
 	}
 	dir, _ := splitKey(key)
 	err = b.meta.remove(bucket, key, func() error {
@@ -62,6 +57,20 @@ func (b *Backend) deleteObject(r *os.Root, bucket, key string, pre *backend.Obje
 	}
 	pruneDirs(r, dir)
 	return true, nil
+}
+
+// deletePreconditions evaluates a DELETE's conditions (nil: none) against
+// the current object of bucket/key, whose record is m and whose file
+// differs from it as why says ("" if it does not): an object changed
+// behind S3 meets no condition.
+func deletePreconditions(bucket, key string, m *objectMeta, why string, pre *backend.ObjectDeletePreconditions) error {
+	if pre == nil || pre.IfMatch == nil && pre.IfMatchLastModTime == nil && pre.IfMatchSize == nil {
+		return nil
+	}
+	if why != "" {
+		return errModified(bucket, key, why)
+	}
+	return deleteConditions(m, *pre)
 }
 
 // DeleteObject deletes one object.

@@ -441,6 +441,14 @@ func (b *Backend) deleteVersioned(r *os.Root, bucket, key, vid, status string, p
 	if o, err := b.openAny(r, bucket, key); err == nil {
 		o.f.Close()
 		if o.versionID() == want {
+			// The version it uncovers, if any, replaces it in one rename:
+			// readers see the one object or the other, never none.
+			if done, err := b.replaceCurrent(r, bucket, key, want, pre); done || err != nil {
+				if err != nil {
+					return "", false, err
+				}
+				return vid, false, nil
+			}
 			if _, err := b.deleteObject(r, bucket, key, pre); err != nil {
 				return "", false, err
 			}
@@ -572,8 +580,7 @@ func (b *Backend) promote(r *os.Root, bucket, key string) error {
 	if err := b.restorable(r, bucket, key); err != nil {
 		return err
 	}
-	vpath := versionFile(key, vs[0].id)
-	o, err := b.openAny(r, bucket, vpath)
+	o, err := b.openAny(r, bucket, versionFile(key, vs[0].id))
 	if err != nil {
 		if isNoSuchKey(err) {
 			return nil // not a version basalt wrote: left alone
@@ -581,9 +588,67 @@ func (b *Backend) promote(r *os.Root, bucket, key string) error {
 		return err
 	}
 	defer o.f.Close()
+	return b.restore(r, bucket, key, vs[0].id, o)
+}
+
+// replaceCurrent is a DELETE of the current object of key, version vid,
+// when the newest of the key's other versions is no delete marker: that
+// version's file is renamed over the current one, so that the key holds
+// the deleted version until the rename and the uncovered one after it,
+// even across a crash (a DELETE that removed the current file first and
+// then restored the version left a moment, or after a crash a state,
+// with no object at the key while the listing called the version the
+// latest). The DELETE's conditions pre are checked first. done is false
+// when there is no such version (or its file is not one basalt wrote):
+// the caller then deletes the current object as usual.
+func (b *Backend) replaceCurrent(r *os.Root, bucket, key, vid string, pre *backend.ObjectDeletePreconditions) (done bool, err error) {
+	vs, err := b.versionsOf(r, key)
+	if err != nil {
+		return false, err
+	}
+	// A version file of the current object's own id is a link to it,
+	// left by a write that kept it and died before its rename
+	// (keepCurrent): not another version.
+	vs = slices.DeleteFunc(vs, func(v versionEntry) bool { return !v.marker && v.id == vid })
+	if len(vs) == 0 || vs[0].marker {
+		return false, nil
+	}
+	next, err := b.openAny(r, bucket, versionFile(key, vs[0].id))
+	if isNoSuchKey(err) {
+		return false, nil // not a version basalt wrote: left alone
+	}
+	if err != nil {
+		return false, err
+	}
+	defer next.f.Close()
+	cur, why, err := b.inspect(r, bucket, key)
+	if err != nil {
+		return false, err
+	}
+	cur.f.Close()
+	if err := deletePreconditions(bucket, key, cur.m, why, pre); err != nil {
+		return false, err
+	}
+	// The stale link goes first: a crash after it leaves the current
+	// object as it was, and promote must not find it later.
+	stale := versionFile(key, vid)
+	if _, err := r.Lstat(stale); err == nil {
+		if err := b.removeVersionFile(r, bucket, stale); err != nil {
+			return false, err
+		}
+	}
+	return true, b.restore(r, bucket, key, vs[0].id, next)
+}
+
+// restore renames version vid of key (its version file, open as o) to
+// key, over the current file if there is one (one rename: the key holds
+// the one or the other), with the version's record.
+func (b *Backend) restore(r *os.Root, bucket, key, vid string, o *object) error {
+	vpath := versionFile(key, vid)
 	m := o.m
 	if o.bad != "" {
-		if m, err = b.markModified(o, bucket, vpath, vs[0].id); err != nil {
+		var err error
+		if m, err = b.markModified(o, bucket, vpath, vid); err != nil {
 			return err
 		}
 	}
@@ -594,7 +659,7 @@ func (b *Backend) promote(r *os.Root, bucket, key string) error {
 	}
 	rec := *m
 	rec.Key = ""
-	err = b.meta.commit(bucket, key, &rec, func() error {
+	err := b.meta.commit(bucket, key, &rec, func() error {
 		// The key's directory is made again if a DELETE of another key
 		// prunes it meanwhile (inDir).
 		return inDir(r, dir, func(again bool) error {
