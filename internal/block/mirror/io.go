@@ -218,18 +218,22 @@ func (l *Layer) mutate(what string, off, n int64, fua bool, op, slow func(block.
 			}
 		}
 	}
-	if fua && slices.ContainsFunc(errs, block.StoreRefused) {
-		// Its sync may have been told of a writeback that dropped
-		// other writes — a rebuild's copies — than its own.
-		l.dropCopies()
-	}
-	return l.finish(ts, errs, fmt.Sprintf("%s %d+%d", what, off, n), func() []int64 {
+	regions := func() []int64 {
 		rs := make([]int64, 0, r1-r0+1)
 		for r := r0; r <= r1; r++ {
 			rs = append(rs, r)
 		}
 		return rs
-	})
+	}
+	if fua && slices.ContainsFunc(errs, block.StoreRefused) {
+		// Its sync may have been told of a writeback that dropped
+		// other writes than its own — users' writes the leg took since
+		// its last flush, a rebuild's copies — as a refused flush may:
+		// every region with its intent bit set may differ now (nil),
+		// and the copies are forgotten (diverged).
+		regions = nil
+	}
+	return l.finish(ts, errs, fmt.Sprintf("%s %d+%d", what, off, n), regions)
 }
 
 // begin makes the intent bits of regions r0..r1 durable (sharing Syncs
@@ -480,6 +484,7 @@ func (l *Layer) diverged(regions []int64) {
 		if rs == nil {
 			continue
 		}
+		rs.refusals++
 		if oks > 1 && !rs.unsynced {
 			rs.unsynced = true
 			l.unsynced++
@@ -495,23 +500,23 @@ func (l *Layer) diverged(regions []int64) {
 	}
 }
 
-// dropCopies forgets the copies rebuilds made since their last
+// dropCopiesLocked forgets the copies rebuilds made since their last
 // checkpoint: a refused flush (or FUA write) may have dropped them (they
 // set no intent bit), and the rebuild's own flush before its checkpoint
 // may then succeed. The legs' stale bits for them stay, to be copied
 // again.
-func (l *Layer) dropCopies() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.dropCopiesLocked()
-}
-
 func (l *Layer) dropCopiesLocked() {
 	for _, lg := range l.legs {
 		if lg.state != legOK {
-			lg.copied = nil
+			lg.dropCopiesLocked()
 		}
 	}
+}
+
+// dropCopiesLocked forgets the leg's copies, also one under way.
+func (lg *leg) dropCopiesLocked() {
+	lg.copied = nil
+	lg.drops++
 }
 
 // clearIntent clears the intent bits a flush that started at epoch e and
@@ -525,6 +530,16 @@ func (l *Layer) clearIntent(e, ver uint64, final bool) error {
 		l.mu.Unlock()
 		return nil
 	}
+	l.mu.Unlock()
+	// A leg's writeback that found no space is reported to one sync only:
+	// this flush's may have succeeded while a concurrent flush or FUA
+	// write was told of writes the leg dropped. Wait for the syncs under
+	// way to record their refusals (diverged: the regions turn unsynced,
+	// or stale) before anything is cleared.
+	l.syncs.Lock()
+	//lint:ignore SA2001 a barrier: nothing to guard
+	l.syncs.Unlock()
+	l.mu.Lock()
 	var stale []int
 	for i, lg := range l.legs {
 		if lg.state != legOK {

@@ -28,8 +28,9 @@
 //     into it starts (concurrent setters share one Sync, group commit), and
 //     is cleared only after a Flush of every receiving leg that began after
 //     the region's last write completed, while no write to it is in
-//     flight, the leg set is unchanged and every leg state change is
-//     durable (and, as a policy, only once the region has been quiet for
+//     flight, the leg set is unchanged, every leg state change is durable
+//     and no sync a leg refused meanwhile is still to be recorded
+//     (Layer.syncs) (and, as a policy, only once the region has been quiet for
 //     DefaultClearDelay and through one whole flush interval). So after a
 //     crash, every region where ok legs may differ has its intent bit set;
 //     on open such regions are copied from one ok leg (the lowest-numbered)
@@ -77,12 +78,12 @@
 // of a full store degraded until someone repaired it. Instead the
 // operation fails with the file system's error — never acknowledged, even
 // if an ok leg took it, since the leg that refused it stays in service —
-// and the regions it touched (for a flush, every region with its intent
-// bit set: a writeback refused for want of space may drop what the leg had
-// taken) may now differ between the legs. They are treated as regions
-// dirty at a crash (invariant 1): unsynced, read from the source leg, their
-// intent bits kept until a resync has copied them to the other ok legs,
-// and stale for legs that are not ok (invariant 2). That resync runs in
+// and the regions it touched (for a flush or a FUA write, every region
+// with its intent bit set: a writeback refused for want of space may drop
+// what the leg had taken) may now differ between the legs. They are
+// treated as regions dirty at a crash (invariant 1): unsynced, read from
+// the source leg, their intent bits kept until a resync has copied them to
+// the other ok legs, and stale for legs that are not ok (invariant 2). That resync runs in
 // the background once a flush succeeds (space may be back) and at the next
 // open; one that meets a full store again stops and leaves the rest for
 // the next. Leg states and stale bits that open cannot write (a full
@@ -163,12 +164,15 @@ var beforeResync func()
 type Layer struct {
 	// syncs is held shared by every operation that makes a leg sync
 	// (a flush, a FUA write) from its legs' calls until a refusal is
-	// recorded (finish, dropCopies), and exclusively by a rebuild's
+	// recorded (finish: diverged), and exclusively by a rebuild's
 	// checkpoint from its leg's flush until it has cleared stale bits: a
 	// writeback that found no space drops a rebuild's copies, and the
 	// file reports that to one sync only — if it was the user's, the
 	// checkpoint's flush succeeds all the same, and must not clear the
-	// bits of copies the refusal has not yet forgotten.
+	// bits of copies the refusal has not yet forgotten. A flush that
+	// succeeded takes it exclusively (a barrier) before it clears intent
+	// bits, for the same reason: a concurrent sync may have been told of
+	// writes the leg dropped, of which its own flush heard nothing.
 	syncs sync.RWMutex
 
 	env      block.Env
@@ -239,6 +243,10 @@ type leg struct {
 	// (a write the leg refused for want of space: diverged) leaves it, so
 	// its bit stays and the rebuild copies it again. Guarded by mu.
 	copied map[int64]bool
+	// drops counts the times copied was forgotten (a refusal that may
+	// have dropped copies): a copy under way then is not recorded, as
+	// what it wrote before the refusal may be gone. Guarded by mu.
+	drops uint64
 }
 
 // regionState is a region whose intent bit is set.
@@ -248,6 +256,10 @@ type regionState struct {
 	last     int64  // when (monotonic nanoseconds) it completed; longAgo: none since open
 	gen      uint64 // setGen when the bit was set (durable once syncedGen >= gen)
 	unsynced bool   // dirty at open, not yet copied across the ok legs
+	// refusals counts the operations a leg refused for want of space that
+	// may have dropped writes here (diverged): a copy across that one
+	// overtook may have been dropped, and does not make the region synced.
+	refusals uint64
 }
 
 // target is a leg an operation uses, with a reference held on its device.

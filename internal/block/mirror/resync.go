@@ -311,6 +311,7 @@ func (l *Layer) syncRegion(r int64, buf []byte) error {
 				dsts = append(dsts, l.acquireLocked(i))
 			}
 		}
+		refusals := rs.refusals
 		l.mu.Unlock()
 		failed, srcErr, full := l.copyTo(src, dsts, off, n, buf)
 		srcFailed := false
@@ -321,10 +322,15 @@ func (l *Layer) syncRegion(r int64, buf []byte) error {
 		src.refs.Done()
 		if srcErr == nil && full == nil {
 			l.mu.Lock()
-			rs.unsynced = false
-			l.unsynced--
-			// Clearable by the next flush: it starts after this copy.
-			rs.epoch = max(rs.epoch, l.epoch-1)
+			// A flush (or FUA write) a leg refused meanwhile may have
+			// dropped the copy: the region stays unsynced, copied again
+			// by the resync the next flush that succeeds starts.
+			if rs.refusals == refusals && rs.unsynced {
+				rs.unsynced = false
+				l.unsynced--
+				// Clearable by the next flush: it starts after this copy.
+				rs.epoch = max(rs.epoch, l.epoch-1)
+			}
 			l.mu.Unlock()
 		}
 		if failed {
@@ -408,10 +414,12 @@ func (l *Layer) rebuildRegion(r int64, gens map[int]uint64, buf []byte) ([]int, 
 		l.mu.Lock()
 		src := l.acquireLocked(l.sourceLocked())
 		var dsts []target
+		drops := map[int]uint64{}
 		for i, g := range gens {
 			lg := l.legs[i]
 			if lg.state == legRebuilding && lg.gen == g && lg.stale.Get(r) {
 				dsts = append(dsts, l.acquireLocked(i))
+				drops[i] = lg.drops
 			}
 		}
 		l.mu.Unlock()
@@ -442,10 +450,12 @@ func (l *Layer) rebuildRegion(r int64, gens map[int]uint64, buf []byte) ([]int, 
 		if srcErr == nil {
 			// Legs that failed meanwhile changed generation; checkpoint
 			// skips them. Recorded under the range lock, so a write the
-			// leg refuses after this copy (diverged) comes after it.
+			// leg refuses after this copy (diverged) comes after it. A
+			// flush (or FUA write) refused during the copy may have
+			// dropped part of it: not recorded, the region stays stale.
 			l.mu.Lock()
 			for _, i := range ids {
-				if lg := l.legs[i]; lg.state == legRebuilding && lg.gen == gens[i] {
+				if lg := l.legs[i]; lg.state == legRebuilding && lg.gen == gens[i] && lg.drops == drops[i] {
 					if lg.copied == nil {
 						lg.copied = map[int64]bool{}
 					}
@@ -565,6 +575,20 @@ func (l *Layer) checkpoint(gens map[int]uint64, pending map[int][]int64) error {
 				if block.StoreRefused(err) {
 					// The leg is fine; its copies are not known durable,
 					// so their stale bits stay, for the rebuild to resume.
+					// Its writeback may also have dropped users' writes
+					// it had taken since its last flush, and the file
+					// reports that to this sync only (the users' next
+					// flush of it succeeds): their regions, every one
+					// with its intent bit set, become stale for it before
+					// a flush can let those bits go.
+					l.mu.Lock()
+					if lg.dev == t.dev && lg.state != legOK {
+						for r := range l.dirty {
+							lg.stale.Set(r)
+						}
+						lg.dropCopiesLocked()
+					}
+					l.mu.Unlock()
 					l.syncs.Unlock()
 					t.refs.Done()
 					return fmt.Errorf("leg %d: %w", i, err)
