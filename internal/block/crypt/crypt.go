@@ -48,7 +48,9 @@
 //     Writes are encrypted into pooled buffers, never in the caller's.
 //   - A write covering part of a sector re-encrypts the whole sector
 //     (read-modify-write) while holding that sector range in rangeLock, so
-//     concurrent partial writes to one sector never lose each other.
+//     concurrent partial writes to one sector never lose each other; a
+//     read of part of a sector holds it shared, so it never decrypts a
+//     sector another part of which a write is rewriting.
 //   - Trim touches whole sectors only (a partial sector trimmed by the
 //     child would decrypt to garbage); WriteZeroes zeroes partial edge
 //     sectors by read-modify-write. This assumes the child trims/zeroes
@@ -338,7 +340,9 @@ func (l *Layer) Children() []block.Layer { return []block.Layer{l.child} }
 // ciphertext into p and decrypts it there; any other reads the covering
 // sectors' ciphertext into a pooled buffer, decrypts whole sectors
 // straight into p and partial edge sectors in place before copying their
-// part.
+// part, holding the sectors shared in rangeLock: a write to the rest of
+// a partial edge sector does not overlap the read but rewrites all of
+// the sector, which the child could return half written (see rangeLock).
 func (l *Layer) ReadAt(p []byte, off int64) error {
 	if err := l.check(false); err != nil {
 		return err
@@ -354,10 +358,12 @@ func (l *Layer) ReadAt(p []byte, off int64) error {
 		l.decryptInPlace(p, off)
 		return nil
 	}
+	first, last := sectors(off, n)
+	lk := l.locks.rlock(first, last)
+	defer l.locks.unlock(lk)
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	buf := *bp
-	first, last := sectors(off, n)
 	for s := first; s <= last; s += chunkSectors {
 		k := min(chunkSectors, last-s+1)
 		ct := buf[:k*SectorSize]

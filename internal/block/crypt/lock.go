@@ -12,12 +12,20 @@ import "sync"
 // Holding the sectors a mutation touches for its duration makes every
 // outcome one of the orderings.
 //
-// Requests are granted in arrival order among those that overlap (a
-// request waits while any earlier request, granted or waiting, overlaps
-// it), so a stream of small writes cannot starve a large one, and since
-// each operation holds exactly one range there is no lock-order deadlock.
-// Reads do not lock: a read racing a write may see either version of a
-// sector, as on a disk.
+// Requests are granted in arrival order among those that conflict (a
+// request waits while any earlier request, granted or waiting, conflicts
+// with it), so a stream of small writes cannot starve a large one, and
+// since each operation holds exactly one range there is no lock-order
+// deadlock.
+//
+// Reads of whole sectors do not lock: a read racing a write to a sector
+// it covers overlaps it, and may see either version, as on a disk. A read
+// of part of a sector takes the sectors shared (rlock): a write to
+// another part of the sector does not overlap it, yet re-encrypts the
+// whole sector, and the child may return that sector half written — a
+// 512-byte part of a hole half new ciphertext and half zeroes, which
+// decrypts to garbage in bytes neither request touched. Shared requests
+// do not conflict with each other.
 type rangeLock struct {
 	mu   sync.Mutex
 	reqs []*lockReq // granted and waiting, in arrival order
@@ -25,19 +33,34 @@ type rangeLock struct {
 
 type lockReq struct {
 	first, last int64 // sectors, inclusive
+	shared      bool  // a partial read: conflicts only with exclusive requests
 	granted     bool
 	ready       chan struct{} // closed when granted (nil if granted at once)
 }
 
-func (r *lockReq) overlaps(o *lockReq) bool { return r.first <= o.last && o.first <= r.last }
+// conflicts reports whether r and o may not be held at once: they overlap
+// and are not both shared.
+func (r *lockReq) conflicts(o *lockReq) bool {
+	return r.first <= o.last && o.first <= r.last && !(r.shared && o.shared)
+}
 
-// lock waits until sectors [first, last] are free and takes them.
+// lock waits until sectors [first, last] are free and takes them
+// exclusively.
 func (l *rangeLock) lock(first, last int64) *lockReq {
-	r := &lockReq{first: first, last: last}
+	return l.acquire(&lockReq{first: first, last: last})
+}
+
+// rlock waits until no exclusive request holds or waits for any of
+// sectors [first, last] and takes them shared.
+func (l *rangeLock) rlock(first, last int64) *lockReq {
+	return l.acquire(&lockReq{first: first, last: last, shared: true})
+}
+
+func (l *rangeLock) acquire(r *lockReq) *lockReq {
 	l.mu.Lock()
 	r.granted = true
 	for _, o := range l.reqs {
-		if o.overlaps(r) {
+		if o.conflicts(r) {
 			r.granted = false
 			r.ready = make(chan struct{})
 			break
@@ -53,7 +76,7 @@ func (l *rangeLock) lock(first, last int64) *lockReq {
 }
 
 // unlock releases r and grants every waiting request that no earlier
-// request overlaps any more.
+// request conflicts with any more.
 func (l *rangeLock) unlock(r *lockReq) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -71,7 +94,7 @@ func (l *rangeLock) unlock(r *lockReq) {
 		}
 		free := true
 		for _, o := range l.reqs[:i] {
-			if o.overlaps(w) {
+			if o.conflicts(w) {
 				free = false
 				break
 			}
