@@ -1038,15 +1038,23 @@ func (l *Layer) Resize(n int64) error {
 	if n < l.size {
 		return fmt.Errorf("cannot shrink from %d to %d bytes", l.size, n)
 	}
-	r, ok := l.top.dev.(block.Resizer)
-	if !ok {
-		return fmt.Errorf("the image's %s layer cannot grow", l.top.dev.Describe().Type)
+	// A Resize that failed after growing the stack or the map (its
+	// image.sb write refused, or a crash) leaves them larger than the
+	// recorded size; they never shrink, so grow only what is smaller:
+	// a new target between the two is as valid as any other.
+	if l.top.dev.Size() < n {
+		r, ok := l.top.dev.(block.Resizer)
+		if !ok {
+			return fmt.Errorf("the image's %s layer cannot grow", l.top.dev.Describe().Type)
+		}
+		if err := r.Resize(n); err != nil {
+			return err
+		}
 	}
-	if err := r.Resize(n); err != nil {
-		return err
-	}
-	if err := l.top.alloc.Grow(chunks(n, l.chunk)); err != nil {
-		return err
+	if l.top.alloc.Len() < chunks(n, l.chunk) {
+		if err := l.top.alloc.Grow(chunks(n, l.chunk)); err != nil {
+			return err
+		}
 	}
 	m := l.top.meta
 	m.Size = n

@@ -1092,8 +1092,13 @@ func (l *Layer) Resize(size int64) error {
 			return fmt.Errorf("parity leg %d: %w", i, err)
 		}
 	}
-	if err := l.bm.Grow(stripes * l.bps); err != nil {
-		return err
+	// A Resize whose superblock write (or initStripes) failed left the
+	// bitmap grown, its new bits clear; it never shrinks, so a new target
+	// smaller than that one grows it only if it needs more.
+	if l.bm.Len() < stripes*l.bps {
+		if err := l.bm.Grow(stripes * l.bps); err != nil {
+			return err
+		}
 	}
 	l.stripes.Store(stripes)
 	if err := l.initStripes(old, stripes); err != nil {
