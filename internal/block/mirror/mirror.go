@@ -78,9 +78,10 @@
 // of a full store degraded until someone repaired it. Instead the
 // operation fails with the file system's error — never acknowledged, even
 // if an ok leg took it, since the leg that refused it stays in service —
-// and the regions it touched (for a flush or a FUA write, every region
-// with its intent bit set: a writeback refused for want of space may drop
-// what the leg had taken) may now differ between the legs. They are
+// and the regions it touched (for a flush, a FUA write or a resize, which
+// syncs the legs it grows, every region with its intent bit set: a
+// writeback refused for want of space may drop what the leg had taken)
+// may now differ between the legs. They are
 // treated as regions dirty at a crash (invariant 1): unsynced, read from
 // the source leg, their intent bits kept until a resync has copied them to
 // the other ok legs, and stale for legs that are not ok (invariant 2). That resync runs in
@@ -163,13 +164,14 @@ var beforeResync func()
 // Layer is a mirror layer.
 type Layer struct {
 	// syncs is held shared by every operation that makes a leg sync
-	// (a flush, a FUA write) from its legs' calls until a refusal is
-	// recorded (finish: diverged), and exclusively by a rebuild's
-	// checkpoint from its leg's flush until it has cleared stale bits: a
-	// writeback that found no space drops a rebuild's copies, and the
-	// file reports that to one sync only — if it was the user's, the
-	// checkpoint's flush succeeds all the same, and must not clear the
-	// bits of copies the refusal has not yet forgotten. A flush that
+	// (a flush, a FUA write, a resize growing them) from its legs' calls
+	// until a refusal is recorded (finish, growLegs: diverged), and
+	// exclusively by a rebuild's checkpoint from its leg's flush until
+	// it has cleared stale bits: a writeback that found no space drops a
+	// rebuild's copies, and the file reports that to one sync only — if
+	// it was the user's, the checkpoint's flush succeeds all the same,
+	// and must not clear the bits of copies the refusal has not yet
+	// forgotten. A flush that
 	// succeeded takes it exclusively (a barrier) before it clears intent
 	// bits, for the same reason: a concurrent sync may have been told of
 	// writes the leg dropped, of which its own flush heard nothing.
@@ -728,10 +730,8 @@ func (l *Layer) Resize(n int64) error {
 	ts := l.receiversLocked()
 	l.mu.Unlock()
 	defer release(ts)
-	for _, t := range ts {
-		if err := growLeg(t.dev, n); err != nil {
-			return fmt.Errorf("mirror resize leg %d: %w", t.i, err)
-		}
+	if err := l.growLegs(ts, n); err != nil {
+		return err
 	}
 	nreg := (n + l.region - 1) >> l.shift
 	if err := l.intent.Grow(nreg); err != nil {
@@ -750,6 +750,33 @@ func (l *Layer) Resize(n int64) error {
 		return fmt.Errorf("mirror resize: %w", err)
 	}
 	l.size.Store(n)
+	return nil
+}
+
+// growLegs grows the legs ts to n bytes. Growing a leg syncs it (a file's
+// Resize fsyncs the new size), so it is a sync like a flush's (see
+// Layer.syncs): a writeback that failed — for want of space, or otherwise
+// — may have dropped writes the leg had taken since its last flush, or a
+// rebuild's copies, and the file reports that to this sync alone, the
+// leg's next flush succeeding. So a leg that fails to grow leaves every
+// region with its intent bit set diverged (read from the source leg and
+// copied across, stale for legs that are not ok, copies forgotten) before
+// the sync lets a checkpoint or a flush clear anything.
+func (l *Layer) growLegs(ts []target, n int64) error {
+	// A leg that cannot grow is refused before any leg is synced.
+	for _, t := range ts {
+		if _, ok := t.dev.(block.Resizer); !ok && t.dev.Size() < n {
+			return fmt.Errorf("mirror resize leg %d: a %s leg cannot grow", t.i, t.dev.Describe().Type)
+		}
+	}
+	l.syncs.RLock()
+	defer l.syncs.RUnlock()
+	for _, t := range ts {
+		if err := growLeg(t.dev, n); err != nil {
+			l.diverged(nil)
+			return fmt.Errorf("mirror resize leg %d: %w", t.i, err)
+		}
+	}
 	return nil
 }
 
