@@ -2,13 +2,9 @@ package mirror
 
 import (
 	"errors"
-	"math/rand/v2"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/basalt-storage/basalt/internal/block"
 )
 
 // TestCheckpointWaitsForRefusedFlush: a flush refused by the rebuilding
@@ -19,60 +15,22 @@ import (
 // stale bits, and the leg was made ok without the data. Checkpoints now
 // wait for flushes under way to record their refusals.
 func TestCheckpointWaitsForRefusedFlush(t *testing.T) {
-	const region = 65536
-	id := t.Name() + "/b.img"
-	refuse := volatileSwitch(id)
-	legB := `{"type":"mirrortest-hook","params":{"id":"` + id + `"},"children":[` +
-		`{"type":"mirrortest-volatile","params":{"id":"` + id + `"},"children":[{"type":"file","params":{"path":"b.img"}}]}]}`
-	spec := `{"type":"mirror","params":{"region":65536},"children":[{"type":"file","params":{"path":"a.img"}},` + legB + `]}`
-	env := block.Env{Dir: t.TempDir(), Size: 1 << 20, Create: true}
-	l := openMirror(t, env, spec)
-	defer func() { l.Close() }()
-	model := fillAll(t, l, 73)
-	rng := rand.New(rand.NewPCG(73, 2))
-
-	l.failLeg(1, l.legs[1].dev, errors.New("a disk error"))
-	if err := l.persist(); err != nil {
-		t.Fatal(err)
-	}
-	write(t, l, model, randBytes(rng, region), 1*region)
-	write(t, l, model, randBytes(rng, region), 5*region)
-	l.clearDelay.Store(0)
-	for range 2 {
-		if err := l.Flush(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	f := newFixture(t, 65536, 1<<20, 73, "hook", "volatile")
+	f.failB(1, 5)
+	f.settle()
 
 	// The rebuild copies region 1 onto leg b (into its cache) and waits
 	// at region 5.
-	reached, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	writeHooks.Store(id, func(off int64) {
-		if off == 5*region {
-			once.Do(func() {
-				close(reached)
-				<-release
-			})
-		}
-	})
-	defer writeHooks.Delete(id)
-	repaired := make(chan error, 1)
-	go func() { repaired <- l.Repair(t.Context(), nil) }()
+	reached, release := f.holdWrite(5 * f.region)
+	repaired := f.repair()
 	<-reached
 
 	// The user's flush: leg b's writeback fails and drops region 1's
 	// copy; the mirror hears of it only once letOn is closed.
-	refusedAt, letOn := make(chan struct{}), make(chan struct{})
-	refusedHooks.Store(id, func() {
-		refuse.Store(false) // the next sync of the file succeeds
-		close(refusedAt)
-		<-letOn
-	})
-	defer refusedHooks.Delete(id)
-	refuse.Store(true)
+	refusedAt, letOn := f.holdRefusal()
+	f.refuse.Store(true)
 	flushed := make(chan error, 1)
-	go func() { flushed <- l.Flush() }()
+	go func() { flushed <- f.Flush() }()
 	<-refusedAt
 	close(release)                     // the rebuild goes on to its checkpoint
 	time.Sleep(300 * time.Millisecond) // which, not waiting, clears region 1 now
@@ -83,8 +41,6 @@ func TestCheckpointWaitsForRefusedFlush(t *testing.T) {
 	if err := <-repaired; err != nil {
 		t.Fatalf("repair: %v", err)
 	}
-	if s := legStates(l); s[0] != legOK || s[1] != legOK {
-		t.Fatalf("legs %v after the repair, want both ok", s)
-	}
-	checkCopies(t, l, model)
+	f.wantOK()
+	checkCopies(t, f.Layer, f.model)
 }

@@ -2,12 +2,9 @@ package mirror
 
 import (
 	"errors"
-	"math/rand/v2"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/basalt-storage/basalt/internal/block"
 )
 
 // TestConcurrentFlushWaitsForRefusal: two flushes run at once. Leg b's
@@ -18,43 +15,23 @@ import (
 // left differing there for good: reads return one version or the other
 // depending on the leg.
 func TestConcurrentFlushWaitsForRefusal(t *testing.T) {
-	const region = 65536
-	id := t.Name() + "/b.img"
-	refuse := volatileSwitch(id)
-	legB := `{"type":"mirrortest-volatile","params":{"id":"` + id + `"},"children":[{"type":"file","params":{"path":"b.img"}}]}`
-	spec := `{"type":"mirror","params":{"region":65536},"children":[{"type":"file","params":{"path":"a.img"}},` + legB + `]}`
-	env := block.Env{Dir: t.TempDir(), Size: 1 << 20, Create: true}
-	l := openMirror(t, env, spec)
-	defer func() { l.Close() }()
-	model := fillAll(t, l, 78)
-	rng := rand.New(rand.NewPCG(78, 2))
-	l.clearDelay.Store(0)
-	for range 2 {
-		if err := l.Flush(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	f := newFixture(t, 65536, 1<<20, 78, "volatile")
+	f.settle()
 
 	// Acknowledged; in leg b's cache.
-	write(t, l, model, randBytes(rng, region), 1*region)
+	f.write(1)
 
 	// The first flush: leg b's writeback drops the write; the mirror
 	// hears of it only once letOn is closed.
-	refusedAt, letOn := make(chan struct{}), make(chan struct{})
-	refusedHooks.Store(id, func() {
-		refuse.Store(false) // the next sync of the file succeeds
-		close(refusedAt)
-		<-letOn
-	})
-	defer refusedHooks.Delete(id)
-	refuse.Store(true)
+	refusedAt, letOn := f.holdRefusal()
+	f.refuse.Store(true)
 	first := make(chan error, 1)
-	go func() { first <- l.Flush() }()
+	go func() { first <- f.Flush() }()
 	<-refusedAt
 
 	// The second flush, meanwhile: leg b's flush succeeds.
 	second := make(chan error, 1)
-	go func() { second <- l.Flush() }()
+	go func() { second <- f.Flush() }()
 	var err2 error
 	done := false
 	select {
@@ -72,15 +49,8 @@ func TestConcurrentFlushWaitsForRefusal(t *testing.T) {
 	if err2 != nil {
 		t.Fatalf("second flush: %v", err2)
 	}
-	l.bg.Wait()
-	for range 2 {
-		if err := l.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		l.bg.Wait()
-	}
-	if s := legStates(l); s[0] != legOK || s[1] != legOK {
-		t.Fatalf("legs %v, want both ok", s)
-	}
-	checkCopies(t, l, model)
+	f.bg.Wait()
+	f.flushes(2)
+	f.wantOK()
+	checkCopies(t, f.Layer, f.model)
 }

@@ -3,7 +3,6 @@ package mirror
 import (
 	"encoding/json"
 	"errors"
-	"math/rand/v2"
 	"syscall"
 	"testing"
 
@@ -49,52 +48,25 @@ func (d *dsyncLayer) Children() []block.Layer { return []block.Layer{d.Layer} }
 // users' next flush succeeds, lets their intent bits go, and the ok legs
 // differ: reads return one version or the other depending on the leg.
 func TestRefusedFUAWriteKeepsOtherWrites(t *testing.T) {
-	const region = 65536
-	id := t.Name() + "/b.img"
-	refuse := volatileSwitch(id)
-	legB := `{"type":"mirrortest-dsync","children":[` +
-		`{"type":"mirrortest-volatile","params":{"id":"` + id + `"},"children":[{"type":"file","params":{"path":"b.img"}}]}]}`
-	spec := `{"type":"mirror","params":{"region":65536},"children":[{"type":"file","params":{"path":"a.img"}},` + legB + `]}`
-	env := block.Env{Dir: t.TempDir(), Size: 1 << 20, Create: true}
-	l := openMirror(t, env, spec)
-	defer func() { l.Close() }()
-	model := fillAll(t, l, 75)
-	rng := rand.New(rand.NewPCG(75, 2))
-	l.clearDelay.Store(0)
+	f := newFixture(t, 65536, 1<<20, 75, "dsync", "volatile")
+	f.clearDelay.Store(0)
 
 	// Acknowledged, in leg b's cache.
-	write(t, l, model, randBytes(rng, region), 1*region)
+	f.write(1)
 
 	// A FUA write elsewhere, which leg b refuses: its writeback found no
 	// space and dropped region 1's write.
-	refuse.Store(true)
-	if err := l.WriteAt(randBytes(rng, region), 3*region, true); !errors.Is(err, syscall.ENOSPC) {
+	f.refuse.Store(true)
+	if err := f.WriteAt(randBytes(f.rng, f.region), 3*f.region, true); !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("FUA write leg b refuses: %v, want ENOSPC", err)
 	}
-	refuse.Store(false)
+	f.refuse.Store(false)
 
-	// Space is back.
-	for range 2 {
-		if err := l.Flush(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	l.bg.Wait() // the copy across a flush starts
-	if s := legStates(l); s[0] != legOK || s[1] != legOK {
-		t.Fatalf("legs %v, want both ok", s)
-	}
+	// Space is back. The first flush starts the copy across.
+	f.flushes(2)
+	f.wantOK()
 	// Region 3's write was not acknowledged: either version will do, as
 	// long as both legs hold the same.
-	a, b := make([]byte, region), make([]byte, region)
-	if err := l.ReadCopy(0, a, 3*region); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.ReadCopy(1, b, 3*region); err != nil {
-		t.Fatal(err)
-	}
-	if i := firstDiff(a, b); i >= 0 {
-		t.Fatalf("legs differ in region 3 at byte %d", i)
-	}
-	copy(model[3*region:], a)
-	checkCopies(t, l, model)
+	f.alike(3)
+	checkCopies(t, f.Layer, f.model)
 }

@@ -2,12 +2,8 @@ package mirror
 
 import (
 	"errors"
-	"math/rand/v2"
-	"sync"
 	"syscall"
 	"testing"
-
-	"github.com/basalt-storage/basalt/internal/block"
 )
 
 // TestRebuildCopyOvertakenByRefusedFlush: a user's flush the rebuilding
@@ -19,58 +15,26 @@ import (
 // and clearing the region's bit would make the leg ok without its data.
 func TestRebuildCopyOvertakenByRefusedFlush(t *testing.T) {
 	const region = 2 << 20 // two chunks of the copy buffer
-	id := t.Name() + "/b.img"
-	refuse := volatileSwitch(id)
-	legB := `{"type":"mirrortest-hook","params":{"id":"` + id + `"},"children":[` +
-		`{"type":"mirrortest-volatile","params":{"id":"` + id + `"},"children":[{"type":"file","params":{"path":"b.img"}}]}]}`
-	spec := `{"type":"mirror","params":{"region":2097152},"children":[{"type":"file","params":{"path":"a.img"}},` + legB + `]}`
-	env := block.Env{Dir: t.TempDir(), Size: 4 * region, Create: true}
-	l := openMirror(t, env, spec)
-	defer func() { l.Close() }()
-	model := fillAll(t, l, 77)
-	rng := rand.New(rand.NewPCG(77, 2))
-
+	f := newFixture(t, region, 4*region, 77, "hook", "volatile")
 	// Leg b fails and misses a write to region 1.
-	l.failLeg(1, l.legs[1].dev, errors.New("a disk error"))
-	if err := l.persist(); err != nil {
-		t.Fatal(err)
-	}
-	write(t, l, model, randBytes(rng, region), 1*region)
-	l.clearDelay.Store(0)
-	for range 2 {
-		if err := l.Flush(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	f.failB(1)
+	f.settle()
 
 	// Hold the rebuild's copy of region 1 at its second chunk: the first
 	// is in leg b's cache.
-	reached, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	writeHooks.Store(id, func(off int64) {
-		if off == 1*region+(1<<20) {
-			once.Do(func() {
-				close(reached)
-				<-release
-			})
-		}
-	})
-	defer writeHooks.Delete(id)
-	repaired := make(chan error, 1)
-	go func() { repaired <- l.Repair(t.Context(), nil) }()
+	reached, release := f.holdWrite(1*region + (1 << 20))
+	repaired := f.repair()
 	<-reached
 
-	refuse.Store(true)
-	if err := l.Flush(); !errors.Is(err, syscall.ENOSPC) {
+	f.refuse.Store(true)
+	if err := f.Flush(); !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("flush the rebuilding leg refuses: %v, want ENOSPC", err)
 	}
-	refuse.Store(false)
+	f.refuse.Store(false)
 	close(release)
 	if err := <-repaired; err != nil {
 		t.Fatalf("repair: %v", err)
 	}
-	if s := legStates(l); s[0] != legOK || s[1] != legOK {
-		t.Fatalf("legs %v after the repair, want both ok", s)
-	}
-	checkCopies(t, l, model)
+	f.wantOK()
+	checkCopies(t, f.Layer, f.model)
 }

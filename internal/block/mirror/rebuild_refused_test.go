@@ -3,7 +3,6 @@ package mirror
 import (
 	"encoding/json"
 	"errors"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -59,46 +58,20 @@ func (h *hookLayer) Children() []block.Layer { return []block.Layer{h.Layer} }
 // and reads of the region would return one version or the other depending
 // on the leg they land on.
 func TestRebuildKeepsRegionRefusedAfterItsCopy(t *testing.T) {
-	const region = 65536
-	id := t.Name() + "/b.img"
-	full := blocktest.FullSwitch(id)
-	legB := blocktest.FillingSpec(id, `{"type":"mirrortest-hook","params":{"id":"`+id+`"},"children":[{"type":"file","params":{"path":"b.img"}}]}`)
-	spec := `{"type":"mirror","params":{"region":65536},"children":[{"type":"file","params":{"path":"a.img"}},` + legB + `]}`
-	env := block.Env{Dir: t.TempDir(), Size: 1 << 20, Create: true}
-	l := openMirror(t, env, spec)
-	defer func() { l.Close() }()
-	model := fillAll(t, l, 71)
-	rng := rand.New(rand.NewPCG(71, 2))
-
+	f := newFixture(t, 65536, 1<<20, 71, "filling", "hook")
+	full := blocktest.FullSwitch(f.id)
 	// Leg b fails and misses writes to regions 1 and 5.
-	l.failLeg(1, l.legs[1].dev, errors.New("a disk error"))
-	if err := l.persist(); err != nil {
-		t.Fatal(err)
-	}
-	write(t, l, model, randBytes(rng, region), 1*region)
-	write(t, l, model, randBytes(rng, region), 5*region)
+	f.failB(1, 5)
 
 	// Hold the rebuild's copy of region 5: region 1 is copied by then.
-	reached, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	writeHooks.Store(id, func(off int64) {
-		if off == 5*region {
-			once.Do(func() {
-				close(reached)
-				<-release
-			})
-		}
-	})
-	defer writeHooks.Delete(id)
-	repaired := make(chan error, 1)
-	go func() { repaired <- l.Repair(t.Context(), nil) }()
+	reached, release := f.holdWrite(5 * f.region)
+	repaired := f.repair()
 	<-reached
 
 	// A write into region 1, which leg b (rebuilding) refuses for want of
 	// space after landing part of it; leg a takes it.
 	full.Store(true)
-	p := randBytes(rng, region)
-	if err := l.WriteAt(p, 1*region, false); !errors.Is(err, syscall.ENOSPC) {
+	if err := f.WriteAt(randBytes(f.rng, f.region), 1*f.region, false); !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("write the rebuilding leg refuses: %v, want ENOSPC", err)
 	}
 	full.Store(false)
@@ -106,21 +79,10 @@ func TestRebuildKeepsRegionRefusedAfterItsCopy(t *testing.T) {
 	if err := <-repaired; err != nil {
 		t.Fatalf("repair: %v", err)
 	}
-	if s := legStates(l); s[0] != legOK || s[1] != legOK {
-		t.Fatalf("legs %v after the repair, want both ok", s)
-	}
-	a, b := make([]byte, region), make([]byte, region)
-	if err := l.ReadCopy(0, a, 1*region); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.ReadCopy(1, b, 1*region); err != nil {
-		t.Fatal(err)
-	}
-	if i := firstDiff(a, b); i >= 0 {
-		t.Fatalf("legs ok but differ in region 1 at byte %d: the refused write's region was not copied again", i)
-	}
-	copy(model[1*region:], a)
-	checkCopies(t, l, model)
+	f.wantOK()
+	// The refused write's region must have been copied again.
+	f.alike(1)
+	checkCopies(t, f.Layer, f.model)
 }
 
 // volatileLayer keeps writes in memory until Flush, like a page cache; a
@@ -245,62 +207,28 @@ func (v *volatileLayer) Children() []block.Layer { return []block.Layer{v.Layer}
 // having gone to the refused one). Those regions must stay stale for the
 // leg, or it turns ok without their data.
 func TestRebuildKeepsCopiesARefusedFlushMayHaveDropped(t *testing.T) {
-	const region = 65536
-	id := t.Name() + "/b.img"
-	refuse := volatileSwitch(id)
-	legB := `{"type":"mirrortest-hook","params":{"id":"` + id + `"},"children":[` +
-		`{"type":"mirrortest-volatile","params":{"id":"` + id + `"},"children":[{"type":"file","params":{"path":"b.img"}}]}]}`
-	spec := `{"type":"mirror","params":{"region":65536},"children":[{"type":"file","params":{"path":"a.img"}},` + legB + `]}`
-	env := block.Env{Dir: t.TempDir(), Size: 1 << 20, Create: true}
-	l := openMirror(t, env, spec)
-	defer func() { l.Close() }()
-	model := fillAll(t, l, 72)
-	rng := rand.New(rand.NewPCG(72, 2))
-
-	l.failLeg(1, l.legs[1].dev, errors.New("a disk error"))
-	if err := l.persist(); err != nil {
-		t.Fatal(err)
-	}
-	write(t, l, model, randBytes(rng, region), 1*region)
-	write(t, l, model, randBytes(rng, region), 5*region)
+	f := newFixture(t, 65536, 1<<20, 72, "hook", "volatile")
+	f.failB(1, 5)
 	// Let the intent bits go: the flush below then finds none set where
 	// the rebuild copies (leg b's stale map alone records those regions).
-	l.clearDelay.Store(0)
-	for range 2 {
-		if err := l.Flush(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := l.intent.Count(); n != 0 {
+	f.settle()
+	if n := f.intent.Count(); n != 0 {
 		t.Fatalf("%d intent bits still set", n)
 	}
 
-	reached, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	writeHooks.Store(id, func(off int64) {
-		if off == 5*region {
-			once.Do(func() {
-				close(reached)
-				<-release
-			})
-		}
-	})
-	defer writeHooks.Delete(id)
-	repaired := make(chan error, 1)
-	go func() { repaired <- l.Repair(t.Context(), nil) }()
+	reached, release := f.holdWrite(5 * f.region)
+	repaired := f.repair()
 	<-reached // region 1 is copied onto leg b, in its cache
 
-	refuse.Store(true)
-	if err := l.Flush(); !errors.Is(err, syscall.ENOSPC) {
+	f.refuse.Store(true)
+	if err := f.Flush(); !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("flush the rebuilding leg refuses: %v, want ENOSPC", err)
 	}
-	refuse.Store(false)
+	f.refuse.Store(false)
 	close(release)
 	if err := <-repaired; err != nil {
 		t.Fatalf("repair: %v", err)
 	}
-	if s := legStates(l); s[0] != legOK || s[1] != legOK {
-		t.Fatalf("legs %v after the repair, want both ok", s)
-	}
-	checkCopies(t, l, model)
+	f.wantOK()
+	checkCopies(t, f.Layer, f.model)
 }

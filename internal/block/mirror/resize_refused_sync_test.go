@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -58,50 +56,40 @@ func (s *syncResizer) Children() []block.Layer { return []block.Layer{s.Layer} }
 // leg, the write it covered was on one leg only, and reads returned one
 // version or the other depending on the leg they landed on.
 func TestResizeRefusedSyncKeepsLegsAlike(t *testing.T) {
-	const region = 65536
-	id := t.Name() + "/b.img"
-	refuse := volatileSwitch(id)
-	legB := `{"type":"mirrortest-syncresize","children":[` +
-		`{"type":"mirrortest-volatile","params":{"id":"` + id + `"},"children":[{"type":"file","params":{"path":"b.img"}}]}]}`
-	spec := `{"type":"mirror","params":{"region":65536},"children":[{"type":"file","params":{"path":"a.img"}},` + legB + `]}`
-	env := block.Env{Dir: t.TempDir(), Size: 1 << 20, Create: true}
-	l := openMirror(t, env, spec)
-	defer func() { l.Close() }()
-	model := fillAll(t, l, 81)
-	rng := rand.New(rand.NewPCG(81, 2))
+	f := newFixture(t, 65536, 1<<20, 81, "syncresize", "volatile")
 
 	// Acknowledged, in leg b's cache only.
-	write(t, l, model, randBytes(rng, region), 3*region)
-	refuse.Store(true)
-	if err := l.Resize(2 << 20); !errors.Is(err, syscall.ENOSPC) {
+	f.write(3)
+	f.refuse.Store(true)
+	if err := f.Resize(2 << 20); !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("resize leg b refuses: %v, want ENOSPC", err)
 	}
-	refuse.Store(false)
+	f.refuse.Store(false)
 	// The flush succeeds; the write is now held by one leg only. Whatever
 	// version it reads as, every read must say the same, and once the
 	// resync the flush started is done, every leg must hold it.
-	if err := l.Flush(); err != nil {
+	if err := f.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	first := make([]byte, region)
-	if err := l.ReadAt(first, 3*region); err != nil {
+	first := make([]byte, f.region)
+	if err := f.ReadAt(first, 3*f.region); err != nil {
 		t.Fatal(err)
 	}
 	for k := range 4 {
-		got := make([]byte, region)
-		if err := l.ReadAt(got, 3*region); err != nil {
+		got := make([]byte, f.region)
+		if err := f.ReadAt(got, 3*f.region); err != nil {
 			t.Fatal(err)
 		}
 		if i := firstDiff(got, first); i >= 0 {
 			t.Fatalf("read %d of region 3 differs from the first at byte %d: the legs differ", k+1, i)
 		}
 	}
-	copy(model[3*region:], first)
-	waitResynced(t, l)
-	if err := l.Flush(); err != nil {
+	copy(f.model[3*f.region:], first)
+	waitResynced(t, f.Layer)
+	if err := f.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	checkCopies(t, l, model)
+	checkCopies(t, f.Layer, f.model)
 }
 
 // TestResizeRefusedSyncKeepsRebuildCopies: a rebuild's copies that a
@@ -109,61 +97,27 @@ func TestResizeRefusedSyncKeepsLegsAlike(t *testing.T) {
 // stale for the leg; else the rebuild's own checkpoint flush, which
 // succeeds, clears their bits and the leg turns ok without the data.
 func TestResizeRefusedSyncKeepsRebuildCopies(t *testing.T) {
-	const region = 65536
-	id := t.Name() + "/b.img"
-	refuse := volatileSwitch(id)
 	// Leg b: the syncResizer over the hook (to hold the rebuild).
-	legB := `{"type":"mirrortest-syncresize","children":[{"type":"mirrortest-hook","params":{"id":"` + id + `"},"children":[` +
-		`{"type":"mirrortest-volatile","params":{"id":"` + id + `"},"children":[{"type":"file","params":{"path":"b.img"}}]}]}]}`
-	spec := `{"type":"mirror","params":{"region":65536},"children":[{"type":"file","params":{"path":"a.img"}},` + legB + `]}`
-	env := block.Env{Dir: t.TempDir(), Size: 1 << 20, Create: true}
-	l := openMirror(t, env, spec)
-	defer func() { l.Close() }()
-	model := fillAll(t, l, 82)
-	rng := rand.New(rand.NewPCG(82, 2))
-
-	l.failLeg(1, l.legs[1].dev, errors.New("a disk error"))
-	if err := l.persist(); err != nil {
-		t.Fatal(err)
-	}
-	write(t, l, model, randBytes(rng, region), 1*region)
-	write(t, l, model, randBytes(rng, region), 5*region)
+	f := newFixture(t, 65536, 1<<20, 82, "syncresize", "hook", "volatile")
+	f.failB(1, 5)
 	// Let the intent bits go: leg b's stale map alone records the regions.
-	l.clearDelay.Store(0)
-	for range 2 {
-		if err := l.Flush(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	f.settle()
 
-	reached, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	writeHooks.Store(id, func(off int64) {
-		if off == 5*region {
-			once.Do(func() {
-				close(reached)
-				<-release
-			})
-		}
-	})
-	defer writeHooks.Delete(id)
-	repaired := make(chan error, 1)
-	go func() { repaired <- l.Repair(t.Context(), nil) }()
+	reached, release := f.holdWrite(5 * f.region)
+	repaired := f.repair()
 	<-reached // region 1 is copied onto leg b, in its cache
 
-	refuse.Store(true)
-	if err := l.Resize(2 << 20); !errors.Is(err, syscall.ENOSPC) {
+	f.refuse.Store(true)
+	if err := f.Resize(2 << 20); !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("resize the rebuilding leg refuses: %v, want ENOSPC", err)
 	}
-	refuse.Store(false)
+	f.refuse.Store(false)
 	close(release)
 	if err := <-repaired; err != nil {
 		t.Fatalf("repair: %v", err)
 	}
-	if s := legStates(l); s[0] != legOK || s[1] != legOK {
-		t.Fatalf("legs %v after the repair, want both ok", s)
-	}
-	checkCopies(t, l, model)
+	f.wantOK()
+	checkCopies(t, f.Layer, f.model)
 }
 
 // waitResynced waits for the background resync to have copied every
