@@ -111,8 +111,10 @@
 // the child's WriteZeroes (which may deallocate them), so data and entry
 // stay in step — a child trim could leave either; edges and children
 // without WriteZeroes are left as they are. Extents are the child's,
-// mapped to data offsets (a child zero range reads as zeroes here or fails
-// verification, never as other data).
+// mapped to data offsets, but for blocks the child calls zero whose
+// entries say they hold data: those are data (their reads fail
+// verification), so that no client skips reading them and takes zeroes
+// for lost data.
 //
 // Built by block.Build from a spec (the `verified` volume type puts it
 // above cow); the volume service calls Scrub and Resize through

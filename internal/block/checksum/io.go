@@ -465,18 +465,12 @@ func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
 	for i := 0; n > 0 && i < 64; i++ {
 		g := off / GroupData
 		m := min(n, (g+1)*GroupData-off)
-		ex, err := l.child.Extents(dataOff(off), m)
+		ex, got, err := l.groupExtents(g, off, m)
 		if err != nil {
 			return nil, fmt.Errorf("checksum: extents: %w", err)
 		}
-		got := int64(0)
 		for _, e := range ex {
-			e.Length = min(e.Length, m-got)
-			if e.Length <= 0 {
-				break
-			}
 			out = block.AppendExtent(out, e)
-			got += e.Length
 		}
 		if got < m {
 			break
@@ -487,6 +481,56 @@ func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
 		return []block.Extent{{Length: n}}, nil
 	}
 	return out, nil
+}
+
+// groupExtents is the child's description of [off, off+n) inside group
+// g, got bytes of it, except that a block the child calls zero or
+// unallocated but whose entry says it holds other than zeroes is data:
+// its data was lost below (a file punched or truncated behind our back, a
+// file system that lost blocks), and reading it fails verification — a
+// client that skips reading what block status calls zero (qemu-img
+// convert, nbdcopy) would take zeroes for it instead of an error. Under
+// the group lock shared, so a write's data and entry are seen together.
+func (l *Layer) groupExtents(g, off, n int64) (out []block.Extent, got int64, err error) {
+	st := l.groups[g]
+	if err := l.lockShared(g, st); err != nil {
+		return nil, 0, err
+	}
+	defer st.mu.RUnlock()
+	ex, err := l.child.Extents(dataOff(off), n)
+	if err != nil {
+		return nil, 0, err
+	}
+	var t *table
+	pos := off
+	for _, e := range ex {
+		e.Length = min(e.Length, off+n-pos)
+		if e.Length <= 0 {
+			break
+		}
+		if !e.Zero && !e.Hole {
+			out = block.AppendExtent(out, e)
+			pos += e.Length
+			continue
+		}
+		if t == nil {
+			if t, err = l.loadTable(g); err != nil {
+				return nil, 0, err
+			}
+		}
+		for end := pos + e.Length; pos < end; {
+			b := pos / BlockSize
+			stop := min(end, (b+1)*BlockSize)
+			piece := e
+			piece.Length = stop - pos
+			if t[b-g*TableEntries] != 0 {
+				piece.Hole, piece.Zero = false, false
+			}
+			out = block.AppendExtent(out, piece)
+			pos = stop
+		}
+	}
+	return out, pos - off, nil
 }
 
 // Resize implements block.Resizer. The groups whose layout changes (a
