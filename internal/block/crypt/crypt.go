@@ -326,6 +326,20 @@ func (l *Layer) check(write bool) error {
 	return nil
 }
 
+// checkRange is check for a request of [off, off+n), which must lie
+// inside the device: past a size that is not a whole number of sectors
+// the child holds the rest of the last sector, which is not the device's
+// to read or write.
+func (l *Layer) checkRange(write bool, off, n int64) error {
+	if err := l.check(write); err != nil {
+		return err
+	}
+	if size := l.Size(); off < 0 || n < 0 || off > size-n {
+		return fmt.Errorf("crypt: %d+%d beyond %d: %w", off, n, size, block.ErrOutOfRange)
+	}
+	return nil
+}
+
 // Size implements block.Device.
 func (l *Layer) Size() int64 { return l.size.Load() }
 
@@ -344,7 +358,7 @@ func (l *Layer) Children() []block.Layer { return []block.Layer{l.child} }
 // a partial edge sector does not overlap the read but rewrites all of
 // the sector, which the child could return half written (see rangeLock).
 func (l *Layer) ReadAt(p []byte, off int64) error {
-	if err := l.check(false); err != nil {
+	if err := l.checkRange(false, off, int64(len(p))); err != nil {
 		return err
 	}
 	n := int64(len(p))
@@ -402,7 +416,7 @@ const genericTryMax = 16 << 10
 // handing it to another goroutine (bench/RESULTS.md 2026-11-26).
 func (l *Layer) TryReadAt(p []byte, off int64) bool {
 	n := int64(len(p))
-	if n == 0 || off%SectorSize != 0 || n%SectorSize != 0 || l.check(false) != nil {
+	if n == 0 || off%SectorSize != 0 || n%SectorSize != 0 || l.checkRange(false, off, n) != nil {
 		return false
 	}
 	if l.cipher.kernel == nil && n > genericTryMax {
@@ -428,7 +442,7 @@ func (l *Layer) decryptInPlace(p []byte, off int64) {
 // write per chunk of up to 1 MiB; partial edge sectors are read, decrypted,
 // patched and re-encrypted under the sector lock.
 func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
-	if err := l.check(true); err != nil {
+	if err := l.checkRange(true, off, int64(len(p))); err != nil {
 		return err
 	}
 	if fua && !l.caps.FUA {
@@ -549,7 +563,7 @@ func (l *Layer) zeroPart(sec, lo, hi int64, fua bool) error {
 // The child goes first so a Fast request it refuses fails before anything
 // changed.
 func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
-	if err := l.check(true); err != nil {
+	if err := l.checkRange(true, off, n); err != nil {
 		return err
 	}
 	if !l.caps.WriteZeroes || f.Fast && !l.caps.FastZero || f.FUA && !l.caps.FUA {
@@ -586,7 +600,7 @@ func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
 // child; partial edge sectors are left alone (trim is advisory, and a
 // partly trimmed sector would decrypt to garbage).
 func (l *Layer) Trim(off, n int64, fua bool) error {
-	if err := l.check(true); err != nil {
+	if err := l.checkRange(true, off, n); err != nil {
 		return err
 	}
 	if !l.caps.Trim || fua && !l.caps.FUA {
@@ -622,7 +636,7 @@ func (l *Layer) Flush() error {
 // of ciphertext is still data — so partial ones are reported as data
 // (always a safe answer).
 func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
-	if err := l.check(false); err != nil {
+	if err := l.checkRange(false, off, n); err != nil {
 		return nil, err
 	}
 	if !l.caps.Extents || n <= 0 {
