@@ -163,6 +163,9 @@ func New(cfg Config) (*Backend, error) {
 		b.rootDir.Close()
 		return nil, fmt.Errorf("objects: %w", err)
 	}
+	if sc, ok := b.meta.(*sidecarMeta); ok {
+		sc.undoUnfinished(log)
+	}
 	b.cleanTemp()
 	b.cleanRemovedUploads()
 	// A bucket that cannot be migrated (a directory written by a user
@@ -198,11 +201,16 @@ func (b *Backend) cleanTemp() {
 	}
 }
 
-// cleanRemovedUploads finishes the removals an Abort or Complete began
-// and a crash interrupted (removeUpload): no request resolves the renamed
-// directories, so they can go at any time.
+// cleanRemovedUploads finishes the removals an Abort or Complete
+// (removeUpload) or a DeleteBucket (moveAside: a bucket's uploads and
+// sidecar records) began and a crash interrupted: no request resolves
+// the renamed directories, so they can go at any time.
 func (b *Backend) cleanRemovedUploads() {
 	dirs, _ := filepath.Glob(filepath.Join(b.uploads, "*", "*"+removedSuffix))
+	for _, parent := range []string{b.uploads, filepath.Join(b.work, "sidecar")} {
+		more, _ := filepath.Glob(filepath.Join(parent, "*"+removedSuffix))
+		dirs = append(dirs, more...)
+	}
 	for _, d := range dirs {
 		if err := os.RemoveAll(d); err != nil {
 			b.log.Warn("removing a removed upload", "dir", d, "err", err)

@@ -2,6 +2,8 @@ package objects
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +22,7 @@ import (
 	"github.com/versity/versitygw/auth"
 	"github.com/versity/versitygw/s3err"
 	"github.com/versity/versitygw/s3response"
+	"golang.org/x/sys/unix"
 )
 
 // record returns bucket's record, NoSuchBucket if there is none.
@@ -144,12 +147,20 @@ func (b *Backend) ListBucketsAndOwners(ctx context.Context) ([]s3response.Bucket
 }
 
 // DeleteBucket removes an empty bucket: BucketNotEmpty while it holds
-// objects, or files that are not (yet) objects.
-func (b *Backend) DeleteBucket(ctx context.Context, bucket string) error {
+// objects, or files that are not (yet) objects. Its pending multipart
+// uploads go with it, as in S3; the upload requests racing it wait for it
+// or it for them (bucketLock), so none is left half there.
+func (b *Backend) DeleteBucket(ctx context.Context, bucket string) (err error) {
+	defer func() { err = b.answer(err, "DeleteBucket", &bucket, nil) }()
 	bucket = strings.Clone(bucket)
 	if _, err := b.record(ctx, bucket); err != nil {
 		return err
 	}
+	unlock, err := b.bucketLock(bucket, unix.LOCK_EX)
+	if err != nil {
+		return fmt.Errorf("delete bucket %s: %w", bucket, err)
+	}
+	defer unlock()
 	r, err := b.openBucket(bucket)
 	if err != nil && !isNoSuchBucket(err) {
 		return err
@@ -177,14 +188,51 @@ func (b *Backend) DeleteBucket(ctx context.Context, bucket string) error {
 			return err
 		}
 	}
+	// The uploads and sidecar records go out of reach before the record:
+	// a crash between the two must not leave them to a bucket created
+	// again under the name.
+	var tombs []string
+	for _, parent := range []string{b.uploads, filepath.Join(b.work, "sidecar")} {
+		tomb, err := moveAside(parent, bucket)
+		if err != nil {
+			return err
+		}
+		if tomb != "" {
+			tombs = append(tombs, tomb)
+		}
+	}
 	if err := b.buckets.DeleteBucket(ctx, bucket); err != nil && !errors.Is(err, ErrNoSuchBucket) {
 		return fmt.Errorf("delete bucket record %s: %w", bucket, err)
 	}
-	for _, dir := range []string{filepath.Join(b.uploads, bucket), filepath.Join(b.work, "sidecar", bucket)} {
-		forgetDirs(dir)
-		os.RemoveAll(dir)
+	for _, dir := range tombs {
+		if err := os.RemoveAll(dir); err != nil {
+			b.log.Warn("deleted bucket left files", "bucket", bucket, "dir", dir, "err", err)
+		}
 	}
 	return nil
+}
+
+// moveAside renames bucket's directory in parent (Work/uploads or
+// Work/sidecar) to .<bucket>.<random>.removed there — no bucket name
+// starts with a dot, so no request resolves it; cleanRemovedUploads
+// removes what a crash leaves of it — and returns that name, for the
+// caller to remove; "" if there is no such directory. The caller holds
+// bucketLock.
+func moveAside(parent, bucket string) (string, error) {
+	dir := filepath.Join(parent, bucket)
+	var rnd [6]byte
+	rand.Read(rnd[:])
+	tomb := filepath.Join(parent, "."+bucket+"."+hex.EncodeToString(rnd[:])+removedSuffix)
+	if err := os.Rename(dir, tomb); errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	} else if err != nil {
+		return "", fmt.Errorf("delete bucket %s: %w", bucket, err)
+	}
+	forgetDirs(dir)
+	if err := syncDir(parent); err != nil {
+		return "", fmt.Errorf("delete bucket %s: %w", bucket, err)
+	}
+	return tomb, nil
 }
 
 func isNoSuchBucket(err error) bool { return s3code(err) == "NoSuchBucket" }

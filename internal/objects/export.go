@@ -842,6 +842,12 @@ func (s *sidecarMeta) orphans(r *os.Root, bucket string) ([]orphan, error) {
 			if fi, err := r.Lstat(m.Key); err == nil && fi.Mode().IsRegular() {
 				return nil
 			}
+			if len(m.Prev) == 0 && s.pending(&m) {
+				// The record of a write a crash interrupted before its
+				// rename, of a key that had no object: no object is
+				// missing (the next start removes the record).
+				return nil
+			}
 			out = append(out, o)
 			return nil
 		})

@@ -281,6 +281,27 @@ func (b *Backend) publish(r *os.Root, bucket, key string, tmp *os.File, m *objec
 	}
 	defer b.release(old)
 	tmpName := filepath.Base(tmp.Name())
+	unpend := func() {}
+	if _, ok := b.meta.(*sidecarMeta); ok {
+		// The record names the file until the rename takes it away: a
+		// crash in between leaves a record that is not in force, which
+		// the next start undoes (sidecarMeta.undoUnfinished).
+		pending := pendingName(bucket, key)
+		if err := b.renameTemp(tmpName, pending); err != nil {
+			return false, fmt.Errorf("publish %s/%s: %w", bucket, key, err)
+		}
+		orig := tmpName
+		tmpName, m.Tmp = pending, pending
+		defer func() { m.Tmp = "" }()
+		// Not deferred: a crash runs no deferred function, and a test
+		// crashes a write by a panic.
+		unpend = func() {
+			if !renamed {
+				// Back to the name the caller removes it by.
+				_ = b.renameTemp(pending, orig)
+			}
+		}
+	}
 	err = b.meta.commit(bucket, key, m, func() error {
 		return inDir(r, dir, func(again bool) error {
 			if again {
@@ -288,6 +309,7 @@ func (b *Backend) publish(r *os.Root, bucket, key string, tmp *os.File, m *objec
 					return err
 				}
 			}
+			hookStep("publish rename", key)
 			var rerr, perr error
 			err := rawFd(b.tmpDir, func(from int) {
 				perr = rawFd(parent, func(to int) { rerr = unix.Renameat(from, tmpName, to, base) })
@@ -305,6 +327,7 @@ func (b *Backend) publish(r *os.Root, bucket, key string, tmp *os.File, m *objec
 		})
 	})
 	if err != nil {
+		unpend()
 		return renamed, err
 	}
 	traceFS("rename", key)
@@ -316,6 +339,13 @@ func (b *Backend) publish(r *os.Root, bucket, key string, tmp *os.File, m *objec
 	}
 	traceFS("sync dir", dir)
 	return true, nil
+}
+
+// renameTemp renames the file from to to, both in Work/tmp.
+func (b *Backend) renameTemp(from, to string) error {
+	var rerr error
+	err := rawFd(b.tmpDir, func(fd int) { rerr = unix.Renameat(fd, from, fd, to) })
+	return errors.Join(err, rerr)
 }
 
 // refuseUnexported fails when bucket/key is a regular file without basalt
@@ -374,6 +404,20 @@ var fsTrace atomic.Pointer[func(op, name string)]
 
 func traceFS(op, name string) {
 	if f := fsTrace.Load(); f != nil {
+		(*f)(op, name)
+	}
+}
+
+// stepHook, when set (tests), is told of steps at which tests make
+// another request land, or a crash happen ("create upload":
+// CreateMultipartUpload about to make its directory; "complete part":
+// Complete about to open a part's file; "publish rename": a write about
+// to rename its object into place, its record written). fsTrace, by
+// contrast, traces the steps that make writes durable.
+var stepHook atomic.Pointer[func(op, name string)]
+
+func hookStep(op, name string) {
+	if f := stepHook.Load(); f != nil {
 		(*f)(op, name)
 	}
 }

@@ -1,14 +1,18 @@
 package objects
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -55,6 +59,13 @@ type objectMeta struct {
 	// between the two the file at the key is still the one Prev
 	// describes, and is served as that object (sidecarMeta.read).
 	Prev json.RawMessage `json:"prev,omitempty"`
+	// Tmp is set in the sidecar records a write publishes (publish): the
+	// name in Work/tmp (pendingName) of the file that write renames into
+	// place. While a file of that name and of this record's stat is
+	// there, the rename has not happened — still under way, or never to
+	// be, the gateway having died in between — and the record is not in
+	// force (sidecarMeta.read); the next start undoes it (undoUnfinished).
+	Tmp string `json:"tmp,omitempty"`
 }
 
 // checksum is an object's (or a part's) stored S3 checksum.
@@ -241,7 +252,7 @@ func (xattrMeta) read(f *os.File, _, _ string) (*objectMeta, error) {
 	if err != nil {
 		return nil, fmt.Errorf("object metadata of %s: %w", f.Name(), err)
 	}
-	m.Prev = nil // a sidecar field: no xattr record has one of its own
+	m.Prev, m.Tmp = nil, "" // sidecar fields: no xattr record has one of its own
 	return m, nil
 }
 
@@ -328,9 +339,18 @@ type sidecarMeta struct {
 func (s *sidecarMeta) kind() string { return "sidecar" }
 
 func (s *sidecarMeta) path(bucket, key string) string {
-	sum := sha256.Sum256([]byte(key))
-	h := hex.EncodeToString(sum[:])
+	return s.pathOf(bucket, keyHash(key))
+}
+
+// pathOf is the path of the record of the key whose keyHash is h.
+func (s *sidecarMeta) pathOf(bucket, h string) string {
 	return filepath.Join(s.dir, bucket, h[:2], h+".json")
+}
+
+// keyHash is the SHA-256 of key in hex: the name of its sidecar record.
+func keyHash(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
 }
 
 func (s *sidecarMeta) read(f *os.File, bucket, key string) (*objectMeta, error) {
@@ -348,12 +368,177 @@ func (s *sidecarMeta) read(f *os.File, bucket, key string) (*objectMeta, error) 
 	if m.Key != key {
 		return nil, errNoMeta
 	}
-	prev := m.Prev
-	m.Prev = nil
+	prev, tmp := m.Prev, m.Tmp
+	m.Prev, m.Tmp = nil, ""
 	if p := previous(f, key, m, prev); p != nil {
 		return p, nil
 	}
+	if f != nil && s.unfinished(f, m, tmp) {
+		// The write that published m has not renamed its file into
+		// place: the file at the key is what was there before it — the
+		// object prev describes, changed behind S3 since, or with no prev
+		// no object at all (a file put there directly, say).
+		if p, err := decodeRecord(prev); len(prev) > 0 && err == nil && p.Key == key {
+			p.Prev, p.Tmp = nil, ""
+			return p, nil
+		}
+		return nil, errNoMeta
+	}
 	return m, nil
+}
+
+// unfinished reports whether the write that published the record m (its
+// Tmp tmp) has not renamed its file into place: f, the file at the key,
+// is not the record's, and Work/tmp/tmp still is. (Once renamed, the temp
+// name is gone for good: a reader that finds it there reads before the
+// write's rename, whether the write is under way or died.)
+func (s *sidecarMeta) unfinished(f *os.File, m *objectMeta, tmp string) bool {
+	if tmp == "" {
+		return false
+	}
+	fi, err := f.Stat()
+	if err != nil || m.differs(fi.Sys().(*syscall.Stat_t)) == "" {
+		return false
+	}
+	return s.pending(&objectMeta{Size: m.Size, MtimeNs: m.MtimeNs, Inode: m.Inode, Modified: m.Modified, Tmp: tmp})
+}
+
+// pending reports whether the file the record m names as its Tmp is
+// still in Work/tmp, the record's file: its write has not renamed it
+// into place.
+func (s *sidecarMeta) pending(m *objectMeta) bool {
+	if m.Tmp == "" || m.Tmp != filepath.Base(m.Tmp) || !strings.HasPrefix(m.Tmp, pendingPrefix) {
+		return false
+	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(filepath.Join(s.tmp, m.Tmp), &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return false
+	}
+	return m.differs(&st) == ""
+}
+
+// pendingPrefix starts the name publish gives a temp file in sidecar mode
+// before it publishes the file's record: pub.<bucket>.<h>.<random>, h the
+// keyHash of its key. The record names it (Tmp) until the rename takes it
+// away, so a start can find the records of the writes a crash
+// interrupted (undoUnfinished).
+const pendingPrefix = "pub."
+
+// pendingName is a new pending name for a temp file of bucket/key.
+func pendingName(bucket, key string) string {
+	var rnd [6]byte
+	rand.Read(rnd[:])
+	return pendingPrefix + bucket + "." + keyHash(key) + "." + hex.EncodeToString(rnd[:])
+}
+
+// parsePending returns the bucket and key hash of a pendingName.
+func parsePending(name string) (bucket, h string, ok bool) {
+	rest, ok := strings.CutPrefix(name, pendingPrefix)
+	if !ok {
+		return "", "", false
+	}
+	i := strings.LastIndexByte(rest, '.')
+	if i < 0 {
+		return "", "", false
+	}
+	rest = rest[:i]
+	j := strings.LastIndexByte(rest, '.')
+	if j < 0 {
+		return "", "", false
+	}
+	bucket, h = rest[:j], rest[j+1:]
+	if len(h) != 2*sha256.Size || checkBucketName(bucket) != nil {
+		return "", "", false
+	}
+	if _, err := hex.DecodeString(h); err != nil {
+		return "", "", false
+	}
+	return bucket, h, true
+}
+
+// undoUnfinished undoes the writes a crash interrupted between publishing
+// their sidecar record and renaming their file into place (publish): the
+// file is still in Work/tmp under its pending name, which its record
+// names. Each such record is replaced by the one it replaced (Prev) or,
+// if there was none, removed — what the write does itself when its rename
+// fails — and then the file goes: the write was never acknowledged.
+// Otherwise the record of a key that had no object would stay, a record
+// of nothing, which verify would report as an object deleted behind S3
+// and which would make a file put at the key later look like that object
+// changed behind S3 once the temp file is gone. It runs when the store
+// opens, before old temp files are removed.
+func (s *sidecarMeta) undoUnfinished(log *slog.Logger) {
+	ents, err := os.ReadDir(s.tmp)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		bucket, h, ok := parsePending(e.Name())
+		if !ok {
+			continue
+		}
+		undone, err := s.undo(bucket, h, e.Name())
+		if err != nil {
+			log.Warn("undoing a write a crash interrupted", "bucket", bucket, "file", e.Name(), "err", err)
+		} else if undone != "" {
+			log.Info("undid a write a crash interrupted", "bucket", bucket, "key", undone)
+		}
+	}
+}
+
+// undo undoes the write whose temp file is Work/tmp/name, of a key of
+// bucket with keyHash h, if its record is in place and the file still
+// there (undoUnfinished); it returns the key it undid the write of.
+// Under the key's lock: a write still under way (another gateway's)
+// finishes first, and its file is then gone.
+func (s *sidecarMeta) undo(bucket, h, name string) (string, error) {
+	p := s.pathOf(bucket, h)
+	read := func() (*objectMeta, error) {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil, nil
+			}
+			return nil, err
+		}
+		m, err := decodeRecord(data)
+		if err != nil || m.Tmp != name || m.Key == "" || keyHash(m.Key) != h {
+			return nil, nil // not the record of that write
+		}
+		return m, nil
+	}
+	m, err := read()
+	if m == nil || err != nil {
+		return "", err
+	}
+	unlock, err := s.lock(bucket, m.Key, unix.LOCK_EX)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	if m, err = read(); m == nil || err != nil {
+		return "", err
+	}
+	if !s.pending(m) {
+		return "", nil // renamed into place meanwhile, or not the record's file
+	}
+	tmp := filepath.Join(s.tmp, name)
+	if len(m.Prev) > 0 {
+		if err := writeFileSync(s.tmp, s.dir, p, m.Prev); err != nil {
+			return "", err
+		}
+	} else {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return "", err
+		}
+		if err := syncDir(filepath.Dir(p)); err != nil {
+			return "", err
+		}
+	}
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return m.Key, err
+	}
+	return m.Key, nil
 }
 
 // previous returns the record prev (a sidecar record's Prev) when the
@@ -378,7 +563,7 @@ func previous(f *os.File, key string, m *objectMeta, prev json.RawMessage) *obje
 	if err != nil || p.Key != key || p.differs(st) != "" {
 		return nil
 	}
-	p.Prev = nil
+	p.Prev, p.Tmp = nil, ""
 	return p
 }
 
@@ -390,7 +575,7 @@ func prevRecord(old []byte, key string) json.RawMessage {
 	if err != nil || m.Key != key {
 		return nil
 	}
-	m.Prev = nil
+	m.Prev, m.Tmp = nil, ""
 	data, err := encodeRecord(m)
 	if err != nil {
 		return nil

@@ -158,6 +158,23 @@ func (b *Backend) uploadLock(id string) (func(), error) {
 	return lockFile(filepath.Join(b.work, "locks", "u"+hex.EncodeToString(h[:1])), unix.LOCK_EX)
 }
 
+// bucketLock serialises DeleteBucket (how: unix.LOCK_EX) with the steps
+// that add to or end a bucket's uploads (unix.LOCK_SH):
+// CreateMultipartUpload from its check that the bucket is there through
+// making the upload's directory, UploadPart's publication of its part,
+// and Abort and Complete from their check that the upload is still there
+// through its removal (and Complete's publication of the object).
+// DeleteBucket then removes the bucket's uploads with none of those
+// halfway: each one landed before it (and is removed with the bucket, or
+// its object keeps the bucket) or comes after and finds no bucket or no
+// upload. A body being received holds no lock, so a DeleteBucket waits
+// for publications only. It is a flock on Work/locks/b<shard>, shared
+// between gateways; it is taken before uploadLock and the key's locks.
+func (b *Backend) bucketLock(bucket string, how int) (func(), error) {
+	h := sha256.Sum256([]byte(bucket))
+	return lockFile(filepath.Join(b.work, "locks", "b"+hex.EncodeToString(h[:1])), how)
+}
+
 // upload reads upload id of bucket/key; NoSuchUpload if there is none
 // (or it belongs to another key).
 func (b *Backend) upload(bucket, key, id string) (*uploadInfo, string, error) {
@@ -192,6 +209,16 @@ func (b *Backend) CreateMultipartUpload(ctx context.Context, in s3response.Creat
 	if err := checkKey(key); err != nil {
 		return s3response.InitiateMultipartUploadResult{}, err
 	}
+	if err := checkBucketName(bucket); err != nil {
+		return s3response.InitiateMultipartUploadResult{}, err
+	}
+	// From the bucket's check through the upload's directory: a
+	// DeleteBucket in between would leave the upload of no bucket.
+	unlock, err := b.bucketLock(bucket, unix.LOCK_SH)
+	if err != nil {
+		return s3response.InitiateMultipartUploadResult{}, fmt.Errorf("create upload: %w", err)
+	}
+	defer unlock()
 	r, err := b.openBucket(bucket)
 	if err != nil {
 		return s3response.InitiateMultipartUploadResult{}, err
@@ -221,6 +248,7 @@ func (b *Backend) CreateMultipartUpload(ctx context.Context, in s3response.Creat
 	id := newUploadID(now)
 	dir := b.uploadDir(bucket, id)
 	data, err := json.Marshal(&info)
+	hookStep("create upload", dir)
 	if err == nil {
 		// writeFileSync makes the upload directory, durably.
 		err = writeFileSync(b.tmp, b.uploads, filepath.Join(dir, "info.json"), data)
@@ -268,6 +296,11 @@ func (b *Backend) UploadPart(ctx context.Context, in *s3.UploadPartInput) (_ *s3
 	if err := rc.f.Sync(); err != nil {
 		return nil, err
 	}
+	unlock, err := b.bucketLock(bucket, unix.LOCK_SH)
+	if err != nil {
+		return nil, fmt.Errorf("upload part %d: %w", n, err)
+	}
+	defer unlock()
 	var rnd [6]byte
 	rand.Read(rnd[:])
 	file := fmt.Sprintf("%d.%s", n, hex.EncodeToString(rnd[:]))
@@ -357,6 +390,11 @@ func (b *Backend) AbortMultipartUpload(ctx context.Context, in *s3.AbortMultipar
 	if t := in.IfMatchInitiatedTime; t != nil && t.Unix() != info.Initiated.Unix() {
 		return s3err.GetPreconditionFailedErr(s3err.ConditionIfMatchInitiatedTime)
 	}
+	unlockBucket, err := b.bucketLock(bucket, unix.LOCK_SH)
+	if err != nil {
+		return fmt.Errorf("abort upload %s: %w", id, err)
+	}
+	defer unlockBucket()
 	unlock, err := b.uploadLock(id)
 	if err != nil {
 		return fmt.Errorf("abort upload %s: %w", id, err)
@@ -513,7 +551,9 @@ func (b *Backend) ListMultipartUploads(ctx context.Context, in *s3.ListMultipart
 // CompleteMultipartUpload checks the part list (ascending, known parts
 // with matching ETags, all but the last at least 5 MiB), concatenates the
 // parts into a temp file (copy_file_range where possible), syncs it and
-// publishes it like a PUT; the ETag follows S3's multipart rule.
+// publishes it like a PUT; the ETag follows S3's multipart rule. A part
+// uploaded again meanwhile is joined whole or answered InvalidPart
+// (appendPart).
 func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMultipartUploadInput) (_ s3response.CompleteMultipartUploadResult, _ string, err error) {
 	defer func() { err = b.answer(err, "CompleteMultipartUpload", in.Bucket, in.Key) }()
 	var none s3response.CompleteMultipartUploadResult
@@ -594,12 +634,9 @@ func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMu
 	}
 	rc := &received{f: tmp}
 	defer rc.close()
-	for _, rec := range recs {
-		if err := appendFile(tmp, filepath.Join(dir, rec.File), rec.Size); err != nil {
-			if _, serr := os.Stat(dir); errors.Is(serr, fs.ErrNotExist) {
-				return none, "", s3err.GetNoSuchUploadErr(id) // aborted meanwhile
-			}
-			return none, "", fmt.Errorf("complete upload %s: part %d: %w", id, rec.Number, err)
+	for i, rec := range recs {
+		if err := appendPart(tmp, dir, id, rec, want[i]); err != nil {
+			return none, "", err
 		}
 	}
 	fi, err := tmp.Stat()
@@ -619,6 +656,11 @@ func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMu
 	if err := b.finish(rc, &m); err != nil {
 		return none, "", err
 	}
+	unlockBucket, err := b.bucketLock(bucket, unix.LOCK_SH)
+	if err != nil {
+		return none, "", fmt.Errorf("complete upload %s: %w", id, err)
+	}
+	defer unlockBucket()
 	unlock, err := b.uploadLock(id)
 	if err != nil {
 		return none, "", fmt.Errorf("complete upload %s: %w", id, err)
@@ -650,19 +692,66 @@ func (b *Backend) CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMu
 	return res, "", nil
 }
 
-// appendFile appends the n bytes of file name to dst.
-func appendFile(dst *os.File, name string, n int64) error {
-	src, err := os.Open(name)
-	if err != nil {
-		return err
+// appendPart appends part rec, listed in the Complete request as p, to
+// dst. An UploadPart of the same number may have replaced the part since
+// its record was read: it publishes its record and then removes the file
+// the record replaced, so rec's file may be gone. Part files are never
+// changed once renamed in, so a part file opened is whole; one found gone
+// is looked up again in the part's current record, which is used if its
+// ETag is still the one the client listed (the same bytes uploaded
+// again), and otherwise the part is InvalidPart — the part the client
+// means is no longer there, as S3 answers for an ETag that does not
+// match. An upload removed meanwhile (Abort, another Complete) is
+// NoSuchUpload.
+func appendPart(dst *os.File, dir, id string, rec *partRecord, p types.CompletedPart) error {
+	invalid := s3err.GetInvalidPartErr(id, rec.Number, *p.ETag)
+	for range 8 {
+		name := filepath.Join(dir, rec.File)
+		hookStep("complete part", name)
+		src, err := os.Open(name)
+		if err == nil {
+			err = appendFile(dst, src, rec.Size)
+			src.Close()
+			if err != nil {
+				return fmt.Errorf("complete upload %s: part %d: %w", id, rec.Number, err)
+			}
+			return nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("complete upload %s: part %d: %w", id, rec.Number, err)
+		}
+		if _, serr := os.Stat(dir); errors.Is(serr, fs.ErrNotExist) {
+			return s3err.GetNoSuchUploadErr(id) // aborted or completed meanwhile
+		}
+		cur, rerr := readPart(dir, rec.Number)
+		switch {
+		case errors.Is(rerr, fs.ErrNotExist):
+			if _, serr := os.Stat(dir); errors.Is(serr, fs.ErrNotExist) {
+				return s3err.GetNoSuchUploadErr(id)
+			}
+			return invalid
+		case rerr != nil:
+			return fmt.Errorf("complete upload %s: part %d: %w", id, rec.Number, rerr)
+		case cur.File == rec.File:
+			// Not replaced, yet its file is gone: removed behind S3.
+			return fmt.Errorf("complete upload %s: part %d: %w", id, rec.Number, err)
+		case trimQuotes(cur.ETag) != trimQuotes(*p.ETag) || cur.Size != rec.Size:
+			return invalid
+		}
+		rec = cur
 	}
-	defer src.Close()
+	// Replaced by the same bytes again and again while being joined.
+	return invalid
+}
+
+// appendFile appends the n bytes of src (at its start) to dst.
+func appendFile(dst, src *os.File, n int64) error {
 	written, err := dst.ReadFrom(&io.LimitedReader{R: src, N: n})
 	if err != nil {
 		return err
 	}
 	if written != n {
-		return fmt.Errorf("part file %s has %d bytes, recorded %d", name, written, n)
+		return fmt.Errorf("part file %s has %d bytes, recorded %d", src.Name(), written, n)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package objects
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -307,17 +308,40 @@ func (b *Backend) putPreconditions(r *os.Root, bucket, key string, ifMatch, ifNo
 		return nil
 	}
 	return func() error {
-		etag := ""
-		o, err := b.openObject(r, bucket, key)
-		exists := err == nil
-		if exists {
-			etag = o.m.ETag
-			o.f.Close()
-		} else if !isNoSuchKey(err) {
-			return err
+		o, why, err := b.inspect(r, bucket, key)
+		if err != nil {
+			if !isNoSuchKey(err) {
+				return err
+			}
+			return putConditions("", false, ifMatch, ifNoneMatch)
 		}
-		return putConditions(etag, exists, ifMatch, ifNoneMatch)
+		o.f.Close()
+		if why == "" {
+			return putConditions(o.m.ETag, true, ifMatch, ifNoneMatch)
+		}
+		// Changed behind S3: an object is there all the same, so
+		// If-None-Match: * fails (412), as S3's does for any object;
+		// If-Match has no ETag to compare with and answers the object's
+		// state, as GET does.
+		if ifNoneMatch == nil {
+			return errModified(bucket, key, why)
+		}
+		return existsModified(putConditions("", true, ifMatch, ifNoneMatch), bucket, key, why)
 	}
+}
+
+// existsModified gives the 412 of an If-None-Match that failed on an
+// object changed behind S3 (err, from putConditions) a message saying so;
+// other errors (NotImplemented) are returned as they are.
+func existsModified(err error, bucket, key, why string) error {
+	var pf s3err.PreconditionFailedError
+	if !errors.As(err, &pf) {
+		return err
+	}
+	pf.Description = fmt.Sprintf("At least one of the pre-conditions you specified did not hold: "+
+		"an object exists at %s/%s (If-None-Match: *), though it was modified outside S3 and is not served: %s.",
+		bucket, key, why)
+	return pf
 }
 
 // cloneMeta copies user metadata out of the request's buffers.
