@@ -344,12 +344,28 @@ func (b *Backend) answer(err error, op string, bucket, key *string) error {
 	if errors.As(err, &se) {
 		return se
 	}
+	if b.bucketGone(err, str(bucket)) {
+		return errNoSuchBucket()
+	}
 	if e, ok := errs.Public(err); ok && (e.Code == errs.CodeInsufficientCapacity || e.Code == errs.CodeStoreReadOnly) {
 		b.log.Warn("s3 write refused by the store", "op", op, "bucket", str(bucket), "key", str(key), "err", err)
 		return s3err.APIError{Code: e.Code, Description: e.Message, HTTPStatusCode: e.Kind.Status()}
 	}
 	b.log.Error("s3 internal error", "op", op, "bucket", str(bucket), "key", str(key), "err", err)
 	return err
+}
+
+// bucketGone reports whether err, a path not found, is that of a request
+// whose bucket was deleted after the request checked it: an empty
+// bucket's directory goes with it (DeleteBucket), and a write into it —
+// its data still in Work/tmp — then finds no directory to rename into.
+// The answer is the one the request gets a moment later: NoSuchBucket.
+func (b *Backend) bucketGone(err error, bucket string) bool {
+	if bucket == "" || !errors.Is(err, fs.ErrNotExist) || checkBucketName(bucket) != nil {
+		return false
+	}
+	_, serr := os.Lstat(filepath.Join(b.root, bucket))
+	return errors.Is(serr, fs.ErrNotExist)
 }
 
 func errNoSuchKey() error    { return s3err.GetAPIError(s3err.ErrNoSuchKey) }
