@@ -463,13 +463,15 @@ func (o *object) describe(rng *string, ifRng string, partNumber *int32, mode typ
 		if err != nil {
 			return nil, 0, 0, err
 		}
-		out.PartsCount = &count
 		if len(m.Parts) > 0 {
+			out.PartsCount = &count
 			whole = false
-			// An empty part has no byte range to name.
-			if length > 0 {
-				out.ContentRange = ptr(fmt.Sprintf("bytes %d-%d/%d", start, start+length-1, m.Size))
-			}
+		}
+		// An empty part has no byte range to name. Part 1 of an object
+		// not uploaded in parts is the whole object, which S3 answers
+		// as a range too (206, Content-Range), without a parts count.
+		if length > 0 {
+			out.ContentRange = ptr(fmt.Sprintf("bytes %d-%d/%d", start, start+length-1, m.Size))
 		}
 	case rng != nil && *rng != "" && (ifRng == "" || ifRangeHolds(ifRng, m.ETag, mtime)):
 		s, l, valid, err := backend.ParseObjectRange(m.Size, clampRange(*rng))

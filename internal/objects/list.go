@@ -8,7 +8,10 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
+	"path"
+	"strings"
 	"syscall"
 	"time"
 
@@ -105,6 +108,30 @@ func (l listFS) ReadDir(name string) ([]fs.DirEntry, error) {
 	return ents, err
 }
 
+// Stat: backend.Walk reads the directory of a prefix ("a" for "a/") and
+// then stats it, and fails the whole listing (500) if that fails. A
+// DELETE of the last object below it prunes the directory, which may
+// fall between the two: the directory is then described as an empty one
+// (a directory is never an object, listEntry skips it), and the files
+// read from it are found missing like any deleted meanwhile.
+func (l listFS) Stat(name string) (fs.FileInfo, error) {
+	fi, err := fs.Stat(l.FS, name)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		return goneDir(path.Base(name)), nil
+	}
+	return fi, err
+}
+
+// goneDir describes a directory removed during a listing.
+type goneDir string
+
+func (g goneDir) Name() string     { return string(g) }
+func (goneDir) Size() int64        { return 0 }
+func (goneDir) Mode() fs.FileMode  { return fs.ModeDir | 0o755 }
+func (goneDir) ModTime() time.Time { return time.Time{} }
+func (goneDir) IsDir() bool        { return true }
+func (goneDir) Sys() any           { return nil }
+
 // walk lists bucket with backend.Walk over the bucket directory (inside
 // an os.Root), then drops the common prefixes that hold no object (made
 // only of directories or files that are not exported). A page that
@@ -168,6 +195,49 @@ func (b *Backend) hasObjects(ctx context.Context, r *os.Root, bucket, dir string
 	return len(res.Objects) > 0, nil
 }
 
+// urlEncoding reports whether a listing was asked for with
+// encoding-type=url: in the input (direct calls), or in the request's
+// query — s3api does not pass the parameter on, and hands the backend
+// fasthttp's RequestCtx as ctx. Clients that ask for it decode every key
+// of the answer (rclone unescapes them whatever the answer says), so
+// ignoring it turned "a+b" into "a b" and "c%2F" into "c/" for them.
+func urlEncoding(ctx context.Context, asked types.EncodingType) bool {
+	if asked == types.EncodingTypeUrl {
+		return true
+	}
+	rc, ok := ctx.(interface{ RequestURI() []byte })
+	if !ok {
+		return false
+	}
+	_, query, _ := strings.Cut(string(rc.RequestURI()), "?")
+	q, _ := url.ParseQuery(query) // what parsed, despite a bad pair
+	return q.Get("encoding-type") == string(types.EncodingTypeUrl)
+}
+
+// encodeName URL-encodes a key, prefix or delimiter for a listing with
+// encoding-type=url, as S3 does: query escaping (a space is "+", a "+"
+// "%2B"), "/" left as it is. url.QueryUnescape, and the clients' decoders,
+// give back the name.
+func encodeName(s string) string {
+	return strings.ReplaceAll(url.QueryEscape(s), "%2F", "/")
+}
+
+// encodeNames URL-encodes, in place, the given names and the keys and
+// common prefixes of a listing.
+func encodeNames(objs []s3response.Object, cps []types.CommonPrefix, names ...*string) {
+	for i := range objs {
+		objs[i].Key = ptr(encodeName(*objs[i].Key))
+	}
+	for i := range cps {
+		cps[i].Prefix = ptr(encodeName(*cps[i].Prefix))
+	}
+	for _, n := range names {
+		if n != nil {
+			*n = encodeName(*n)
+		}
+	}
+}
+
 func maxKeys(p *int32) int32 {
 	if p == nil || *p < 0 {
 		return 1000
@@ -189,6 +259,10 @@ func (b *Backend) ListObjects(ctx context.Context, in *s3.ListObjectsInput) (s3r
 	}
 	if res.Truncated {
 		out.NextMarker = &res.NextMarker
+	}
+	if urlEncoding(ctx, in.EncodingType) {
+		out.EncodingType = types.EncodingTypeUrl
+		encodeNames(out.Contents, out.CommonPrefixes, out.Prefix, out.Marker, out.Delimiter, out.NextMarker)
 	}
 	return out, nil
 }
@@ -226,6 +300,11 @@ func (b *Backend) ListObjectsV2(ctx context.Context, in *s3.ListObjectsV2Input) 
 	if res.Truncated {
 		next := base64.RawURLEncoding.EncodeToString([]byte(res.NextMarker))
 		out.NextContinuationToken = &next
+	}
+	if urlEncoding(ctx, in.EncodingType) {
+		// The continuation tokens are ours, opaque, and stay as they are.
+		out.EncodingType = types.EncodingTypeUrl
+		encodeNames(out.Contents, out.CommonPrefixes, out.Prefix, out.Delimiter, out.StartAfter)
 	}
 	return out, nil
 }
