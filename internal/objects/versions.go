@@ -6,7 +6,8 @@ package objects
 // versions are ordinary files <bucket>/.basalt-versions/<key>/.basalt-version.<id>,
 // each with its own record (the xattr travels with the inode; in sidecar
 // mode the record is kept under the file's path as a pseudo-key). Delete
-// markers are empty files .basalt-versions/<key>/.basalt-version.<id>.delete-marker.
+// markers are empty files .basalt-versions/<key>/.basalt-version.<id>.delete-marker
+// (holding a note while the DELETE that made them runs: deleteMarker).
 // In a key's version directory, then, the names starting with ".basalt"
 // are its versions and every other name is the directory of a longer
 // key's versions: key components never start with ".basalt" (checkKey),
@@ -21,6 +22,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/http"
 	"os"
@@ -213,6 +215,10 @@ func (b *Backend) publishWrite(r *os.Root, bucket, key string, tmp *os.File, m *
 		_, err := b.publish(r, bucket, key, tmp, m)
 		return err
 	}
+	// What a DELETE of the key left unfinished is settled first.
+	if err := b.settleDeletes(r, bucket, key); err != nil {
+		return err
+	}
 	kept, err := b.keepCurrent(r, bucket, key, status == statusSuspended)
 	if err != nil {
 		return err
@@ -358,17 +364,25 @@ func (b *Backend) removeNull(r *os.Root, bucket, key string) error {
 	return nil
 }
 
-// addMarker creates the delete marker vid of key.
-func (b *Backend) addMarker(r *os.Root, bucket, key, vid string) error {
+// addMarker creates the delete marker vid of key. With a note (a
+// DELETE's, deleteNote) the marker is written aside first, under
+// pendingMarker in the same directory, and renamed into place with its
+// note already durable: a crash leaves either no marker or the marker
+// with its note, never a marker without the note.
+func (b *Backend) addMarker(r *os.Root, bucket, key, vid string, note []byte) error {
 	p := markerFile(key, vid)
 	dir := path.Dir(p)
+	name := p
+	if note != nil {
+		name = dir + "/" + pendingMarker
+	}
 	var f *os.File
 	err := inDir(r, dir, func(bool) error {
 		if err := mkdirs(r, bucket, p, dir, nil); err != nil {
 			return err
 		}
 		var err error
-		if f, err = r.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644); err != nil {
+		if f, err = r.OpenFile(name, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644); err != nil {
 			return fmt.Errorf("create delete marker %s/%s: %w", bucket, p, err)
 		}
 		return nil
@@ -376,14 +390,286 @@ func (b *Backend) addMarker(r *os.Root, bucket, key, vid string) error {
 	if err != nil {
 		return err
 	}
-	err = f.Sync()
+	if note != nil {
+		_, err = f.Write(note)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && note != nil {
+		// The directory holds the file written aside: no DELETE of
+		// another key prunes it meanwhile.
+		if err = r.Rename(name, p); err != nil {
+			err = fmt.Errorf("create delete marker %s/%s: %w", bucket, p, err)
+		}
+	}
+	if err != nil {
+		if note != nil {
+			_ = r.Remove(name)
+		}
+		return err
+	}
+	return syncIn(r, dir)
+}
+
+// A versioned DELETE without a version id (deleteMarker) changes two
+// names: the current object leaves the key and a delete marker appears.
+// No one step of the file system does both, so the marker comes first,
+// carrying a note that names the object it deletes (deleteNote), and
+// the object's unlink is the DELETE's commit point:
+//
+//   - While the key still holds the object the note names, the marker
+//     is not in effect: listings leave it out (keyVersions) and the
+//     object is current for GET and listing alike. A crash there leaves
+//     a DELETE that had no effect, and the next write or delete of the
+//     key (under its lock: settleDeletes) removes the marker, and the
+//     link keepCurrent made, as they were never made.
+//   - Once the object is unlinked the marker is the latest version for
+//     GET and listing alike; what is left (in Suspended mode the
+//     non-current null version, which the null marker replaces; then the
+//     note) is finished by finishDelete, by the DELETE itself or, after
+//     a crash, by settleDeletes.
+//
+// Had the unlink come first, a crash before the marker was made would
+// leave no current object and no marker: GET answers NoSuchKey while the
+// listing calls the version just kept the latest.
+const (
+	// pendingMarker is where, in a key's version directory, addMarker
+	// writes a marker with a note before renaming it into place. The
+	// name is no version's (parseVersionName): never listed or served.
+	pendingMarker = ".basalt-pending-marker"
+	// noteTag starts a delete marker's note.
+	noteTag = "basalt-delete"
+	// maxNote bounds the notes readNote reads.
+	maxNote = 256
+)
+
+// deleteNote is the note of a delete marker made by a DELETE of o, the
+// current object (nil: there is none).
+func deleteNote(o *object) []byte {
+	if o == nil {
+		return []byte(noteTag + "\n")
+	}
+	return fmt.Appendf(nil, "%s %s %d\n", noteTag, showVersion(o.versionID()), o.st.Ino)
+}
+
+// markerNote is a delete marker's note (deleteNote), parsed.
+type markerNote struct {
+	obj bool   // whether the DELETE was of a current object
+	vid string // its version id, as S3 shows it
+	ino uint64 // its inode
+}
+
+// names reports whether the note names the object o (not nil).
+func (n markerNote) names(o *object) bool {
+	return n.obj && n.ino == o.st.Ino && n.vid == showVersion(o.versionID())
+}
+
+// readNote reads the note of the delete marker at p, whose size is size;
+// ok is false if it has none (an empty marker: its DELETE has finished)
+// or one of no form of deleteNote's (left alone).
+func readNote(r *os.Root, p string, size int64) (n markerNote, ok bool) {
+	if size <= 0 || size > maxNote {
+		return n, false
+	}
+	f, err := r.Open(p)
+	if err != nil {
+		return n, false
+	}
+	defer f.Close()
+	buf := make([]byte, maxNote+1)
+	k, _ := io.ReadFull(f, buf)
+	text, ok := strings.CutSuffix(string(buf[:k]), "\n")
+	if !ok {
+		return n, false
+	}
+	fields := strings.Fields(text)
+	switch {
+	case len(fields) == 1 && fields[0] == noteTag:
+		return n, true
+	case len(fields) == 3 && fields[0] == noteTag && validVersionID(fields[1]):
+		ino, err := strconv.ParseUint(fields[2], 10, 64)
+		if err != nil {
+			return n, false
+		}
+		return markerNote{obj: true, vid: fields[1], ino: ino}, true
+	}
+	return n, false
+}
+
+// deleteMarker is a DELETE without a version id in a bucket with
+// versioning status status: the current object, if any, is kept as a
+// version (unless it is the null version and status is Suspended: then
+// it goes), and a delete marker becomes the latest version (in Suspended
+// mode the null one, replacing the null version). The order of the
+// steps, and what a crash between them leaves, is described above
+// pendingMarker. It returns the marker's id, as S3 shows it.
+func (b *Backend) deleteMarker(r *os.Root, bucket, key, status string, pre *backend.ObjectDeletePreconditions) (string, error) {
+	// The DELETE's conditions first: one that fails changes nothing.
+	cur, why, err := b.inspect(r, bucket, key)
+	if isNoSuchKey(err) {
+		cur = nil
+	} else if err != nil {
+		return "", err
+	} else {
+		cur.f.Close()
+		if err := deletePreconditions(bucket, key, cur.m, why, pre); err != nil {
+			return "", err
+		}
+	}
+	kept, err := b.keepCurrent(r, bucket, key, status == statusSuspended)
+	if err != nil {
+		return "", err
+	}
+	// undo removes what the DELETE made while the current object is
+	// still in place: the marker and the version file kept of it.
+	undo := func() {
+		if kept != "" {
+			_ = b.removeVersionFile(r, bucket, kept)
+		}
+		_ = b.settleDeletes(r, bucket, key)
+	}
+	mid := ""
+	if status != statusSuspended {
+		mid = newVersionID()
+	}
+	// A note is needed when a step follows the marker: the unlink of a
+	// current object, or (Suspended) the null version's removal.
+	var note []byte
+	if cur != nil || mid == "" {
+		note = deleteNote(cur)
+	}
+	if err := b.addMarker(r, bucket, key, mid, note); err != nil {
+		undo()
+		return "", err
+	}
+	if err := faultFS("delete marker made", key); err != nil {
+		return "", err
+	}
+	if removed, err := b.deleteObject(r, bucket, key, pre); err != nil {
+		// Once the object is unlinked the DELETE is in effect (the
+		// version file is its only link): settleDeletes finishes it.
+		if !removed {
+			undo()
+		}
+		return "", err
+	}
+	if note != nil {
+		if err := b.finishDelete(r, bucket, key, mid); err != nil {
+			return "", err
+		}
+	}
+	return showVersion(mid), nil
+}
+
+// finishDelete finishes a DELETE whose marker mid (with a note) is in
+// effect: in Suspended mode (mid null) the non-current null version goes,
+// then the marker's note.
+func (b *Backend) finishDelete(r *os.Root, bucket, key, mid string) error {
+	if mid == "" {
+		if p := versionFile(key, ""); fileExists(r, p) {
+			if err := b.removeVersionFile(r, bucket, p); err != nil {
+				return err
+			}
+		}
+	}
+	if err := faultFS("delete finish note", key); err != nil {
+		return err
+	}
+	p := markerFile(key, mid)
+	f, err := r.OpenFile(p, os.O_WRONLY, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("finish delete marker %s/%s: %w", bucket, p, err)
+	}
+	err = f.Truncate(0)
+	if err == nil {
+		err = f.Sync()
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
+		return fmt.Errorf("finish delete marker %s/%s: %w", bucket, p, err)
+	}
+	return nil
+}
+
+// fileExists reports whether p exists in r.
+func fileExists(r *os.Root, p string) bool {
+	_, err := r.Lstat(p)
+	return err == nil
+}
+
+// settleDeletes settles, under the key's lock, what a DELETE without a
+// version id left when it stopped (a crash, an error) before it had
+// finished: a marker written aside and never renamed into place goes; a
+// delete marker whose note names the object the key still holds is
+// undone (the marker goes, and the version file of the same inode that
+// keepCurrent made); one whose object is gone is finished (finishDelete).
+func (b *Backend) settleDeletes(r *os.Root, bucket, key string) error {
+	vdir := versionsDir + "/" + key
+	if aside := vdir + "/" + pendingMarker; fileExists(r, aside) {
+		if err := r.Remove(aside); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove %s/%s: %w", bucket, aside, err)
+		}
+		_ = syncIn(r, vdir)
+		pruneDirs(r, vdir)
+	}
+	vs, err := b.versionsOf(r, key)
+	if err != nil {
 		return err
 	}
-	return syncIn(r, dir)
+	for _, v := range vs {
+		if !v.marker {
+			continue
+		}
+		p := markerFile(key, v.id)
+		fi, err := r.Lstat(p)
+		if err != nil {
+			continue
+		}
+		n, ok := readNote(r, p, fi.Size())
+		if !ok {
+			continue
+		}
+		if n.obj {
+			o, err := b.openAny(r, bucket, key)
+			if err != nil && !isNoSuchKey(err) {
+				return err
+			}
+			if err == nil {
+				same := n.names(o)
+				o.f.Close()
+				if same {
+					// The DELETE stopped before its unlink: undone.
+					want := n.vid
+					if want == nullVersion {
+						want = ""
+					}
+					link := versionFile(key, want)
+					if li, err := r.Lstat(link); err == nil && li.Sys().(*syscall.Stat_t).Ino == n.ino {
+						if err := b.removeVersionFile(r, bucket, link); err != nil {
+							return err
+						}
+					}
+					if err := b.removeVersionFile(r, bucket, p); err != nil {
+						return err
+					}
+					continue
+				}
+			}
+		}
+		if err := b.finishDelete(r, bucket, key, v.id); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // deleteVersioned is DeleteObject on a bucket with versioning status
@@ -405,32 +691,17 @@ func (b *Backend) deleteVersioned(r *os.Root, bucket, key, vid, status string, p
 		_, err := b.deleteObject(r, bucket, key, pre)
 		return "", false, err
 	}
+	// What an earlier DELETE left unfinished is settled first.
+	if err := b.settleDeletes(r, bucket, key); err != nil {
+		return "", false, err
+	}
 	if vid == "" {
 		// A delete marker becomes the latest version.
-		kept, err := b.keepCurrent(r, bucket, key, status == statusSuspended)
+		mid, err := b.deleteMarker(r, bucket, key, status, pre)
 		if err != nil {
 			return "", false, err
 		}
-		if removed, err := b.deleteObject(r, bucket, key, pre); err != nil {
-			// Undo the keeping only if the current object is still in
-			// place: once unlinked, the version file is its only link.
-			if kept != "" && !removed {
-				_ = b.removeVersionFile(r, bucket, kept)
-			}
-			return "", false, err
-		}
-		mid := ""
-		if status == statusSuspended {
-			if err := b.removeNull(r, bucket, key); err != nil {
-				return "", false, err
-			}
-		} else {
-			mid = newVersionID()
-		}
-		if err := b.addMarker(r, bucket, key, mid); err != nil {
-			return "", false, err
-		}
-		return showVersion(mid), true, nil
+		return mid, true, nil
 	}
 	// A given version: the current object, a version file or a marker.
 	want := vid
@@ -462,7 +733,7 @@ func (b *Backend) deleteVersioned(r *os.Root, bucket, key, vid, status string, p
 					return "", false, err
 				}
 			}
-			return vid, false, b.promote(r, bucket, key)
+			return vid, false, b.promote(r, bucket, key, nil)
 		}
 		current = true
 	} else if !isNoSuchKey(err) {
@@ -485,21 +756,28 @@ func (b *Backend) deleteVersioned(r *os.Root, bucket, key, vid, status string, p
 		if restoreChecked != nil {
 			restoreChecked(bucket, key)
 		}
+		// The version the deletion uncovers (the newest one left, if it
+		// is no delete marker) is renamed to the key first, and only then
+		// is the deleted version or marker removed. A listing calls the
+		// current object the latest whatever the versions beside it
+		// (keyVersions) and GET serves it, so from the rename on both
+		// agree on the uncovered version, the marker still listed as an
+		// older entry; a crash between the two steps leaves that state,
+		// and a retry of this DELETE, which then finds a current object,
+		// only removes the marker. In the other order there is a moment
+		// (or, after a crash, a state) with no current object and no
+		// marker on top: GET answers NoSuchKey while the listing calls
+		// the version the latest. If the restore fails (the key's path
+		// was taken since checkRestore: a write of a longer key, under
+		// its own lock, made it a directory, say), nothing has changed.
+		if err := b.promote(r, bucket, key, &versionEntry{id: want, marker: marker}); err != nil {
+			return "", false, err
+		}
+		if err := faultFS("version uncovered", key); err != nil {
+			return "", false, err
+		}
 	}
 	if err := b.removeVersionFile(r, bucket, p); err != nil {
-		return "", false, err
-	}
-	if err := b.promote(r, bucket, key); err != nil {
-		if marker && isRestoreConflict(err) {
-			// The key's path was taken since checkRestore: a write of a
-			// longer key (under its own lock) made it a directory, say.
-			// promote changed nothing, and the marker goes back, so the
-			// DELETE changes nothing either (a marker's id holds its time,
-			// so it sorts where it was).
-			if aerr := b.addMarker(r, bucket, key, want); aerr != nil {
-				return "", false, errors.Join(err, aerr)
-			}
-		}
 		return "", false, err
 	}
 	return vid, marker, nil
@@ -565,8 +843,9 @@ func (b *Backend) restorable(r *os.Root, bucket, key string) error {
 
 // promote makes the newest remaining version of key the current object
 // when there is no current object and that version is not a delete
-// marker; checkRestore has made sure it can.
-func (b *Backend) promote(r *os.Root, bucket, key string) error {
+// marker; checkRestore has made sure it can. gone, if not nil, is a
+// version or marker about to be deleted: it does not count.
+func (b *Backend) promote(r *os.Root, bucket, key string, gone *versionEntry) error {
 	if o, err := b.openAny(r, bucket, key); err == nil {
 		o.f.Close()
 		return nil
@@ -574,8 +853,14 @@ func (b *Backend) promote(r *os.Root, bucket, key string) error {
 		return err
 	}
 	vs, err := b.versionsOf(r, key)
-	if err != nil || len(vs) == 0 || vs[0].marker {
+	if err != nil {
 		return err
+	}
+	if gone != nil {
+		vs = slices.DeleteFunc(vs, func(v versionEntry) bool { return v.id == gone.id && v.marker == gone.marker })
+	}
+	if len(vs) == 0 || vs[0].marker {
+		return nil
 	}
 	if err := b.restorable(r, bucket, key); err != nil {
 		return err
@@ -1003,10 +1288,11 @@ func (b *Backend) keyVersions(r *os.Root, bucket, key string, cur, old *dirChain
 		return v
 	}
 	curID, hasCur := "", false
+	var curObj *object
 	if o, err := b.openAny(cur, bucket, key); err == nil {
 		o.f.Close()
 		vid := o.versionID()
-		curID, hasCur = vid, true
+		curID, hasCur, curObj = vid, true, o
 		if v := describe(cur, key, vid); v != nil {
 			out = append(out, listedVersion{ver: v, id: vid, stamp: versionStamp(vid, o.st.Mtim.Nano())})
 		}
@@ -1026,6 +1312,12 @@ func (b *Backend) keyVersions(r *os.Root, bucket, key string, cur, old *dirChain
 			f := false
 			m := &types.DeleteMarkerEntry{Key: &k, VersionId: ptr(showVersion(e.id)), IsLatest: &f}
 			if fi, err := r.Lstat(markerFile(key, e.id)); err == nil {
+				// The marker of a DELETE that has not removed the
+				// current object (yet: or it stopped before) is not in
+				// effect (deleteMarker).
+				if n, ok := readNote(r, markerFile(key, e.id), fi.Size()); ok && hasCur && n.names(curObj) {
+					continue
+				}
 				t := fi.ModTime().UTC()
 				m.LastModified = &t
 			}
