@@ -60,6 +60,12 @@ func checkKey(key string) error {
 	if !utf8.ValidString(key) {
 		return invalidKey("the key is not valid UTF-8")
 	}
+	if i := strings.IndexAny(key, "\uFFFE\uFFFF"); i >= 0 {
+		// Not characters XML can carry: every listing would show the key
+		// with U+FFFD in their place, a key that is not the object's.
+		r, _ := utf8.DecodeRuneInString(key[i:])
+		return invalidKey("the key contains the noncharacter %U, which XML listings cannot carry", r)
+	}
 	for i := 0; i < len(key); i++ {
 		c := key[i]
 		if c == 0 {

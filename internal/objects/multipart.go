@@ -466,6 +466,25 @@ func (b *Backend) ListParts(ctx context.Context, in *s3.ListPartsInput) (s3respo
 // ListMultipartUploads lists a bucket's uploads (backend.ListMultipartUploads
 // pages them).
 func (b *Backend) ListMultipartUploads(ctx context.Context, in *s3.ListMultipartUploadsInput) (s3response.ListMultipartUploadsResult, error) {
+	out, err := b.listUploads(ctx, in)
+	if err == nil && urlEncoding(ctx, in.EncodingType) {
+		// As ListObjects: the names, URL-encoded (upload ids need none).
+		out.EncodingType = string(types.EncodingTypeUrl)
+		for i := range out.Uploads {
+			out.Uploads[i].Key = encodeName(out.Uploads[i].Key)
+		}
+		for i := range out.CommonPrefixes {
+			out.CommonPrefixes[i].Prefix = encodeName(out.CommonPrefixes[i].Prefix)
+		}
+		for _, n := range []*string{&out.Prefix, &out.Delimiter, &out.KeyMarker, &out.NextKeyMarker} {
+			*n = encodeName(*n)
+		}
+	}
+	return out, err
+}
+
+// listUploads is ListMultipartUploads but for the names' encoding.
+func (b *Backend) listUploads(ctx context.Context, in *s3.ListMultipartUploadsInput) (s3response.ListMultipartUploadsResult, error) {
 	bucket := str(in.Bucket)
 	prefix, delim, keyMarker, idMarker := str(in.Prefix), str(in.Delimiter), str(in.KeyMarker), str(in.UploadIdMarker)
 	r, err := b.openBucket(bucket)

@@ -1106,6 +1106,23 @@ func (b *Backend) findVersion(r *os.Root, bucket, key, vid string) (*object, str
 // versions newest first, and delete markers, by key. It reads every key
 // under the prefix before answering a page.
 func (b *Backend) ListObjectVersions(ctx context.Context, in *s3.ListObjectVersionsInput) (s3response.ListVersionsResult, error) {
+	out, err := b.listVersions(ctx, in)
+	if err == nil && urlEncoding(ctx, in.EncodingType) {
+		// As ListObjects: the names, URL-encoded (version ids need none).
+		out.EncodingType = types.EncodingTypeUrl
+		for i := range out.Versions {
+			out.Versions[i].Key = ptr(encodeName(*out.Versions[i].Key))
+		}
+		for i := range out.DeleteMarkers {
+			out.DeleteMarkers[i].Key = ptr(encodeName(*out.DeleteMarkers[i].Key))
+		}
+		encodeNames(nil, out.CommonPrefixes, out.Prefix, out.Delimiter, out.KeyMarker, out.NextKeyMarker)
+	}
+	return out, err
+}
+
+// listVersions is ListObjectVersions but for the names' encoding.
+func (b *Backend) listVersions(ctx context.Context, in *s3.ListObjectVersionsInput) (s3response.ListVersionsResult, error) {
 	bucket, prefix, delim := str(in.Bucket), str(in.Prefix), str(in.Delimiter)
 	keyMarker, vidMarker := str(in.KeyMarker), str(in.VersionIdMarker)
 	maxk := maxKeys(in.MaxKeys)
