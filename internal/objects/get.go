@@ -41,21 +41,6 @@ func s3code(err error) string {
 	return ""
 }
 
-// openObject opens bucket/key inside r and checks it: a regular file with
-// basalt metadata (else NoSuchKey) whose stat matches the record (else
-// ObjectModifiedOutsideS3).
-func (b *Backend) openObject(r *os.Root, bucket, key string) (*object, error) {
-	o, why, err := b.inspect(r, bucket, key)
-	if err != nil {
-		return nil, err
-	}
-	if why != "" {
-		o.f.Close()
-		return nil, errModified(bucket, key, why)
-	}
-	return o, nil
-}
-
 // opener opens the files of a bucket: its os.Root, or a listing's
 // dirChain.
 type opener interface {
@@ -253,7 +238,7 @@ func (b *Backend) openRequested(ctx context.Context, bucket, key, vid, method st
 	return o, nil, nil
 }
 
-// quickOpen is openObject's fast path for the current version of a key:
+// quickOpen is the fast path of GET's open for the current version of a key:
 // one openat2(2) below Root, where the general path opens the bucket as an
 // os.Root and walks the key a component at a time (a system call each).
 // It serves only the plain case — xattr records, no symbolic link on the

@@ -787,19 +787,6 @@ func (b *Backend) deleteVersioned(r *os.Root, bucket, key, vid, status string, p
 // that the version it uncovers can be restored, before it deletes.
 var restoreChecked func(bucket, key string)
 
-// isRestoreConflict reports whether err is restorable's refusal.
-func isRestoreConflict(err error) bool {
-	var ae s3err.APIError
-	if !errors.As(err, &ae) {
-		return false
-	}
-	switch ae.Code {
-	case "ExistingObjectIsDirectory", "ObjectParentIsFile", "KeyHoldsUnexportedFile":
-		return true
-	}
-	return false
-}
-
 // checkRestore is called before the version vid (a delete marker if
 // marker) of key, which has no current object, is deleted: if the newest
 // version left is not a delete marker, promote will make it the current
