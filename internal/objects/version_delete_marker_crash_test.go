@@ -58,6 +58,26 @@ func latestAgrees(c *s3.Client, bucket, key string) (string, error) {
 	return state, nil
 }
 
+// disagreements runs do with fsFault asking, at every step of a write or
+// delete, whether GET and the listing agree on bucket/key's latest
+// version (latestAgrees), and returns the steps where they did not.
+func disagreements(c *s3.Client, bucket, key string, do func()) []string {
+	var mu sync.Mutex
+	var bad []string
+	f := func(op, _ string) error {
+		if state, err := latestAgrees(c, bucket, key); err != nil {
+			mu.Lock()
+			bad = append(bad, fmt.Sprintf("at %s: %v (%s)", op, err, state))
+			mu.Unlock()
+		}
+		return nil
+	}
+	fsFault.Store(&f)
+	defer fsFault.Store(nil)
+	do()
+	return bad
+}
+
 // failAtStep makes the fault hook fail step op, as a crash there would
 // stop the request (the hook is cleared when the test ends).
 func failAtStep(t *testing.T, op string) {
@@ -93,20 +113,7 @@ func TestDeleteMarkerUncoverCrash(t *testing.T) {
 
 			// What readers see between the DELETE's steps (the hook
 			// runs while the DELETE holds the key's lock).
-			var mu sync.Mutex
-			var bad []string
-			f := func(op, _ string) error {
-				if state, err := latestAgrees(c, bk, key); err != nil {
-					mu.Lock()
-					bad = append(bad, fmt.Sprintf("at %s: %v (%s)", op, err, state))
-					mu.Unlock()
-				}
-				return nil
-			}
-			fsFault.Store(&f)
-			delVersion(t, c, bk, key, m)
-			fsFault.Store(nil)
-			if len(bad) > 0 {
+			if bad := disagreements(c, bk, key, func() { delVersion(t, c, bk, key, m) }); len(bad) > 0 {
 				t.Fatalf("%s: while marker %s was deleted: %v", key, m, bad)
 			}
 			want := []string{key + "@" + v2 + "*", key + "@" + v1}

@@ -1,12 +1,10 @@
 package objects
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -142,20 +140,8 @@ func TestDeleteMarkerCrash(t *testing.T) {
 				}
 
 				// Readers between the steps of a DELETE that completes.
-				var mu sync.Mutex
-				var bad []string
-				f := func(op, _ string) error {
-					if state, err := latestAgrees(c, bk, key); err != nil {
-						mu.Lock()
-						bad = append(bad, fmt.Sprintf("at %s: %v (%s)", op, err, state))
-						mu.Unlock()
-					}
-					return nil
-				}
-				fsFault.Store(&f)
-				m := aws.ToString(delVersion(t, c, bk, key, "").VersionId)
-				fsFault.Store(nil)
-				if len(bad) > 0 {
+				var m string
+				if bad := disagreements(c, bk, key, func() { m = aws.ToString(delVersion(t, c, bk, key, "").VersionId) }); len(bad) > 0 {
 					t.Fatalf("%s %s: while the DELETE ran: %v", status, key, bad)
 				}
 				if got, want := versions(t, c, bk, key, 1000), after(m); !sameVersions(got, want) {
