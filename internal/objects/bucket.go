@@ -148,8 +148,9 @@ func (b *Backend) ListBucketsAndOwners(ctx context.Context) ([]s3response.Bucket
 
 // DeleteBucket removes an empty bucket: BucketNotEmpty while it holds
 // objects, or files that are not (yet) objects. Its pending multipart
-// uploads go with it, as in S3; the upload requests racing it wait for it
-// or it for them (bucketLock), so none is left half there.
+// uploads go with it, as in S3; the upload requests and the writes
+// racing it wait for it or it for their publication (bucketLock), so
+// none is left half there.
 func (b *Backend) DeleteBucket(ctx context.Context, bucket string) (err error) {
 	defer func() { err = b.answer(err, "DeleteBucket", &bucket, nil) }()
 	bucket = strings.Clone(bucket)
@@ -167,7 +168,14 @@ func (b *Backend) DeleteBucket(ctx context.Context, bucket string) (err error) {
 	}
 	if err == nil {
 		visible, err := b.hasObjects(ctx, r, bucket, ".")
-		visible = visible || hasVersions(r)
+		if err == nil && !visible {
+			// A DELETE that stopped half way may have left a marker
+			// written aside, no version but a file all the same, which
+			// the next request on its key would settle: settled here,
+			// or the bucket could not be deleted until then.
+			err = b.settlePendingMarkers(r, bucket)
+			visible = hasVersions(r)
+		}
 		r.Close()
 		if err != nil {
 			return err
@@ -208,6 +216,59 @@ func (b *Backend) DeleteBucket(ctx context.Context, bucket string) (err error) {
 		if err := os.RemoveAll(dir); err != nil {
 			b.log.Warn("deleted bucket left files", "bucket", bucket, "dir", dir, "err", err)
 		}
+	}
+	return nil
+}
+
+// publishInBucket is publishWrite under bucketLock, shared, for the
+// writes that open their bucket before they receive or copy their data
+// (PutObject, CopyObject, PutImage). The lock covers the publication
+// only: a body being received holds none, so a DeleteBucket waits for
+// publications, not uploads. DeleteBucket, holding the lock exclusively,
+// then finds each such write either published (the bucket is not empty)
+// or not begun. Without the lock a write could land between
+// DeleteBucket's check that the bucket is empty and its removal of the
+// directory, which then failed BucketNotEmpty blaming "files that are
+// not S3 objects" for the object or key directory just made; and a
+// write after the removal made its sidecar directory again in
+// Work/sidecar, left there (empty) for a bucket created again under the
+// name. Under the lock the directory r was opened on must still be the
+// bucket's: if DeleteBucket removed it meanwhile (perhaps with a
+// CreateBucket of the name since, whose ACL this request was not
+// checked against), the write answers NoSuchBucket and touches nothing.
+func (b *Backend) publishInBucket(r *os.Root, bucket, key string, tmp *os.File, m *objectMeta, status string, check func() error) error {
+	hookStep("publish", key)
+	unlock, err := b.bucketLock(bucket, unix.LOCK_SH)
+	if err != nil {
+		return fmt.Errorf("publish %s/%s: %w", bucket, key, err)
+	}
+	defer unlock()
+	if err := b.stillBucket(r, bucket); err != nil {
+		return err
+	}
+	return b.publishWrite(r, bucket, key, tmp, m, status, check)
+}
+
+// stillBucket fails with NoSuchBucket unless r is open on the directory
+// Root/<bucket> now is (the caller holds bucketLock). Stat, not Lstat:
+// openBucket follows a symbolic link that stays below Root.
+func (b *Backend) stillBucket(r *os.Root, bucket string) error {
+	now, err := b.rootDir.Stat(bucket)
+	if errors.Is(err, fs.ErrNotExist) {
+		return errNoSuchBucket()
+	}
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", bucket, err)
+	}
+	opened, err := r.Stat(".")
+	if errors.Is(err, fs.ErrNotExist) {
+		return errNoSuchBucket()
+	}
+	if err != nil {
+		return fmt.Errorf("bucket %s as opened: %w", bucket, err)
+	}
+	if !os.SameFile(now, opened) {
+		return errNoSuchBucket()
 	}
 	return nil
 }

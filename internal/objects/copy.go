@@ -147,7 +147,7 @@ func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput)
 	if err := b.finish(rc, &m); err != nil {
 		return s3response.CopyObjectOutput{}, err
 	}
-	if err := b.publishWrite(dr, dstBucket, dstKey, tmp, &m, status, nil); err != nil {
+	if err := b.publishInBucket(dr, dstBucket, dstKey, tmp, &m, status, nil); err != nil {
 		return s3response.CopyObjectOutput{}, err
 	}
 	rc.published = true

@@ -468,11 +468,9 @@ func (o *object) describe(rng *string, ifRng string, partNumber *int32, mode typ
 			out.ContentRange = ptr(fmt.Sprintf("bytes %d-%d/%d", start, start+length-1, m.Size))
 		}
 	}
+	// x-amz-mp-parts-count only answers a request that names a part (set
+	// above): S3 sends none for a whole object or a Range, multipart or not.
 	out.ContentLength = &length
-	if len(m.Parts) > 0 && out.PartsCount == nil {
-		n := int32(len(m.Parts))
-		out.PartsCount = &n
-	}
 	if mode == types.ChecksumModeEnabled && whole && m.Checksum != nil {
 		f := m.Checksum.fields()
 		out.ChecksumCRC32, out.ChecksumCRC32C, out.ChecksumSHA1 = f.CRC32, f.CRC32C, f.SHA1

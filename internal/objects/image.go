@@ -97,7 +97,7 @@ func (b *Backend) PutImage(ctx context.Context, in ImageInput) (ObjectInfo, erro
 	if err := b.finish(&received{f: f, st: statOf(fi)}, m); err != nil {
 		return ObjectInfo{}, controlError(err)
 	}
-	if err := b.publishWrite(r, in.Bucket, in.Key, f, m, status, in.Check); err != nil {
+	if err := b.publishInBucket(r, in.Bucket, in.Key, f, m, status, in.Check); err != nil {
 		return ObjectInfo{}, controlError(err)
 	}
 	published = true

@@ -163,12 +163,13 @@ func (b *Backend) uploadLock(id string) (func(), error) {
 // CreateMultipartUpload from its check that the bucket is there through
 // making the upload's directory, UploadPart's publication of its part,
 // and Abort and Complete from their check that the upload is still there
-// through its removal (and Complete's publication of the object).
-// DeleteBucket then removes the bucket's uploads with none of those
-// halfway: each one landed before it (and is removed with the bucket, or
-// its object keeps the bucket) or comes after and finds no bucket or no
-// upload. A body being received holds no lock, so a DeleteBucket waits
-// for publications only. It is a flock on Work/locks/b<shard>, shared
+// through its removal (and Complete's publication of the object), and
+// the publication of a PUT, copy or snapshot export (publishInBucket).
+// DeleteBucket then removes the bucket with none of those halfway: each
+// one landed before it (and is removed with the bucket, or its object
+// keeps the bucket) or comes after and finds no bucket or no upload. A
+// body being received holds no lock, so a DeleteBucket waits for
+// publications only. It is a flock on Work/locks/b<shard>, shared
 // between gateways; it is taken before uploadLock and the key's locks.
 func (b *Backend) bucketLock(bucket string, how int) (func(), error) {
 	h := sha256.Sum256([]byte(bucket))

@@ -281,7 +281,7 @@ func (b *Backend) PutObject(ctx context.Context, in s3response.PutObjectInput) (
 	if err := b.finish(rc, m); err != nil {
 		return s3response.PutObjectOutput{}, err
 	}
-	if err := b.publishWrite(r, bucket, key, rc.f, m, status, check); err != nil {
+	if err := b.publishInBucket(r, bucket, key, rc.f, m, status, check); err != nil {
 		return s3response.PutObjectOutput{}, err
 	}
 	rc.published = true

@@ -14,17 +14,18 @@ import (
 )
 
 // TestPutRacesDeleteBucket: a PUT whose bucket is deleted between its
-// check of the bucket and its rename into place (the bucket was empty:
-// the PUT's data was still in Work/tmp) answers NoSuchBucket, as it would
-// a moment later. Before, its rename into the removed directory failed
-// and it answered 500 InternalError.
+// check of the bucket and its publication (the bucket was empty: the
+// PUT's data was still in Work/tmp) answers NoSuchBucket, as it would a
+// moment later. Before, its rename into the removed directory failed and
+// it answered 500 InternalError. (The publication itself takes
+// bucketLock, which DeleteBucket waits for: TestPublishHoldsBucketLock.)
 func TestPutRacesDeleteBucket(t *testing.T) {
 	inBothModes(t, func(t *testing.T, e *env, mode string) {
 		const bucket = "prdb"
 		mkBucket(t, e.alice, bucket)
 		var once sync.Once
 		onStep(t, func(op, name string) {
-			if op == "publish rename" {
+			if op == "publish" {
 				once.Do(func() {
 					if _, err := e.alice.DeleteBucket(ctx, &s3.DeleteBucketInput{Bucket: aws.String(bucket)}); err != nil {
 						t.Errorf("DeleteBucket of an empty bucket: %v", err)

@@ -1413,6 +1413,56 @@ func (b *Backend) versionedKeys(ctx context.Context, r *os.Root, prefix string) 
 	return keys, nil
 }
 
+// settlePendingMarkers settles (settleDeletes, under the key's lock) each
+// key whose version directory holds a marker a DELETE wrote aside
+// (pendingMarker) and, stopped by a crash or an error, never renamed into
+// place. Such a file is no version, but DeleteBucket cannot remove a
+// directory that holds it; settleDeletes removes it, as the next request
+// on the key would. The walk stops at the first real version or delete
+// marker, and then settles nothing: the bucket is not empty anyway. The
+// caller holds bucketLock exclusively.
+func (b *Backend) settlePendingMarkers(r *os.Root, bucket string) error {
+	var keys []string
+	versions := false
+	err := fs.WalkDir(r.FS(), versionsDir, func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // no versions, or a directory pruned meanwhile
+		}
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return nil
+		}
+		if d.Name() != pendingMarker {
+			versions = true
+			return fs.SkipAll
+		}
+		if key := strings.TrimPrefix(path.Dir(p), versionsDir+"/"); checkKey(key) == nil {
+			keys = append(keys, key)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("look for unfinished deletes in %s: %w", bucket, err)
+	}
+	if versions {
+		return nil
+	}
+	for _, key := range keys {
+		unlock, err := b.keyLock(bucket, key)
+		if err != nil {
+			return fmt.Errorf("settle deletes of %s/%s: %w", bucket, key, err)
+		}
+		err = b.settleDeletes(r, bucket, key)
+		unlock()
+		if err != nil {
+			return fmt.Errorf("settle deletes of %s/%s: %w", bucket, key, err)
+		}
+	}
+	return nil
+}
+
 // hasVersions reports whether the bucket holds any non-current version
 // or delete marker.
 func hasVersions(r *os.Root) bool {
