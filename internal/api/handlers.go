@@ -192,7 +192,16 @@ func (s *Server) extendVolume(w http.ResponseWriter, r *http.Request, c volume.C
 	if err != nil {
 		return err
 	}
-	return s.writeVolume(w, r, c, http.StatusOK, v)
+	status := http.StatusOK
+	if v.Status == meta.StatusExtending {
+		// The volume's writer, another node, had not extended it when
+		// the call stopped waiting (volume.delegateWait): it goes on
+		// there, and may still fail. 202, as for a snapshot handed on
+		// and not taken yet — not 200 with a size the volume does not
+		// have yet.
+		status = http.StatusAccepted
+	}
+	return s.writeVolume(w, r, c, status, v)
 }
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, c volume.Caller) error {

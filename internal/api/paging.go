@@ -51,8 +51,18 @@ func parseToken(s string) (meta.Position, bool) {
 	return meta.Position{Created: time.Unix(0, n).UTC(), ID: id}, true
 }
 
-// parsePageParams parses ?after (nil: none) and ?limit (0: none).
+// parsePageParams parses ?after (nil: none) and ?limit (0: none). Given
+// empty (?limit=, a script's "?limit=$N&after=$NEXT" with a variable
+// unset) they are refused, as an empty ?volume= is (volumeFilter): read
+// as left out, an empty limit answered the whole list, however long, and
+// an empty after the first page again — a paging loop whose token went
+// missing started over, for ever.
 func parsePageParams(q url.Values) (*meta.Position, int, error) {
+	for _, name := range pageParams {
+		if q.Has(name) && q.Get(name) == "" {
+			return nil, 0, errs.Invalid(errs.CodeInvalidRequest, "query parameter %s is empty: give it a value, or leave it out", name)
+		}
+	}
 	var after *meta.Position
 	if a := q.Get("after"); a != "" {
 		p, ok := parseToken(a)

@@ -164,8 +164,31 @@ func exactArgs(n int) cobra.PositionalArgs {
 			return usageErr("%s takes only %s; got %d arguments: %s (usage: %s)", cmd.CommandPath(), argNames(cmd),
 				len(args), quoteArgs(args), cmd.UseLine())
 		}
-		return nil
+		return checkEmptyArgs(cmd, args)
 	}
+}
+
+// checkEmptyArgs refuses an empty argument, as checkEmptyFlags refuses
+// an empty flag value: mostly a shell variable that was not set
+// (`basalt volume delete "$VOL"`). Sent as it is, it made a path no route
+// takes (GET /v1/volumes/), and the command failed with `route "GET
+// /v1/volumes/" not found (NotFound)`, naming neither the argument nor the
+// command line as the mistake; `snapshot create ""` and `attach ""` were
+// refused by the server only after a round trip, as a request missing its
+// volume.
+func checkEmptyArgs(cmd *cobra.Command, args []string) error {
+	names := strings.Fields(argNames(cmd))
+	for i, a := range args {
+		if a != "" {
+			continue
+		}
+		name := "argument"
+		if i < len(names) {
+			name = names[i]
+		}
+		return usageErr("%s was given an empty %s (an unset variable?): give it one (usage: %s)", cmd.CommandPath(), name, cmd.UseLine())
+	}
+	return nil
 }
 
 // minArgs is cobra.MinimumNArgs.

@@ -35,6 +35,8 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/lock"
 	"github.com/basalt-storage/basalt/internal/meta"
@@ -156,13 +158,55 @@ func (s *Service) lockFor(ctx context.Context, kind, id string, mode lock.Mode) 
 	if s.meta.QuorumLost() {
 		return nil, noQuorum(nil) // taking a lock is a write
 	}
-	l, err := s.locker(ctx)
-	if err != nil {
-		return nil, err
-	}
 	resource := kind + "/" + id
 	wctx, cancel := context.WithTimeout(ctx, lockWait)
 	defer cancel() // also ends an Acquire left behind
+	var l *lock.Locker
+	var h *lock.Held
+	var err error
+	for attempt := 0; ; attempt++ {
+		if l, err = s.locker(ctx); err != nil {
+			return nil, err
+		}
+		var quorumLost bool
+		if h, quorumLost, err = s.acquire(wctx, l, resource, mode); quorumLost {
+			return nil, noQuorum(nil)
+		}
+		// A session that ended while this node was cut off or paused
+		// for longer than its TTL is found out by its keepalives only
+		// a while later: until then every request queued on it is
+		// refused (its lease is gone), and a workflow was answered 503
+		// MetadataUnavailable although the metadata cluster was fine.
+		// Nothing was queued then: queue again, once, on a new session.
+		if err != nil && attempt == 0 && ctx.Err() == nil && sessionGone(l, err) {
+			s.dropLocker(l)
+			continue
+		}
+		break
+	}
+	if err != nil {
+		switch {
+		case s.meta.QuorumLost():
+			return nil, noQuorum(nil) // the wait was etcd's, not a holder's
+		case ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+			return nil, s.busy(ctx, l, kind, id)
+		case s.meta.NoQuorum(ctx, err):
+			return nil, noQuorum(err)
+		}
+		return nil, errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable, "workflow lock on %s %s: %v", kind, id, err)
+	}
+	if testHookLocked != nil {
+		testHookLocked(h)
+	}
+	return &workflowLock{what: kind + " " + id, held: h}, nil
+}
+
+// acquire takes resource in mode through l, waiting until wctx ends,
+// and returns the lock or Acquire's error — or quorumLost, when this node
+// found the metadata quorum lost meanwhile: Acquire then runs on in the
+// background until it has left the queue, and a lock it was granted
+// meanwhile is released.
+func (s *Service) acquire(wctx context.Context, l *lock.Locker, resource string, mode lock.Mode) (h *lock.Held, quorumLost bool, err error) {
 	type result struct {
 		h   *lock.Held
 		err error
@@ -183,44 +227,54 @@ func (s *Service) lockFor(ctx context.Context, kind, id string, mode lock.Mode) 
 	}
 	tick := time.NewTicker(quorumPoll)
 	defer tick.Stop()
-	var h *lock.Held
-wait:
 	for {
 		select {
 		case r := <-res:
-			h, err = r.h, r.err
-			break wait
+			return r.h, false, r.err
 		case <-wctx.Done():
 			select {
 			case r := <-res: // Acquire finished meanwhile: its answer stands
-				h, err = r.h, r.err
+				return r.h, false, r.err
 			default:
 				leave()
-				err = wctx.Err()
+				return nil, false, wctx.Err()
 			}
-			break wait
 		case <-tick.C:
 			if s.meta.QuorumLost() {
 				leave()
-				return nil, noQuorum(nil)
+				return nil, true, nil
 			}
 		}
 	}
-	if err != nil {
-		switch {
-		case s.meta.QuorumLost():
-			return nil, noQuorum(nil) // the wait was etcd's, not a holder's
-		case ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
-			return nil, s.busy(ctx, l, kind, id)
-		case s.meta.NoQuorum(ctx, err):
-			return nil, noQuorum(err)
-		}
-		return nil, errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable, "workflow lock on %s %s: %v", kind, id, err)
+}
+
+// sessionGone reports whether err, the failure of a request queued on l,
+// says that l's session has ended: its lease is gone from the metadata
+// cluster (expired while this node was cut off or paused), or l found its
+// session ended (lock.ErrLost, Done closed). Nothing of the request is
+// left in the queue then.
+func sessionGone(l *lock.Locker, err error) bool {
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) || strings.Contains(err.Error(), "requested lease not found") {
+		return true
 	}
-	if testHookLocked != nil {
-		testHookLocked(h)
+	select {
+	case <-l.Done():
+		return errors.Is(err, lock.ErrLost)
+	default:
+		return false
 	}
-	return &workflowLock{what: kind + " " + id, held: h}, nil
+}
+
+// dropLocker forgets l, whose session has ended, so that the next lock is
+// taken on a new session, and closes it (its keepalives stop; the revoke
+// of its lease, already gone, is not waited for).
+func (s *Service) dropLocker(l *lock.Locker) {
+	s.lockMu.Lock()
+	if s.lockr == l {
+		s.lockr = nil
+	}
+	s.lockMu.Unlock()
+	go l.Close()
 }
 
 // busy is the answer to a lock wait that ran out: 409 VolumeBusy naming the
