@@ -23,6 +23,11 @@ import (
 const (
 	readBufSize  = 64 << 10
 	writeBufSize = 256 << 10
+	// handshakeBufSize sizes both buffers until an export is chosen
+	// (growBuffers): a connection that never gets that far — anyone can
+	// open thousands, unauthenticated, each for HandshakeTimeout — would
+	// otherwise hold 320 KiB of transmission buffers doing nothing.
+	handshakeBufSize = 4 << 10
 	// largeReply: payloads this big bypass the write buffer (writev).
 	largeReply = 64 << 10
 	// nowaitMax: reads up to this size are tried in the reader goroutine
@@ -45,6 +50,7 @@ type conn struct {
 	structured   bool
 	metaSelected bool
 	metaExport   string
+	openFailures int // INFO and GO that Exports.Open refused (handshake.go)
 
 	exp     *Export
 	dev     block.Device
@@ -130,8 +136,30 @@ func newConn(s *Server, nc net.Conn) *conn {
 	if c.sock != nil {
 		rw = c.sock
 	}
-	c.r, c.w = bufio.NewReaderSize(rw, readBufSize), bufio.NewWriterSize(rw, writeBufSize)
+	c.r, c.w = bufio.NewReaderSize(rw, handshakeBufSize), bufio.NewWriterSize(rw, handshakeBufSize)
 	return c
+}
+
+// growBuffers gives a connection that has chosen its export the
+// transmission's buffers. The handshake flushed every reply, so the
+// writer holds nothing. The reader is kept if it holds bytes (a client
+// that sent requests before it read GO's reply): they cannot be moved
+// into a new one without a wrapper under it, which the reads that bypass
+// it (readPayload, spliceIn) must not have; such a connection reads its
+// requests in smaller batches, nothing worse.
+func (c *conn) growBuffers() {
+	var rw io.ReadWriter = c.nc
+	if c.sock != nil {
+		rw = c.sock
+	}
+	if c.r.Buffered() == 0 {
+		c.r = bufio.NewReaderSize(rw, readBufSize)
+	}
+	c.wmu.Lock()
+	if c.w.Buffered() == 0 {
+		c.w = bufio.NewWriterSize(rw, writeBufSize)
+	}
+	c.wmu.Unlock()
 }
 
 // shutdown closes the connection; the reader then ends the session. It
@@ -189,6 +217,7 @@ func (c *conn) run() {
 		// deadline quiesce had set.
 		return
 	}
+	c.growBuffers()
 	c.exp, c.dev, c.size, c.stats = exp, exp.Device, uint64(exp.Device.Size()), exp.Stats
 	c.nowait, _ = exp.Device.(block.NoWaitReader)
 	if !c.local {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"time"
 )
 
@@ -17,6 +18,8 @@ var errAbort = errors.New("client aborted negotiation")
 type option struct {
 	code uint32
 	data []byte
+	// tooBig: its data, longer than maxOptionLen, was discarded unread.
+	tooBig bool
 }
 
 // handshake runs the fixed-newstyle negotiation and returns the export the
@@ -63,8 +66,11 @@ func (c *conn) handshake() (*Export, error) {
 	}
 }
 
-// readOption reads one option request. Over-long options end the session:
-// no legal option is that large, and reading it would cost unbounded memory.
+// readOption reads one option request. Data longer than any option this
+// server takes is discarded as it arrives rather than held (tooBig): the
+// framing is sound, and the spec lets a server skip what it does not
+// understand and wants such options refused, not the session dropped.
+// Data beyond maxSkippedOption ends the session.
 func readOption(r io.Reader) (option, error) {
 	var h [16]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
@@ -75,8 +81,15 @@ func readOption(r io.Reader) (option, error) {
 	}
 	o := option{code: be.Uint32(h[8:])}
 	n := be.Uint32(h[12:])
+	if n > maxSkippedOption {
+		return option{}, fmt.Errorf("option %d: length %d exceeds %d", o.code, n, maxSkippedOption)
+	}
 	if n > maxOptionLen {
-		return option{}, fmt.Errorf("option %d: length %d exceeds %d", o.code, n, maxOptionLen)
+		if _, err := io.CopyN(io.Discard, r, int64(n)); err != nil {
+			return option{}, fmt.Errorf("option %d: discarding %d bytes of data: %w", o.code, n, err)
+		}
+		o.tooBig = true
+		return o, nil
 	}
 	o.data = make([]byte, n)
 	if _, err := io.ReadFull(r, o.data); err != nil {
@@ -150,6 +163,9 @@ func (c *conn) option(ctx context.Context, o option) (*Export, error) {
 			return nil, c.replyErr(o.code, repErrTLSReqd, "this server requires TLS: use STARTTLS")
 		}
 	}
+	if o.tooBig {
+		return c.refuseTooBig(o)
+	}
 	switch o.code {
 	case optExportName:
 		return c.exportName(ctx, string(o.data))
@@ -178,7 +194,35 @@ func (c *conn) option(ctx context.Context, o option) (*Export, error) {
 	return nil, c.replyErr(o.code, repErrUnsup, "option %d is not supported", o.code)
 }
 
+// refuseTooBig answers an option whose data readOption discarded.
+func (c *conn) refuseTooBig(o option) (*Export, error) {
+	switch o.code {
+	case optExportName:
+		// Cannot be refused; and no export has a name that long.
+		return nil, fmt.Errorf("EXPORT_NAME: name of over %d bytes", maxOptionLen)
+	case optAbort:
+		// Its data is to be ignored.
+		c.reply(o.code, repAck, nil)
+		return nil, errAbort
+	case optList, optStartTLS, optStructuredReply:
+		// The spec's answer to these with any data.
+		return nil, c.replyErr(o.code, repErrInvalid, "option %d takes no data", o.code)
+	case optSetMetaContext:
+		// Even a failed SET replaces the contexts selected before.
+		c.metaSelected = false
+	case optInfo, optGo, optListMetaContext:
+	default:
+		return nil, c.replyErr(o.code, repErrUnsup, "option %d is not supported", o.code)
+	}
+	return nil, c.replyErr(o.code, repErrTooBig, "option %d: more than %d bytes of data", o.code, maxOptionLen)
+}
+
 func (c *conn) exportName(ctx context.Context, name string) (*Export, error) {
+	if len(name) > maxString {
+		// No export has such a name (INFO and GO refuse it as
+		// malformed); not worth a lookup by Exports.Open.
+		return nil, fmt.Errorf("EXPORT_NAME: name of %d bytes exceeds the protocol's %d", len(name), maxString)
+	}
 	exp, err := c.srv.Exports.Open(ctx, name, c.tlsState())
 	if err != nil {
 		return nil, fmt.Errorf("EXPORT_NAME: %w", err) // the spec's only answer: close
@@ -218,8 +262,9 @@ func (c *conn) startTLS(o option) error {
 		return fmt.Errorf("TLS handshake: %w", err)
 	}
 	c.nc, c.tls, c.sock = tc, true, nil // the socket now carries TLS records
-	c.r = bufio.NewReaderSize(tc, readBufSize)
-	c.w = bufio.NewWriterSize(tc, writeBufSize)
+	// Small until an export is chosen, as before STARTTLS (growBuffers).
+	c.r = bufio.NewReaderSize(tc, handshakeBufSize)
+	c.w = bufio.NewWriterSize(tc, handshakeBufSize)
 	c.tlsc.Store(tc) // from now on shutdown ends the session with close_notify
 	// The spec: no negotiation state survives STARTTLS.
 	c.structured, c.metaSelected, c.metaExport = false, false, ""
@@ -266,8 +311,16 @@ func (c *conn) infoGo(ctx context.Context, o option) (*Export, error) {
 	case err != nil:
 		// The client hears only ERR_UNKNOWN (the reason may concern an
 		// attachment it should not learn about); the log keeps the reason.
-		// (Not the name: an export name is its attachment's secret.)
-		c.log.Info("export not opened", "err", err)
+		// (Not the name: an export name is its attachment's secret.) At
+		// Info once per connection: a client may try any number of names
+		// within the handshake, and a line for each would let anyone
+		// flood the node's log.
+		c.openFailures++
+		level := slog.LevelInfo
+		if c.openFailures > 1 {
+			level = slog.LevelDebug
+		}
+		c.log.Log(ctx, level, "export not opened", "err", err, "failures", c.openFailures)
 		return nil, c.replyErr(o.code, repErrUnknown, "export not available")
 	}
 	var info [14]byte
@@ -284,7 +337,9 @@ func (c *conn) infoGo(ctx context.Context, o option) (*Export, error) {
 			err = c.reply(o.code, repInfo, append([]byte{0, infoName}, exp.Name...))
 		case infoDescription:
 			if exp.Description != "" {
-				err = c.reply(o.code, repInfo, append([]byte{0, infoDescription}, exp.Description...))
+				// A protocol string (valid UTF-8, at most 4 KiB); the
+				// description holds fields nobody bounds (a host name).
+				err = c.reply(o.code, repInfo, append([]byte{0, infoDescription}, message("%s", exp.Description)...))
 			}
 		}
 	}

@@ -296,11 +296,12 @@ func TestOptionFraming(t *testing.T) {
 	c.write(b)
 	c.expectClosed("bad option magic")
 
-	// An option longer than the server accepts (64 KiB) ends the session
-	// instead of costing unbounded memory.
+	// An option longer than the server skips (32 MiB) ends the session;
+	// a shorter one that is still too long is refused
+	// (TestOversizedOptionRefused).
 	c = connect(t, addr, clientFixed)
 	h := encOption(99, nil)
-	be.PutUint32(h[12:], maxOptionLen+1)
+	be.PutUint32(h[12:], maxSkippedOption+1)
 	c.write(h)
 	c.expectClosed("over-long option")
 

@@ -174,9 +174,15 @@ const (
 	MaxPayload = 32 << 20
 	// preferredBlock is the advertised preferred block size.
 	preferredBlock = 4096
-	// maxOptionLen bounds option data during haggling; the largest legal
-	// option is a meta-context request with a few 4 KiB strings.
+	// maxOptionLen bounds the option data read during haggling; the
+	// largest option this server takes is a meta-context request with a
+	// few 4 KiB strings.
 	maxOptionLen = 64 << 10
+	// maxSkippedOption bounds the data of an option refused for being
+	// longer (readOption): discarded as it comes, it costs no memory, and
+	// the spec asks that nothing up to its interoperable 32 MiB payload be
+	// taken for a denial of service. Beyond, the session ends.
+	maxSkippedOption = MaxPayload
 	// maxString is the protocol's limit on strings.
 	maxString = 4096
 	// metaContextID is the id of base:allocation on every connection.
