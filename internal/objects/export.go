@@ -358,6 +358,28 @@ func (b *Backend) Export(ctx context.Context, bucket, key string) (ObjectInfo, e
 	if err := controlKey(bucket, key); err != nil {
 		return ObjectInfo{}, err
 	}
+	status, err := b.versioning(ctx, bucket)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	if status != "" {
+		// What an earlier DELETE or write of the key left unfinished is
+		// settled first, as by every S3 write of a key, and before the
+		// file's links are counted: such a request links the current
+		// object into .basalt-versions before its commit point, and the
+		// link, which settling removes, would have the object refused
+		// as a file of two names (errHardLinked) until the next S3
+		// request on the key. Settled again under the lock below.
+		unlock, err := b.keyLock(bucket, key)
+		if err != nil {
+			return ObjectInfo{}, err
+		}
+		err = b.settleDeletes(r, bucket, key)
+		unlock()
+		if err != nil {
+			return ObjectInfo{}, err
+		}
+	}
 	if _, err := regularFile(r, bucket, key); err != nil {
 		return ObjectInfo{}, err
 	}
@@ -403,15 +425,17 @@ func (b *Backend) Export(ctx context.Context, bucket, key string) (ObjectInfo, e
 	// writes check the record it replaces, and in a versioned bucket the
 	// record says which version the file is, which PUTs and DELETEs read
 	// to keep it.
-	status, err := b.versioning(ctx, bucket)
-	if err != nil {
-		return ObjectInfo{}, err
-	}
 	unlock, err := b.keyLock(bucket, key)
 	if err != nil {
 		return ObjectInfo{}, err
 	}
 	defer unlock()
+	if status != "" {
+		// A DELETE may have stopped since the settling above.
+		if err := b.settleDeletes(r, bucket, key); err != nil {
+			return ObjectInfo{}, err
+		}
+	}
 	// What the old record said that is not about the bytes.
 	var old *objectMeta
 	if m, err := b.meta.read(f, bucket, key); err == nil {
@@ -497,11 +521,30 @@ func (b *Backend) Unexport(ctx context.Context, bucket, key string) (ObjectInfo,
 	// record is removed by key, and a PUT publishing between the read of
 	// the record and its removal would lose its own record to it (its
 	// acknowledged object turned into a file written directly).
+	status, err := b.versioning(ctx, bucket)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
 	unlock, err := b.keyLock(bucket, key)
 	if err != nil {
 		return ObjectInfo{}, err
 	}
 	defer unlock()
+	if status != "" {
+		// What an earlier DELETE of the key left unfinished is settled
+		// first, as by every S3 write of a key. A DELETE stopped before
+		// its commit point (the object's unlink) left a marker naming
+		// the object and a link of it among the versions; the
+		// object's record removed, the marker would name no current
+		// object and take effect — a delete marker the DELETE never
+		// made, on top of the version the link then is (with xattrs,
+		// a file without a record: the record went with the inode),
+		// which would also make that marker undeletable
+		// (KeyHoldsUnexportedFile where the version would be restored).
+		if err := b.settleDeletes(r, bucket, key); err != nil {
+			return ObjectInfo{}, err
+		}
+	}
 	p := b.objectPath(bucket, key)
 	notExported := errs.New(errs.KindNotFound, CodeNotExported, "%s/%s is not an object (it has no record): nothing to unexport", bucket, key)
 	if _, err := regularFile(r, bucket, key); err != nil {

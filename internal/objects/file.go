@@ -426,12 +426,13 @@ func hookStep(op, name string) {
 // delete's change is made: it is asked before "sync dir" in publish
 // (after the rename) and before "delete sync dir" in deleteObject (after
 // the unlink), and an error it returns is that step's. A versioned
-// DELETE also asks it at "delete marker made" (deleteMarker: the marker
-// in place, the current object not yet removed), "delete finish note"
-// (finishDelete: all done but clearing the marker's note) and "version
-// uncovered" (DELETE ?versionId=: the uncovered version restored, the
-// deleted one not yet removed); an error there stops the DELETE as a
-// crash would.
+// DELETE also asks it at "delete version kept" (deleteMarker: the
+// current object linked to its version file, no marker made yet),
+// "delete marker made" (the marker in place, the current object not yet
+// removed), "delete finish note" (finishDelete: all done but clearing
+// the marker's note) and "version uncovered" (DELETE ?versionId=: the
+// uncovered version restored, the deleted one not yet removed); an
+// error there stops the DELETE as a crash would.
 var fsFault atomic.Pointer[func(op, name string) error]
 
 func faultFS(op, name string) error {

@@ -422,7 +422,8 @@ func (b *Backend) addMarker(r *os.Root, bucket, key, vid string, note []byte) er
 // the object's unlink is the DELETE's commit point:
 //
 //   - While the key still holds the object the note names, the marker
-//     is not in effect: listings leave it out (keyVersions) and the
+//     is not in effect: listings leave it out (keyVersions), GET
+//     ?versionId= of it knows no such version (findVersion), and the
 //     object is current for GET and listing alike. A crash there leaves
 //     a DELETE that had no effect, and the next write or delete of the
 //     key (under its lock: settleDeletes) removes the marker, and the
@@ -466,6 +467,22 @@ type markerNote struct {
 // names reports whether the note names the object o (not nil).
 func (n markerNote) names(o *object) bool {
 	return n.obj && n.ino == o.st.Ino && n.vid == showVersion(o.versionID())
+}
+
+// markerPending reports whether delete marker id ("" for null) of key is
+// not in effect: its note names cur (not nil), the object the key still
+// holds, so the DELETE that made it has not reached its commit point, the
+// object's unlink (or stopped before it). Listings leave such a marker
+// out (keyVersions) and GET ?versionId= knows no such version
+// (findVersion); the next request on the key removes it (settleDeletes).
+func markerPending(r *os.Root, key, id string, cur *object) bool {
+	p := markerFile(key, id)
+	fi, err := r.Lstat(p)
+	if err != nil {
+		return false
+	}
+	n, ok := readNote(r, p, fi.Size())
+	return ok && n.names(cur)
 }
 
 // readNote reads the note of the delete marker at p, whose size is size;
@@ -522,6 +539,9 @@ func (b *Backend) deleteMarker(r *os.Root, bucket, key, status string, pre *back
 	}
 	kept, err := b.keepCurrent(r, bucket, key, status == statusSuspended)
 	if err != nil {
+		return "", err
+	}
+	if err := faultFS("delete version kept", key); err != nil {
 		return "", err
 	}
 	// undo removes what the DELETE made while the current object is
@@ -612,7 +632,53 @@ func fileExists(r *os.Root, p string) bool {
 // delete marker whose note names the object the key still holds is
 // undone (the marker goes, and the version file of the same inode that
 // keepCurrent made); one whose object is gone is finished (finishDelete).
+// Last, a version file that is the current object itself (dropKeptLink)
+// goes.
 func (b *Backend) settleDeletes(r *os.Root, bucket, key string) error {
+	if err := b.settleMarkers(r, bucket, key); err != nil {
+		return err
+	}
+	return b.dropKeptLink(r, bucket, key)
+}
+
+// dropKeptLink removes the version file of the current object's own id
+// when it is the current object's file (the same inode): a link
+// keepCurrent made for a write or DELETE that stopped before it replaced
+// or unlinked the object and before a marker named it (a DELETE between
+// keepCurrent and its marker's rename, a write before its rename). It is
+// the same version, which listings show once (keyVersions) and DELETE
+// ?versionId= removes with the object (replaceCurrent), but a second name
+// of the object's file all the same: export refuses a file of two names
+// (errHardLinked), and in sidecar mode, should the key's file be
+// replaced behind S3 (the key's record, and so its version id, stays),
+// the listing, which skips a version file of the current object's id,
+// would hide the only copy of that version. The object keeps its name at
+// the key, so nothing is lost. The common case costs a stat: a file of
+// one name has no such link.
+func (b *Backend) dropKeptLink(r *os.Root, bucket, key string) error {
+	fi, err := r.Lstat(key)
+	if err != nil || !fi.Mode().IsRegular() || statOf(fi).Nlink < 2 {
+		return nil
+	}
+	o, err := b.openAny(r, bucket, key)
+	if isNoSuchKey(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("settle deletes of %s/%s: %w", bucket, key, err)
+	}
+	defer o.f.Close()
+	link := versionFile(key, o.versionID())
+	li, err := r.Lstat(link)
+	if err != nil || !li.Mode().IsRegular() || statOf(li).Ino != o.st.Ino {
+		return nil
+	}
+	return b.removeVersionFile(r, bucket, link)
+}
+
+// settleMarkers is settleDeletes without dropKeptLink: the markers (and
+// a marker written aside) a stopped DELETE left.
+func (b *Backend) settleMarkers(r *os.Root, bucket, key string) error {
 	vdir := versionsDir + "/" + key
 	if aside := vdir + "/" + pendingMarker; fileExists(r, aside) {
 		if err := r.Remove(aside); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -1067,11 +1133,13 @@ func (b *Backend) findVersion(r *os.Root, bucket, key, vid string) (*object, str
 		want = ""
 	}
 	o, why, err := b.inspect(r, bucket, key)
+	var cur *object // the current object, if it is not the version asked for
 	if err == nil {
 		if o.versionID() == want {
 			return o, key, why, nil
 		}
-		o.f.Close()
+		cur = o
+		defer cur.f.Close()
 	} else if !isNoSuchKey(err) {
 		return nil, "", "", err
 	}
@@ -1084,7 +1152,13 @@ func (b *Backend) findVersion(r *os.Root, bucket, key, vid string) (*object, str
 		return nil, "", "", err
 	}
 	if _, merr := r.Lstat(markerFile(key, want)); merr == nil {
-		return nil, "", "", s3err.GetAPIError(s3err.ErrMethodNotAllowed)
+		// The marker of a DELETE that has not unlinked the object the
+		// key still holds is no version (the listing leaves it out, and
+		// the next request on the key removes it): as if it did not
+		// exist, not the 405 of a delete marker.
+		if cur == nil || !markerPending(r, key, want, cur) {
+			return nil, "", "", s3err.GetAPIError(s3err.ErrMethodNotAllowed)
+		}
 	}
 	return nil, "", "", s3err.GetNoSuchVersionErr(key, vid)
 }
@@ -1316,11 +1390,8 @@ func (b *Backend) keyVersions(r *os.Root, bucket, key string, cur, old *dirChain
 			f := false
 			m := &types.DeleteMarkerEntry{Key: &k, VersionId: ptr(showVersion(e.id)), IsLatest: &f}
 			if fi, err := r.Lstat(markerFile(key, e.id)); err == nil {
-				// The marker of a DELETE that has not removed the
-				// current object (yet: or it stopped before) is not in
-				// effect (deleteMarker).
-				if n, ok := readNote(r, markerFile(key, e.id), fi.Size()); ok && hasCur && n.names(curObj) {
-					continue
+				if hasCur && markerPending(r, key, e.id, curObj) {
+					continue // its DELETE has not unlinked the current object
 				}
 				t := fi.ModTime().UTC()
 				m.LastModified = &t
