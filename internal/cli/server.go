@@ -14,6 +14,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/cluster"
 	"github.com/basalt-storage/basalt/internal/errs"
+	"github.com/basalt-storage/basalt/internal/nbd"
 	"github.com/basalt-storage/basalt/internal/objects"
 	"github.com/basalt-storage/basalt/internal/server"
 	"github.com/basalt-storage/basalt/internal/size"
@@ -55,6 +56,9 @@ command line wins over the environment, which wins over the file.`,
 				if cfg.NBDMaxInFlight, err = size.Parse(nbdInFlight); err != nil || cfg.NBDMaxInFlight <= 0 {
 					return usageErr("--nbd-max-inflight: want a size greater than 0 (e.g. 512MiB), got %q", nbdInFlight)
 				}
+			}
+			if cfg.NBDMaxHandshakes <= 0 {
+				return usageErr("--nbd-max-handshakes: want a number greater than 0, got %d", cfg.NBDMaxHandshakes)
 			}
 			if !(cfg.Overcommit > 0 && cfg.Overcommit <= volume.MaxOvercommit) { // NaN fails too
 				return usageErr("--overcommit must be a number greater than 0 and at most %g, not %v", volume.MaxOvercommit, cfg.Overcommit)
@@ -105,6 +109,7 @@ command line wins over the environment, which wins over the file.`,
 	f.StringVar(&cfg.S3TrustFile, "s3-trust-file", objects.DefaultTrustFile, "where a uid vouches for the S3 user mapped to it ({home}: its home directory, {uid}: its number); see docs/objects.md")
 	f.StringVar(&cfg.NBD, "nbd", "127.0.0.1:10809", "NBD listen address; beyond loopback, clients must use TLS (nbds://) unless --nbd-insecure")
 	f.BoolVar(&cfg.NBDInsecure, "nbd-insecure", false, "allow NBD without TLS on a non-loopback --nbd address")
+	f.IntVar(&cfg.NBDMaxHandshakes, "nbd-max-handshakes", nbd.DefaultMaxHandshakes, "NBD connections in the handshake at once (before their export name, unauthenticated); more wait a moment, then are closed")
 	f.StringVar(&nbdInFlight, "nbd-max-inflight", "", "NBD payload in flight across all connections, a size (default 256MiB); readers wait their turn beyond it")
 	f.StringVar(&cfg.EtcdClient, "etcd-client", "127.0.0.1:2379", "embedded etcd client listen address")
 	f.StringVar(&cfg.EtcdPeer, "etcd-peer", "127.0.0.1:2380", "embedded etcd peer listen address")

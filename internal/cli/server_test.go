@@ -95,6 +95,7 @@ func TestServerRefusesBadLimits(t *testing.T) {
 	dir := t.TempDir()
 	for _, args := range [][]string{
 		{"--nbd-max-inflight", "0"},
+		{"--nbd-max-handshakes", "0"},
 		{"--nbd-max-inflight", "lots"},
 		{"--overcommit", "0"},
 		{"--overcommit", "NaN"}, // once a limit of -8 EiB: no volume could be made

@@ -51,6 +51,9 @@ type conn struct {
 	metaSelected bool
 	metaExport   string
 	openFailures int // INFO and GO that Exports.Open refused (handshake.go)
+	// hsSlot is set while the connection holds one of the server's
+	// handshake slots (MaxHandshakes; handshakelimit.go).
+	hsSlot atomic.Bool
 
 	exp     *Export
 	dev     block.Device
@@ -205,6 +208,9 @@ func (c *conn) run() {
 		}
 	}()
 	exp, err := c.handshake()
+	// The slot is for the handshake only: a connection in transmission
+	// holds none, whatever the handshake's outcome.
+	c.releaseHandshake()
 	if err != nil {
 		if !errors.Is(err, errAbort) && !errors.Is(err, io.EOF) && !c.stopped.Load() {
 			c.log.Info("nbd handshake ended", "err", err)

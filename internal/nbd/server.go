@@ -91,6 +91,14 @@ type Server struct {
 	MaxInFlightBytesTotal int64
 	// HandshakeTimeout bounds option haggling (default 30 s).
 	HandshakeTimeout time.Duration
+	// MaxHandshakes bounds the connections in the handshake at once,
+	// server-wide (default 256; negative: no bound). Nothing is
+	// authenticated before the export name, so this is what bounds the
+	// memory idle unauthenticated connections hold, and the export names
+	// guessed in parallel. A connection that finds the bound reached
+	// waits a moment for a slot, then is closed before the greeting;
+	// connections past the handshake do not count (handshakelimit.go).
+	MaxHandshakes int
 	// UserTimeout is how long data the server sent may stay unacknowledged
 	// — the client's host gone or cut off, or the client not reading so
 	// that its window stays shut — before the kernel ends the connection
@@ -109,6 +117,16 @@ type Server struct {
 
 	// total is the server-wide budget (nil: none), made by defaults.
 	total *serverBudget
+	// hs bounds the connections in the handshake (MaxHandshakes), made by
+	// defaults; hsSlotWait (tests) replaces handshakeSlotWait.
+	hs         *handshakeGate
+	hsSlotWait time.Duration
+	// stopping is closed by Close and Shutdown: connections waiting for a
+	// handshake slot give up. hsWaiting (under mu) counts them, waiters
+	// lets Close and Shutdown wait for them to have closed their sockets.
+	stopping  chan struct{}
+	hsWaiting int
+	waiters   sync.WaitGroup
 
 	// spliceLocal (tests) serves clients on this host as remote ones:
 	// their big reads are spliced.
@@ -140,6 +158,15 @@ func (s *Server) defaults() {
 	}
 	if s.HandshakeTimeout == 0 {
 		s.HandshakeTimeout = 30 * time.Second
+	}
+	if s.MaxHandshakes == 0 {
+		s.MaxHandshakes = DefaultMaxHandshakes
+	}
+	if s.hs == nil {
+		s.hs = newHandshakeGate(s.MaxHandshakes)
+	}
+	if s.stopping == nil {
+		s.stopping = make(chan struct{})
 	}
 	if s.UserTimeout == 0 {
 		s.UserTimeout = 60 * time.Second
@@ -186,22 +213,37 @@ func (s *Server) Serve(ln net.Listener) error {
 			return err
 		}
 		delay = 0
-		if tc, ok := nc.(*net.TCPConn); ok {
-			tc.SetNoDelay(true)
-			if s.UserTimeout > 0 {
-				setUserTimeout(tc, s.UserTimeout)
-			}
-		}
-		c := newConn(s, nc)
-		if !s.track(c) {
-			nc.Close()
+		if !s.hs.tryAcquire() {
+			s.startHandshake(nc) // waits beside the loop, or refuses
 			continue
 		}
-		go func() {
-			defer s.untrack(c)
-			c.run()
-		}()
+		s.start(nc)
 	}
+}
+
+// start serves an accepted connection that holds a handshake slot; the
+// connection gives the slot back (conn.releaseHandshake).
+func (s *Server) start(nc net.Conn) {
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+		if s.UserTimeout > 0 {
+			setUserTimeout(tc, s.UserTimeout)
+		}
+	}
+	c := newConn(s, nc)
+	c.hsSlot.Store(true)
+	if !s.track(c) {
+		c.releaseHandshake()
+		nc.Close()
+		return
+	}
+	go func() {
+		defer s.untrack(c)
+		// Also here, not only as the handshake ends: should run end
+		// another way, the slot must not be lost for good.
+		defer c.releaseHandshake()
+		c.run()
+	}()
 }
 
 func (s *Server) track(c *conn) bool {
@@ -264,6 +306,7 @@ func (s *Server) Connections() int {
 // Shutdown, it waits as long as ctx lets it: give it a deadline.
 func (s *Server) Shutdown(ctx context.Context) error {
 	conns, gone, log := s.stop()
+	s.waiters.Wait() // they give up at once (stopping)
 	for _, c := range conns {
 		c.quiesce()
 	}
@@ -295,6 +338,7 @@ func (s *Server) Close() error {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	conns, gone, log := s.stop()
+	s.waiters.Wait() // they give up at once (stopping)
 	closeAll(conns)
 	select {
 	case <-gone:
@@ -309,6 +353,9 @@ func (s *Server) Close() error {
 func (s *Server) stop() ([]*conn, <-chan struct{}, *slog.Logger) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.closed && s.stopping != nil {
+		close(s.stopping)
+	}
 	s.closed = true
 	for _, ln := range s.lns {
 		ln.Close()

@@ -122,28 +122,36 @@ func (m *s3Metrics) middleware() fiber.Handler {
 // requests, failures and bytes per volume and command, and latency per
 // command over those volumes (a histogram per volume would multiply the
 // series by its buckets). Commands a volume has not seen are left out.
+// The server's own counts go with them: connections in the handshake and
+// those refused for want of a handshake slot (nbd.Server.MaxHandshakes).
 type nbdCollector struct {
 	exports                   *volume.Exports
+	srv                       *nbd.Server
 	requests, errors, bytes   *prometheus.Desc
 	latency, connectedVolumes *prometheus.Desc
+	handshakes, refused       *prometheus.Desc
 }
 
-func newNBDCollector(e *volume.Exports) *nbdCollector {
+func newNBDCollector(e *volume.Exports, srv *nbd.Server) *nbdCollector {
 	name := func(n string) string { return prometheus.BuildFQName(metrics.Namespace, "nbd", n) }
 	perVolume := []string{"volume", "op"}
 	return &nbdCollector{
 		exports:  e,
+		srv:      srv,
 		requests: prometheus.NewDesc(name("requests_total"), "NBD requests answered, by volume and command.", perVolume, nil),
 		errors:   prometheus.NewDesc(name("errors_total"), "NBD requests answered with an error, by volume and command.", perVolume, nil),
 		bytes:    prometheus.NewDesc(name("bytes_total"), "Bytes the NBD requests covered (read, written, trimmed, zeroed), by volume and command.", perVolume, nil),
 		latency: prometheus.NewDesc(name("request_duration_seconds"),
 			"NBD request latency, from its header read to its reply written, by command, over every volume open here.", []string{"op"}, nil),
 		connectedVolumes: prometheus.NewDesc(name("open_volumes"), "Volumes with an NBD connection open on this node.", nil, nil),
+		handshakes:       prometheus.NewDesc(name("handshakes"), "NBD connections in the handshake now (not yet past their export name).", nil, nil),
+		refused: prometheus.NewDesc(name("handshakes_refused_total"),
+			"NBD connections closed before the greeting: every handshake slot was taken (--nbd-max-handshakes).", nil, nil),
 	}
 }
 
 func (c *nbdCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.requests, c.errors, c.bytes, c.latency, c.connectedVolumes} {
+	for _, d := range []*prometheus.Desc{c.requests, c.errors, c.bytes, c.latency, c.connectedVolumes, c.handshakes, c.refused} {
 		ch <- d
 	}
 }
@@ -177,4 +185,6 @@ func (c *nbdCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- latency[op].Metric(c.latency, op)
 	}
 	ch <- prometheus.MustNewConstMetric(c.connectedVolumes, prometheus.GaugeValue, float64(vols))
+	ch <- prometheus.MustNewConstMetric(c.handshakes, prometheus.GaugeValue, float64(c.srv.Handshakes()))
+	ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(c.srv.HandshakesRefused()))
 }

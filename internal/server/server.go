@@ -64,16 +64,19 @@ type Config struct {
 	// NBDMaxInFlight bounds the NBD payload in flight across all
 	// connections (0: nbd's default).
 	NBDMaxInFlight int64
-	EtcdClient     string
-	EtcdPeer       string
-	EtcdHTTP       string // the embedded member's /metrics and /health ("": a free loopback port)
-	Metrics        string // basalt's /metrics, plain HTTP ("": not served, nothing counted)
-	Name           string
-	Advertise      string
-	MetaEndpoints  []string
-	Overcommit     float64
-	ImageGrace     time.Duration
-	MetaQuota      int64
+	// NBDMaxHandshakes bounds the NBD connections in the handshake at
+	// once (0: nbd's default).
+	NBDMaxHandshakes int
+	EtcdClient       string
+	EtcdPeer         string
+	EtcdHTTP         string // the embedded member's /metrics and /health ("": a free loopback port)
+	Metrics          string // basalt's /metrics, plain HTTP ("": not served, nothing counted)
+	Name             string
+	Advertise        string
+	MetaEndpoints    []string
+	Overcommit       float64
+	ImageGrace       time.Duration
+	MetaQuota        int64
 	// Join is a running node's API URL: join its cluster (membership.go),
 	// authenticated by the admin identity in JoinIdentity or by JoinToken.
 	Join, JoinIdentity, JoinToken string
@@ -320,7 +323,6 @@ func (n *Node) startNBD(ca *pki.CA) error {
 	exports := n.volumes.NewExports(n.users.Authenticate)
 	if n.metrics != nil {
 		exports.CountRequests()
-		n.metrics.MustRegister(newNBDCollector(exports))
 	}
 	go exports.Run(ctx) // Open waits until it watches detaches
 	n.nbd = &nbd.Server{
@@ -333,7 +335,11 @@ func (n *Node) startNBD(ca *pki.CA) error {
 		},
 		RequireTLS:            requireTLS,
 		MaxInFlightBytesTotal: n.cfg.NBDMaxInFlight,
+		MaxHandshakes:         n.cfg.NBDMaxHandshakes,
 		Log:                   n.log.With("component", "nbd"),
+	}
+	if n.metrics != nil {
+		n.metrics.MustRegister(newNBDCollector(exports, n.nbd))
 	}
 	go func() {
 		if err := n.nbd.Serve(ln); err != nil {

@@ -61,6 +61,13 @@ func TestMetrics(t *testing.T) {
 	if v, _ := seriesValue(body, "basalt_nbd_open_volumes"); v != 0 {
 		t.Errorf("basalt_nbd_open_volumes %v after qemu-io ended, want 0", v)
 	}
+	// qemu-io's handshake is over: its slot was given back.
+	if v, ok := seriesValue(body, "basalt_nbd_handshakes"); !ok || v != 0 {
+		t.Errorf("basalt_nbd_handshakes: %v (found %v) after qemu-io ended, want 0", v, ok)
+	}
+	if v, ok := seriesValue(body, "basalt_nbd_handshakes_refused_total"); !ok || v != 0 {
+		t.Errorf("basalt_nbd_handshakes_refused_total: %v (found %v), want 0", v, ok)
+	}
 }
 
 // scrape GETs /metrics from the node's --metrics port.
