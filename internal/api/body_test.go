@@ -193,9 +193,10 @@ func TestJoinTokenBodyOptional(t *testing.T) {
 }
 
 // TestSizeOutOfRange: a size that is no whole number of bytes in (0,
-// 1 EiB] — too large for int64, for 1 EiB, negative, fractional, in
-// exponent form, of another type — is 400 InvalidSize on create and
-// extend, never a 500 or a volume.
+// 1 EiB] — too large for int64, for 1 EiB, negative, fractional (also
+// in exponent form), of another type — is 400 InvalidSize on create and
+// extend, never a 500 or a volume. (1e3 and 512.0 are whole numbers:
+// TestSizeJSONFloatNotation.)
 func TestSizeOutOfRange(t *testing.T) {
 	e := newNodeEnv(t, nil)
 	_, alice := e.user("alice", false)
@@ -203,7 +204,7 @@ func TestSizeOutOfRange(t *testing.T) {
 		t.Fatalf("create: %d %s", st, out)
 	}
 	for _, size := range []string{`99999999999999999999999`, `9223372036854775808`, `-9223372036854775809`,
-		`1152921504606846977`, `"1152921504606846977"`, `"2EiB"`, `"9999999999PiB"`, `-512`, `0`, `1e3`, `512.0`,
+		`1152921504606846977`, `"1152921504606846977"`, `"2EiB"`, `"9999999999PiB"`, `-512`, `0`, `1e-3`, `512.5`, `1e19`,
 		`"0.5B"`, `true`, `null`, `""`} {
 		for _, target := range []string{"/v1/volumes", "/v1/volumes/v/extend"} {
 			body := `{"size":` + size + `}`

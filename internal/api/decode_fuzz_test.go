@@ -7,7 +7,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math/big"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/basalt-storage/basalt/internal/cluster"
@@ -255,9 +257,10 @@ func FuzzDecodeNodeRequests(f *testing.F) {
 
 // FuzzSizeUnmarshalJSON: a size is either refused with InvalidSize or in
 // (0, 1 EiB]; a string and the same number written as a string agree
-// with size.Parse.
+// with size.Parse; a number in any notation (1e3, 512.0) is accepted
+// exactly when exact arithmetic says it is a whole number in range.
 func FuzzSizeUnmarshalJSON(f *testing.F) {
-	for _, s := range []string{`1`, `512`, `"10GiB"`, `"1EiB"`, `"1.5GiB"`, `"0.3B"`, `-1`, `0`, `-0`, `1e3`, `1.0`,
+	for _, s := range []string{`1`, `512`, `"10GiB"`, `"1EiB"`, `"1.5GiB"`, `"0.3B"`, `-1`, `0`, `-0`, `1e3`, `1.0`, `1.5e3`, `1e-3`, `1.0000000000000000001e3`, `1.152921504606846977e18`,
 		`1152921504606846976`, `1152921504606846977`, `99999999999999999999`, `"  7 k "`, `"\u0031G"`, `null`, `true`,
 		`[]`, `{}`, `""`} {
 		f.Add([]byte(s))
@@ -268,10 +271,14 @@ func FuzzSizeUnmarshalJSON(f *testing.F) {
 		}
 		var s Size
 		err := s.UnmarshalJSON(b)
+		want, decided := exactWholeBytes(b)
 		if err != nil {
 			var e *errs.Error
 			if !errors.As(err, &e) || e.Code != errs.CodeInvalidSize || e.Kind != errs.KindInvalid || e.Message == "" {
 				t.Fatalf("%q: error %v, want InvalidSize", b, err)
+			}
+			if decided && want > 0 {
+				t.Fatalf("%q: refused (%v), but it is exactly %d bytes", b, err, want)
 			}
 			return
 		}
@@ -283,12 +290,41 @@ func FuzzSizeUnmarshalJSON(f *testing.F) {
 			if n, err := size.Parse(str); err != nil || n != int64(s) {
 				t.Fatalf("%q: size %d, size.Parse %d %v", b, s, n, err)
 			}
-		} else {
-			// A number: the same bytes as a string mean the same.
+			return
+		}
+		if decided && want != int64(s) {
+			t.Fatalf("%q: size %d, exactly %d", b, s, want)
+		}
+		if !bytes.ContainsAny(b, "eE") {
+			// A number in size syntax's grammar (digits, an optional
+			// fraction): the same bytes as a string mean the same.
 			var again Size
 			if err := again.UnmarshalJSON([]byte(strconv.Quote(string(bytes.TrimSpace(b))))); err != nil || again != s {
 				t.Fatalf("%q: %d as a number, %d %v as a string", b, s, again, err)
 			}
 		}
 	})
+}
+
+// exactWholeBytes is an oracle for a JSON number b, by exact rational
+// arithmetic: its value when that is a whole number in (0, size.Max],
+// else 0. decided is false for what it does not judge: not a number, or
+// too long for big.Rat to be cheap (an exponent of 10^6 takes it a
+// while, and ParseJSONNumber's own tests cover the long ones).
+func exactWholeBytes(b []byte) (n int64, decided bool) {
+	lit := string(bytes.TrimSpace(b))
+	if len(lit) == 0 || len(lit) > 40 || !(lit[0] == '-' || lit[0] >= '0' && lit[0] <= '9') {
+		return 0, false
+	}
+	if i := strings.IndexAny(lit, "eE"); i >= 0 && len(strings.TrimLeft(lit[i+1:], "+-0")) > 3 {
+		return 0, false
+	}
+	r, ok := new(big.Rat).SetString(lit)
+	if !ok {
+		return 0, false
+	}
+	if !r.IsInt() || r.Sign() <= 0 || !r.Num().IsInt64() || r.Num().Int64() > size.Max {
+		return 0, true
+	}
+	return r.Num().Int64(), true
 }

@@ -116,7 +116,8 @@ func TestParseCreateVolume(t *testing.T) {
 		{`{"size":-0}`, errs.CodeInvalidSize},
 		{`{"size":"-1GiB"}`, errs.CodeInvalidSize},
 		{`{"size":1.5}`, errs.CodeInvalidSize},
-		{`{"size":1e3}`, errs.CodeInvalidSize},
+		{`{"size":1e-3}`, errs.CodeInvalidSize},
+		{`{"size":1.5e0}`, errs.CodeInvalidSize},
 		{`{"size":"0.3B"}`, errs.CodeInvalidSize},
 		{`{"size":""}`, errs.CodeInvalidSize},
 		{`{"size":"lots"}`, errs.CodeInvalidSize},
@@ -269,7 +270,7 @@ func TestSizeUnmarshalJSON(t *testing.T) {
 		}
 	}
 	bad := []string{
-		`0`, `-0`, `-1`, `-9223372036854775808`, `1.5`, `1.0`, `1e3`, `1152921504606846977`,
+		`0`, `-0`, `-1`, `-9223372036854775808`, `1.5`, `1e-3`, `1.5e0`, `1152921504606846977`,
 		`9223372036854775807`, `9223372036854775808`, `99999999999999999999`,
 		`"0"`, `"-1"`, `""`, `"   "`, `"1.5B"`, `"ten"`, `"1GiB x"`, `"1 ZiB"`, `"2EiB"`,
 		`null`, `true`, `abc`, ``,

@@ -13,8 +13,6 @@ package api
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
-	"strconv"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
@@ -26,7 +24,7 @@ import (
 // string in size syntax ("10GiB").
 type Size int64
 
-// UnmarshalJSON accepts 1073741824, "1073741824" and "1GiB".
+// UnmarshalJSON accepts 1073741824, 1.073741824e9, "1073741824" and "1GiB".
 func (s *Size) UnmarshalJSON(b []byte) error {
 	b = bytes.TrimSpace(b)
 	if len(b) > 0 && b[0] == '"' {
@@ -41,17 +39,11 @@ func (s *Size) UnmarshalJSON(b []byte) error {
 		*s = Size(n)
 		return nil
 	}
-	n, err := strconv.ParseInt(string(b), 10, 64)
-	// Out of int64's range, n is its nearest end, which the checks below
-	// judge as they should: a whole number all the same.
-	if err != nil && !errors.Is(err, strconv.ErrRange) {
-		return errs.Invalid(errs.CodeInvalidSize, "size %s is not a whole number of bytes", b)
-	}
-	if n <= 0 {
-		return errs.Invalid(errs.CodeInvalidSize, "size must be greater than zero")
-	}
-	if n > size.Max {
-		return errs.Invalid(errs.CodeInvalidSize, "size %s exceeds the maximum of 1 EiB", b)
+	// A number: whole bytes in any JSON notation (1e3, 1073741824.0),
+	// judged exactly from the literal, never through float64.
+	n, err := size.ParseJSONNumber(string(b))
+	if err != nil {
+		return errs.Invalid(errs.CodeInvalidSize, "%v", err)
 	}
 	*s = Size(n)
 	return nil

@@ -140,7 +140,7 @@ func (s *Service) ExportSnapshot(ctx context.Context, c Caller, ref, url string)
 			return errs.NotFound("snapshot", ref)
 		}
 		if cur.Status != meta.StatusAvailable {
-			return errs.Conflict(errs.CodeSnapshotNotReady, "snapshot %s is %s; only an available snapshot can be exported", cur.ID, cur.Status)
+			return snapshotUnusable(cur, "exported")
 		}
 		if cur.Job != nil {
 			return errs.Conflict(errs.CodeSnapshotInUse, "snapshot %s is already being exported to %s", cur.ID, cur.Job.Object)

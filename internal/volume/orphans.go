@@ -55,6 +55,14 @@ import (
 // Nothing is recorded then; the adopter records the outcome.
 var errAdopted = errors.New("the workflow was adopted by another node, which found this one gone")
 
+// staleSnapshot ends the message of a snapshot failed because the
+// volume's writer changed before it was taken (freezeExact,
+// failPassedSnapshots). The record keeps only the message, so it is what
+// tells the create call waiting for the snapshot that this failure is the
+// foreseeable one, a conflict to answer as such (snapshotFailed), not an
+// internal error.
+const staleSnapshot = "the snapshot could no longer hold exactly the writes made before it was asked for; take it again"
+
 // orphanSweepEvery is how often a node looks for orphaned workflows
 // unasked.
 var orphanSweepEvery = time.Minute
@@ -290,7 +298,7 @@ func (s *Service) freezeExact(ctx context.Context, vol, dead string, alive map[s
 		return "", false
 	default:
 		return fmt.Sprintf("node %s, which was taking this snapshot, is gone, and node %s writes the volume now: "+
-			"the snapshot could no longer hold exactly the writes made before it was asked for; take it again", dead, h.Node), true
+			"%s", dead, h.Node, staleSnapshot), true
 	}
 }
 
@@ -319,7 +327,7 @@ func (s *Service) failPassedSnapshots(ctx context.Context, vol string) {
 			continue
 		}
 		s.failSnapshot(ctx, id, sn.Node, fmt.Errorf("node %s, which was taking this snapshot, no longer writes the volume: node %s took it over for writing, "+
-			"so the snapshot could no longer hold exactly the writes made before it was asked for; take it again", sn.Node, s.cfg.Node))
+			"so %s", sn.Node, s.cfg.Node, staleSnapshot))
 	}
 }
 

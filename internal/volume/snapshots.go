@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
@@ -183,11 +184,67 @@ func (s *Service) CreateSnapshot(ctx context.Context, c Caller, volumeRef, name,
 		// (returned with the error).
 		out, err := s.awaitSnapshot(ctx, sn.ID)
 		if err == nil && out.Status == meta.StatusError {
-			err = errs.New(errs.KindInternal, errs.CodeInternal, "snapshot %s: %s", out.ID, out.StatusMessage)
+			err = snapshotFailed(out)
 		}
 		return out, err
 	}
-	return s.finishSnapshot(wctx, sn.ID, sn.Node, leaseToken)
+	if testHookSnapshotRecorded != nil {
+		testHookSnapshotRecorded(sn)
+	}
+	out, err := s.finishSnapshot(wctx, sn.ID, sn.Node, leaseToken)
+	switch {
+	case errors.Is(err, errAdopted):
+		return s.snapshotTakenOver(wctx, sn.ID)
+	case errors.Is(err, errLeaseLost):
+		// This node could not renew its etcd lease in time (cut off
+		// from the metadata cluster, or paused) and stopped writing the
+		// volume before the freeze: foreseeable, and the snapshot is
+		// failed (or, if that record did not commit, the stranded sweep
+		// fails it), so a new one may be taken.
+		return out, errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
+			"snapshot %s was not taken: this node lost volume %s's write lease before freezing it (its metadata session lapsed: a partition or a long pause), "+
+				"so another node may write the volume now; the snapshot is left in error; take it again", sn.ID, v.ID)
+	}
+	return out, err
+}
+
+// testHookSnapshotRecorded, when set, runs after a snapshot this node
+// takes is recorded and before it is taken (tests make another node take
+// it over there, or the write lease lapse).
+var testHookSnapshotRecorded func(*meta.Snapshot)
+
+// snapshotTakenOver answers a create whose snapshot, recorded for this
+// node, another node took over meanwhile: this node was cut off from the
+// metadata cluster after the recording (a partition or a long pause),
+// and a node that found it gone adopted the snapshot (orphans.go) or
+// failed it as it took the volume for writing (failPassedSnapshots). The
+// outcome is that node's, as for a delegated snapshot: the record, 202
+// while it is being taken there, or the failure. It answered the bare
+// errAdopted, a 500 InternalError that said nothing of the snapshot.
+func (s *Service) snapshotTakenOver(ctx context.Context, id string) (*meta.Snapshot, error) {
+	sn, err := s.meta.Snapshot(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s, taken over by another node: %w", id, err)
+	}
+	s.logFor("snapshot", id).Info("snapshot taken over by another node meanwhile", "status", sn.Status, "by", sn.Node)
+	switch sn.Status {
+	case meta.StatusCreating, meta.StatusAvailable:
+		return sn, nil
+	case meta.StatusError:
+		return sn, snapshotFailed(sn)
+	}
+	return sn, errs.Conflict(errs.CodeVolumeBusy, "snapshot %s was taken over by another node while this node was cut off from the metadata cluster, and is %s now", sn.ID, sn.Status)
+}
+
+// snapshotFailed is the error of a create call whose snapshot another
+// node failed. When the volume's writer changed before the snapshot was
+// taken (staleSnapshot), a conflict the caller can act on — the volume is
+// written elsewhere now; take the snapshot again — not an internal error.
+func snapshotFailed(sn *meta.Snapshot) error {
+	if strings.Contains(sn.StatusMessage, staleSnapshot) {
+		return errs.Conflict(errs.CodeVolumeBusy, "snapshot %s was not taken, because the volume's writer changed meanwhile: %s", sn.ID, sn.StatusMessage)
+	}
+	return errs.New(errs.KindInternal, errs.CodeInternal, "snapshot %s: %s", sn.ID, sn.StatusMessage)
 }
 
 // finishSnapshot freezes the volume's top image for snapshot id, being
@@ -295,6 +352,33 @@ func (s *Service) resolveSnapshot(ctx context.Context, c Caller, ref string) (*m
 		}
 	}
 	return fetchVisible(c, "snapshot", ref, func() (*meta.Snapshot, error) { return s.meta.Snapshot(ctx, id) })
+}
+
+// snapshotUnusable refuses a workflow that needs snapshot sn available
+// (a clone builds on its image, an export reads it), saying whether
+// waiting helps: a snapshot being taken becomes available, but one being
+// deleted or failed never will, and "clone it when it is available" sent
+// callers retrying a clone of a snapshot on its way out until they gave
+// up. what is the past participle of the workflow: "cloned", "exported".
+func snapshotUnusable(sn *meta.Snapshot, what string) error {
+	switch sn.Status {
+	case meta.StatusDeleting:
+		return errs.Conflict(errs.CodeSnapshotNotReady,
+			"snapshot %s is being deleted and will not become available again, so it cannot be %s", sn.ID, what)
+	case meta.StatusError:
+		why := ""
+		if sn.StatusMessage != "" {
+			why = " (" + sn.StatusMessage + ")"
+		}
+		return errs.Conflict(errs.CodeSnapshotNotReady,
+			"snapshot %s failed%s and will never become available, so it cannot be %s; delete it and take another", sn.ID, why, what)
+	case meta.StatusCreating:
+		return errs.Conflict(errs.CodeSnapshotNotReady,
+			"snapshot %s is still being taken; it can be %s when it is available", sn.ID, what)
+	case meta.StatusAvailable: // but records no image to read
+		return errs.Conflict(errs.CodeSnapshotNotReady, "snapshot %s records no image, so it cannot be %s", sn.ID, what)
+	}
+	return errs.Conflict(errs.CodeSnapshotNotReady, "snapshot %s is %s, not available, so it cannot be %s", sn.ID, sn.Status, what)
 }
 
 // Snapshots lists the snapshots the caller may see, optionally of one

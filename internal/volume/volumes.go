@@ -74,7 +74,7 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 		if src.Status != meta.StatusAvailable || src.Image == "" {
 			// Nothing to build on; refused by the transaction, after
 			// its token check (a replay still returns its volume).
-			notReady = errs.Conflict(errs.CodeSnapshotNotReady, "snapshot %s is %s; clone it when it is available", src.ID, src.Status)
+			notReady = snapshotUnusable(src, "cloned")
 		}
 		if req.SizeBytes == 0 {
 			req.SizeBytes = src.SizeBytes
@@ -194,9 +194,15 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, req CreateVolume) 
 			if err != nil {
 				return err
 			}
-			if sn == nil || sn.Status != meta.StatusAvailable || sn.Image != src.Image {
-				// Image: the stack was built on the image read above.
-				return errs.Conflict(errs.CodeSnapshotNotReady, "snapshot %s is not available", src.ID)
+			if sn == nil {
+				return errs.NotFound("snapshot", req.FromSnapshot)
+			}
+			if sn.Status != meta.StatusAvailable {
+				return snapshotUnusable(sn, "cloned")
+			}
+			if sn.Image != src.Image {
+				// The stack was built on the image read above.
+				return errs.Conflict(errs.CodeSnapshotNotReady, "snapshot %s changed while the clone was made; retry", src.ID)
 			}
 		}
 		if err := tx.Provision(v.SizeBytes, limit); err != nil {
@@ -532,7 +538,46 @@ func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSiz
 		}
 		return out, err
 	}
-	return s.finishExtend(wctx, v.ID)
+	out, err := s.finishExtend(wctx, v.ID)
+	switch {
+	case errors.Is(err, errAdopted):
+		return s.extendTakenOver(wctx, v.ID, newSize)
+	case errors.Is(err, errLeaseLost):
+		// This node could not renew its etcd lease in time (cut off from
+		// the metadata cluster, or paused) and stopped writing the
+		// volume: foreseeable, and the extend is undone (finishExtend),
+		// so it may be asked again.
+		return out, errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
+			"volume %s was not extended: this node lost its write lease before growing it (its metadata session lapsed: a partition or a long pause), "+
+				"so another node may write the volume now; it keeps its size %s; retry", v.ID, size.Bytes(v.SizeBytes))
+	}
+	return out, err
+}
+
+// extendTakenOver answers an extend, recorded for this node, that another
+// node took over meanwhile: this node was cut off from the metadata
+// cluster after the recording (a partition or a long pause), and a node
+// that found it gone adopted the extend (orphans.go). The outcome is that
+// node's, as for a delegated extend: the volume, still extending there
+// (202) or extended (200), or the failure. It answered the bare
+// errAdopted, a 500 InternalError that said nothing of the extend.
+func (s *Service) extendTakenOver(ctx context.Context, id string, newSize int64) (*meta.Volume, error) {
+	v, err := s.meta.Volume(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("volume %s, its extend taken over by another node: %w", id, err)
+	}
+	switch {
+	case v.Status == meta.StatusExtending && v.TargetSize == newSize:
+		return v, nil
+	case v.Status != meta.StatusExtending && v.SizeBytes >= newSize:
+		return v, nil
+	case v.Status != meta.StatusExtending:
+		return nil, errs.New(errs.KindInternal, errs.CodeInternal,
+			"volume %s: its extend was taken over by another node while this node was cut off from the metadata cluster, and failed there: %s", id, v.StatusMessage)
+	}
+	return nil, errs.Conflict(errs.CodeVolumeBusy,
+		"volume %s: its extend to %s was taken over by another node while this node was cut off from the metadata cluster; it is being extended to %s now",
+		id, size.Bytes(newSize), size.Bytes(v.TargetSize))
 }
 
 func (s *Service) finishExtend(ctx context.Context, id string) (*meta.Volume, error) {
@@ -583,6 +628,12 @@ func sameExtend(cur, v *meta.Volume) bool {
 func (s *Service) resize(ctx context.Context, v *meta.Volume) error {
 	done, token, err := s.asWriter(ctx, v.ID)
 	if err != nil {
+		// Another node writing the volume now may be the one that
+		// adopted the extend while this one was cut off: the extend is
+		// its own then, not failed here.
+		if cur, rerr := s.meta.Volume(ctx, v.ID); rerr == nil && !sameExtend(cur, v) {
+			return errAdopted
+		}
 		return err
 	}
 	defer done()
