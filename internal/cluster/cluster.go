@@ -186,14 +186,19 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (*JoinResponse, err
 			if learners > 0 {
 				// Name it, and the way out: a learner whose node died for
 				// good before it started blocks voter joins until removed.
+				// Named as `node list` names it — by its node's record when
+				// one has its peer URL (a member is nameless until it
+				// starts) — so that removing that name takes out the
+				// record with the member; removing the member alone by
+				// its unstarted-<id> name would leave the record behind.
+				nodes, err := s.meta.Nodes(ctx)
+				if err != nil {
+					return err
+				}
 				var who []string
 				for _, m := range members {
 					if m.Learner {
-						name := m.Name
-						if name == "" {
-							name = unstartedName(m.ID)
-						}
-						who = append(who, fmt.Sprintf("%s (peer %s)", name, strings.Join(m.Peers, ",")))
+						who = append(who, fmt.Sprintf("%s (peer %s)", listedName(m, nodes), strings.Join(m.Peers, ",")))
 					}
 				}
 				return errs.Conflict(CodeJoinInProgress, "another node is joining: learner %s is catching up; retry — or, if that node is gone for good, remove it (basalt node remove NAME)",
@@ -446,6 +451,21 @@ func (s *Service) Nodes(ctx context.Context) ([]NodeInfo, error) {
 		}
 	}
 	return out, nil
+}
+
+// listedName is the name `node list` shows member m under: its node's,
+// the registered node with its name or peer URL (memberOf), else its
+// own, else unstartedName.
+func listedName(m meta.Member, nodes []*meta.Node) string {
+	for _, n := range nodes {
+		if _, ok := memberOf([]meta.Member{m}, n); ok {
+			return n.Name
+		}
+	}
+	if m.Name != "" {
+		return m.Name
+	}
+	return unstartedName(m.ID)
 }
 
 // unstartedName names a member that never started (a join interrupted

@@ -44,15 +44,23 @@ func (s *Service) StepUp(ctx context.Context, req JoinRequest) (*JoinResponse, e
 		if err != nil {
 			return err
 		}
-		if mine < 0 {
-			rec, err := s.meta.Node(ctx, req.Name)
-			if err != nil {
-				return err
-			}
+		// The record gains the etcd URLs before the learner exists — and
+		// again when the learner was found already: a node that crashed
+		// after its learner was added restarts as a client, and its
+		// registration (Register) drops the URLs it had. Without them
+		// the node lists as a client beside a nameless unstarted-<id>
+		// learner, and a `node remove` of the node leaves that learner.
+		rec, err := s.meta.Node(ctx, req.Name)
+		if err != nil {
+			return err
+		}
+		if rec.Peer != req.Peer || rec.Client != req.Client {
 			rec.Peer, rec.Client = req.Peer, req.Client
 			if err := s.meta.PutNode(ctx, rec); err != nil {
 				return err
 			}
+		}
+		if mine < 0 {
 			if _, err := s.meta.AddLearner(ctx, req.Peer); err != nil {
 				return err
 			}

@@ -346,22 +346,41 @@ func (s *Store) PutJoinToken(ctx context.Context, token string, ttl time.Duratio
 func (s *Store) RevokeJoinToken(ctx context.Context, token string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	r, err := s.cli.Delete(ctx, prefixJoinTokens+tokenHash(token))
+	r, err := s.cli.Delete(ctx, prefixJoinTokens+tokenHash(token), clientv3.WithPrevKV())
 	if err != nil {
 		return false, wrap("revoke join token", err)
 	}
-	return r.Deleted == 1, nil
+	// A key past its expiry (kept by a lease that a leader change
+	// renewed: JoinTokenValid) is a token expired already.
+	return len(r.PrevKvs) == 1 && joinTokenLive(r.PrevKvs[0].Value, time.Now()), nil
 }
 
 // JoinTokenValid reports whether token was issued and has not expired.
+//
+// The key's lease is not enough to tell: etcd restarts the TTL of every
+// lease at each leader change (and at a restart of the cluster), so a
+// token's key outlives its expiry by up to a whole TTL per election —
+// a 1 h token could be used for days. The expiry recorded in the key is
+// the one the token was issued with, and it decides.
 func (s *Store) JoinTokenValid(ctx context.Context, token string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	r, err := s.cli.Get(ctx, prefixJoinTokens+tokenHash(token), clientv3.WithKeysOnly())
+	r, err := s.cli.Get(ctx, prefixJoinTokens+tokenHash(token))
 	if err != nil {
 		return false, wrap("join token", err)
 	}
-	return len(r.Kvs) == 1, nil
+	if len(r.Kvs) != 1 {
+		return false, nil
+	}
+	return joinTokenLive(r.Kvs[0].Value, time.Now()), nil
+}
+
+// joinTokenLive reports whether a join token key's value, the token's
+// expiry (RFC 3339), is still ahead of now. A value that is no time
+// counts as expired: a token is refused rather than trusted for ever.
+func joinTokenLive(value []byte, now time.Time) bool {
+	exp, err := time.Parse(time.RFC3339, string(value))
+	return err == nil && now.Before(exp)
 }
 
 // MemberID is the id of this node's embedded member (0: none).
