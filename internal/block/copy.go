@@ -161,7 +161,15 @@ func forData(d Device, off, n int64, fn func(off, n int64) error) error {
 		if err != nil {
 			return fmt.Errorf("extents at %d: %w", off, err)
 		}
+		if len(ex) == 0 {
+			// A broken answer (Device.Extents: at least one, none
+			// empty): asked again, it would be asked for ever.
+			return fmt.Errorf("extents at %d: no extent for %d bytes", off, end-off)
+		}
 		for _, e := range ex {
+			if e.Length <= 0 {
+				return fmt.Errorf("extents at %d: an extent of %d bytes", off, e.Length)
+			}
 			l := min(e.Length, end-off)
 			if !e.Zero {
 				if err := fn(off, l); err != nil {

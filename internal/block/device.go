@@ -61,7 +61,11 @@ type Device interface {
 	Flush() error
 	// Extents describes [off, off+length) as consecutive extents starting
 	// at off; the last may end before off+length (callers ask again) but
-	// there is at least one.
+	// there is at least one, and none is empty. A length of 0 has nothing
+	// to describe: the answer is no extents and no error (an extent of no
+	// bytes would be one a caller walking the answer never gets past, and
+	// the NBD server takes one for a broken device), whether or not the
+	// device declares Extents.
 	Extents(off, length int64) ([]Extent, error)
 	Close() error
 }

@@ -62,6 +62,7 @@ func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 	if splicesW {
 		wpipe = Pipe(t)
 	}
+	zeroLength(t, l, caps)
 	model := make([]byte, size)
 	rng := rand.New(rand.NewPCG(1, uint64(len(spec))))
 	for i := 0; i < ops; i++ {
@@ -208,6 +209,35 @@ func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 		t.Fatalf("after reopen: %v", err)
 	}
 	return model
+}
+
+// zeroLength checks requests of no bytes, at the start, inside and at the
+// end of l: each does nothing and succeeds (where declared), and Extents
+// answers no extents (block.Device). They are asked before the random
+// operations, so these draw the same numbers as before.
+func zeroLength(t *testing.T, l block.Device, caps block.Capabilities) {
+	t.Helper()
+	for _, off := range []int64{0, l.Size()/2&^4095 + 1, l.Size()} {
+		if err := l.ReadAt(nil, off); err != nil {
+			t.Errorf("read %d+0: %v", off, err)
+		}
+		if err := l.WriteAt(nil, off, false); err != nil {
+			t.Errorf("write %d+0: %v", off, err)
+		}
+		if caps.WriteZeroes {
+			if err := l.WriteZeroes(off, 0, block.ZeroFlags{}); err != nil {
+				t.Errorf("zero %d+0: %v", off, err)
+			}
+		}
+		if caps.Trim {
+			if err := l.Trim(off, 0, false); err != nil {
+				t.Errorf("trim %d+0: %v", off, err)
+			}
+		}
+		if ex, err := l.Extents(off, 0); err != nil || len(ex) != 0 {
+			t.Errorf("extents %d+0: %v, %v; want no extents", off, ex, err)
+		}
+	}
 }
 
 // Pipe returns a non-blocking pipe (read end, write end) with room for

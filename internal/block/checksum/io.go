@@ -458,7 +458,10 @@ func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
 	if err := l.check(off, n); err != nil {
 		return nil, err
 	}
-	if !l.cc.Extents || n == 0 {
+	if n == 0 {
+		return nil, nil // nothing to describe (block.Device)
+	}
+	if !l.cc.Extents {
 		return []block.Extent{{Length: n}}, nil
 	}
 	var out []block.Extent

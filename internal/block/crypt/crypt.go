@@ -639,7 +639,10 @@ func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
 	if err := l.checkRange(false, off, n); err != nil {
 		return nil, err
 	}
-	if !l.caps.Extents || n <= 0 {
+	if n == 0 {
+		return nil, nil // nothing to describe (block.Device)
+	}
+	if !l.caps.Extents {
 		return []block.Extent{{Length: n}}, nil
 	}
 	first, last := sectors(off, n)

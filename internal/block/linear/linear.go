@@ -321,6 +321,9 @@ func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
 	if err := l.check(off, n); err != nil {
 		return nil, err
 	}
+	if n == 0 {
+		return nil, nil // nothing to describe (block.Device)
+	}
 	if !l.caps.Extents {
 		return []block.Extent{{Length: n}}, nil
 	}

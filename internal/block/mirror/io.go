@@ -29,6 +29,9 @@ func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
 	if err := l.usable(); err != nil {
 		return nil, err
 	}
+	if n == 0 {
+		return nil, nil // nothing to describe (block.Device)
+	}
 	if !l.caps.Extents {
 		return nil, block.ErrNotSupported
 	}

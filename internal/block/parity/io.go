@@ -1391,6 +1391,9 @@ func (l *Layer) Flush() error {
 // only where it is a hole on every leg that is not missing.
 func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
 	if !l.caps.Extents {
+		if n == 0 {
+			return nil, nil // nothing to describe (block.Device)
+		}
 		return []block.Extent{{Length: n}}, nil
 	}
 	l.mode.RLock()
