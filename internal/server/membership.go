@@ -159,6 +159,41 @@ func (n *Node) checkNotRemoved(ctx context.Context, st *joinState) error {
 	return nil // other errors: registering the node reports them (Register checks again)
 }
 
+// checkNameFree refuses the first start of a data directory in the
+// cluster (never joined, never registered: a node on --meta-endpoints,
+// which no join checks) under the name of a node running now. Two live
+// nodes of one name would share its liveness key and its records — each
+// taking the other's write leases and workflows for its own previous
+// run's — and the second's registration would overwrite the first's
+// addresses. A name whose node is not running may be taken over (a
+// node rebuilt on a new disk under its old name), as before; that is
+// logged. A node that crashed after registering but before recording it
+// (registeredPath) and starts again within its liveness TTL (seconds) is
+// refused too, and starts at the next try.
+func (n *Node) checkNameFree(ctx context.Context, st *joinState) error {
+	if n.knownIn(st) != "" {
+		return nil // this data directory is the node of that name
+	}
+	rec, err := n.meta.Node(ctx, n.cfg.Name)
+	if errs.IsCode(err, errs.CodeNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("check node name %s: %w", n.cfg.Name, err)
+	}
+	alive, err := n.meta.Alive(ctx)
+	if err != nil {
+		return fmt.Errorf("check node name %s: %w", n.cfg.Name, err)
+	}
+	if !alive[n.cfg.Name] {
+		n.log.Warn("taking over the name of a registered node that is not running", "node", n.cfg.Name, "its_api", rec.API)
+		return nil
+	}
+	return errs.Conflict(cluster.CodeNodeExists,
+		"node name %s is taken: a running node is registered under it (API %s); start this node with another --name, or stop that node first",
+		n.cfg.Name, rec.API)
+}
+
 // knownIn returns the cluster this node was recorded in before this
 // start — the one it joined (st, its join state), or the one it
 // registered in once (registeredPath) — or "" if none: its first start

@@ -205,6 +205,9 @@ func (n *Node) start(ctx context.Context) error {
 		}
 		return err
 	}
+	if err := n.checkNameFree(ctx, joined); err != nil {
+		return err
+	}
 	storeID, err := n.identifyStore(ctx)
 	if err != nil {
 		return err

@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -155,6 +157,19 @@ func TestExternalEtcdCluster(t *testing.T) {
 	n2 := StartNode(t, opts("node2"))
 	if !bytes.Equal(mustRead(t, filepath.Join(n2.AdminDir(), "ca.pem")), mustRead(t, filepath.Join(n1.AdminDir(), "ca.pem"))) {
 		t.Errorf("node2 did not adopt the cluster CA stored in etcd")
+	}
+	// A third node, on a data directory of its own, under node2's name
+	// while node2 runs: refused before it takes node2's liveness,
+	// write leases and record (no join checks names on --meta-endpoints).
+	dupCtx, dupCancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer dupCancel()
+	dup := exec.CommandContext(dupCtx, basaltBin, "server", "--data", filepath.Join(t.TempDir(), "data-dup"), "--name", "node2",
+		"--store", store, "--meta-endpoints", ep, "--api", addr(freePort(t)), "--s3", addr(freePort(t)),
+		"--nbd", addr(freePort(t)), "--etcd-client", addr(freePort(t)), "--etcd-peer", addr(freePort(t)))
+	dup.Env = baseEnv()
+	dupOut, err := dup.CombinedOutput()
+	if code := dup.ProcessState.ExitCode(); code != 1 || !strings.Contains(string(dupOut), "NodeExists") {
+		t.Errorf("a second node named node2 while node2 runs: exit %d (%v), want 1 with NodeExists:\n%s", code, err, tail(string(dupOut), 4000))
 	}
 	admin1on2 := n2.As(n1.AdminDir()) // node 1's admin identity, talking to node 2
 	var seen Volume
