@@ -1,16 +1,11 @@
 package cluster
 
 import (
-	"context"
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
-	"github.com/basalt-storage/basalt/internal/meta/metatest"
 )
 
 // TestHalfJoinedNodeNamed: a node half joined — its learner added, its
@@ -20,13 +15,7 @@ import (
 // the error gives takes out the learner and the record both, leaving no
 // stale client entry in the list.
 func TestHalfJoinedNodeNamed(t *testing.T) {
-	e := metatest.Private(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if _, _, _, err := e.Meta.Bootstrap(ctx, "half-joined", 3, e.CA.CertPEM, e.CA.KeyPEM); err != nil {
-		t.Fatal(err)
-	}
-	s := New(e.Meta, e.CA, "test", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	_, s, ctx := bootstrapped(t, "half-joined")
 	gone := joinRequest("gone", "gone.example")
 	if resp, err := s.Join(ctx, gone); err != nil || resp.Role != meta.RoleLearner {
 		t.Fatalf("first join: %+v %v", resp, err)
@@ -59,13 +48,7 @@ func TestHalfJoinedNodeNamed(t *testing.T) {
 // nameless unstarted-<id> learner, and the JoinInProgress a voter's join
 // meets names that learner rather than the node.
 func TestStepUpAfterCrashRecordsURLs(t *testing.T) {
-	e := metatest.Private(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if _, _, _, err := e.Meta.Bootstrap(ctx, "step-up-crash", 3, e.CA.CertPEM, e.CA.KeyPEM); err != nil {
-		t.Fatal(err)
-	}
-	s := New(e.Meta, e.CA, "test", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	e, s, ctx := bootstrapped(t, "step-up-crash")
 	c := joinRequest("c", "c.example")
 	if err := e.Meta.PutNode(ctx, nodeRecord(c, meta.RoleClient)); err != nil {
 		t.Fatal(err)

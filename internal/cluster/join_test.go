@@ -63,18 +63,26 @@ func TestJoinDuplicateName(t *testing.T) {
 	}
 }
 
+// bootstrapped is a private metadata store bootstrapped as cluster name
+// (3 voters wanted), its Service, and a context that ends with the test
+// (at most 60 s).
+func bootstrapped(t *testing.T, name string) (*metatest.Env, *Service, context.Context) {
+	t.Helper()
+	e := metatest.Private(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	if _, _, _, err := e.Meta.Bootstrap(ctx, name, 3, e.CA.CertPEM, e.CA.KeyPEM); err != nil {
+		t.Fatal(err)
+	}
+	return e, New(e.Meta, e.CA, "test", slog.New(slog.NewTextHandler(io.Discard, nil))), ctx
+}
+
 // TestStuckLearnerNamed: a node whose join added a learner and that then
 // died for good, before its member started, blocks the joins of voters.
 // The refusal names that learner and the way out, and removing it (by
 // the node's name) lets the next join through.
 func TestStuckLearnerNamed(t *testing.T) {
-	e := metatest.Private(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if _, _, _, err := e.Meta.Bootstrap(ctx, "stuck-learner", 3, e.CA.CertPEM, e.CA.KeyPEM); err != nil {
-		t.Fatal(err)
-	}
-	s := New(e.Meta, e.CA, "test", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	_, s, ctx := bootstrapped(t, "stuck-learner")
 	gone := joinRequest("gone", "gone.example")
 	if resp, err := s.Join(ctx, gone); err != nil || resp.Role != meta.RoleLearner {
 		t.Fatalf("first join: %+v %v", resp, err)

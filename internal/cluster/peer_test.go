@@ -12,12 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"io"
-	"log/slog"
-
 	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/basalt-storage/basalt/internal/meta"
-	"github.com/basalt-storage/basalt/internal/meta/metatest"
 	"github.com/basalt-storage/basalt/internal/pki"
 )
 
@@ -56,13 +52,7 @@ func TestJoinPeerOfAnotherMember(t *testing.T) {
 // record naming the other's URLs); nor may it claim the learner added
 // for another node that has not started yet.
 func TestStepUpPeerOfAnotherMember(t *testing.T) {
-	e := metatest.Private(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if _, _, _, err := e.Meta.Bootstrap(ctx, "step-up-peer", 3, e.CA.CertPEM, e.CA.KeyPEM); err != nil {
-		t.Fatal(err)
-	}
-	s := New(e.Meta, e.CA, "test", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	e, s, ctx := bootstrapped(t, "step-up-peer")
 	members, err := e.Meta.Members(ctx)
 	if err != nil || len(members) != 1 {
 		t.Fatalf("members: %+v %v", members, err)

@@ -1,15 +1,10 @@
 package cluster
 
 import (
-	"context"
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/basalt-storage/basalt/internal/meta"
-	"github.com/basalt-storage/basalt/internal/meta/metatest"
 )
 
 // TestStepUp: with fewer voters than its target, the first client node to
@@ -20,13 +15,7 @@ import (
 // wanted again. The learner never starts here: this only tests the
 // decision.
 func TestStepUp(t *testing.T) {
-	e := metatest.Private(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if _, _, _, err := e.Meta.Bootstrap(ctx, "step-up-test", 3, e.CA.CertPEM, e.CA.KeyPEM); err != nil {
-		t.Fatal(err)
-	}
-	s := New(e.Meta, e.CA, "test", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	e, s, ctx := bootstrapped(t, "step-up-test")
 	a, b := joinRequest("a", "a.example"), joinRequest("b", "b.example")
 	for _, r := range []JoinRequest{a, b} { // two client nodes
 		if err := e.Meta.PutNode(ctx, nodeRecord(r, meta.RoleClient)); err != nil {
