@@ -3,9 +3,12 @@
 // built on Devices.
 //
 // Contract, for every implementation:
-//   - Offsets and lengths are bytes; callers never pass a range beyond
-//     Size() (the NBD server checks first), so implementations may assume
-//     0 <= off, off+len <= Size().
+//   - Offsets and lengths are bytes. A request reaching beyond Size(),
+//     starting before 0 or of negative length is refused with
+//     ErrOutOfRange (CheckRange) and touches nothing: the NBD server
+//     checks first, but a layer's other callers (jobs, copies, the layers
+//     above) are code too, and one bad offset must be an error, never a
+//     panic of the whole server or bytes written where no read finds them.
 //   - An operation a device does not declare in Capabilities returns
 //     ErrNotSupported; a device never silently ignores one.
 //   - WriteAt with fua=true, and any operation followed by a successful
@@ -16,6 +19,7 @@ package block
 
 import (
 	"errors"
+	"fmt"
 	"syscall"
 )
 
@@ -76,6 +80,16 @@ type Device interface {
 // the number of children) cannot overflow int64. Layers that combine
 // their children's sizes refuse a result beyond it rather than wrap.
 const MaxSize = 1 << 62
+
+// CheckRange refuses a request of n bytes at off on a device of size
+// bytes that does not lie inside it, with ErrOutOfRange. It cannot
+// overflow: off+n is never computed.
+func CheckRange(off, n, size int64) error {
+	if off < 0 || n < 0 || off > size-n {
+		return fmt.Errorf("%d+%d beyond %d: %w", off, n, size, ErrOutOfRange)
+	}
+	return nil
+}
 
 // Errors with a meaning the NBD server maps to its error values.
 var (

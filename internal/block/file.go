@@ -126,6 +126,9 @@ func (d *File) ReadAtV(bufs [][]byte, off int64) error {
 	if d.closed.Load() {
 		return ErrClosed
 	}
+	if err := d.inRange(off, vlen(bufs)); err != nil {
+		return err
+	}
 	rest, err := transfer(bufs, off, func(batch [][]byte, off int64) (int, error) {
 		if len(batch) == 1 {
 			return unix.Pread(d.fd, batch[0], off)
@@ -152,18 +155,33 @@ func (d *File) TryReadAt(p []byte, off int64) bool {
 // TryReadAtV implements VectorReader: TryReadAt into several buffers (at
 // most iovMax of them; more are left to ReadAtV).
 func (d *File) TryReadAtV(bufs [][]byte, off int64) bool {
-	if !d.noWait.Load() || d.closed.Load() || len(bufs) > iovMax {
+	total := vlen(bufs)
+	if !d.noWait.Load() || d.closed.Load() || len(bufs) > iovMax || d.inRange(off, total) != nil {
 		return false
 	}
 	n, err := rawPreadv2(d.fd, bufs, off)
 	if err == unix.EOPNOTSUPP || err == unix.EINVAL {
 		d.noWait.Store(false)
 	}
-	total := 0
+	return err == nil && int64(n) == total
+}
+
+// vlen is the number of bytes in bufs.
+func vlen(bufs [][]byte) int64 {
+	n := int64(0)
 	for _, b := range bufs {
-		total += len(b)
+		n += int64(len(b))
 	}
-	return err == nil && n == total
+	return n
+}
+
+// inRange refuses a request of n bytes at off that does not lie inside
+// the device (block.Device): a write there would grow the file.
+func (d *File) inRange(off, n int64) error {
+	if err := CheckRange(off, n, d.size.Load()); err != nil {
+		return fmt.Errorf("file: %w", err)
+	}
+	return nil
 }
 
 // SpliceTo implements Splicer: splice(2) from the file into the pipe. It
@@ -174,7 +192,7 @@ func (d *File) TryReadAtV(bufs [][]byte, off int64) bool {
 // are read from the device: rare, and only a delay). A file system that
 // cannot splice is found out once.
 func (d *File) SpliceTo(pipe int, off int64, n int, nowait bool) int {
-	if !d.splice.Load() || d.closed.Load() || (nowait && !d.cached(off, n)) {
+	if !d.splice.Load() || d.closed.Load() || d.inRange(off, int64(n)) != nil || (nowait && !d.cached(off, n)) {
 		return 0
 	}
 	// (EAGAIN: a non-blocking pipe is full; what is left is ReadAt's.)
@@ -188,7 +206,7 @@ var _ Splicer = (*File)(nil)
 // SpliceFrom implements SpliceWriter: splice(2) from the pipe into the
 // file. A file system that cannot is found out once.
 func (d *File) SpliceFrom(pipe int, off int64, n int) int {
-	if !d.spliceIn.Load() || d.begin() != nil {
+	if !d.spliceIn.Load() || d.inRange(off, int64(n)) != nil || d.begin() != nil {
 		return 0
 	}
 	defer d.end()
@@ -248,6 +266,9 @@ func (d *File) WriteAt(p []byte, off int64, fua bool) error {
 // WriteAtV implements VectorWriter: pwritev, or pwritev2 with RWF_DSYNC
 // for FUA.
 func (d *File) WriteAtV(bufs [][]byte, off int64, fua bool) error {
+	if err := d.inRange(off, vlen(bufs)); err != nil {
+		return err
+	}
 	if err := d.begin(); err != nil {
 		return err
 	}
@@ -405,6 +426,9 @@ func consume(bufs [][]byte, n int, owned *bool) [][]byte {
 // operations, hence fast. Without fallocate support it writes zeroes, or
 // with Fast refuses.
 func (d *File) WriteZeroes(off, length int64, f ZeroFlags) error {
+	if err := d.inRange(off, length); err != nil {
+		return err
+	}
 	if err := d.begin(); err != nil {
 		return err
 	}
@@ -445,6 +469,9 @@ func (d *File) writeZeroBuffers(off, length int64) error {
 
 // Trim implements Device by punching a hole.
 func (d *File) Trim(off, length int64, fua bool) error {
+	if err := d.inRange(off, length); err != nil {
+		return err
+	}
 	if err := d.begin(); err != nil {
 		return err
 	}
@@ -503,6 +530,9 @@ func (d *File) linked() error {
 func (d *File) Extents(off, length int64) ([]Extent, error) {
 	if d.closed.Load() {
 		return nil, ErrClosed
+	}
+	if err := d.inRange(off, length); err != nil {
+		return nil, err
 	}
 	end := off + length
 	var out []Extent

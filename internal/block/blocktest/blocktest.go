@@ -183,6 +183,7 @@ func Conformance(t *testing.T, env block.Env, spec string, ops int) []byte {
 	if tryable && tried == 0 {
 		t.Errorf("the device offers TryReadAt but never answered one")
 	}
+	outOfRange(t, l, caps)
 	if err := l.Flush(); err != nil {
 		t.Fatal(err)
 	}

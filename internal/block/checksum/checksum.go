@@ -456,8 +456,8 @@ func (l *Layer) check(off, n int64) error {
 	if l.closed.Load() {
 		return block.ErrClosed
 	}
-	if off < 0 || n < 0 || off+n > l.size {
-		return fmt.Errorf("checksum: %d+%d beyond %d: %w", off, n, l.size, block.ErrOutOfRange)
+	if err := block.CheckRange(off, n, l.size); err != nil {
+		return fmt.Errorf("checksum: %w", err)
 	}
 	return nil
 }

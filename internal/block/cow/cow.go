@@ -595,6 +595,9 @@ func (l *Layer) chain() []*image {
 func (l *Layer) ReadAt(p []byte, off int64) error {
 	l.chainMu.RLock()
 	defer l.chainMu.RUnlock()
+	if err := l.inRange(off, int64(len(p))); err != nil {
+		return err
+	}
 	at := int64(0)
 	for _, r := range l.runs(off, int64(len(p)), false) {
 		if err := l.readFrom(l.byDepth[r.owner], p[at:at+r.n], r.off); err != nil {
@@ -613,6 +616,9 @@ func (l *Layer) TryReadAt(p []byte, off int64) bool {
 		return false
 	}
 	defer l.chainMu.RUnlock()
+	if l.inRange(off, int64(len(p))) != nil {
+		return false
+	}
 	at := int64(0)
 	for _, r := range l.runs(off, int64(len(p)), false) {
 		if !l.tryReadFrom(l.byDepth[r.owner], p[at:at+r.n], r.off) {
@@ -637,6 +643,9 @@ func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 		l.chainMu.RLock()
 	}
 	defer l.chainMu.RUnlock()
+	if l.inRange(off, int64(n)) != nil {
+		return 0
+	}
 	moved := 0
 	for _, r := range l.runs(off, int64(n), false) {
 		im := l.byDepth[r.owner]
@@ -654,6 +663,15 @@ func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 		}
 	}
 	return moved
+}
+
+// inRange refuses a request that does not lie inside the device
+// (block.Device); the caller holds chainMu, which guards l.size.
+func (l *Layer) inRange(off, n int64) error {
+	if err := block.CheckRange(off, n, l.size); err != nil {
+		return fmt.Errorf("cow: %w", err)
+	}
+	return nil
 }
 
 // readFrom reads from one image.
@@ -709,7 +727,7 @@ func (l *Layer) SpliceFrom(pipe int, off int64, n int) int {
 		return 0
 	}
 	l.chainMu.RLock()
-	if _, ok := l.top.dev.(block.SpliceWriter); !ok {
+	if _, ok := l.top.dev.(block.SpliceWriter); !ok || l.inRange(off, int64(n)) != nil {
 		l.chainMu.RUnlock()
 		return 0
 	}
@@ -752,6 +770,9 @@ func (l *Layer) write(off, n int64, fua bool, direct func(r run, at int64) error
 	}
 	l.chainMu.RLock()
 	defer l.chainMu.RUnlock()
+	if err := l.inRange(off, n); err != nil {
+		return err
+	}
 	defer l.touched(off, n)
 	var fresh []int64
 	at := int64(0)
@@ -896,6 +917,9 @@ func (l *Layer) fastZero(off, n int64, f block.ZeroFlags) error {
 	}
 	l.chainMu.RLock()
 	defer l.chainMu.RUnlock()
+	if err := l.inRange(off, n); err != nil {
+		return err
+	}
 	defer l.touched(off, n) // a collapse running copies what changed again
 	if !l.top.dev.Capabilities().FastZero {
 		return block.ErrNotSupported
@@ -936,6 +960,9 @@ func (l *Layer) Trim(off, n int64, fua bool) error {
 	}
 	l.chainMu.RLock()
 	defer l.chainMu.RUnlock()
+	if err := l.inRange(off, n); err != nil {
+		return err
+	}
 	defer l.touched(off, n)
 	for _, r := range l.runs(off, n, false) {
 		if r.owner != l.top.depth {
@@ -995,6 +1022,9 @@ func (l *Layer) flush() error {
 func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
 	l.chainMu.RLock()
 	defer l.chainMu.RUnlock()
+	if err := l.inRange(off, n); err != nil {
+		return nil, err
+	}
 	var out []block.Extent
 	for i, r := range l.runs(off, min(n, 4096*l.chunk), false) {
 		if i == 64 {

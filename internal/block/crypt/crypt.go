@@ -334,8 +334,8 @@ func (l *Layer) checkRange(write bool, off, n int64) error {
 	if err := l.check(write); err != nil {
 		return err
 	}
-	if size := l.Size(); off < 0 || n < 0 || off > size-n {
-		return fmt.Errorf("crypt: %d+%d beyond %d: %w", off, n, size, block.ErrOutOfRange)
+	if err := block.CheckRange(off, n, l.Size()); err != nil {
+		return fmt.Errorf("crypt: %w", err)
 	}
 	return nil
 }

@@ -114,8 +114,8 @@ func New(_ block.Env, raw json.RawMessage, children []block.Layer) (block.Layer,
 // at the end, so its tail would otherwise be dropped and the request
 // acknowledged whole (a partition's child goes on beyond its window).
 func (l *Layer) check(off, n int64) error {
-	if off < 0 || n < 0 || off > l.size-n {
-		return fmt.Errorf("linear: %d+%d beyond %d: %w", off, n, l.size, block.ErrOutOfRange)
+	if err := block.CheckRange(off, n, l.size); err != nil {
+		return fmt.Errorf("linear: %w", err)
 	}
 	return nil
 }

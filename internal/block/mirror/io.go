@@ -11,11 +11,23 @@ import (
 	"github.com/basalt-storage/basalt/internal/block"
 )
 
+// usableFor is usable for a request of n bytes at off, which must lie
+// inside the device (block.Device).
+func (l *Layer) usableFor(off, n int64) error {
+	if err := l.usable(); err != nil {
+		return err
+	}
+	if err := block.CheckRange(off, n, l.Size()); err != nil {
+		return fmt.Errorf("mirror: %w", err)
+	}
+	return nil
+}
+
 // ReadAt implements block.Device: one ok leg serves the read (the resync
 // source when the range has regions not yet resynchronised since open); a
 // leg that fails is marked failed and the read goes to another.
 func (l *Layer) ReadAt(p []byte, off int64) error {
-	if err := l.usable(); err != nil {
+	if err := l.usableFor(off, int64(len(p))); err != nil {
 		return err
 	}
 	if len(p) == 0 {
@@ -26,7 +38,7 @@ func (l *Layer) ReadAt(p []byte, off int64) error {
 
 // Extents implements block.Device, answered by the leg a read would use.
 func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
-	if err := l.usable(); err != nil {
+	if err := l.usableFor(off, n); err != nil {
 		return nil, err
 	}
 	if n == 0 {
@@ -70,7 +82,7 @@ func (l *Layer) withReader(off, n int64, what string, fn func(block.Layer) error
 // tried (else a broken leg could go unnoticed by reads, their retries
 // always landing on the next leg).
 func (l *Layer) TryReadAt(p []byte, off int64) bool {
-	if len(p) == 0 || l.usable() != nil || !l.mu.TryLock() {
+	if len(p) == 0 || l.usableFor(off, int64(len(p))) != nil || !l.mu.TryLock() {
 		return false
 	}
 	t := l.pickReaderLocked(off, int64(len(p)), false)
@@ -89,7 +101,7 @@ func (l *Layer) TryReadAt(p []byte, off int64) bool {
 // picks the same leg and meets whatever stopped the splice: an error
 // fails that leg over.
 func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
-	if n == 0 || l.usable() != nil {
+	if n == 0 || l.usableFor(off, int64(n)) != nil {
 		return 0
 	}
 	if nowait {
@@ -182,7 +194,7 @@ func (l *Layer) Trim(off, n int64, fua bool) error {
 // slow, if set, retries legs that answered ErrNotSupported (fast zeroes).
 // fua says the operation syncs the legs (see Layer.syncs).
 func (l *Layer) mutate(what string, off, n int64, fua bool, op, slow func(block.Layer) error) error {
-	if err := l.usable(); err != nil {
+	if err := l.usableFor(off, n); err != nil {
 		return err
 	}
 	if l.caps.ReadOnly {

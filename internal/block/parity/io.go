@@ -471,6 +471,9 @@ func (l *Layer) pieces(lo, hi int64) []piece {
 
 // WriteAt implements block.Device.
 func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
+	if err := l.inRange(off, int64(len(p))); err != nil {
+		return err
+	}
 	if l.ro {
 		return block.ErrReadOnly
 	}
@@ -957,6 +960,9 @@ func (l *Layer) writeDegraded(s int64, m int, ps []piece, src []byte, fua bool) 
 // (concurrently, leg by leg); a chunk on a missing leg is reconstructed
 // from the rest of its stripe under the stripe's lock.
 func (l *Layer) ReadAt(p []byte, off int64) error {
+	if err := l.inRange(off, int64(len(p))); err != nil {
+		return err
+	}
 	if len(p) == 0 {
 		return nil
 	}
@@ -969,7 +975,7 @@ func (l *Layer) ReadAt(p []byte, off int64) error {
 // (several chunks, a chunk to reconstruct, a leg that fails, the layer
 // changing mode) is left to ReadAt.
 func (l *Layer) TryReadAt(p []byte, off int64) bool {
-	if len(p) == 0 || !l.mode.TryRLock() {
+	if len(p) == 0 || l.inRange(off, int64(len(p))) != nil || !l.mode.TryRLock() {
 		return false
 	}
 	defer l.mode.RUnlock()
@@ -990,7 +996,7 @@ func (l *Layer) TryReadAt(p []byte, off int64) bool {
 // chunk that would have to be reconstructed (ReadAt does that) or that
 // its leg does not move whole.
 func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
-	if l.chunk < block.SpliceMinPiece {
+	if l.chunk < block.SpliceMinPiece || l.inRange(off, int64(n)) != nil {
 		return 0
 	}
 	if nowait {
@@ -1122,6 +1128,9 @@ func (l *Layer) readReconstruct(s int64, d int, a, b int64, dst []byte) error {
 // stripes at the ends are written with zeroes through the normal path.
 // Zeroing up to the end of the device covers the tail of the last stripe.
 func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
+	if err := l.inRange(off, n); err != nil {
+		return err
+	}
 	if l.ro {
 		return block.ErrReadOnly
 	}
@@ -1171,6 +1180,9 @@ func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
 // zeroed instead (punching holes on file legs) and partial stripes are
 // left alone.
 func (l *Layer) Trim(off, n int64, fua bool) error {
+	if err := l.inRange(off, n); err != nil {
+		return err
+	}
 	if l.ro {
 		return block.ErrReadOnly
 	}
@@ -1390,6 +1402,9 @@ func (l *Layer) Flush() error {
 // missing leg, where every other chunk of the stripe does), and is a hole
 // only where it is a hole on every leg that is not missing.
 func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
+	if err := l.inRange(off, n); err != nil {
+		return nil, err
+	}
 	if !l.caps.Extents {
 		if n == 0 {
 			return nil, nil // nothing to describe (block.Device)

@@ -1003,6 +1003,15 @@ func (l *Layer) resync(s int64, m int, dm []byte) error {
 // Size implements block.Device.
 func (l *Layer) Size() int64 { return l.size.Load() }
 
+// inRange refuses a request that does not lie inside the device
+// (block.Device).
+func (l *Layer) inRange(off, n int64) error {
+	if err := block.CheckRange(off, n, l.size.Load()); err != nil {
+		return fmt.Errorf("parity: %w", err)
+	}
+	return nil
+}
+
 // Capabilities implements block.Device.
 func (l *Layer) Capabilities() block.Capabilities { return l.caps }
 

@@ -919,7 +919,7 @@ func TestSecondFailureIsNotPersisted(t *testing.T) {
 	if st := l.Describe().State; st != block.StateFailed {
 		t.Fatalf("state %s", st)
 	}
-	if err := l.WriteAt(p, 100*chunk, false); !errors.Is(err, syscall.EIO) {
+	if err := l.WriteAt(p, 40*chunk, false); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("write while frozen: %v", err)
 	}
 	l.Close()

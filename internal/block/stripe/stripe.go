@@ -115,8 +115,8 @@ func (l *Layer) layout() (int64, error) {
 // than Size (their tails), and a write there would be acknowledged into
 // space no read returns; beyond them, a file would grow.
 func (l *Layer) check(off, n int64) error {
-	if size := l.size.Load(); off < 0 || n < 0 || off > size-n {
-		return fmt.Errorf("stripe: %d+%d beyond %d: %w", off, n, size, block.ErrOutOfRange)
+	if err := block.CheckRange(off, n, l.size.Load()); err != nil {
+		return fmt.Errorf("stripe: %w", err)
 	}
 	return nil
 }

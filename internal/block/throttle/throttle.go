@@ -167,6 +167,9 @@ func (l *Layer) Capabilities() block.Capabilities { return l.child.Capabilities(
 
 // ReadAt implements block.Device.
 func (l *Layer) ReadAt(p []byte, off int64) error {
+	if err := l.inRange(off, int64(len(p))); err != nil {
+		return err
+	}
 	if err := l.wait(int64(len(p))); err != nil {
 		return err
 	}
@@ -178,7 +181,7 @@ func (l *Layer) ReadAt(p []byte, off int64) error {
 // child has answered; a read the child cannot answer at once costs nothing
 // (ReadAt pays for it).
 func (l *Layer) TryReadAt(p []byte, off int64) bool {
-	if !l.allowsNow(len(p)) || !block.TryReadAt(l.child, p, off) {
+	if l.inRange(off, int64(len(p))) != nil || !l.allowsNow(len(p)) || !block.TryReadAt(l.child, p, off) {
 		return false
 	}
 	l.charge(len(p))
@@ -218,7 +221,7 @@ func (l *Layer) charge(n int) {
 // (the child may be a Splicer that moves nothing, as a stripe of small
 // units is).
 func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
-	if _, ok := l.child.(block.Splicer); !ok || n <= 0 {
+	if _, ok := l.child.(block.Splicer); !ok || n <= 0 || l.inRange(off, int64(n)) != nil {
 		return 0
 	}
 	if !nowait {
@@ -244,7 +247,7 @@ func (l *Layer) SpliceTo(pipe int, off int64, n int, nowait bool) int {
 // the child takes in part pays for its operation twice, and the bytes it
 // did not take are credited.
 func (l *Layer) SpliceFrom(pipe int, off int64, n int) int {
-	if _, ok := l.child.(block.SpliceWriter); !ok || n <= 0 || l.wait(int64(n)) != nil {
+	if _, ok := l.child.(block.SpliceWriter); !ok || n <= 0 || l.inRange(off, int64(n)) != nil || l.wait(int64(n)) != nil {
 		return 0
 	}
 	k := block.SpliceFrom(l.child, pipe, off, n)
@@ -254,6 +257,9 @@ func (l *Layer) SpliceFrom(pipe int, off int64, n int) int {
 
 // WriteAt implements block.Device.
 func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
+	if err := l.inRange(off, int64(len(p))); err != nil {
+		return err
+	}
 	if err := l.wait(int64(len(p))); err != nil {
 		return err
 	}
@@ -262,6 +268,9 @@ func (l *Layer) WriteAt(p []byte, off int64, fua bool) error {
 
 // WriteZeroes implements block.Device.
 func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
+	if err := l.inRange(off, n); err != nil {
+		return err
+	}
 	if err := l.wait(0); err != nil {
 		return err
 	}
@@ -270,6 +279,9 @@ func (l *Layer) WriteZeroes(off, n int64, f block.ZeroFlags) error {
 
 // Trim implements block.Device.
 func (l *Layer) Trim(off, n int64, fua bool) error {
+	if err := l.inRange(off, n); err != nil {
+		return err
+	}
 	if err := l.wait(0); err != nil {
 		return err
 	}
@@ -280,7 +292,22 @@ func (l *Layer) Trim(off, n int64, fua bool) error {
 func (l *Layer) Flush() error { return l.child.Flush() }
 
 // Extents implements block.Device (not throttled).
-func (l *Layer) Extents(off, n int64) ([]block.Extent, error) { return l.child.Extents(off, n) }
+func (l *Layer) Extents(off, n int64) ([]block.Extent, error) {
+	if err := l.inRange(off, n); err != nil {
+		return nil, err
+	}
+	return l.child.Extents(off, n)
+}
+
+// inRange refuses a request that does not lie inside the device
+// (block.Device) before it waits for tokens: the child would refuse it
+// too, but only after the caller had waited its turn for nothing.
+func (l *Layer) inRange(off, n int64) error {
+	if err := block.CheckRange(off, n, l.Size()); err != nil {
+		return fmt.Errorf("throttle: %w", err)
+	}
+	return nil
+}
 
 // Close implements block.Device; requests still waiting for tokens end
 // with block.ErrClosed. It closes the child once however often it is
