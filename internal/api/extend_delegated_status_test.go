@@ -6,20 +6,20 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/basalt-storage/basalt/internal/volume"
 )
 
 // TestDelegatedExtendNotDoneIs202: a volume written by another node is
-// extended by that node; the call waits for it a while (30 s) and then
+// extended by that node; the call waits for it a while (volume.Config.DelegateWait) and then
 // answers with the volume still extending. It answered 200 OK — the
 // answer of a finished, synchronous extend — with status "extending" and
 // the old size, though the extend had not happened and could still fail.
 // It answers 202 Accepted, as a snapshot handed to a writer that has not
 // taken it yet does (status creating).
 func TestDelegatedExtendNotDoneIs202(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits out the 30 s a call waits for another node")
-	}
-	e := newNodeEnv(t, nil)
+	// The wait is shortened: the default is 30 s.
+	e := newNodeEnvWith(t, volume.Config{DelegateWait: 2 * time.Second})
 	_, alice := e.user("alice", false)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -195,7 +195,7 @@ func (s *Server) extendVolume(w http.ResponseWriter, r *http.Request, c volume.C
 	status := http.StatusOK
 	if v.Status == meta.StatusExtending {
 		// The volume's writer, another node, had not extended it when
-		// the call stopped waiting (volume.delegateWait): it goes on
+		// the call stopped waiting (volume.Config.DelegateWait): it goes on
 		// there, and may still fail. 202, as for a snapshot handed on
 		// and not taken yet — not 200 with a size the volume does not
 		// have yet.

@@ -59,6 +59,13 @@ type nodeEnv struct {
 
 func newNodeEnv(t *testing.T, objs volume.Objects) *nodeEnv {
 	t.Helper()
+	return newNodeEnvWith(t, volume.Config{Objects: objs})
+}
+
+// newNodeEnvWith is newNodeEnv with the volume service's configuration
+// (its Node and ImageGrace are set here).
+func newNodeEnvWith(t *testing.T, cfg volume.Config) *nodeEnv {
+	t.Helper()
 	e := metatest.Shared(t)
 	st, err := store.Open(t.TempDir())
 	if err != nil {
@@ -66,7 +73,8 @@ func newNodeEnv(t *testing.T, objs volume.Objects) *nodeEnv {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	node := uniq("node")
-	vs := volume.New(e.Meta, st, volume.Config{Node: node, ImageGrace: -1, Objects: objs}, log)
+	cfg.Node, cfg.ImageGrace = node, -1
+	vs := volume.New(e.Meta, st, cfg, log)
 	t.Cleanup(vs.Stop)
 	if err := vs.Start(context.Background()); err != nil {
 		t.Fatal(err)

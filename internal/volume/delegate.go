@@ -18,9 +18,10 @@ import (
 	"github.com/basalt-storage/basalt/internal/meta"
 )
 
-// delegateWait bounds how long a call waits for a workflow another node
-// runs; after it the record is returned still in its transition (202).
-const delegateWait = 30 * time.Second
+// DefaultDelegateWait bounds how long a call waits for a workflow another
+// node runs (Config.DelegateWait); after it the record is returned still
+// in its transition (202).
+const DefaultDelegateWait = 30 * time.Second
 
 // writer is the node that must run vol's stack workflows: the holder of
 // its write lease, or this node when none holds it.
@@ -44,9 +45,9 @@ func (s *Service) claim(key string) bool {
 func (s *Service) unclaim(key string) { s.claims.Delete(key) }
 
 // await polls get until done says the record left its transition, or
-// delegateWait passes.
-func await[T any](ctx context.Context, get func() (T, error), done func(T) bool) (T, error) {
-	deadline := time.Now().Add(delegateWait)
+// wait passes.
+func await[T any](ctx context.Context, wait time.Duration, get func() (T, error), done func(T) bool) (T, error) {
+	deadline := time.Now().Add(wait)
 	for {
 		r, err := get()
 		if err != nil || done(r) || time.Now().After(deadline) {
@@ -62,13 +63,13 @@ func await[T any](ctx context.Context, get func() (T, error), done func(T) bool)
 
 // awaitSnapshot waits until the node a snapshot was delegated to took it.
 func (s *Service) awaitSnapshot(ctx context.Context, id string) (*meta.Snapshot, error) {
-	return await(ctx, func() (*meta.Snapshot, error) { return s.meta.Snapshot(ctx, id) },
+	return await(ctx, s.cfg.DelegateWait, func() (*meta.Snapshot, error) { return s.meta.Snapshot(ctx, id) },
 		func(sn *meta.Snapshot) bool { return sn.Status != meta.StatusCreating })
 }
 
 // awaitExtend waits until the node an extend was delegated to did it.
 func (s *Service) awaitExtend(ctx context.Context, id string) (*meta.Volume, error) {
-	return await(ctx, func() (*meta.Volume, error) { return s.meta.Volume(ctx, id) },
+	return await(ctx, s.cfg.DelegateWait, func() (*meta.Volume, error) { return s.meta.Volume(ctx, id) },
 		func(v *meta.Volume) bool { return v.Status != meta.StatusExtending })
 }
 

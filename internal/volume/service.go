@@ -77,6 +77,9 @@ type Config struct {
 	// cluster must then keep its own key (meta.KeepAlive), as a server
 	// does.
 	AdoptOrphans bool
+	// DelegateWait bounds how long a call waits for a workflow delegated
+	// to the node that writes the volume (0: DefaultDelegateWait).
+	DelegateWait time.Duration
 }
 
 // DefaultOvercommit is the default thin-provisioning ratio.
@@ -136,6 +139,9 @@ func New(m *meta.Store, st *store.Store, cfg Config, log *slog.Logger) *Service 
 	}
 	if cfg.ImageGrace == 0 {
 		cfg.ImageGrace = DefaultImageGrace
+	}
+	if cfg.DelegateWait <= 0 {
+		cfg.DelegateWait = DefaultDelegateWait
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Service{meta: m, store: st, cfg: cfg, log: log, ctx: ctx, cancel: cancel,
