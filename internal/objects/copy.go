@@ -6,11 +6,13 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/versity/versitygw/backend"
+	"github.com/versity/versitygw/s3api/utils"
 	"github.com/versity/versitygw/s3err"
 	"github.com/versity/versitygw/s3response"
 	"golang.org/x/sys/unix"
@@ -43,9 +45,23 @@ func copyFile(dst, src *os.File, n int64) error {
 	return nil
 }
 
+// checksumOf computes the full-object checksum in algo of the first n
+// bytes of f.
+func checksumOf(f *os.File, n int64, algo types.ChecksumAlgorithm) (*checksum, error) {
+	hr, err := utils.NewHashReader(io.NewSectionReader(f, 0, n), "", utils.HashType(strings.ToLower(string(algo))))
+	if err != nil {
+		return nil, s3err.GetAPIError(s3err.ErrInvalidChecksumAlgorithm)
+	}
+	if _, err := io.Copy(io.Discard, hr); err != nil {
+		return nil, err
+	}
+	return &checksum{Algorithm: algo, Type: types.ChecksumTypeFullObject, Value: hr.Sum()}, nil
+}
+
 // CopyObject copies an object within the store (same file system):
 // source checked like a GET, data cloned or copied into Work/tmp, then
-// published like a PUT. The copy keeps the source's ETag and checksum.
+// published like a PUT. The copy keeps the source's ETag, and its
+// checksum unless x-amz-checksum-algorithm asks for another.
 func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput) (_ s3response.CopyObjectOutput, err error) {
 	defer func() { err = b.answer(err, "CopyObject", in.Bucket, in.Key) }()
 	dstBucket, dstKey := str(in.Bucket), str(in.Key)
@@ -117,6 +133,17 @@ func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput)
 	if err := copyFile(tmp, src.f, src.m.Size); err != nil {
 		return s3response.CopyObjectOutput{}, fmt.Errorf("copy %s/%s: %w", srcBucket, srcKey, err)
 	}
+	// x-amz-checksum-algorithm asks for the copy's checksum in that
+	// algorithm (AWS CopyObject): computed from the copied bytes unless
+	// the source already has it as a full-object checksum, which is
+	// copied like any other.
+	sum := src.m.Checksum
+	if algo := types.ChecksumAlgorithm(strings.ToUpper(string(in.ChecksumAlgorithm))); algo != "" &&
+		(sum == nil || sum.Algorithm != algo || sum.Type != types.ChecksumTypeFullObject) {
+		if sum, err = checksumOf(tmp, src.m.Size, algo); err != nil {
+			return s3response.CopyObjectOutput{}, fmt.Errorf("checksum of the copy of %s/%s: %w", srcBucket, srcKey, err)
+		}
+	}
 	// The source must not have changed while it was copied.
 	if fi, err := src.f.Stat(); err != nil {
 		return s3response.CopyObjectOutput{}, err
@@ -131,6 +158,7 @@ func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput)
 	m := *src.m
 	m.Key = ""
 	m.VersionID = writeVersion(status)
+	m.Checksum = sum
 	if replace {
 		m.ContentType = str(in.ContentType)
 		m.ContentEncoding = str(in.ContentEncoding)

@@ -2,6 +2,7 @@ package objects
 
 import (
 	"context"
+	"encoding/xml"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -125,6 +126,7 @@ func (b *Backend) DeleteObjects(ctx context.Context, in *s3.DeleteObjectsInput) 
 	if in.Delete == nil {
 		return res, nil
 	}
+	quiet := quietDelete(ctx, in.Delete)
 	for _, obj := range in.Delete.Objects {
 		key := str(obj.Key)
 		// Each object's ETag (and, as for DeleteObject, time and size)
@@ -145,7 +147,9 @@ func (b *Backend) DeleteObjects(ctx context.Context, in *s3.DeleteObjectsInput) 
 			case vid != "":
 				d.VersionId = &vid
 			}
-			res.Deleted = append(res.Deleted, d)
+			if !quiet {
+				res.Deleted = append(res.Deleted, d)
+			}
 			continue
 		}
 		code, msg := "InternalError", "We encountered an internal error, please try again."
@@ -160,6 +164,29 @@ func (b *Backend) DeleteObjects(ctx context.Context, in *s3.DeleteObjectsInput) 
 		res.Error = append(res.Error, types.Error{Key: &key, VersionId: obj.VersionId, Code: &code, Message: &msg})
 	}
 	return res, nil
+}
+
+// quietDelete reports whether a DeleteObjects asked for quiet mode
+// (<Quiet>true</Quiet>): its answer then lists only the keys that
+// failed (AWS DeleteObjects). s3api does not pass Quiet on — the Delete
+// it hands the backend has the objects only — so it is read from the
+// request body, which s3api passes as ctx (fasthttp's RequestCtx). d's
+// own Quiet (direct calls) counts too.
+func quietDelete(ctx context.Context, d *types.Delete) bool {
+	if d.Quiet != nil {
+		return *d.Quiet
+	}
+	rc, ok := ctx.(interface{ PostBody() []byte })
+	if !ok {
+		return false
+	}
+	var body struct {
+		Quiet bool `xml:"Quiet"`
+	}
+	if err := xml.Unmarshal(rc.PostBody(), &body); err != nil {
+		return false // s3api parsed it; an answer with every key is no harm
+	}
+	return body.Quiet
 }
 
 // trimQuotes strips the quotes of an ETag.

@@ -194,6 +194,7 @@ func (b *Backend) GetObject(ctx context.Context, in *s3.GetObjectInput) (*s3.Get
 		IfMatch: in.IfMatch, IfNoneMatch: in.IfNoneMatch, IfModSince: in.IfModifiedSince, IfUnmodeSince: in.IfUnmodifiedSince})
 	if err != nil {
 		o.f.Close()
+		noteNotModified(ctx, o.m, err)
 		return nil, err
 	}
 	body, err := newFileBody(o.f, start, length, overTLS(ctx))
@@ -329,6 +330,7 @@ func (b *Backend) HeadObject(ctx context.Context, in *s3.HeadObjectInput) (*s3.H
 	out, _, _, err := o.describe(in.Range, ifRange(ctx), in.PartNumber, in.ChecksumMode, backend.PreConditions{
 		IfMatch: in.IfMatch, IfNoneMatch: in.IfNoneMatch, IfModSince: in.IfModifiedSince, IfUnmodeSince: in.IfUnmodifiedSince})
 	if err != nil {
+		noteNotModified(ctx, o.m, err)
 		return nil, err
 	}
 	return &s3.HeadObjectOutput{
@@ -343,6 +345,31 @@ func (b *Backend) HeadObject(ctx context.Context, in *s3.HeadObjectInput) (*s3.H
 		ChecksumXXHASH3: out.ChecksumXXHASH3, ChecksumXXHASH128: out.ChecksumXXHASH128,
 		VersionId: out.VersionId,
 	}, nil
+}
+
+// notModifiedKey is the request value holding the header fields of a
+// GET's or HEAD's 304 Not Modified (noteNotModified, Middleware).
+type notModifiedKey struct{}
+
+// noteNotModified leaves, when err is a GET's or HEAD's 304 Not Modified,
+// the fields of the object m that Middleware adds to that answer: RFC 9110
+// 15.4.5 requires a 304 to carry the ETag, Cache-Control and Expires a 200
+// would have (a cache in front of the gateway refreshes its copy from
+// them), and S3 sends Last-Modified and x-amz-version-id too. s3api sends
+// none of them with an error. ctx is the request as s3api passes it to the
+// backend (fasthttp's RequestCtx); other contexts are left alone.
+func noteNotModified(ctx context.Context, m *objectMeta, err error) {
+	rc, ok := ctx.(interface{ SetUserValue(key, value any) })
+	if !ok || s3code(err) != "NotModified" {
+		return
+	}
+	h := [][2]string{{"ETag", m.ETag}, {"Last-Modified", m.mtime().UTC().Format(http.TimeFormat)}}
+	for _, f := range [][2]string{{"Cache-Control", m.CacheControl}, {"Expires", m.Expires}, {"x-amz-version-id", m.VersionID}} {
+		if f[1] != "" {
+			h = append(h, f)
+		}
+	}
+	rc.SetUserValue(notModifiedKey{}, h)
 }
 
 // deleteMarker is a delete marker a GET or HEAD ran into.
