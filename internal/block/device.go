@@ -115,9 +115,13 @@ var (
 // redundant volume on the store degraded (and a parity volume, with two
 // legs failed, unreadable) until repaired. A bare EROFS — one storage
 // target of a parallel file system refusing its files' writes — is the
-// leg's failure.
+// leg's failure. A write fence's refusal (ErrFenced) is one too: the
+// fence refuses every leg alike, and only for a while when the node's
+// lease of the metadata cluster went unrenewed but did not expire (a
+// renewal then lets writes through again, on the same open stack).
 func StoreRefused(err error) bool {
-	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, ErrStoreReadOnly)
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, ErrStoreReadOnly) ||
+		errors.Is(err, ErrFenced)
 }
 
 // NoWaitReader is implemented by devices that can sometimes serve a read

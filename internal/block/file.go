@@ -455,9 +455,20 @@ func (d *File) WriteZeroes(off, length int64, f ZeroFlags) error {
 	return err
 }
 
+// writeZeroBuffers writes zeroes over [off, off+length) in buffers of up
+// to 1 MiB. Its caller entered the fence once; the fence is asked again
+// before every buffer after the first, as a copy asks before every piece
+// (CopyFromFile): a range of gigabytes must not go on being written long
+// after the lease it was started under ran out.
 func (d *File) writeZeroBuffers(off, length int64) error {
 	buf := make([]byte, min(length, 1<<20))
-	for length > 0 {
+	for first := true; length > 0; first = false {
+		if !first {
+			if err := d.begin(); err != nil {
+				return err
+			}
+			d.end()
+		}
 		n := min(length, int64(len(buf)))
 		if err := d.pwrite([][]byte{buf[:n]}, off, 0); err != nil {
 			return err
