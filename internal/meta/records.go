@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/basalt-storage/basalt/internal/errs"
 )
 
 // SchemaVersion is the record schema this binary writes. Readers accept any
@@ -118,6 +120,36 @@ const (
 	JobCollapse = "collapse"
 )
 
+// Failure is the API error a failed workflow met, recorded with its
+// failure when the caller can act on it (errs.Public: a full or read-only
+// store, a size the file system cannot hold): a call that waited for the
+// workflow on another node answers with it, as the node that ran it would
+// have — not with an internal error around the bare message.
+type Failure struct {
+	Code    string `json:"code"`
+	Status  int    `json:"status"` // the HTTP status (errs.Kind.Status)
+	Message string `json:"message"`
+}
+
+// FailureOf is the Failure to record for a workflow's cause, or nil when
+// the cause is an internal error.
+func FailureOf(cause error) *Failure {
+	e, ok := errs.Public(cause)
+	if !ok {
+		return nil
+	}
+	return &Failure{Code: e.Code, Status: e.Kind.Status(), Message: e.Message}
+}
+
+// Err is the error a call answers for f, about what (e.g. "volume
+// vol-…"); nil f: an internal error with the recorded message.
+func (f *Failure) Err(what, message string) error {
+	if f == nil {
+		return errs.New(errs.KindInternal, errs.CodeInternal, "%s: %s", what, message)
+	}
+	return errs.New(errs.KindForStatus(f.Status), f.Code, "%s: %s", what, f.Message)
+}
+
 // Volume is a block volume record.
 type Volume struct {
 	Schema        int    `json:"schema"`
@@ -128,7 +160,10 @@ type Volume struct {
 	SizeBytes     int64  `json:"size_bytes"`
 	Status        string `json:"status"`
 	StatusMessage string `json:"status_message,omitempty"`
-	Type          string `json:"type"`
+	// Failure is the error a caller is told of the failure StatusMessage
+	// describes, when it was one the caller can act on (Failure).
+	Failure *Failure `json:"failure,omitempty"`
+	Type    string   `json:"type"`
 	// Stack is the layer stack the volume was created with: its type's
 	// template, fixed at creation (a type changed later does not change
 	// existing volumes).
@@ -193,8 +228,11 @@ type Snapshot struct {
 	SizeBytes     int64  `json:"size_bytes"`
 	Status        string `json:"status"`
 	StatusMessage string `json:"status_message,omitempty"`
-	ClientToken   string `json:"client_token,omitempty"`
-	TokenParams   string `json:"token_params,omitempty"`
+	// Failure is the error a caller is told of the failure StatusMessage
+	// describes, when it was one the caller can act on (Failure).
+	Failure     *Failure `json:"failure,omitempty"`
+	ClientToken string   `json:"client_token,omitempty"`
+	TokenParams string   `json:"token_params,omitempty"`
 	// TokenHolder is the user whose ClientToken it is: the caller of the
 	// create, who may be an admin snapshotting another user's volume. Empty
 	// in records made before it was kept: the owner's.

@@ -244,7 +244,7 @@ func snapshotFailed(sn *meta.Snapshot) error {
 	if strings.Contains(sn.StatusMessage, staleSnapshot) {
 		return errs.Conflict(errs.CodeVolumeBusy, "snapshot %s was not taken, because the volume's writer changed meanwhile: %s", sn.ID, sn.StatusMessage)
 	}
-	return errs.New(errs.KindInternal, errs.CodeInternal, "snapshot %s: %s", sn.ID, sn.StatusMessage)
+	return sn.Failure.Err("snapshot "+sn.ID, sn.StatusMessage)
 }
 
 // finishSnapshot freezes the volume's top image for snapshot id, being
@@ -471,6 +471,7 @@ func (s *Service) failSnapshot(ctx context.Context, id, node string, cause error
 			return err
 		}
 		sn.Status, sn.StatusMessage, sn.Node, sn.UpdatedAt = meta.StatusError, cause.Error(), "", now()
+		sn.Failure = meta.FailureOf(cause)
 		tx.PutSnapshot(sn)
 		return nil
 	})

@@ -379,7 +379,7 @@ func (s *Service) transitionVolume(ctx context.Context, id, from, node string, f
 		if v.Node != node {
 			return errAdopted
 		}
-		v.StatusMessage = "" // a message describes the last failure; this transition succeeded
+		v.StatusMessage, v.Failure = "", nil // they describe the last failure; this transition succeeded
 		fn(v)
 		v.Node = ""
 		v.UpdatedAt = now()
@@ -408,6 +408,7 @@ func (s *Service) failImport(ctx context.Context, v *meta.Volume, cause error) e
 			cur.Job, cur.LastJob = nil, &meta.JobResult{Kind: meta.JobImport, Error: cause.Error(), Finished: now()}
 		}
 		cur.Status, cur.StatusMessage, cur.Node, cur.UpdatedAt = meta.StatusError, cause.Error(), "", now()
+		cur.Failure = meta.FailureOf(cause)
 		tx.PutVolume(cur)
 		return nil
 	})
@@ -534,7 +535,7 @@ func (s *Service) ExtendVolume(ctx context.Context, c Caller, ref string, newSiz
 		// Only the wait is the caller's.
 		out, err := s.awaitExtend(ctx, v.ID)
 		if err == nil && out.Status != meta.StatusExtending && out.SizeBytes < newSize {
-			return nil, errs.New(errs.KindInternal, errs.CodeInternal, "volume %s: %s", out.ID, out.StatusMessage)
+			return nil, out.Failure.Err("volume "+out.ID, out.StatusMessage)
 		}
 		return out, err
 	}
@@ -572,8 +573,8 @@ func (s *Service) extendTakenOver(ctx context.Context, id string, newSize int64)
 	case v.Status != meta.StatusExtending && v.SizeBytes >= newSize:
 		return v, nil
 	case v.Status != meta.StatusExtending:
-		return nil, errs.New(errs.KindInternal, errs.CodeInternal,
-			"volume %s: its extend was taken over by another node while this node was cut off from the metadata cluster, and failed there: %s", id, v.StatusMessage)
+		return nil, v.Failure.Err("volume "+id+": its extend was taken over by another node while this node was cut off from the metadata cluster, and failed there",
+			v.StatusMessage)
 	}
 	return nil, errs.Conflict(errs.CodeVolumeBusy,
 		"volume %s: its extend to %s was taken over by another node while this node was cut off from the metadata cluster; it is being extended to %s now",
@@ -603,6 +604,7 @@ func (s *Service) finishExtend(ctx context.Context, id string) (*meta.Volume, er
 				return terr
 			}
 			cur.Status, cur.StatusMessage = resting(cur), fmt.Sprintf("extend to %d bytes failed: %v", cur.TargetSize, err)
+			cur.Failure = meta.FailureOf(err)
 			cur.TargetSize, cur.Node, cur.RequestedBy, cur.UpdatedAt = 0, "", "", now()
 			tx.PutVolume(cur)
 			return nil
