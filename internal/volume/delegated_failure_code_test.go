@@ -54,16 +54,7 @@ func TestDelegatedFailureKeepsItsCode(t *testing.T) {
 	}
 
 	// Handed to b, which writes the volume: the same answer.
-	v, err := a.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.Attach(ctx, alice, v.ID, "hv", meta.ModeRW); err != nil {
-		t.Fatal(err)
-	}
-	if h, err := e.meta.VolumeLeaseHolder(ctx, v.ID); err != nil || h == nil || h.Node != b.cfg.Node {
-		t.Fatalf("write lease after attaching through b: %+v %v", h, err)
-	}
+	v := e.writtenBy(a, b, alice)
 	_, err = a.ExtendVolume(ctx, alice, v.ID, huge)
 	e2, ok := errs.Public(err)
 	if !ok || e2.Code != errs.CodeInvalidSize {

@@ -171,16 +171,7 @@ func TestDelegatedFailureIsReported(t *testing.T) {
 	e, a, b, _ := twoNodes(t)
 	ctx := ctxT(t)
 	alice := caller("alice")
-	v, err := a.CreateVolume(ctx, alice, CreateVolume{SizeBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.Attach(ctx, alice, v.ID, "hv", meta.ModeRW); err != nil {
-		t.Fatal(err)
-	}
-	if h, err := e.meta.VolumeLeaseHolder(ctx, v.ID); err != nil || h == nil || h.Node != b.cfg.Node {
-		t.Fatalf("write lease after attaching through b: %+v %v", h, err)
-	}
+	v := e.writtenBy(a, b, alice)
 	// The volume's data file is gone: no workflow can open its stack.
 	if err := os.Remove(filepath.Join(e.st.ImagesDir(), e.top(v.ID), "data.img")); err != nil {
 		t.Fatal(err)
@@ -198,6 +189,25 @@ func TestDelegatedFailureIsReported(t *testing.T) {
 	if snaps, _ := a.Snapshots(ctx, alice, v.ID); len(snaps) != 1 || snaps[0].Status != meta.StatusError {
 		t.Errorf("snapshots after the failed one: %+v", snaps)
 	}
+}
+
+// writtenBy creates a volume of 1 MiB through a and attaches it rw
+// through b, which then holds its write lease: workflows asked of a are
+// handed to b (delegate.go).
+func (e *env) writtenBy(a, b *Service, c Caller) *meta.Volume {
+	e.t.Helper()
+	ctx := ctxT(e.t)
+	v, err := a.CreateVolume(ctx, c, CreateVolume{SizeBytes: 1 << 20})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := b.Attach(ctx, c, v.ID, "hv", meta.ModeRW); err != nil {
+		e.t.Fatal(err)
+	}
+	if h, err := e.meta.VolumeLeaseHolder(ctx, v.ID); err != nil || h == nil || h.Node != b.cfg.Node {
+		e.t.Fatalf("write lease after attaching through %s: %+v %v", b.cfg.Node, h, err)
+	}
+	return v
 }
 
 // TestReaderStackNotWrittenAfterFlatten: as above, with a flatten

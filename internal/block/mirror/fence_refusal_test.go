@@ -3,24 +3,12 @@ package mirror
 import (
 	"bytes"
 	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/block/blocktest"
 )
-
-// switchFence refuses every write while refuse is set (Env.Fence).
-type switchFence struct{ refuse atomic.Bool }
-
-func (f *switchFence) Enter() error {
-	if f.refuse.Load() {
-		return block.ErrFenced
-	}
-	return nil
-}
-
-func (f *switchFence) Exit() {}
 
 // TestFenceRefusalFailsNoLeg: the write fence (Env.Fence) refuses every
 // leg alike, and for a while only when the node's lease of the metadata
@@ -32,7 +20,7 @@ func (f *switchFence) Exit() {}
 // regions the refused write touched are resynchronised once writes go
 // through again.
 func TestFenceRefusalFailsNoLeg(t *testing.T) {
-	f := &switchFence{}
+	f := &blocktest.SwitchFence{}
 	l := openMirror(t, block.Env{Dir: t.TempDir(), Size: 1 << 20, Create: true, Fence: f}, mirrorSpec("", "a.img", "b.img"))
 	t.Cleanup(func() { l.Close() })
 	model := fillAll(t, l, 1)
@@ -40,11 +28,11 @@ func TestFenceRefusalFailsNoLeg(t *testing.T) {
 	// there goes straight to the legs' fence.
 	write(t, l, model, bytes.Repeat([]byte{0xab}, 4096), 0)
 
-	f.refuse.Store(true)
+	f.Refuse.Store(true)
 	if err := l.WriteAt(bytes.Repeat([]byte{0xcd}, 4096), 0, false); !errors.Is(err, block.ErrFenced) {
 		t.Fatalf("write through a closed fence: %v, want ErrFenced", err)
 	}
-	f.refuse.Store(false)
+	f.Refuse.Store(false)
 	if st := legStates(l); st[0] != legOK || st[1] != legOK {
 		t.Fatalf("leg states after a fenced write: %v, want both ok: the fence is no leg's failure", st)
 	}

@@ -3,23 +3,11 @@ package parity
 import (
 	"bytes"
 	"errors"
-	"sync/atomic"
 	"testing"
 
 	"github.com/basalt-storage/basalt/internal/block"
+	"github.com/basalt-storage/basalt/internal/block/blocktest"
 )
-
-// switchFence refuses every write while refuse is set (Env.Fence).
-type switchFence struct{ refuse atomic.Bool }
-
-func (f *switchFence) Enter() error {
-	if f.refuse.Load() {
-		return block.ErrFenced
-	}
-	return nil
-}
-
-func (f *switchFence) Exit() {}
 
 // TestFenceRefusalFailsNoLeg: the write fence (Env.Fence) refuses every
 // leg alike, and for a while only when the node's lease of the metadata
@@ -31,7 +19,7 @@ func (f *switchFence) Exit() {}
 // succeed once the fence lets them through again.
 func TestFenceRefusalFailsNoLeg(t *testing.T) {
 	const chunk = 4096
-	f := &switchFence{}
+	f := &blocktest.SwitchFence{}
 	env := block.Env{Dir: t.TempDir(), Size: 64 * chunk, Create: true, Fence: f}
 	l := build(t, env, specFor(3, chunk))
 	t.Cleanup(func() { l.Close() })
@@ -47,13 +35,13 @@ func TestFenceRefusalFailsNoLeg(t *testing.T) {
 	if err := put(1, 0); err != nil {
 		t.Fatal(err)
 	}
-	f.refuse.Store(true)
+	f.Refuse.Store(true)
 	for _, off := range []int64{0, 8 * chunk} {
 		if err := l.WriteAt(bytes.Repeat([]byte{2}, chunk), off, false); !errors.Is(err, block.ErrFenced) {
 			t.Fatalf("write at %d through a closed fence: %v, want ErrFenced", off, err)
 		}
 	}
-	f.refuse.Store(false)
+	f.Refuse.Store(false)
 	wantAllOK(t, l, "after writes through a closed fence")
 	// The refused writes left their ranges undefined: written again.
 	for _, off := range []int64{0, 8 * chunk, 16 * chunk} {
