@@ -307,11 +307,17 @@ func (d *File) CopyToFile(dst *os.File, off, n int64, r *CopyReport) error {
 	if d.closed.Load() {
 		return ErrClosed
 	}
+	if err := d.inRange(off, n); err != nil {
+		return err
+	}
 	return copyFileRange(dst, d.f, off, n, r, nil)
 }
 
 // CopyFromFile implements FileCopier.
 func (d *File) CopyFromFile(src *os.File, off, n int64, r *CopyReport) error {
+	if err := d.inRange(off, n); err != nil {
+		return err
+	}
 	if err := d.begin(); err != nil {
 		return err
 	}

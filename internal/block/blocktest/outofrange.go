@@ -3,6 +3,7 @@ package blocktest
 import (
 	"errors"
 	"math"
+	"os"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -26,6 +27,15 @@ func outOfRange(t *testing.T, l block.Device, caps block.Capabilities) {
 	splicer, splices := l.(block.Splicer)
 	spliceW, splicesW := l.(block.SpliceWriter)
 	nowait, tryable := l.(block.NoWaitReader)
+	copier, copies := l.(block.FileCopier)
+	var scratch *os.File
+	if copies {
+		var err error
+		if scratch, err = os.CreateTemp(t.TempDir(), "copy"); err != nil {
+			t.Fatal(err)
+		}
+		defer scratch.Close()
+	}
 	var pipe [2]int
 	if splices || splicesW {
 		pipe = Pipe(t)
@@ -60,6 +70,9 @@ func outOfRange(t *testing.T, l block.Device, caps block.Capabilities) {
 		}
 		_, err := l.Extents(off, n)
 		refused("extents", err)
+		if copies {
+			refused("copy out", copier.CopyToFile(scratch, off, n, &block.CopyReport{}))
+		}
 		if caps.ReadOnly {
 			continue
 		}
@@ -71,6 +84,9 @@ func outOfRange(t *testing.T, l block.Device, caps block.Capabilities) {
 		}
 		if caps.Trim {
 			refused("trim", l.Trim(off, n, false))
+		}
+		if copies {
+			refused("copy in", copier.CopyFromFile(scratch, off, n, &block.CopyReport{}))
 		}
 		if splicesW {
 			if _, err := unix.Write(pipe[1], p); err != nil {

@@ -14,6 +14,9 @@ import (
 func (l *Layer) CopyToFile(dst *os.File, off, n int64, r *block.CopyReport) error {
 	l.chainMu.RLock()
 	defer l.chainMu.RUnlock()
+	if err := l.inRange(off, n); err != nil {
+		return err
+	}
 	for _, run := range l.runs(off, n, true) {
 		if run.owner == 0 {
 			continue
