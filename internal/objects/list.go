@@ -101,6 +101,13 @@ type listFS struct {
 
 func (l listFS) ReadDir(name string) ([]fs.DirEntry, error) {
 	ents, err := fs.ReadDir(l.FS, name)
+	if errors.Is(err, fs.ErrInvalid) {
+		// A name no directory of the bucket can have ("a//", "a/./",
+		// "../x"), from a prefix the client chose: nothing lies there,
+		// and nothing to tell the operator — a warning per request would
+		// let any client flood the log.
+		return nil, nil
+	}
 	if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
 		l.log.Warn("listing skips a directory", "dir", name, "err", err)
 		return nil, nil
