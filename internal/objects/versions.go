@@ -1427,8 +1427,8 @@ func (b *Backend) versionedKeys(ctx context.Context, r *os.Root, prefix string) 
 	walk := func(base string, add func(p string, d fs.DirEntry)) error {
 		err := fs.WalkDir(fsys, base, func(p string, d fs.DirEntry, err error) error {
 			if err != nil {
-				if p == base && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrInvalid)) {
-					return fs.SkipAll // no such directory; or no name one can have, from the client's prefix (listFS.ReadDir)
+				if p == base && errors.Is(err, fs.ErrNotExist) {
+					return fs.SkipAll
 				}
 				b.log.Warn("version listing skips a directory", "path", p, "err", err)
 				return nil
