@@ -1,51 +1,22 @@
 package layers_test
 
 import (
-	"crypto/aes"
-	"crypto/cipher"
-	"crypto/rand"
 	"encoding/json"
 	"path/filepath"
-	"sync"
 	"testing"
 
 	"github.com/basalt-storage/basalt/internal/block"
 	"github.com/basalt-storage/basalt/internal/block/blocktest"
+	"github.com/basalt-storage/basalt/internal/keys"
 )
 
-// testKeys wraps data keys with AES-GCM, for crypt stacks.
-type testKeys struct {
-	mu   sync.Mutex
-	aead cipher.AEAD
-}
-
-func newTestKeys(t *testing.T) *testKeys {
-	k := make([]byte, 32)
-	rand.Read(k)
-	b, err := aes.NewCipher(k)
+// newTestKeys wraps data keys with a fresh cluster key, for crypt stacks.
+func newTestKeys(t *testing.T) *keys.Wrapper {
+	w, err := keys.New(keys.Generate())
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := cipher.NewGCM(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testKeys{aead: a}
-}
-
-func (k *testKeys) Wrap(key []byte) ([]byte, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	n := make([]byte, k.aead.NonceSize())
-	rand.Read(n)
-	return k.aead.Seal(n, n, key, nil), nil
-}
-
-func (k *testKeys) Unwrap(w []byte) ([]byte, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	ns := k.aead.NonceSize()
-	return k.aead.Open(nil, w[:ns], w[ns:], nil)
+	return w
 }
 
 // checkNoExtents asks d about empty ranges: the contract (block.Device)
