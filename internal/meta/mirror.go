@@ -7,6 +7,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 )
 
 // Mirror is a node-local copy of every record under one prefix, indexed by
@@ -42,6 +43,9 @@ type Mirror[T versioned] struct {
 	applied, own int64
 	// changed is closed (and replaced) whenever the maps change.
 	changed chan struct{}
+	// heartbeat and stall are mirrorHeartbeat and mirrorStall as they
+	// were when the mirror started.
+	heartbeat, stall time.Duration
 }
 
 // Get returns the record whose index is idx; ok is false when the mirror
@@ -179,10 +183,20 @@ var mirrorHeartbeat, mirrorStall = 2 * time.Second, 6 * time.Second
 func (m *Mirror[T]) watch(ctx context.Context, rev int64) {
 	// WithRequireLeader: a member cut off from the leader ends the watch,
 	// so the mirror stops answering (synced false) instead of going stale.
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	//
+	// etcd answers a progress request only once every watch on the
+	// request's stream has reached the store's revision. So the watch
+	// starts at the listed revision itself, not the one after (which an
+	// idle store never reaches: no progress, a relist every mirrorStall),
+	// re-applying that revision's events, which the list already holds
+	// (applying an event twice leaves the maps as once). And it gets a
+	// stream of its own (streams are told apart by their outgoing
+	// metadata): the client's other watches start where they please.
+	wctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(
+		clientv3.WithRequireLeader(ctx), "basalt-mirror", m.prefix))
 	defer cancel()
-	wch := m.s.cli.Watch(wctx, m.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	beat := time.NewTicker(mirrorHeartbeat)
+	wch := m.s.cli.Watch(wctx, m.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
+	beat := time.NewTicker(m.heartbeat)
 	defer beat.Stop()
 	heard := time.Now()
 	for {
@@ -194,14 +208,14 @@ func (m *Mirror[T]) watch(ctx context.Context, rev int64) {
 			}
 			resp, heard = r, time.Now()
 		case <-beat.C:
-			if silent := time.Since(heard); silent > mirrorStall {
+			if silent := time.Since(heard); silent > m.stall {
 				m.s.log.Warn("metadata mirror: its watch went silent; listing again", "prefix", m.prefix, "silent", silent.Round(time.Millisecond).String())
 				return
 			}
 			// The progress request goes to the stream of wctx's
 			// metadata, which a derived context keeps; it is bounded, as
 			// a stalled stream may not take it.
-			pctx, pcancel := context.WithTimeout(wctx, mirrorHeartbeat)
+			pctx, pcancel := context.WithTimeout(wctx, m.heartbeat)
 			m.s.cli.RequestProgress(pctx)
 			pcancel()
 			continue
@@ -253,7 +267,8 @@ func (s *Store) MirrorUsersByName(ctx context.Context) *Mirror[*User] {
 }
 
 func startMirror[T versioned](ctx context.Context, s *Store, prefix string, mk func() T, index func(T) string) *Mirror[T] {
-	m := &Mirror[T]{s: s, prefix: prefix, mk: mk, index: index, changed: make(chan struct{})}
+	m := &Mirror[T]{s: s, prefix: prefix, mk: mk, index: index, changed: make(chan struct{}),
+		heartbeat: mirrorHeartbeat, stall: mirrorStall}
 	s.mirrorsMu.Lock()
 	if s.mirrors == nil {
 		s.mirrors = map[ownWrites]bool{}
