@@ -395,8 +395,9 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 //     not x-amz-version-id; the backend leaves the marker's id in the
 //     request (noteVersionID) and Middleware adds the header.
 //   - A GET's or HEAD's 304 Not Modified gets the object's ETag,
-//     Last-Modified, Cache-Control, Expires and version id, which s3api
-//     does not send with an error (noteNotModified).
+//     Last-Modified, Cache-Control, Expires and version id, and its 416
+//     the object's size in Content-Range, which s3api does not send with
+//     an error (noteErrorHeaders).
 //   - A chunked request body is read to its end before the connection
 //     takes its next request (chunkedBody).
 //   - s3api does not hand the backend a GET's or HEAD's If-Range: it is
@@ -429,9 +430,9 @@ func Middleware() fiber.Handler {
 			len(c.Response().Header.Peek("x-amz-version-id")) == 0 {
 			c.Response().Header.Set("x-amz-version-id", vid)
 		}
-		if h, ok := c.RequestCtx().UserValue(notModifiedKey{}).([][2]string); ok &&
-			c.Response().StatusCode() == http.StatusNotModified {
-			for _, f := range h {
+		if e, ok := c.RequestCtx().UserValue(errorHeadersKey{}).(errorHeaders); ok &&
+			c.Response().StatusCode() == e.status {
+			for _, f := range e.fields {
 				c.Response().Header.Set(f[0], f[1])
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -194,7 +195,7 @@ func (b *Backend) GetObject(ctx context.Context, in *s3.GetObjectInput) (*s3.Get
 		IfMatch: in.IfMatch, IfNoneMatch: in.IfNoneMatch, IfModSince: in.IfModifiedSince, IfUnmodeSince: in.IfUnmodifiedSince})
 	if err != nil {
 		o.f.Close()
-		noteNotModified(ctx, o.m, err)
+		noteErrorHeaders(ctx, o.m, err)
 		return nil, err
 	}
 	body, err := newFileBody(o.f, start, length, overTLS(ctx))
@@ -330,7 +331,7 @@ func (b *Backend) HeadObject(ctx context.Context, in *s3.HeadObjectInput) (*s3.H
 	out, _, _, err := o.describe(in.Range, ifRange(ctx), in.PartNumber, in.ChecksumMode, backend.PreConditions{
 		IfMatch: in.IfMatch, IfNoneMatch: in.IfNoneMatch, IfModSince: in.IfModifiedSince, IfUnmodeSince: in.IfUnmodifiedSince})
 	if err != nil {
-		noteNotModified(ctx, o.m, err)
+		noteErrorHeaders(ctx, o.m, err)
 		return nil, err
 	}
 	return &s3.HeadObjectOutput{
@@ -347,29 +348,51 @@ func (b *Backend) HeadObject(ctx context.Context, in *s3.HeadObjectInput) (*s3.H
 	}, nil
 }
 
-// notModifiedKey is the request value holding the header fields of a
-// GET's or HEAD's 304 Not Modified (noteNotModified, Middleware).
-type notModifiedKey struct{}
+// errorHeadersKey is the request value holding the header fields of a
+// GET's or HEAD's error answer (errorHeaders; noteErrorHeaders, Middleware).
+type errorHeadersKey struct{}
 
-// noteNotModified leaves, when err is a GET's or HEAD's 304 Not Modified,
-// the fields of the object m that Middleware adds to that answer: RFC 9110
-// 15.4.5 requires a 304 to carry the ETag, Cache-Control and Expires a 200
-// would have (a cache in front of the gateway refreshes its copy from
-// them), and S3 sends Last-Modified and x-amz-version-id too. s3api sends
-// none of them with an error. ctx is the request as s3api passes it to the
-// backend (fasthttp's RequestCtx); other contexts are left alone.
-func noteNotModified(ctx context.Context, m *objectMeta, err error) {
+// errorHeaders are the fields an error answer with status carries.
+type errorHeaders struct {
+	status int
+	fields [][2]string
+}
+
+// noteErrorHeaders leaves in the request, when err is an answer S3 sends
+// with fields of the object m, those fields, which Middleware adds (s3api
+// sends none with an error):
+//   - a 304 Not Modified: the ETag, Cache-Control and Expires a 200 would
+//     have, as RFC 9110 15.4.5 requires (a cache in front of the gateway
+//     refreshes its copy from them), and Last-Modified and
+//     x-amz-version-id, as S3 sends;
+//   - a 416 InvalidRange: Content-Range with the object's size (RFC 9110
+//     15.5.17; S3 sends it), from which a client learns what range it can
+//     ask for.
+//
+// ctx is the request as s3api passes it to the backend (fasthttp's
+// RequestCtx); other contexts are left alone.
+func noteErrorHeaders(ctx context.Context, m *objectMeta, err error) {
 	rc, ok := ctx.(interface{ SetUserValue(key, value any) })
-	if !ok || s3code(err) != "NotModified" {
+	if !ok {
 		return
 	}
-	h := [][2]string{{"ETag", m.ETag}, {"Last-Modified", m.mtime().UTC().Format(http.TimeFormat)}}
-	for _, f := range [][2]string{{"Cache-Control", m.CacheControl}, {"Expires", m.Expires}, {"x-amz-version-id", m.VersionID}} {
-		if f[1] != "" {
-			h = append(h, f)
+	var e errorHeaders
+	switch s3code(err) {
+	case "NotModified":
+		e.status = http.StatusNotModified
+		e.fields = [][2]string{{"ETag", m.ETag}, {"Last-Modified", m.mtime().UTC().Format(http.TimeFormat)}}
+		for _, f := range [][2]string{{"Cache-Control", m.CacheControl}, {"Expires", m.Expires}, {"x-amz-version-id", m.VersionID}} {
+			if f[1] != "" {
+				e.fields = append(e.fields, f)
+			}
 		}
+	case "InvalidRange":
+		e.status = http.StatusRequestedRangeNotSatisfiable
+		e.fields = [][2]string{{"Content-Range", "bytes */" + strconv.FormatInt(m.Size, 10)}}
+	default:
+		return
 	}
-	rc.SetUserValue(notModifiedKey{}, h)
+	rc.SetUserValue(errorHeadersKey{}, e)
 }
 
 // deleteMarker is a delete marker a GET or HEAD ran into.
