@@ -75,8 +75,13 @@ func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput)
 	if err := checkKey(dstKey); err != nil {
 		return s3response.CopyObjectOutput{}, err
 	}
+	// A copy onto its own source changes nothing unless it replaces the
+	// metadata or asks for a checksum the object has not got (S3's way of
+	// adding one to an object in place: checked once the source is open).
+	algo := types.ChecksumAlgorithm(strings.ToUpper(string(in.ChecksumAlgorithm)))
 	replace := in.MetadataDirective == types.MetadataDirectiveReplace
-	if srcBucket == dstBucket && srcKey == dstKey && !replace && srcVersion == "" {
+	inPlace := srcBucket == dstBucket && srcKey == dstKey && !replace && srcVersion == ""
+	if inPlace && algo == "" {
 		return s3response.CopyObjectOutput{}, s3err.GetAPIError(s3err.ErrInvalidCopyDest)
 	}
 	sr, err := b.openBucket(srcBucket)
@@ -108,6 +113,13 @@ func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput)
 		return s3response.CopyObjectOutput{}, err
 	}
 	defer src.f.Close()
+	has := func(algo types.ChecksumAlgorithm) bool {
+		sum := src.m.Checksum
+		return sum != nil && sum.Algorithm == algo && sum.Type == types.ChecksumTypeFullObject
+	}
+	if inPlace && has(algo) {
+		return s3response.CopyObjectOutput{}, s3err.GetAPIError(s3err.ErrInvalidCopyDest)
+	}
 	if err := preconditions(src.m.ETag, src.m.mtime().Truncate(time.Second), backend.PreConditions{
 		IfMatch: in.CopySourceIfMatch, IfNoneMatch: in.CopySourceIfNoneMatch,
 		IfModSince: in.CopySourceIfModifiedSince, IfUnmodeSince: in.CopySourceIfUnmodifiedSince,
@@ -138,8 +150,7 @@ func (b *Backend) CopyObject(ctx context.Context, in s3response.CopyObjectInput)
 	// the source already has it as a full-object checksum, which is
 	// copied like any other.
 	sum := src.m.Checksum
-	if algo := types.ChecksumAlgorithm(strings.ToUpper(string(in.ChecksumAlgorithm))); algo != "" &&
-		(sum == nil || sum.Algorithm != algo || sum.Type != types.ChecksumTypeFullObject) {
+	if algo != "" && !has(algo) {
 		if sum, err = checksumOf(tmp, src.m.Size, algo); err != nil {
 			return s3response.CopyObjectOutput{}, fmt.Errorf("checksum of the copy of %s/%s: %w", srcBucket, srcKey, err)
 		}
