@@ -156,6 +156,17 @@ func (l *Locker) sweepLate(resource, key string) {
 func (l *Locker) sleep(ctx context.Context, key string, rev int64) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
+	// etcd's client opens a watch only over a connection, and its Watch
+	// call does not return until then (or until wctx ends): cut off from
+	// etcd, a sleep would miss its session's end for the whole outage.
+	// The session's end ends the watch, opened or not.
+	go func() {
+		select {
+		case <-l.sess.Done():
+			cancel()
+		case <-wctx.Done():
+		}
+	}()
 	wch := l.cli.Watch(wctx, key, clientv3.WithRev(rev+1))
 	for {
 		select {
@@ -167,6 +178,11 @@ func (l *Locker) sleep(ctx context.Context, key string, rev int64) error {
 			if !ok || wr.Canceled || wr.Err() != nil {
 				if err := ctx.Err(); err != nil {
 					return err
+				}
+				select {
+				case <-l.sess.Done():
+					return ErrLost // it ended the watch
+				default:
 				}
 				// Compacted past rev, leader lost, ...: read the queue
 				// again; the read reports a real outage.

@@ -195,7 +195,17 @@ func (m *Mirror[T]) watch(ctx context.Context, rev int64) {
 	wctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(
 		clientv3.WithRequireLeader(ctx), "basalt-mirror", m.prefix))
 	defer cancel()
+	// etcd's client opens a watch only over a connection, and its Watch
+	// call waits for one: a store lost between the list and the watch
+	// would keep the mirror answering from its list for as long as the
+	// partition lasts. Opening counts against the stall bound too; past
+	// it, the watch is given up (Watch returns a closed channel).
+	opening := time.AfterFunc(m.stall, cancel)
 	wch := m.s.cli.Watch(wctx, m.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
+	if !opening.Stop() && ctx.Err() == nil {
+		m.s.log.Warn("metadata mirror: its watch could not be opened; listing again", "prefix", m.prefix, "waited", m.stall.String())
+		return
+	}
 	beat := time.NewTicker(m.heartbeat)
 	defer beat.Stop()
 	heard := time.Now()
