@@ -2,10 +2,12 @@ package cli
 
 import (
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/api"
+	"github.com/basalt-storage/basalt/internal/errs"
 	"github.com/spf13/cobra"
 )
 
@@ -47,7 +49,7 @@ func detachCmd(g *globals) *cobra.Command {
 				return err
 			}
 			if err := c.Detach(ctx(), args[0]); err != nil {
-				return err
+				return notAttachmentID(err, args[0])
 			}
 			return g.emit(map[string]string{"detached": args[0]}, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "detached %s\n", args[0])
@@ -88,7 +90,7 @@ func attachmentCmd(g *globals) *cobra.Command {
 			}
 			a, err := c.Attachment(ctx(), args[0])
 			if err != nil {
-				return err
+				return notAttachmentID(err, args[0])
 			}
 			return g.emit(a, func(w *tabwriter.Writer) { attachmentTable(w, a) })
 		},
@@ -100,4 +102,17 @@ func attachmentCmd(g *globals) *cobra.Command {
 func attachmentTable(w *tabwriter.Writer, a *api.Attachment) {
 	fmt.Fprintf(w, "id:\t%s\nvolume:\t%s\nhost:\t%s\nmode:\t%s\nstatus:\t%s\nnbd uri:\t%s\ncreated:\t%s\n",
 		a.ID, a.VolumeID, a.Host, a.Mode, a.Status, a.NBDURI, a.CreatedAt.Format(time.RFC3339))
+}
+
+// notAttachmentID adds to a NotFound for ref, which is no attachment id,
+// where the attachment's id is found: attachments have no names, and
+// `basalt detach VOLUME` is what an EBS user types (detach-volume takes
+// the volume). The server's code and message are kept.
+func notAttachmentID(err error, ref string) error {
+	e, ok := errs.As(err)
+	if !ok || e.Code != errs.CodeNotFound || strings.HasPrefix(ref, "att-") {
+		return err
+	}
+	return &errs.Error{Kind: e.Kind, Code: e.Code, Message: fmt.Sprintf(
+		"%s; this takes an attachment id (att-…), not a volume: find it with `basalt attachment list --volume %s`", e.Message, ref)}
 }

@@ -132,3 +132,15 @@ func progressLine(w io.Writer, p *api.Progress) {
 	}
 	fmt.Fprintln(w)
 }
+
+// followHint tells, on stderr, that job goes on after the command
+// returned and how to follow it: a command that exits 0 with its work
+// still running must not read as done. waitable: the command has a
+// --wait that would have waited for it.
+func followHint(g *globals, job, follow string, waitable bool) {
+	also := ""
+	if waitable {
+		also = ", or give --wait next time"
+	}
+	fmt.Fprintf(g.stderr, "the %s goes on in the background; follow it with `%s`%s\n", job, follow, also)
+}

@@ -5,6 +5,10 @@
 // Configuration has one source of truth per setting, resolved in this order:
 // command-line flag, environment variable BASALT_<FLAG> (dashes become
 // underscores), the config file given by --config (server only), default.
+// Every server flag is read so; of a client command's flags only the
+// globals (--endpoint, --identity, --output) come from the environment
+// (bindEnv says why). A server setting given empty, in the environment or
+// the file, is its default.
 //
 // Errors print "error: MESSAGE (CODE)" on stderr and exit 1; with -o json
 // (or BASALT_OUTPUT=json) the error is also printed on stdout as
@@ -228,6 +232,8 @@ const (
 	CodeIdentity = "IdentityError"
 	// CodeInterrupted: Ctrl-C stopped a --wait (not the job).
 	CodeInterrupted = "Interrupted"
+	// CodeOutput: the answer could not be written to stdout.
+	CodeOutput = "OutputError"
 )
 
 func usageErr(format string, a ...any) error {
@@ -239,12 +245,24 @@ func (g *globals) printError(err error) {
 	e, ok := errs.As(err)
 	if !ok {
 		// Anything untyped comes from the command line itself (cobra).
-		e = &errs.Error{Code: CodeUsage, Message: err.Error()}
+		e = &errs.Error{Code: CodeUsage, Message: oneLine(err.Error())}
 	}
 	fmt.Fprintf(g.stderr, "error: %s (%s)\n", e.Message, e.Code)
 	if g.output == "json" {
 		json.NewEncoder(g.stdout).Encode(api.ErrorBody{Error: api.ErrorDetail{Code: e.Code, Message: e.Message}})
 	}
+}
+
+// oneLine folds cobra's multi-line unknown-command message ("...\n\nDid
+// you mean this?\n\tvolume\n") into one line, so that the error, code
+// included, stays one line on stderr.
+func oneLine(msg string) string {
+	const suggest = "\n\nDid you mean this?\n"
+	msg = strings.TrimSpace(msg)
+	if i := strings.Index(msg, suggest); i >= 0 {
+		msg = msg[:i] + "; did you mean " + strings.Join(strings.Fields(msg[i+len(suggest):]), " or ") + "?"
+	}
+	return strings.Join(strings.Fields(msg), " ")
 }
 
 // envAnnotation, set to envEveryFlag on a command, makes bindEnv fill every
@@ -267,10 +285,14 @@ func bindEnv(cmd *cobra.Command) error {
 		if f.Changed || err != nil {
 			return
 		}
-		key := "BASALT_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		key := "BASALT_" + envName(f.Name)
 		if v, ok := os.LookupEnv(key); ok {
-			if v == "" && f.Value.Type() == "string" && cmd.Annotations[envAnnotation] == envEveryFlag {
-				return // the server's: empty means the default (BASALT_API= once listened on every interface)
+			if v == "" && cmd.Annotations[envAnnotation] == envEveryFlag {
+				// The server's: empty means the default, whatever the
+				// flag's type, as an empty key of its config file does
+				// (BASALT_API= once listened on every interface;
+				// BASALT_S3_TLS= refused to start the node).
+				return
 			}
 			if e := f.Value.Set(v); e != nil {
 				err = usageErr("%s=%q: %v", key, v, e)
@@ -284,6 +306,10 @@ func bindEnv(cmd *cobra.Command) error {
 	cmd.InheritedFlags().VisitAll(set) // the globals: the root's are the only persistent flags
 	return err
 }
+
+// envName is the part of BASALT_<FLAG> that names flag: upper case,
+// dashes as underscores.
+func envName(flag string) string { return strings.ToUpper(strings.ReplaceAll(flag, "-", "_")) }
 
 // checkEmptyFlags refuses a client command's flag given an empty value.
 // Mostly it is a shell variable that was not set (--volume "$VOL"), and
@@ -350,16 +376,25 @@ func checkEndpoint(ep string) error {
 	return nil
 }
 
-// emit prints v as JSON or, for tables, through table.
+// emit prints v as JSON or, for tables, through table. A failure to
+// write is an OutputError: untyped it was reported as a UsageError,
+// which says nothing was done, while the answer printed is that of a
+// command carried out.
 func (g *globals) emit(v any, table func(w *tabwriter.Writer)) error {
+	var err error
 	if g.output == "json" {
 		enc := json.NewEncoder(g.stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(v)
+		err = enc.Encode(v)
+	} else {
+		w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+		table(w)
+		err = w.Flush()
 	}
-	w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-	table(w)
-	return w.Flush()
+	if err != nil {
+		return errs.New(errs.KindInternal, CodeOutput, "writing the answer to stdout: %v (the command itself was carried out; look before repeating it)", err)
+	}
+	return nil
 }
 
 func ctx() context.Context { return context.Background() }

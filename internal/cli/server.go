@@ -36,7 +36,8 @@ func serverCmd(g *globals) *cobra.Command {
 
 Every flag can also be set with the environment variable BASALT_<FLAG>
 (e.g. BASALT_DATA) or in the YAML file given by --config; a flag on the
-command line wins over the environment, which wins over the file.`,
+command line wins over the environment, which wins over the file. A setting
+given empty (BASALT_S3_TLS=, or "s3-tls:" in the file) is its default.`,
 		Args:        noArgs,
 		Annotations: map[string]string{envAnnotation: envEveryFlag},
 		RunE: func(cmd *cobra.Command, _ []string) error {

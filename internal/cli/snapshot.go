@@ -15,8 +15,14 @@ import (
 func snapshotCmd(g *globals) *cobra.Command {
 	cmd := group("snapshot", "manage snapshots")
 	var req api.CreateSnapshotRequest
+	var createWait bool
 	create := &cobra.Command{
-		Use: "create VOLUME [--name N]", Short: "snapshot a volume (instant: copy-on-write)", Args: exactArgs(1),
+		Use: "create VOLUME [--name N] [--wait=false]", Short: "snapshot a volume (instant: copy-on-write)", Args: exactArgs(1),
+		Long: `Snapshot a volume. The command returns when the snapshot is available. A volume that
+another node writes is frozen by that node; should it not have taken the snapshot within the
+API's 30 s (the API answers 202, the snapshot still creating), the command waits for it,
+unless --wait=false: it then returns at once, the snapshot still creating, and says how to
+follow it. Ctrl-C stops the waiting, not the snapshot.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.Volume = args[0]
 			c, err := g.client()
@@ -27,11 +33,22 @@ func snapshotCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// Still creating: the API's 202, the snapshot handed on to
+			// the volume's writer. As for extend: synchronous by
+			// contract, so exit 0 must mean taken.
+			if sn.Status == "creating" {
+				if !createWait {
+					followHint(g, "snapshot "+sn.ID+" of volume "+sn.VolumeID, "basalt snapshot show "+sn.ID, false)
+				} else if sn, err = waitSnapshot(g, c, sn.ID); err != nil {
+					return err
+				}
+			}
 			return g.emit(sn, func(w *tabwriter.Writer) { snapshotTable(w, sn) })
 		},
 	}
 	create.Flags().StringVar(&req.Name, "name", "", "name, unique among your snapshots")
-	create.Flags().StringVar(&req.ClientToken, "client-token", "", "idempotency token")
+	create.Flags().StringVar(&req.ClientToken, "client-token", "", "idempotency token: repeating a create with it returns the first result")
+	create.Flags().BoolVar(&createWait, "wait", true, "if another node takes the snapshot and the API stops waiting for it (202), keep waiting until it is taken; --wait=false returns at once")
 	var volume string
 	list := &cobra.Command{
 		Use: "list [--volume V]", Short: "list snapshots", Args: noArgs,
@@ -100,10 +117,10 @@ func snapshotCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if wait {
-				if sn, err = waitExport(g, c, sn.ID); err != nil {
-					return err
-				}
+			if !wait {
+				followHint(g, "export of snapshot "+sn.ID, "basalt snapshot show "+sn.ID, true)
+			} else if sn, err = waitExport(g, c, sn.ID); err != nil {
+				return err
 			}
 			return g.emit(sn, func(w *tabwriter.Writer) { snapshotTable(w, sn) })
 		},
@@ -139,6 +156,35 @@ func waitExport(g *globals, c *client.Client, id string) (*api.Snapshot, error) 
 			bar.finish(false)
 			return nil, waitFailed(ctx, nil, job, follow)
 		}
+	}
+}
+
+// waitSnapshot polls until snapshot id, which another node takes (the
+// API answered 202), is no longer creating.
+func waitSnapshot(g *globals, c *client.Client, id string) (*api.Snapshot, error) {
+	ctx, stop := waiting()
+	defer stop()
+	job, follow := "snapshot "+id, "basalt snapshot show "+id
+	fmt.Fprintf(g.stderr, "the volume's writer, another node, has not taken %s yet; waiting for it (Ctrl-C stops the waiting, not the snapshot)\n", job)
+	for {
+		if !pause(ctx) {
+			return nil, waitFailed(ctx, nil, job, follow)
+		}
+		sn, err := c.Snapshot(ctx, id)
+		if err != nil {
+			return nil, waitFailed(ctx, err, job, follow)
+		}
+		switch sn.Status {
+		case "creating":
+			continue
+		case "available":
+			return sn, nil
+		}
+		why := sn.StatusMessage
+		if why == "" {
+			why = "it is " + sn.Status
+		}
+		return sn, errs.New(errs.KindInternal, "JobFailed", "snapshot %s of volume %s was not taken: %s", sn.ID, sn.VolumeID, why)
 	}
 }
 

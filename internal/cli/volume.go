@@ -51,8 +51,10 @@ func volumeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if wait && v.Progress != nil {
-				if v, err = waitJob(g, c, v.ID); err != nil {
+			if v.Progress != nil {
+				if !wait {
+					followHint(g, v.Progress.Job+" of volume "+v.ID, "basalt volume show "+v.ID, true)
+				} else if v, err = waitJob(g, c, v.ID); err != nil {
 					return err
 				}
 			}
@@ -118,11 +120,17 @@ func volumeCmd(g *globals) *cobra.Command {
 		},
 	}
 	var extSize string
+	var extWait bool
 	extend := &cobra.Command{
-		Use: "extend ID_OR_NAME --size SIZE", Short: "grow a volume", Args: exactArgs(1),
+		Use: "extend ID_OR_NAME --size SIZE [--wait=false]", Short: "grow a volume", Args: exactArgs(1),
+		Long: `Grow a volume to SIZE, its new total size. The command returns when the volume has
+its new size. A volume that another node writes is extended by that node; should it not have
+finished within the API's 30 s (the API answers 202, the volume still extending), the command
+waits for it, unless --wait=false: it then returns at once, the volume still extending, and
+says how to follow the extend. Ctrl-C stops the waiting, not the extend.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if extSize == "" {
-				return errs.Invalid(errs.CodeInvalidSize, "--size is required")
+				return errs.Invalid(errs.CodeInvalidSize, "--size is required: the new total size, larger than the current one (e.g. 20GiB)")
 			}
 			n, err := parseSize(extSize)
 			if err != nil {
@@ -136,10 +144,22 @@ func volumeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// Still extending: the API's 202, the extend handed on to the
+			// volume's writer. The call is synchronous by contract, and
+			// exit 0 with the old size read as done (a script went on
+			// to grow the file system).
+			if v.Status == "extending" {
+				if !extWait {
+					followHint(g, fmt.Sprintf("extend of volume %s to %s", v.ID, size.Format(n)), "basalt volume show "+v.ID, false)
+				} else if v, err = waitExtend(g, c, v.ID, n); err != nil {
+					return err
+				}
+			}
 			return g.emit(v, func(w *tabwriter.Writer) { volumeTable(w, v) })
 		},
 	}
-	extend.Flags().StringVar(&extSize, "size", "", "new size (larger than the current one)")
+	extend.Flags().StringVar(&extSize, "size", "", "new size, larger than the current one: 512MiB, 10GiB, 1TiB, 10G or bytes")
+	extend.Flags().BoolVar(&extWait, "wait", true, "if another node runs the extend and the API stops waiting for it (202), keep waiting until it ends; --wait=false returns at once")
 	cmd.AddCommand(create, list, show, del, extend,
 		jobCmd(g, "flatten", "copy every block a snapshot provides into the volume, so it depends on none"),
 		jobCmd(g, "repair", "rebuild failed mirror or parity legs (only what changed when a leg returns)"),
@@ -161,10 +181,10 @@ func jobCmd(g *globals, job, short string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if wait {
-				if v, err = waitJob(g, c, v.ID); err != nil {
-					return err
-				}
+			if !wait {
+				followHint(g, job+" of volume "+v.ID, "basalt volume show "+v.ID, true)
+			} else if v, err = waitJob(g, c, v.ID); err != nil {
+				return err
 			}
 			return g.emit(v, func(w *tabwriter.Writer) { volumeTable(w, v) })
 		},
@@ -262,5 +282,38 @@ func waitJob(g *globals, c *client.Client, id string) (*api.Volume, error) {
 			bar.finish(false)
 			return nil, waitFailed(ctx, nil, job, follow)
 		}
+	}
+}
+
+// waitExtend polls until the extend of volume id to newSize, which
+// another node runs (the API answered 202), ends.
+func waitExtend(g *globals, c *client.Client, id string, newSize int64) (*api.Volume, error) {
+	ctx, stop := waiting()
+	defer stop()
+	job, follow := fmt.Sprintf("extend of volume %s to %s", id, size.Format(newSize)), "basalt volume show "+id
+	fmt.Fprintf(g.stderr, "the volume's writer, another node, is still running the %s; waiting for it (Ctrl-C stops the waiting, not the extend)\n", job)
+	for {
+		if !pause(ctx) {
+			return nil, waitFailed(ctx, nil, job, follow)
+		}
+		v, err := c.Volume(ctx, id)
+		if err != nil {
+			return nil, waitFailed(ctx, err, job, follow)
+		}
+		switch {
+		case v.Status == "extending":
+			continue
+		case v.SizeBytes >= newSize:
+			return v, nil
+		case v.Status == "error":
+			return v, errs.New(errs.KindInternal, "VolumeFailed", "volume %s failed: %s", v.ID, v.StatusMessage)
+		}
+		// Back at rest at a smaller size: the extend failed there, and
+		// the volume says why.
+		why := v.StatusMessage
+		if why == "" {
+			why = "the volume kept its size " + size.Format(v.SizeBytes)
+		}
+		return v, errs.New(errs.KindInternal, "JobFailed", "the %s failed: %s", job, why)
 	}
 }
