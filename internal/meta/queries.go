@@ -170,24 +170,37 @@ func (s *Store) watchAttachmentDeletes(ctx context.Context, next *int64, deleted
 	return nil
 }
 
-// WatchSnapshots calls fn with every snapshot record written, until ctx
-// ends.
-func (s *Store) WatchSnapshots(ctx context.Context, fn func(*Snapshot)) {
-	watchPuts(ctx, s, prefixSnaps, func() *Snapshot { return &Snapshot{} }, fn)
+// Revision is the store's current revision, read as the lists are
+// (Volumes, Snapshots): a watch from the revision after it, started
+// before such a list, misses nothing the list does not hold.
+func (s *Store) Revision(ctx context.Context) (int64, error) {
+	resp, err := s.read(ctx, keyCluster, clientv3.WithCountOnly())
+	if err != nil {
+		return 0, wrap("get revision", err)
+	}
+	return resp.Header.Revision, nil
 }
 
-// WatchVolumes calls fn with every volume record written, until ctx ends.
-func (s *Store) WatchVolumes(ctx context.Context, fn func(*Volume)) {
-	watchPuts(ctx, s, prefixVolumes, func() *Volume { return &Volume{} }, fn)
+// WatchSnapshots calls fn with every snapshot record written from
+// revision from (0: from now on), until ctx ends.
+func (s *Store) WatchSnapshots(ctx context.Context, from int64, fn func(*Snapshot)) {
+	watchPuts(ctx, s, prefixSnaps, from, func() *Snapshot { return &Snapshot{} }, fn)
 }
 
-// watchPuts calls fn with every record under prefix written from now on.
-// A watch that breaks (a leader election, a lost connection) resumes from
-// the revision after the last event it delivered, so no write is missed;
-// if etcd compacted that history meanwhile, fn is called with every
-// current record instead, and the watch goes on from there.
-func watchPuts[T versioned](ctx context.Context, s *Store, prefix string, mk func() T, fn func(T)) {
-	var next int64  // the first revision not yet delivered; 0: unknown
+// WatchVolumes calls fn with every volume record written from revision
+// from (0: from now on), until ctx ends.
+func (s *Store) WatchVolumes(ctx context.Context, from int64, fn func(*Volume)) {
+	watchPuts(ctx, s, prefixVolumes, from, func() *Volume { return &Volume{} }, fn)
+}
+
+// watchPuts calls fn with every record under prefix written from revision
+// from on (0: from now on). A watch that breaks (a leader election, a
+// lost connection) resumes from the revision after the last event it
+// delivered, so no write is missed; if etcd compacted that history
+// meanwhile, fn is called with every current record instead, and the
+// watch goes on from there.
+func watchPuts[T versioned](ctx context.Context, s *Store, prefix string, from int64, mk func() T, fn func(T)) {
+	next := from    // the first revision not yet delivered; 0: unknown
 	relist := false // the history from next was compacted
 	call := func(kv *mvccpb.KeyValue) {
 		r := mk()

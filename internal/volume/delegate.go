@@ -87,12 +87,14 @@ func (s *Service) runExtend(ctx context.Context, id string) (*meta.Volume, error
 // resumes them after a crash.)
 func delegatedBy(by, self string) bool { return by != "" && by != self }
 
-// delegated runs the workflows other nodes recorded for this node, until
-// ctx ends.
-func (s *Service) delegated(ctx context.Context) {
-	go s.meta.WatchVolumes(ctx, func(v *meta.Volume) {
+// delegated runs the workflows other nodes recorded for this node from
+// revision from on, until ctx ends.
+func (s *Service) delegated(ctx context.Context, from int64) {
+	go s.meta.WatchVolumes(ctx, from, func(v *meta.Volume) {
 		if v.Status == meta.StatusExtending && v.Node == s.cfg.Node && delegatedBy(v.RequestedBy, s.cfg.Node) {
-			if _, err := s.runExtend(ctx, v.ID); err != nil && ctx.Err() == nil {
+			if _, err := s.runExtend(ctx, v.ID); errors.Is(err, errAdopted) {
+				s.logFor("volume", v.ID).Info("delegated extend finished meanwhile")
+			} else if err != nil && ctx.Err() == nil {
 				s.logFor("volume", v.ID).Error("delegated extend failed", "err", err)
 			}
 		}
@@ -100,7 +102,7 @@ func (s *Service) delegated(ctx context.Context) {
 			s.startJob(v.ID) // no-op if it runs already
 		}
 	})
-	s.meta.WatchSnapshots(ctx, func(sn *meta.Snapshot) {
+	s.meta.WatchSnapshots(ctx, from, func(sn *meta.Snapshot) {
 		if sn.Status == meta.StatusCreating && sn.Node == s.cfg.Node && delegatedBy(sn.RequestedBy, s.cfg.Node) {
 			s.runDelegatedSnapshot(ctx, sn)
 		}

@@ -37,7 +37,7 @@ func TestOrphanedSnapshotFailedInItsAdoption(t *testing.T) {
 
 	var mu sync.Mutex
 	var seen []meta.Snapshot
-	go e.meta.WatchSnapshots(ctx, func(sn *meta.Snapshot) {
+	go e.meta.WatchSnapshots(ctx, 0, func(sn *meta.Snapshot) {
 		if sn.ID == handed.ID {
 			mu.Lock()
 			seen = append(seen, *sn)

@@ -15,6 +15,14 @@ import (
 // watching for them (orphans.go). Call once, before serving requests.
 func (s *Service) Start(ctx context.Context) error {
 	s.leases.renew(ctx) // a lease before the first attachment opens
+	// The watch for workflows delegated to this node starts at or before
+	// the lists below: a record handed here between the two is seen by
+	// one of them at least (by both, at worst: claims keep a workflow
+	// from running twice at once, and each finishes only once).
+	from, err := s.meta.Revision(ctx)
+	if err != nil {
+		return fmt.Errorf("recover: %w", err)
+	}
 	s.jobs.Add(2)
 	go func() {
 		defer s.jobs.Done()
@@ -22,7 +30,7 @@ func (s *Service) Start(ctx context.Context) error {
 	}()
 	go func() {
 		defer s.jobs.Done()
-		s.delegated(s.ctx)
+		s.delegated(s.ctx, from+1)
 	}()
 	vols, err := s.meta.Volumes(ctx)
 	if err != nil {
@@ -38,7 +46,11 @@ func (s *Service) Start(ctx context.Context) error {
 			s.startImport(v.ID) // long: in the background, as at create
 			continue
 		case meta.StatusExtending:
+			if !s.claim("extend/" + v.ID) {
+				continue // the delegation watch runs it
+			}
 			_, err = s.finishExtend(ctx, v.ID)
+			s.unclaim("extend/" + v.ID)
 		default:
 			continue
 		}
@@ -59,6 +71,9 @@ func (s *Service) Start(ctx context.Context) error {
 			// through this node since the interruption: the freeze, done
 			// now, is still exact — unless another node took the volume
 			// for writing meanwhile, and then the snapshot fails.
+			if !s.claim("snapshot/" + sn.ID) {
+				continue // the delegation watch takes it
+			}
 			var done func()
 			var token int64
 			if done, token, err = s.asWriter(ctx, sn.VolumeID); err == nil {
@@ -67,6 +82,7 @@ func (s *Service) Start(ctx context.Context) error {
 			} else {
 				s.failSnapshot(ctx, sn.ID, sn.Node, err)
 			}
+			s.unclaim("snapshot/" + sn.ID)
 		case meta.StatusDeleting:
 			err = s.finishDeleteSnapshot(ctx, sn.ID)
 		default:

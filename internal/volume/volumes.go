@@ -586,6 +586,13 @@ func (s *Service) finishExtend(ctx context.Context, id string) (*meta.Volume, er
 	if err != nil {
 		return nil, err
 	}
+	if v.Status != meta.StatusExtending {
+		// Finished already, by another node that adopted it (the caller
+		// that recorded it answers as extendTakenOver says) or by this
+		// one: Start's list and the delegation watch may both see one
+		// extend (recover.go).
+		return v, errAdopted
+	}
 	err = s.resize(ctx, v)
 	if errors.Is(err, errAdopted) {
 		s.logFor("volume", id).Info("extend taken by another node meanwhile")
