@@ -22,7 +22,11 @@
 //     first node was started with --meta-endpoints): only then are etcd's
 //     members basalt's nodes, to list, join or remove;
 //   - a join is idempotent: the same name and peer URL asked again (a node
-//     that crashed mid-join) gets the same answer, never a second member;
+//     that crashed mid-join) gets the same answer, never a second member —
+//     while that member has not started: a node records its answer before
+//     its member starts, so one asking for a started member again lost its
+//     data directory, and is refused (its empty Raft log would pass for a
+//     lost one);
 //   - node names are unique: a join under the name of a registered node is
 //     refused unless it comes with that node's addresses — its API URL,
 //     and its etcd peer URL if it runs a member. Two live processes cannot
@@ -42,6 +46,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -205,7 +210,25 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (*JoinResponse, err
 					strings.Join(who, ", "))
 			}
 			if _, err := s.meta.AddLearner(ctx, req.Peer); err != nil {
-				return err
+				if !errors.Is(err, meta.ErrVotersNotConnected) {
+					return err
+				}
+				// etcd takes no member, not even a learner, while a
+				// voter is down (too few would be connected): waiting
+				// for it could take for ever. The node joins as a
+				// client instead, and steps up (StepUp) once etcd
+				// takes a member again. A voter merely promoted moments
+				// ago — all of them alive — is waited for as before.
+				down, derr := s.downVoters(ctx, members)
+				if derr != nil {
+					return derr
+				}
+				if len(down) == 0 {
+					return err
+				}
+				s.log.Info("a voter is down: the node joins as a client and steps up later", "node", req.Name, "down", down)
+				resp.Role = meta.RoleClient
+				break
 			}
 			if members, err = s.meta.Members(ctx); err != nil {
 				return err
@@ -259,9 +282,41 @@ func (s *Service) memberFor(ctx context.Context, members []meta.Member, req Join
 			return -1, errs.Conflict(CodeNodeExists,
 				"etcd peer URL %s is node %s's; give this node its own --etcd-peer (or --advertise)", req.Peer, owner)
 		}
+		if m.Name != "" {
+			// The member has started (etcd names it then), and a node
+			// records its answer before its member starts: asking
+			// again is no crash mid-join but a node that lost its data
+			// directory, or another with its addresses. Told to start
+			// that member, it would start it with an empty Raft log,
+			// which etcd takes for a lost one (it panics; a voter that
+			// forgot what it acknowledged voids the quorum's promise).
+			return -1, errs.Conflict(CodeNodeExists,
+				"node %s's etcd member (peer %s) has run already: a node that lost its data directory cannot take it again; remove the node first (basalt node remove %s), then join with a new --data",
+				req.Name, req.Peer, req.Name)
+		}
 		return i, nil
 	}
 	return -1, nil
+}
+
+// downVoters names the voting members whose nodes keep no liveness key
+// (or that are no registered node).
+func (s *Service) downVoters(ctx context.Context, members []meta.Member) ([]string, error) {
+	nodes, err := s.meta.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	alive, err := s.meta.Alive(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var down []string
+	for _, m := range members {
+		if name := listedName(m, nodes); !m.Learner && !alive[name] {
+			down = append(down, name)
+		}
+	}
+	return down, nil
 }
 
 // withJoinLock runs fn under the cluster's join lock, or fails at once
@@ -290,6 +345,12 @@ func (s *Service) checkName(ctx context.Context, req JoinRequest) error {
 	}
 	if err != nil {
 		return fmt.Errorf("join %s: %w", req.Name, err)
+	}
+	if n.Removing {
+		// A removal stopped half way (Remove): the join would write the
+		// record unmarked, and hand the CA to a node being removed.
+		return errs.Conflict(CodeNodeExists,
+			"node %s is being removed (an earlier basalt node remove %s did not finish): run it again, then join", req.Name, req.Name)
 	}
 	if n.API == req.API && (n.Peer == "" || n.Peer == req.Peer) {
 		return nil

@@ -16,6 +16,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -99,19 +100,38 @@ func (s *Store) AddLearner(ctx context.Context, peerURL string) (uint64, error) 
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	r, err := s.cli.MemberAddAsLearner(ctx, []string{peerURL})
+	if errors.Is(err, rpctypes.ErrMemberNotFound) {
+		// etcd derives a new member's id from its peer URLs and the
+		// current second, and refuses an id it removed ("member not
+		// found"): a member of this peer URL was removed within this
+		// second (a half-joined node's, the node now asking again).
+		// The next second gives another id.
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Until(time.Now().Truncate(time.Second).Add(time.Second))):
+			r, err = s.cli.MemberAddAsLearner(ctx, []string{peerURL})
+		}
+	}
 	if err != nil {
-		if errors.Is(err, rpctypes.ErrGRPCTooManyLearners) {
+		if errors.Is(err, rpctypes.ErrTooManyLearners) || errors.Is(err, rpctypes.ErrGRPCTooManyLearners) {
 			return 0, errs.Conflict(CodeJoinInProgress, "another node is joining (a learner is catching up); retry")
 		}
-		if errors.Is(err, rpctypes.ErrGRPCUnhealthy) || strings.Contains(err.Error(), "unhealthy cluster") {
-			// etcd adds a member only while every voter is connected
-			// (a voter promoted a moment ago may not be yet).
-			return 0, errs.Conflict(CodeJoinInProgress, "the metadata cluster is not ready for a new member (a voter is not connected yet); retry")
+		if errors.Is(err, rpctypes.ErrUnhealthy) || errors.Is(err, rpctypes.ErrGRPCUnhealthy) || strings.Contains(err.Error(), "unhealthy cluster") {
+			// etcd adds a member only while enough voters are connected
+			// (a voter promoted a moment ago may not be yet; one that is
+			// down never will be: ErrVotersNotConnected tells callers).
+			return 0, fmt.Errorf("%w: %w", ErrVotersNotConnected,
+				errs.Conflict(CodeJoinInProgress, "the metadata cluster is not ready for a new member (a voter is not connected yet); retry"))
 		}
 		return 0, wrap("add learner", err)
 	}
 	return r.Member.ID, nil
 }
+
+// ErrVotersNotConnected: etcd refused a new member because too few voters
+// have been connected for a while (AddLearner). A voter promoted moments
+// ago soon is; a voter that is down is not until it is back or removed.
+var ErrVotersNotConnected = errors.New("too few voters connected to add a member")
 
 // ErrNotCaughtUp: a learner is not in sync with the leader yet.
 var ErrNotCaughtUp = errors.New("learner has not caught up with the leader yet")

@@ -1,0 +1,68 @@
+package server
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/cluster"
+	"github.com/basalt-storage/basalt/internal/meta"
+)
+
+// TestJoinWithVoterDown: in a cluster growing to 5 voters that has 3, one
+// of them down, etcd takes no new member — not even a learner (too few
+// voters would be connected) — until that voter is back or removed.
+// A node joining meanwhile must not wait for that (its join failed after
+// minutes of JoinInProgress): it joins as a client, the role it would
+// have beyond the target, and steps up later.
+func TestJoinWithVoterDown(t *testing.T) {
+	tmp := t.TempDir()
+	store := filepath.Join(tmp, "store")
+	a := firstNode(t, tmp, store, 5)
+	defer a.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var c *Node
+	for _, name := range []string{"b", "c"} {
+		n := joinNode(t, a, name, tmp, store)
+		defer n.Close()
+		c = n
+		for voter := false; !voter; {
+			if ctx.Err() != nil {
+				t.Fatalf("%s not promoted", name)
+			}
+			time.Sleep(200 * time.Millisecond)
+			ns, _ := a.cluster.Nodes(ctx)
+			for _, x := range ns {
+				voter = voter || x.Name == name && x.Role == "voter"
+			}
+		}
+	}
+	c.Close()
+	for down := false; !down; { // its liveness key gone (5 s)
+		if ctx.Err() != nil {
+			t.Fatal("c still healthy after it stopped")
+		}
+		time.Sleep(200 * time.Millisecond)
+		ns, _ := a.cluster.Nodes(ctx)
+		for _, x := range ns {
+			down = down || x.Name == "c" && x.Health == cluster.Unhealthy
+		}
+	}
+	req := cluster.JoinRequest{Name: "d", Peer: "https://d.example:2380", Client: "https://d.example:2379", API: "https://d.example:8443"}
+	resp, err := a.cluster.Join(ctx, req)
+	if err != nil || resp.Role != meta.RoleClient {
+		role := ""
+		if resp != nil {
+			role = resp.Role
+		}
+		t.Fatalf("join with voter c down: role %q, %v; want %s", role, err, meta.RoleClient)
+	}
+	if n, err := a.meta.Node(ctx, "d"); err != nil || n.Peer != "" {
+		t.Fatalf("d's record: %+v %v; want a client's", n, err)
+	}
+	if ms, err := a.meta.Members(ctx); err != nil || len(ms) != 3 {
+		t.Fatalf("members: %+v %v; want no learner added", ms, err)
+	}
+}
