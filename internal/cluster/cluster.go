@@ -157,7 +157,7 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (*JoinResponse, err
 		return nil, err
 	}
 	resp := &JoinResponse{ClusterID: cl.ID, CACert: string(s.ca.CertPEM), CAKey: string(s.ca.KeyPEM)}
-	err = s.withJoinLock(ctx, func() error {
+	err = s.withJoinLock(ctx, func(ctx context.Context) error {
 		if err := s.checkName(ctx, req); err != nil {
 			return err
 		}
@@ -325,7 +325,12 @@ func (s *Service) downVoters(ctx context.Context, members []meta.Member) ([]stri
 // `node remove` or a join would hang until its caller gave up (the CLI
 // after 60 s, reporting the node unreachable) instead of failing like
 // any other write. The read first finds out (it notes a lost quorum).
-func (s *Service) withJoinLock(ctx context.Context, fn func() error) error {
+//
+// fn's reads (through the ctx it is given) are linearizable or fail: a
+// read that fell back on this node's copy, lagging behind the quorum,
+// would count members or see names as they were, and the change fn then
+// commits would rest on that (a learner added beyond the voters wanted).
+func (s *Service) withJoinLock(ctx context.Context, fn func(ctx context.Context) error) error {
 	if _, err := s.meta.Cluster(ctx); err != nil {
 		return err
 	}
@@ -333,7 +338,8 @@ func (s *Service) withJoinLock(ctx context.Context, fn func() error) error {
 		return errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
 			"no quorum of the metadata cluster answers: membership cannot change until a majority of the voters is up")
 	}
-	return s.meta.WithJoinLock(ctx, fn)
+	lctx := meta.Linear(ctx)
+	return s.meta.WithJoinLock(lctx, func() error { return fn(lctx) })
 }
 
 // checkName refuses a join under the name of another registered node (see
@@ -554,7 +560,7 @@ func (s *Service) Remove(ctx context.Context, name string) error {
 	if name == s.self {
 		return errs.Conflict(CodeNodeIsSelf, "node %s cannot remove itself; ask another node", name)
 	}
-	return s.withJoinLock(ctx, func() error {
+	return s.withJoinLock(ctx, func(ctx context.Context) error {
 		n, err := s.meta.Node(ctx, name)
 		if err != nil && !errs.IsCode(err, errs.CodeNotFound) {
 			return err

@@ -33,7 +33,7 @@ func (s *Service) StepUp(ctx context.Context, req JoinRequest) (*JoinResponse, e
 		return nil, err
 	}
 	var resp *JoinResponse
-	err := s.withJoinLock(ctx, func() error {
+	err := s.withJoinLock(ctx, func(ctx context.Context) error {
 		members, want, err := s.wantsVoter(ctx, req.Peer)
 		if err != nil || !want {
 			return err
@@ -114,7 +114,7 @@ func (s *Service) wantsVoter(ctx context.Context, peer string) ([]meta.Member, b
 // bindable, say): the learner is removed, so that it does not block every
 // later join, and the node's record loses its etcd URLs again.
 func (s *Service) StepDown(ctx context.Context, req JoinRequest) error {
-	return s.withJoinLock(ctx, func() error {
+	return s.withJoinLock(ctx, func(ctx context.Context) error {
 		members, err := s.meta.Members(ctx)
 		if err != nil {
 			return err

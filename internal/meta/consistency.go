@@ -14,12 +14,22 @@ type ctxKey int
 const (
 	staleKey ctxKey = iota
 	infoKey
+	linearKey
 )
 
 // Stale marks ctx's reads as tolerating staleness.
 func Stale(ctx context.Context) context.Context { return context.WithValue(ctx, staleKey, true) }
 
 func wantsStale(ctx context.Context) bool { b, _ := ctx.Value(staleKey).(bool); return b }
+
+// Linear marks ctx's reads as needing a quorum's answer: linearizable or
+// failed (503 MetadataUnavailable), never served from the local copy,
+// however long the quorum takes (up to requestTimeout) or whether it is
+// thought lost. For decisions a lagging copy would make wrong and that a
+// write follows: a membership change counts the voters it reads.
+func Linear(ctx context.Context) context.Context { return context.WithValue(ctx, linearKey, true) }
+
+func wantsLinear(ctx context.Context) bool { b, _ := ctx.Value(linearKey).(bool); return b }
 
 // ReadInfo collects how a request's reads were served.
 type ReadInfo struct {

@@ -68,15 +68,20 @@ type Member struct {
 func (s *Store) Members(ctx context.Context) ([]Member, error) {
 	var r *clientv3.MemberListResponse
 	var err error
-	if !s.q.lost.Load() && !wantsStale(ctx) {
-		lctx, cancel := context.WithTimeout(ctx, linearTimeout)
+	only := wantsLinear(ctx)
+	if only || !s.q.lost.Load() && !wantsStale(ctx) {
+		timeout := linearTimeout
+		if only {
+			timeout = requestTimeout // no local answer to fall back on
+		}
+		lctx, cancel := context.WithTimeout(ctx, timeout)
 		r, err = s.txnClient().MemberList(lctx)
 		cancel()
-		if err != nil && ctx.Err() == nil && unavailable(err) {
+		if err != nil && ctx.Err() == nil && unavailable(err) && !only {
 			s.quorumLost()
 		}
 	}
-	if r == nil && (err == nil || unavailable(err)) {
+	if r == nil && !only && (err == nil || unavailable(err)) {
 		// No quorum (or a stale read asked for): this member's view.
 		lctx, cancel := context.WithTimeout(ctx, requestTimeout)
 		r, err = s.localCopy().MemberList(lctx, clientv3.WithSerializable())

@@ -333,18 +333,22 @@ func (s *Store) read(ctx context.Context, key string, opts ...clientv3.OpOption)
 // transactions run on within linearTimeout, unless the quorum is known
 // lost or ctx asks for a stale read; then, or when no quorum answers in
 // time, local (serializable) on the local copy, recorded in ctx's
-// ReadInfo.
+// ReadInfo. A ctx marked Linear gets the linear answer or an error.
 func readEither[R any](ctx context.Context, s *Store, linear, local func(context.Context, *clientv3.Client) (R, error)) (R, error) {
 	var err error
-	if !s.q.lost.Load() && !wantsStale(ctx) {
-		lctx, cancel := context.WithTimeout(ctx, linearTimeout)
+	if only := wantsLinear(ctx); only || !s.q.lost.Load() && !wantsStale(ctx) {
+		timeout := linearTimeout
+		if only {
+			timeout = requestTimeout // no local answer to fall back on
+		}
+		lctx, cancel := context.WithTimeout(ctx, timeout)
 		var resp R
 		resp, err = linear(lctx, s.txnClient())
 		cancel()
 		if err == nil {
 			s.quorumAnswered()
 		}
-		if err == nil || ctx.Err() != nil || !unavailable(err) {
+		if err == nil || ctx.Err() != nil || !unavailable(err) || only {
 			return resp, err
 		}
 		s.quorumLost()
