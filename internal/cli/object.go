@@ -77,13 +77,31 @@ func objectCmd(g *globals) *cobra.Command {
 				var all []api.ObjectResult
 				var first *api.ErrorDetail
 				failed, total := 0, len(objs)
+				answer := func() error {
+					return g.emit(all, func(w *tabwriter.Writer) {
+						for _, r := range all {
+							if r.Error == nil {
+								fmt.Fprintf(w, "%s\t%s/%s\t%s\t%d\n", verb, r.Bucket, r.Key, r.ETag, *r.Size)
+							}
+						}
+					})
+				}
 				for len(objs) > 0 {
 					n := min(len(objs), objectBatch)
 					res, err := run(c, objs[:n])
 					if err != nil {
-						if len(all) > 0 {
-							fmt.Fprintf(g.stderr, "%s %d of %d objects before this error\n", verb, len(all), len(all)+len(objs))
+						if len(all) == 0 {
+							return err
 						}
+						// Earlier batches were carried out: their results
+						// stay the answer (a script must learn which
+						// objects were done), the error says where it
+						// stopped.
+						if err := answer(); err != nil {
+							return err
+						}
+						g.stdout = io.Discard
+						fmt.Fprintf(g.stderr, "%s %d of %d objects before this error; the rest were not sent\n", verb, len(all), total)
 						return err
 					}
 					objs = objs[n:]
@@ -105,13 +123,7 @@ func objectCmd(g *globals) *cobra.Command {
 					}
 					all = append(all, res...)
 				}
-				err = g.emit(all, func(w *tabwriter.Writer) {
-					for _, r := range all {
-						if r.Error == nil {
-							fmt.Fprintf(w, "%s\t%s/%s\t%s\t%d\n", verb, r.Bucket, r.Key, r.ETag, *r.Size)
-						}
-					}
-				})
+				err = answer()
 				if err != nil || failed == 0 {
 					return err
 				}
