@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/pki"
@@ -61,7 +63,13 @@ const MaxTxnOps = 1024
 // most 8 GiB; basalt's metadata is small).
 const DefaultQuotaBytes = 4 << 30
 
-func startEmbedded(c EmbedConfig, log *slog.Logger) (*embed.Etcd, string, error) {
+// startEmbedded starts the member of mc.Embed and waits until it is ready.
+// A member the cluster removed while it was down (`basalt node remove` of
+// a dead node) stops within moments, its peers refusing it: that is
+// reported as ErrMemberRemoved (memberRefused), so that the node can say
+// it was removed rather than that etcd would not start.
+func startEmbedded(mc Config, log *slog.Logger) (*embed.Etcd, string, error) {
+	c := mc.Embed
 	cfg := embed.NewConfig()
 	cfg.Name = c.Name
 	cfg.Dir = c.Dir
@@ -122,8 +130,9 @@ func startEmbedded(c EmbedConfig, log *slog.Logger) (*embed.Etcd, string, error)
 	select {
 	case <-e.Server.ReadyNotify():
 	case err := <-e.Err():
-		e.Close()
-		return nil, "", fmt.Errorf("embedded etcd: %w", err)
+		return nil, "", stoppedBeforeReady(e, mc, fmt.Errorf("embedded etcd: %w", err), log)
+	case <-e.Server.StoppingNotify():
+		return nil, "", stoppedBeforeReady(e, mc, errors.New("embedded etcd stopped before it was ready (see etcd's log)"), log)
 	case <-time.After(60 * time.Second):
 		e.Server.Stop()
 		e.Close()
@@ -147,6 +156,86 @@ func startEmbedded(c EmbedConfig, log *slog.Logger) (*embed.Etcd, string, error)
 		checkPeerRetransmit(log, rtoMaxPath)
 	}
 	return e, clientURL.String(), nil
+}
+
+// stoppedBeforeReady closes e, whose start failed with cause, and returns
+// the error to report: ErrMemberRemoved when its server stopped because
+// the cluster no longer has it as a member, else cause. etcd does not say
+// why its server stopped (a peer's refusal only goes to its log), so the
+// other members are asked, as stopCause does for a running member.
+func stoppedBeforeReady(e *embed.Etcd, c Config, cause error, log *slog.Logger) error {
+	select {
+	case <-e.Server.StoppingNotify():
+	default:
+		e.Close() // the server runs: cause is not about membership
+		return cause
+	}
+	id, cid := e.Server.MemberID(), e.Server.Cluster().ID()
+	peers := otherClientURLs(e, c.Endpoints)
+	e.Close()
+	if len(peers) == 0 {
+		return cause // no one to ask: the cluster's only member
+	}
+	if !memberRefused(uint64(id), uint64(cid), peers, c.ClientTLS) {
+		return cause
+	}
+	log.Warn("the other etcd members no longer list this node's member: it was removed from the cluster", "member", id.String(), "cause", cause)
+	return fmt.Errorf("%w (member %s; asked %v)", ErrMemberRemoved, id, peers)
+}
+
+// otherClientURLs are the client URLs of the members e knows other than
+// itself (its own view, as of its last run), then the endpoints this node
+// was configured with (a joined node's voters) not its own.
+func otherClientURLs(e *embed.Etcd, configured []string) []string {
+	own := map[string]bool{}
+	for _, u := range e.Config().AdvertiseClientUrls {
+		own[u.String()] = true
+	}
+	id := e.Server.MemberID()
+	var urls []string
+	add := func(u string) {
+		if !own[u] && !slices.Contains(urls, u) {
+			urls = append(urls, u)
+		}
+	}
+	for _, m := range e.Server.Cluster().Members() {
+		if m.ID != id {
+			for _, u := range m.ClientURLs {
+				add(u)
+			}
+		}
+	}
+	for _, u := range configured {
+		add(u)
+	}
+	return urls
+}
+
+// memberRefused reports whether the etcd cluster of id cid, reached at
+// endpoints, answers (linearizably) with a member list that lacks member
+// id: the member was removed. No answer, or one from another cluster,
+// is not taken for a removal: what the node does on a removal (it deletes
+// its copy of the CA key) must rest on the cluster's own word.
+func memberRefused(id, cid uint64, endpoints []string, tlsCfg *tls.Config) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second,
+		TLS: tlsCfg, Context: ctx, Logger: zapNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(retryStopped)}})
+	if err != nil {
+		return false
+	}
+	defer cli.Close()
+	r, err := cli.MemberList(ctx)
+	if err != nil || r.Header == nil || r.Header.ClusterId != cid {
+		return false
+	}
+	for _, m := range r.Members {
+		if m.ID == id {
+			return false
+		}
+	}
+	return true
 }
 
 // statusMethod is etcd's Status RPC (etcdctl endpoint status).
@@ -181,13 +270,14 @@ func advertised(u url.URL, host string) url.URL {
 }
 
 // ErrMemberRemoved: the cluster removed this node's etcd member (`basalt
-// node remove`), which has stopped.
+// node remove`), which has stopped — while it ran (MemberErr), or before
+// this start (Open and StartMember: the other members refused it).
 var ErrMemberRemoved = errors.New("this node's etcd member was removed from the metadata cluster")
 
 // startMember starts the embedded member of c.Embed and a client of it
 // alone.
 func startMember(ctx context.Context, c Config, log *slog.Logger) (*member, string, error) {
-	e, url, err := startEmbedded(c.Embed, log)
+	e, url, err := startEmbedded(c, log)
 	if err != nil {
 		return nil, "", err
 	}

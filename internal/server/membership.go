@@ -430,6 +430,23 @@ func (n *Node) watchRemoval(ctx context.Context) {
 	}
 }
 
+// refusedMember handles a start whose etcd member the other members no
+// longer have (meta.ErrMemberRemoved, err): the node was removed while it
+// was down. It leaves the cluster as a node that learns of its removal
+// running does (leaveCluster), and says it was removed (NodeRemoved).
+func (n *Node) refusedMember(st *joinState, err error) error {
+	// The metadata never opened: the cluster's id is the one this node
+	// last knew itself in (knownIn, without the metadata to compare).
+	if st != nil {
+		n.clusterID = st.ClusterID
+	} else if b, rerr := os.ReadFile(n.registeredPath()); rerr == nil {
+		n.clusterID = strings.TrimSpace(string(b))
+	}
+	n.log.Error("this node was removed from the cluster while it was down; not starting", "err", err)
+	n.leaveCluster()
+	return cluster.NodeRemoved(n.cfg.Name, n.clusterID)
+}
+
 // removedPath marks a data directory whose node was removed from its
 // cluster (it holds the cluster's id): a start on it is refused at once.
 func (n *Node) removedPath() string { return filepath.Join(n.cfg.Data, "removed") }

@@ -194,6 +194,11 @@ func (n *Node) start(ctx context.Context) error {
 		return err
 	}
 	ca, cert, err := n.openMeta(ctx, pkiDir, joined)
+	if errors.Is(err, meta.ErrMemberRemoved) {
+		// A voter removed while it was down: its member's peers refuse
+		// it, so no metadata opens for checkNotRemoved to ask.
+		return n.refusedMember(joined, err)
+	}
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,76 @@
+package server
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/cluster"
+	"github.com/basalt-storage/basalt/internal/errs"
+)
+
+// TestRemovedVoterRestartRefused: a voter removed while it was down
+// (`node remove` of a dead node), started again on its data directory,
+// finds its etcd member refused by the others. It must say that it was
+// removed (NodeRemoved) — and mark its directory and drop its copy of the
+// CA key, as a node that learns of its removal does — promptly, rather
+// than wait for a member that will never be ready and fail saying etcd
+// is not ready.
+func TestRemovedVoterRestartRefused(t *testing.T) {
+	tmp := t.TempDir()
+	store := filepath.Join(tmp, "store")
+	a := firstNode(t, tmp, store, 3)
+	defer a.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	var c *Node
+	for _, name := range []string{"b", "c"} {
+		n := joinNode(t, a, name, tmp, store)
+		defer n.Close()
+		c = n
+		for voter := false; !voter; {
+			if ctx.Err() != nil {
+				t.Fatalf("%s not promoted", name)
+			}
+			time.Sleep(200 * time.Millisecond)
+			ns, _ := a.cluster.Nodes(ctx)
+			for _, x := range ns {
+				voter = voter || x.Name == name && x.Role == "voter"
+			}
+		}
+	}
+	ccfg := c.cfg
+	c.Close()
+	for {
+		err := a.cluster.Remove(ctx, "c")
+		if err == nil {
+			break
+		}
+		if !errs.IsCode(err, cluster.CodeWouldLoseQuorum) || ctx.Err() != nil {
+			t.Fatalf("remove c, down: %v", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	start := time.Now()
+	n, err := startNodeOnce(t, ccfg)
+	if err == nil {
+		n.Close()
+		t.Fatal("the removed voter c started again on its data directory")
+	}
+	took := time.Since(start)
+	t.Logf("restart of the removed voter after %v: %v", took, err)
+	if !errs.IsCode(err, cluster.CodeNodeRemoved) {
+		t.Errorf("restart of the removed voter: %v; want %s", err, cluster.CodeNodeRemoved)
+	}
+	if took > 30*time.Second {
+		t.Errorf("restart of the removed voter took %v to fail", took)
+	}
+	if _, err := os.Stat(filepath.Join(ccfg.Data, "removed")); err != nil {
+		t.Errorf("removed marker: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(ccfg.Data, "pki", "ca-key.pem")); !os.IsNotExist(err) {
+		t.Errorf("the removed voter kept its copy of the CA key: %v", err)
+	}
+}
