@@ -286,16 +286,7 @@ func TestRemoveVoterKeepsQuorum(t *testing.T) {
 		n := joinNode(t, a, name, tmp, store)
 		defer n.Close()
 		others[name] = n
-		for voter := false; !voter; {
-			if ctx.Err() != nil {
-				t.Fatalf("%s not promoted", name)
-			}
-			time.Sleep(200 * time.Millisecond)
-			ns, _ := a.cluster.Nodes(ctx)
-			for _, x := range ns {
-				voter = voter || x.Name == name && x.Role == "voter"
-			}
-		}
+		waitVoter(ctx, t, a, name)
 	}
 	others["c"].Close()
 	time.Sleep(6 * time.Second) // etcd's view of c: down
@@ -466,5 +457,20 @@ func TestStoreUpgradeWithoutMarker(t *testing.T) {
 	defer a.Close()
 	if m, ok, err := store.ReadMarker(shared); err != nil || !ok || m.ID != a.store.ID {
 		t.Fatalf("marker %+v %v %v, node's store %q", m, ok, err, a.store.ID)
+	}
+}
+
+// waitVoter waits until a lists node name as a voter.
+func waitVoter(ctx context.Context, t *testing.T, a *Node, name string) {
+	t.Helper()
+	for voter := false; !voter; {
+		if ctx.Err() != nil {
+			t.Fatalf("%s not promoted", name)
+		}
+		time.Sleep(200 * time.Millisecond)
+		ns, _ := a.cluster.Nodes(ctx)
+		for _, x := range ns {
+			voter = voter || x.Name == name && x.Role == "voter"
+		}
 	}
 }

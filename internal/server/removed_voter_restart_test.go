@@ -30,16 +30,7 @@ func TestRemovedVoterRestartRefused(t *testing.T) {
 		n := joinNode(t, a, name, tmp, store)
 		defer n.Close()
 		c = n
-		for voter := false; !voter; {
-			if ctx.Err() != nil {
-				t.Fatalf("%s not promoted", name)
-			}
-			time.Sleep(200 * time.Millisecond)
-			ns, _ := a.cluster.Nodes(ctx)
-			for _, x := range ns {
-				voter = voter || x.Name == name && x.Role == "voter"
-			}
-		}
+		waitVoter(ctx, t, a, name)
 	}
 	ccfg := c.cfg
 	c.Close()
