@@ -50,6 +50,12 @@ func (b *Backend) trustPath(uid int) string {
 // why (for the log).
 func (b *Backend) trusted(acct auth.Account) (bool, string) {
 	uid := acct.UserID
+	if strings.TrimSpace(acct.Access) == "" {
+		// Only a key vouches: an empty one would match any blank line
+		// of the trust file (the account of a user record without S3
+		// keys, which a snapshot export would give its object to).
+		return false, "the account has no access key id"
+	}
 	path := b.trustPath(uid)
 	if path == "" {
 		return false, fmt.Sprintf("uid %d has no home directory for %s", uid, b.trustFile)
