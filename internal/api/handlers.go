@@ -76,7 +76,18 @@ func (s *Server) showUser(w http.ResponseWriter, r *http.Request, c volume.Calle
 }
 
 func (s *Server) deleteUser(w http.ResponseWriter, r *http.Request, c volume.Caller) error {
-	if err := s.d.Users.Delete(r.Context(), r.PathValue("name")); err != nil {
+	name := r.PathValue("name")
+	id, err := s.d.Users.Delete(r.Context(), name)
+	if id == "" {
+		return err
+	}
+	// Deleted: its attachments go too (DetachAllOf says why), also when
+	// this node has yet to see the deletion (err).
+	if n, derr := s.d.Volumes.DetachAllOf(r.Context(), id); derr != nil {
+		return errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
+			"user %s deleted, but %d of its attachments were detached before this failed: %v; detach the rest (basalt attachment list, basalt detach)", name, n, derr)
+	}
+	if err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -193,7 +193,7 @@ func TestDelete(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Delete(ctx, name); err != nil {
+	if _, err := s.Delete(ctx, name); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Get(ctx, name); !errs.IsCode(err, errs.CodeNotFound) {
@@ -203,11 +203,11 @@ func TestDelete(t *testing.T) {
 	if _, err := m.UserByAccessKey(ctx, u.AccessKeyID); !errs.IsCode(err, errs.CodeNotFound) {
 		t.Fatalf("deleted user's S3 key still resolves: %v", err)
 	}
-	if err := s.Delete(ctx, name); !errs.IsCode(err, errs.CodeNotFound) {
+	if _, err := s.Delete(ctx, name); !errs.IsCode(err, errs.CodeNotFound) {
 		t.Fatalf("second delete: %v, want NotFound", err)
 	}
 	// The built-in admin cannot be deleted (whether or not it exists here).
-	err = s.Delete(ctx, Admin)
+	_, err = s.Delete(ctx, Admin)
 	if e, ok := errs.As(err); !ok || e.Kind == errs.KindInternal || e.Kind == errs.KindNotFound {
 		t.Fatalf("delete admin: %v, want a refusal", err)
 	}
@@ -340,7 +340,7 @@ func TestRevocation(t *testing.T) {
 	if _, err := s.Authenticate(ctx, chain(t, oldID.CertPEM)); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Delete(ctx, name); err != nil {
+	if _, err := s.Delete(ctx, name); err != nil {
 		t.Fatal(err)
 	}
 	_, err = s.Authenticate(ctx, chain(t, oldID.CertPEM))
@@ -391,7 +391,7 @@ func TestAuthenticateThroughLaggingMirror(t *testing.T) {
 	lag := newLaggingNode(t, "hana")
 	defer lag.release()
 	a, b, mirror, name, old := lag.a, lag.b, lag.mirror, lag.name, lag.user
-	if err := a.Delete(ctx, name); err != nil {
+	if _, err := a.Delete(ctx, name); err != nil {
 		t.Fatal(err)
 	}
 	u2, id2, err := a.Create(ctx, Spec{Name: name})

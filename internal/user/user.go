@@ -387,12 +387,14 @@ func (s *Service) Get(ctx context.Context, name string) (*meta.User, error) {
 // List returns every user.
 func (s *Service) List(ctx context.Context) ([]*meta.User, error) { return s.meta.Users(ctx) }
 
-// Delete removes a user, revoking its certificates and keys everywhere. The
-// user's volumes and snapshots stay, visible to admin only: ownership is by
-// user record id, so a user created again under the name inherits nothing.
-func (s *Service) Delete(ctx context.Context, name string) error {
+// Delete removes a user, revoking its certificates and keys everywhere, and
+// returns the deleted record's id. The user's volumes and snapshots stay,
+// visible to admin only: ownership is by user record id, so a user created
+// again under the name inherits nothing. (Its attachments are the caller's
+// to detach: volume.Service.DetachAllOf.)
+func (s *Service) Delete(ctx context.Context, name string) (string, error) {
 	if name == Admin {
-		return errs.Conflict(errs.CodeUserProtected, "the %s user cannot be deleted", Admin)
+		return "", errs.Conflict(errs.CodeUserProtected, "the %s user cannot be deleted", Admin)
 	}
 	var id string
 	if err := s.meta.Update(ctx, func(tx *meta.Tx) error {
@@ -407,16 +409,16 @@ func (s *Service) Delete(ctx context.Context, name string) error {
 		tx.DeleteUser(u)
 		return nil
 	}); err != nil {
-		return err
+		return "", err
 	}
 	// Revoked on this node before the answer: its next request with the
 	// deleted user's certificate is refused. Other nodes' mirrors follow
 	// within their watch's latency.
 	if err := s.awaitMirror(ctx, name, func(u *meta.User) bool { return u.ID != id }); err != nil {
-		return errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
+		return id, errs.New(errs.KindUnavailable, errs.CodeMetadataUnavailable,
 			"user %s deleted, but this node has not seen the deletion yet: its certificates may work here a little longer", name)
 	}
-	return nil
+	return id, nil
 }
 
 // Authenticate checks a client certificate chain presented on a TLS

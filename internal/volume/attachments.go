@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base32"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -148,6 +149,34 @@ func (s *Service) Detach(ctx context.Context, c Caller, id string) error {
 		s.leases.release(ctx, a.VolumeID) // no writer left: free the volume
 	}
 	return nil
+}
+
+// DetachAllOf detaches every attachment of the user whose record id is
+// ownerID, a user just deleted, and returns how many it detached. An
+// attachment's export name is a bearer secret its user learned: left in
+// place, it would let a deleted user go on reading and writing the volume
+// over plain NBD, which no certificate guards. Detached, the name stops
+// working and its connections close on every node; an administrator may
+// attach the volume again. (A TLS connection closes anyway: its
+// certificate no longer authenticates.)
+func (s *Service) DetachAllOf(ctx context.Context, ownerID string) (int, error) {
+	owner := Caller{ID: ownerID}
+	atts, err := s.Attachments(ctx, owner, "")
+	if err != nil {
+		return 0, fmt.Errorf("attachments of %s: %w", ownerID, err)
+	}
+	n := 0
+	for _, a := range atts {
+		err := s.Detach(ctx, owner, a.ID)
+		if errs.IsCode(err, errs.CodeNotFound) {
+			continue // detached meanwhile
+		}
+		if err != nil {
+			return n, fmt.Errorf("detach %s: %w", a.ID, err)
+		}
+		n++
+	}
+	return n, nil
 }
 
 // Attachment returns an attachment the caller may see.
