@@ -24,9 +24,10 @@ type MetaBuckets struct {
 // user's name, so only admins reach the bucket, as with volumes.
 const staleOwner = "(deleted user)"
 
-// CreateBucket implements BucketStore. The owner must be an existing user;
-// the record keeps that user's ID, so a user deleted and created again
-// under the same name does not inherit the old buckets.
+// CreateBucket implements BucketStore. The owner must be an existing user
+// whose access key is still b.OwnerAccess (when set); the record keeps
+// that user's ID, so a user deleted and created again under the same name
+// does not inherit the old buckets.
 func (m MetaBuckets) CreateBucket(ctx context.Context, b Bucket) error {
 	return m.Meta.Update(ctx, func(tx *meta.Tx) error {
 		cur, err := tx.Bucket(b.Name)
@@ -40,7 +41,13 @@ func (m MetaBuckets) CreateBucket(ctx context.Context, b Bucket) error {
 		if err != nil {
 			return err
 		}
-		if u == nil {
+		// The key the request was signed with must still be the user's
+		// (read in the transaction, so it holds at the commit): one
+		// revoked meanwhile — the user deleted, possibly created again
+		// under the name, or given new keys — on a node whose copy of
+		// the users lags must not make a bucket for whoever holds the
+		// name now.
+		if u == nil || b.OwnerAccess != "" && u.AccessKeyID != b.OwnerAccess {
 			return fmt.Errorf("create bucket %s: owner %w", b.Name, errs.NotFound("user", b.Owner))
 		}
 		tx.PutBucket(&meta.Bucket{Name: b.Name, OwnerID: u.ID, Owner: b.Owner,
