@@ -89,6 +89,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	root.AddCommand(serverCmd(g), statusCmd(g), userCmd(g), volumeCmd(g), snapshotCmd(g), typeCmd(g),
 		attachCmd(g), detachCmd(g), attachmentCmd(g), metaCmd(g), versionCmd(g))
 	root.AddCommand(objectCmd(g), nodeCmd(g))
+	root.SetHelpCommand(helpCmd())
 	err := root.Execute()
 	if err == nil {
 		return 0
@@ -409,6 +410,23 @@ func versionCmd(g *globals) *cobra.Command {
 			return g.emit(map[string]string{"version": version()}, func(w *tabwriter.Writer) {
 				fmt.Fprintln(w, "basalt", version())
 			})
+		},
+	}
+}
+
+// helpCmd is `basalt help [command]`: cobra's, except that an unknown
+// topic is a UsageError (exit 1) — cobra's printed the usage and exited 0,
+// so `basalt help volum` read as success to a script.
+func helpCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "help [command]",
+		Short: "help about any command",
+		RunE: func(c *cobra.Command, args []string) error {
+			cmd, _, err := c.Root().Find(args)
+			if cmd == nil || err != nil {
+				return usageErr("unknown help topic %q: `basalt --help` lists the commands", strings.Join(args, " "))
+			}
+			return cmd.Help()
 		},
 	}
 }
