@@ -453,8 +453,13 @@ func (e *env) slowClone(s *Service, c Caller, size int64) (vol, snap string, mod
 // holder, which runs it.
 func TestJobHoldsWriteLease(t *testing.T) {
 	e := newEnv(t)
-	a := e.started(Config{Node: uniq("a")})
-	b := e.started(Config{Node: uniq("b")})
+	// Both nodes share the store, and a node's collection spares another
+	// node's image under creation only for the grace: with the test
+	// default (none), b's collection asked for by its Start removed the
+	// image of a volume a was still creating, on a loaded host. Nothing
+	// here checks what collection leaves.
+	a := e.started(Config{Node: uniq("a"), ImageGrace: time.Hour})
+	b := e.started(Config{Node: uniq("b"), ImageGrace: time.Hour})
 	ctx := ctxT(t)
 	alice := caller("alice")
 	v, _, model, clone := e.slowClone(a, alice, 128<<12)

@@ -62,7 +62,7 @@ func TestLeaseReleasedElsewhere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	attach := func(s *Service) *meta.Attachment {
+	attach := func(s *Service, v *meta.Volume) *meta.Attachment {
 		t.Helper()
 		a, err := s.Attach(ctx, alice, v.ID, "host", meta.ModeRW)
 		if err != nil {
@@ -73,15 +73,14 @@ func TestLeaseReleasedElsewhere(t *testing.T) {
 		}
 		return a
 	}
-	// open is a writer's stack's fence on s: nil while s may write the
-	// volume.
-	open := func(s *Service) func() error { return writerFence(t, s, v.ID) }
+	// open is a writer's stack's fence on s: nil while s may write v.
+	open := func(s *Service, v *meta.Volume) func() error { return writerFence(t, s, v.ID) }
 
 	// A holder that hears of the release hands the lease over at once,
 	// having fenced itself.
 	a1 := e.started(Config{Node: uniq("a")})
-	att := attach(a1)
-	fence1 := open(a1)
+	att := attach(a1, v)
+	fence1 := open(a1, v)
 	if err := b.Detach(ctx, alice, att.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -106,12 +105,23 @@ func TestLeaseReleasedElsewhere(t *testing.T) {
 	// attachment before a2 does (it did, once in CI), and the part below
 	// is about a2 and b.
 	a1.Stop()
+	// And so is v: the handover's key deletion sent b (as every node) to
+	// take v over should it still have an rw attachment, after a random
+	// pause and a read of the volume — which, on a loaded host, may come
+	// only once a2 has attached it again, and then b wins the lease (it
+	// did, under CPU contention). The part below is about a lease a2
+	// holds; a volume whose key was never deleted has no such takeover
+	// pending.
+	v, err = b.CreateVolume(ctx, alice, CreateVolume{Name: "v2", SizeBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// A holder that cannot hear keeps the lease until its validity ends.
 	a2 := e.service(Config{Node: uniq("a")})
 	a2.leases.renew(ctx) // its etcd lease, renewed never again
-	att = attach(a2)
-	fence2 := open(a2)
+	att = attach(a2, v)
+	fence2 := open(a2, v)
 	if err := b.Detach(ctx, alice, att.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -197,10 +207,11 @@ func TestReleaseStopsWritingFirst(t *testing.T) {
 // one began).
 type slowFlush struct{ block.Layer }
 
-var (
-	flushing = make(chan struct{}, 10)
-	flushGo  = make(chan struct{})
-)
+// flushing and flushGo are made anew by each run of the test that uses
+// them: a run closes flushGo, and under -count=N a later run's flush
+// would not wait on it (nor would a stale send on flushing mean that this
+// run's flush began).
+var flushing, flushGo chan struct{}
 
 func (l slowFlush) Flush() error {
 	flushing <- struct{}{}
@@ -219,6 +230,7 @@ func init() {
 // that flush, which must not be fenced: the writes it makes durable were
 // acknowledged.
 func TestGiveUpWaitsForClosingFlush(t *testing.T) {
+	flushing, flushGo = make(chan struct{}, 10), make(chan struct{})
 	e := newEnv(t)
 	s := e.started(Config{})
 	ctx := ctxT(t)

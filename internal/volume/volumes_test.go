@@ -691,8 +691,11 @@ func smallVolume(t *testing.T, s *Service, c Caller) string {
 	return v.ID
 }
 
-// openGate holds up the construction of a testslowopen layer until closed.
-var openGate = make(chan struct{})
+// openGate holds up the construction of a testslowopen layer until
+// closed. Each run of the test that uses it makes it anew: a run closes
+// it, and under -count=N the next would close it again (a panic) and its
+// open would not stall.
+var openGate chan struct{}
 
 func init() {
 	registerWrapper("testslowopen", "its construction waits for openGate", func(c block.Layer) block.Layer {
@@ -704,6 +707,7 @@ func init() {
 // TestSlowOpenHoldsUpNoOther: opening one volume's stack while another's
 // open is stalled (a file system that does not answer) goes ahead.
 func TestSlowOpenHoldsUpNoOther(t *testing.T) {
+	openGate = make(chan struct{})
 	e := newEnv(t)
 	s := e.started(Config{})
 	ctx := ctxT(t)

@@ -31,6 +31,16 @@ func FullSwitch(id string) *atomic.Bool {
 	return s.(*atomic.Bool)
 }
 
+// NewFullSwitch is a fresh switch, off, for the filling layers with params
+// {"id": id} built from now on. A test making their spec takes it rather
+// than FullSwitch: its ids are its name, and under go test -count=N a
+// run would otherwise start with the switch a previous run left on.
+func NewFullSwitch(id string) *atomic.Bool {
+	s := &atomic.Bool{}
+	fullSwitches.Store(id, s)
+	return s
+}
+
 // FillingSpec is the spec of a filling layer with switch id over child.
 func FillingSpec(id, child string) string {
 	p, _ := json.Marshal(map[string]string{"id": id})

@@ -27,7 +27,7 @@ func refusingSpec(t *testing.T, errno syscall.Errno, params string, legs ...stri
 	var sw []*atomic.Bool
 	for _, p := range legs {
 		id := t.Name() + "/" + p
-		sw = append(sw, blocktest.FullSwitch(id))
+		sw = append(sw, blocktest.NewFullSwitch(id))
 		child := `{"type":"file","params":{"path":"` + p + `"}}`
 		kids = append(kids, blocktest.RefusingSpec(id, errno, child))
 	}

@@ -29,7 +29,7 @@ func refusingSpec(t *testing.T, n int, chunk int64, errno syscall.Errno) (string
 	var sw []*atomic.Bool
 	for i := range n {
 		id := fmt.Sprintf("%s/%d", t.Name(), i)
-		sw = append(sw, blocktest.FullSwitch(id))
+		sw = append(sw, blocktest.NewFullSwitch(id))
 		child := fmt.Sprintf(`{"type":"file","params":{"path":"leg%d.img"}}`, i)
 		kids = append(kids, blocktest.RefusingSpec(id, errno, child))
 	}

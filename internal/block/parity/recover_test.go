@@ -55,6 +55,15 @@ func faultsFor(id string) *legFaults {
 	return f.(*legFaults)
 }
 
+// newFaults is fresh switches, off, for the faulty layers of id built
+// from now on: ids are test names, and under go test -count=N a run
+// would otherwise start with the faults a previous run left on.
+func newFaults(id string) *legFaults {
+	f := &legFaults{}
+	faultSwitches.Store(id, f)
+	return f
+}
+
 var errLegIO = fmt.Errorf("injected medium error: %w", syscall.EIO)
 
 type faulty struct {
@@ -132,7 +141,7 @@ func faultySpec(t *testing.T, n int, chunk int64) (string, []*legFaults) {
 	var fs []*legFaults
 	for i := range n {
 		id := fmt.Sprintf("%s/%d", t.Name(), i)
-		fs = append(fs, faultsFor(id))
+		fs = append(fs, newFaults(id))
 		kids = append(kids, fmt.Sprintf(`{"type":%q,"params":{"id":%q},"children":[{"type":"file","params":{"path":"leg%d.img"}}]}`, faultyType, id, i))
 	}
 	return fmt.Sprintf(`{"type":"parity","params":{"chunk":%d},"children":[%s]}`, chunk, strings.Join(kids, ",")), fs
@@ -453,8 +462,8 @@ func TestLegFailingDeferredRecoveryFreezes(t *testing.T) {
 	var faults []*legFaults
 	for i := range n {
 		id := fmt.Sprintf("%s/%d", t.Name(), i)
-		full = append(full, blocktest.FullSwitch(id))
-		faults = append(faults, faultsFor(id))
+		full = append(full, blocktest.NewFullSwitch(id))
+		faults = append(faults, newFaults(id))
 		child := fmt.Sprintf(`{"type":"file","params":{"path":"leg%d.img"}}`, i)
 		kids = append(kids, fmt.Sprintf(`{"type":%q,"params":{"id":%q},"children":[%s]}`, faultyType, id, blocktest.FillingSpec(id, child)))
 	}
