@@ -153,7 +153,7 @@ old one with it.`,
 		},
 	}
 	del := &cobra.Command{
-		Use: "delete NAME", Short: "delete a user, revoking its certificates and keys", Args: exactArgs(1),
+		Use: "delete NAME", Short: "delete a user, revoking its certificates and keys and detaching its attachments", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
