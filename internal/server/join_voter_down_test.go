@@ -1,8 +1,6 @@
 package server
 
 import (
-	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -17,19 +15,7 @@ import (
 // minutes of JoinInProgress): it joins as a client, the role it would
 // have beyond the target, and steps up later.
 func TestJoinWithVoterDown(t *testing.T) {
-	tmp := t.TempDir()
-	store := filepath.Join(tmp, "store")
-	a := firstNode(t, tmp, store, 5)
-	defer a.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	var c *Node
-	for _, name := range []string{"b", "c"} {
-		n := joinNode(t, a, name, tmp, store)
-		defer n.Close()
-		c = n
-		waitVoter(ctx, t, a, name)
-	}
+	ctx, a, c := threeVoters(t, 5, 90*time.Second)
 	c.Close()
 	for down := false; !down; { // its liveness key gone (5 s)
 		if ctx.Err() != nil {

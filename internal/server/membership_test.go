@@ -474,3 +474,22 @@ func waitVoter(ctx context.Context, t *testing.T, a *Node, name string) {
 		}
 	}
 }
+
+// threeVoters starts node a of a cluster whose target is voters, joins b
+// and c and waits until both are voters. The nodes close when the test
+// ends (c, b, then a); ctx, done then too, bounds the test's waits.
+func threeVoters(t *testing.T, voters int, timeout time.Duration) (ctx context.Context, a, c *Node) {
+	t.Helper()
+	tmp := t.TempDir()
+	store := filepath.Join(tmp, "store")
+	a = firstNode(t, tmp, store, voters)
+	t.Cleanup(a.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	for _, name := range []string{"b", "c"} {
+		c = joinNode(t, a, name, tmp, store)
+		t.Cleanup(c.Close)
+		waitVoter(ctx, t, a, name)
+	}
+	return ctx, a, c
+}

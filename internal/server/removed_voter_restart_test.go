@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -19,19 +18,7 @@ import (
 // than wait for a member that will never be ready and fail saying etcd
 // is not ready.
 func TestRemovedVoterRestartRefused(t *testing.T) {
-	tmp := t.TempDir()
-	store := filepath.Join(tmp, "store")
-	a := firstNode(t, tmp, store, 3)
-	defer a.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
-	var c *Node
-	for _, name := range []string{"b", "c"} {
-		n := joinNode(t, a, name, tmp, store)
-		defer n.Close()
-		c = n
-		waitVoter(ctx, t, a, name)
-	}
+	ctx, a, c := threeVoters(t, 3, 120*time.Second)
 	ccfg := c.cfg
 	c.Close()
 	for {
