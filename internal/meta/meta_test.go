@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -45,14 +46,23 @@ func TestMain(m *testing.M) {
 }
 
 // freeAddr returns a 127.0.0.1 address that was free a moment ago.
+//
+// The port is drawn below Linux's ephemeral range (32768 and up by
+// default), which the kernel hands out to bind(":0") and to every
+// outgoing connection: a port taken from there, free when drawn, was
+// sometimes a connection's by the time a member bound it, seconds later
+// (CI: "bind: address already in use").
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(20000+rand.IntN(12000)))
+		if l, err := net.Listen("tcp", addr); err == nil {
+			l.Close()
+			return addr
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
+	t.Fatal("no free port below the ephemeral range")
+	return ""
 }
 
 // openTestStore returns the package's shared store, starting the embedded
